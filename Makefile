@@ -1,0 +1,43 @@
+# The two commands a newcomer types: `make demo` and `make test`. Both build .venv from nothing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch is pinned to the CPU build that lies on these machines; an unpinned torch pulls a
+# multi-GB CUDA build. Override with `make test TORCH=` to test without torch.
+TORCH ?= torch==2.13.0
+DEMO_OUT ?= demo-out
+
+.PHONY: demo test lint typecheck pytest clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed-run: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(if $(TORCH),$(BIN)/pip install -q "$(TORCH)")
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@ $(VENV)/.installed-run
+
+demo: $(VENV)/.installed-run
+	@mkdir -p $(DEMO_OUT)
+	$(BIN)/opdvfs import "$$($(BIN)/python -m opdvfs.datasets perseus-gpt3-175b-a100)" --out $(DEMO_OUT)/profile.parquet
+	$(BIN)/opdvfs info $(DEMO_OUT)/profile.parquet
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+typecheck: $(VENV)/.installed-dev
+	$(BIN)/mypy
+
+pytest: $(VENV)/.installed-dev
+	$(BIN)/pytest -q
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,68 @@
+"""A frozen pydantic base with a lossless, atomic JSON file round-trip.
+
+The small data objects (``DeviceSpec``, ``Schedule``, ``RunResult``) derive from it, so they are
+typed, checked once on construction, immutable, and read back from JSON with one clear error line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+import pydantic
+
+from opdvfs._files import write_text_atomic
+from opdvfs.exceptions import InputFormatError
+
+__all__ = ["FrozenModel", "describe_validation_error"]
+
+
+def describe_validation_error(exc: pydantic.ValidationError) -> str:
+    """Return the first error of a pydantic ValidationError as one line: ``field.path: why``."""
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"field {where!r}: {err['msg']}{more}"
+
+
+class FrozenModel(pydantic.BaseModel):
+    """Immutable, extra-field-forbidding base model with ``read``/``write`` helpers."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    #: The error raised when a file does not hold a valid object of this class.
+    file_error: ClassVar[type[InputFormatError]] = InputFormatError
+
+    def to_json(self) -> str:
+        """Return the object as indented JSON text."""
+        return self.model_dump_json(indent=2) + "\n"
+
+    def write(self, path: str | os.PathLike[str]) -> None:
+        """Write the object as JSON, atomically (temp file, then rename)."""
+        write_text_atomic(path, self.to_json())
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, source: str = "<string>") -> Self:
+        """Parse and validate JSON text; errors name ``source`` and the offending field."""
+        try:
+            data: Any = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise cls.file_error(f"{source}: not valid JSON ({exc})") from None
+        try:
+            return cls.model_validate(data)
+        except pydantic.ValidationError as exc:
+            raise cls.file_error(f"{source}: {describe_validation_error(exc)}") from None
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> Self:
+        """Read and validate a JSON file written by :meth:`write`."""
+        src = Path(path)
+        try:
+            text = src.read_bytes()
+        except FileNotFoundError:
+            raise cls.file_error(f"{src}: no such file") from None
+        except OSError as exc:
+            raise cls.file_error(f"{src}: cannot read ({exc.strerror})") from None
+        return cls.from_json(text, source=str(src))

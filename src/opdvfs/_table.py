@@ -1,0 +1,253 @@
+"""Column schemas and one vectorised validator for the table-backed data objects.
+
+``Profile`` and ``Workload`` hold tens of thousands of rows, so validation is a handful of numpy
+masks over whole columns, never a loop over rows. The first offending row is reported by its index
+label: importers index their frames by the source file's line number, so the message they pass on
+names the line a user can open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from opdvfs.exceptions import ValidationError
+
+Kind = Literal["int", "float", "str"]
+
+__all__ = ["Column", "TableSchema", "first_bad_row", "metadata_json_ready", "require_unique"]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a table schema.
+
+    Parameters
+    ----------
+    name
+        Column name, with its unit as a suffix (``time_us``, ``freq_mhz``).
+    kind
+        ``"int"``, ``"float"`` or ``"str"``.
+    required
+        Whether the column must be present. Absent optional columns with a ``default`` are filled.
+    default
+        Value an absent optional column is filled with; ``None`` leaves it absent.
+    min_value, exclusive_min
+        Lower bound for numeric columns (inclusive unless ``exclusive_min``).
+    allow_nan
+        Whether NaN marks a missing measurement (optional numeric columns only).
+    choices
+        Allowed values of a string column.
+    description
+        What the column holds, for the docs and ``opdvfs schema``.
+    """
+
+    name: str
+    kind: Kind
+    required: bool = True
+    default: Any = None
+    min_value: float | None = None
+    exclusive_min: bool = False
+    allow_nan: bool = False
+    choices: tuple[str, ...] | None = None
+    description: str = ""
+
+    def expected(self) -> str:
+        """Describe in words what a valid value of this column is."""
+        if self.kind == "str":
+            if self.choices:
+                return "one of " + ", ".join(repr(c) for c in self.choices)
+            return "a non-empty string"
+        what = "an integer" if self.kind == "int" else "a finite number"
+        if self.min_value is not None:
+            op = ">" if self.exclusive_min else ">="
+            what += f" {op} {self.min_value:g}"
+        if self.allow_nan:
+            what += " (or empty)"
+        return what
+
+
+def first_bad_row(mask: np.ndarray) -> int | None:
+    """Return the position of the first True in a boolean mask, or None."""
+    hits = np.flatnonzero(mask)
+    return int(hits[0]) if hits.size else None
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    """A fixed set of columns plus an optional family of prefixed float columns (``ratio_*``)."""
+
+    what: str
+    columns: tuple[Column, ...]
+    float_prefixes: tuple[str, ...] = ()
+
+    def column(self, name: str) -> Column:
+        """Return the column called ``name``."""
+        for col in self.columns:
+            if col.name == name:
+                return col
+        raise KeyError(name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Names of the fixed columns, in schema order."""
+        return tuple(c.name for c in self.columns)
+
+    def validate(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """Return a validated, type-coerced copy of ``frame`` in schema column order.
+
+        Raises
+        ------
+        ValidationError
+            On the first missing or unknown column, or the first row whose value breaks its
+            column's constraints; ``.field`` and ``.row`` (the index label) say where.
+        """
+        known = set(self.names)
+        for name in frame.columns:
+            if not isinstance(name, str):
+                raise ValidationError(f"{self.what}: column names must be strings, got {name!r}")
+            if name not in known and not name.startswith(self.float_prefixes):
+                allowed = ", ".join(self.names)
+                prefixes = "".join(f", {p}*" for p in self.float_prefixes)
+                raise ValidationError(
+                    f"{self.what}: unknown column {name!r} (expected {allowed}{prefixes})",
+                    field=name,
+                )
+        out: dict[str, pd.Series] = {}
+        n = len(frame)
+        for col in self.columns:
+            if col.name in frame.columns:
+                out[col.name] = _coerce(frame[col.name], col, self.what)
+            elif col.required:
+                raise ValidationError(
+                    f"{self.what}: missing required column {col.name!r}", field=col.name
+                )
+            elif col.default is not None:
+                fill = pd.Series([col.default] * n, index=frame.index)
+                out[col.name] = _coerce(fill, col, self.what)
+        extra = Column("", "float", min_value=0.0, allow_nan=True)
+        for name in sorted(c for c in frame.columns if c not in known):
+            out[name] = _coerce(frame[name], Column(name, **_fields(extra)), self.what)
+        return pd.DataFrame(out, index=frame.index)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Return the schema as a list of JSON-ready column descriptions."""
+        rows = [
+            {
+                "name": c.name,
+                "type": c.kind,
+                "required": c.required,
+                "expected": c.expected(),
+                "description": c.description,
+            }
+            for c in self.columns
+        ]
+        rows += [
+            {
+                "name": f"{p}*",
+                "type": "float",
+                "required": False,
+                "expected": "a finite number >= 0 (or empty)",
+                "description": "pipeline utilisation ratios (0-1) as the profiler gives them",
+            }
+            for p in self.float_prefixes
+        ]
+        return rows
+
+
+def _fields(col: Column) -> dict[str, Any]:
+    return {k: v for k, v in col.__dict__.items() if k != "name"}
+
+
+def _fail(what: str, col: Column, series: pd.Series, pos: int, got: Any) -> ValidationError:
+    label = series.index[pos]
+    return ValidationError(
+        f"{what}: row {label}, column {col.name!r}: expected {col.expected()}, got {got!r}",
+        field=col.name,
+        row=label,
+    )
+
+
+def _coerce(series: pd.Series, col: Column, what: str) -> pd.Series:
+    if col.kind == "str":
+        return _coerce_str(series, col, what)
+    return _coerce_number(series, col, what)
+
+
+def _coerce_str(series: pd.Series, col: Column, what: str) -> pd.Series:
+    values = series.astype(object)
+    missing = values.isna().to_numpy()
+    text = values.where(~missing, "").astype(str).str.strip()
+    bad = missing | (text == "").to_numpy()
+    if col.choices is not None:
+        bad |= ~text.isin(col.choices).to_numpy()
+    pos = first_bad_row(bad)
+    if pos is not None:
+        raise _fail(what, col, series, pos, None if missing[pos] else series.iloc[pos])
+    return text.astype(object)
+
+
+def _coerce_number(series: pd.Series, col: Column, what: str) -> pd.Series:
+    if series.dtype == object or pd.api.types.is_string_dtype(series.dtype):
+        stripped = series.astype(object).map(lambda v: v.strip() if isinstance(v, str) else v)
+        numbers = pd.to_numeric(stripped.replace("", np.nan), errors="coerce")
+        unparsable = numbers.isna().to_numpy() & stripped.notna().to_numpy()
+        unparsable &= (stripped != "").to_numpy()
+        pos = first_bad_row(unparsable)
+        if pos is not None:
+            raise _fail(what, col, series, pos, series.iloc[pos])
+        values = numbers.to_numpy(dtype=float)
+    elif pd.api.types.is_bool_dtype(series.dtype):
+        raise ValidationError(
+            f"{what}: column {col.name!r}: expected {col.expected()}, got booleans",
+            field=col.name,
+        )
+    else:
+        values = series.to_numpy(dtype=float, na_value=np.nan)
+    nan = np.isnan(values)
+    bad = np.isinf(values) | (nan if not col.allow_nan else np.zeros_like(nan))
+    if col.min_value is not None:
+        with np.errstate(invalid="ignore"):
+            low = values <= col.min_value if col.exclusive_min else values < col.min_value
+        bad |= low & ~nan
+    if col.kind == "int":
+        bad |= (values != np.round(values)) & ~nan
+    pos = first_bad_row(bad)
+    if pos is not None:
+        raise _fail(what, col, series, pos, series.iloc[pos])
+    if col.kind == "int":
+        return pd.Series(values.astype(np.int64), index=series.index)
+    return pd.Series(values, index=series.index)
+
+
+def require_unique(frame: pd.DataFrame, keys: Sequence[str], what: str) -> None:
+    """Raise ValidationError at the first row whose ``keys`` repeat an earlier row's."""
+    dup = frame.duplicated(list(keys), keep="first").to_numpy()
+    pos = first_bad_row(dup)
+    if pos is not None:
+        label = frame.index[pos]
+        key = ", ".join(f"{k}={frame[k].iloc[pos]!r}" for k in keys)
+        raise ValidationError(
+            f"{what}: row {label}: duplicate ({key}); each ({', '.join(keys)}) must appear once",
+            field=keys[-1],
+            row=label,
+        )
+
+
+def metadata_json_ready(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Return ``meta`` with tuples turned into lists, so it equals itself after a JSON trip."""
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {str(k): convert(v) for k, v in value.items()}
+        if isinstance(value, Iterable) and not isinstance(value, str | bytes):
+            return [convert(v) for v in value]
+        if isinstance(value, np.generic):
+            return value.item()
+        return value
+
+    return convert(meta)

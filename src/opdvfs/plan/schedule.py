@@ -1,0 +1,199 @@
+"""``Schedule``: a per-stage core-clock plan for one iteration, and the switches that apply it.
+
+A schedule divides the operators of one iteration (positions ``0 .. n_ops-1``) into contiguous
+stages, each run at one clock. Every change of clock is one :class:`Switch`: issued when the
+executor dispatches ``trigger_op`` and meant to land by the first operator of ``stage``. With
+predictive dispatch the trigger precedes the stage (the switch latency is hidden, paper §5.3);
+with reactive dispatch it is the stage's first operator.
+
+The file is JSON with a published JSON Schema (``opdvfs schema schedule``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import Literal, Self
+
+import numpy as np
+import pydantic
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+
+from opdvfs._model import FrozenModel
+from opdvfs.exceptions import ScheduleFormatError
+
+__all__ = ["Objective", "Schedule", "Stage", "Switch", "op_signature"]
+
+Objective = Literal["energy", "core-energy", "power", "paper"]
+
+
+def op_signature(names: Iterable[str]) -> str:
+    """Return a short stable hash of an operator-name sequence.
+
+    The executor compares it (and then op by op) with the running program's sequence, and falls
+    back to the maximum clock when they diverge.
+    """
+    digest = hashlib.sha256("\n".join(names).encode()).hexdigest()
+    return f"sha256:{digest[:16]}"
+
+
+class Stage(FrozenModel):
+    """Operators ``first_op .. last_op`` (inclusive) run at ``freq_mhz``."""
+
+    first_op: NonNegativeInt
+    last_op: NonNegativeInt
+    freq_mhz: PositiveFloat
+
+    @pydantic.model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.last_op < self.first_op:
+            raise ValueError(f"last_op {self.last_op} is before first_op {self.first_op}")
+        return self
+
+
+class Switch(FrozenModel):
+    """One clock change: issued at ``trigger_op``, to be in effect from stage ``stage``."""
+
+    trigger_op: NonNegativeInt
+    stage: NonNegativeInt
+    freq_mhz: PositiveFloat
+
+
+class Schedule(FrozenModel):
+    """A frequency schedule for one iteration of a workload.
+
+    Parameters
+    ----------
+    n_ops
+        Operators per iteration the schedule was planned for.
+    stages
+        Contiguous stages covering ``0 .. n_ops-1`` in order.
+    switches
+        One per stage whose clock differs from the previous stage's, plus one for stage 0 (the
+        initial clock), in stage order; ``trigger_op`` is not after the stage's first operator.
+    target
+        Allowed slowdown as a fraction of the baseline time (0.02 = at most 2% slower).
+    baseline_time_s, predicted_time_s, baseline_energy_j, predicted_energy_j
+        Per iteration, at the maximum clock and under this schedule (chip energy).
+    lower_bound_energy_j, gap_pct
+        Certified lower bound and optimality gap (exact solver); None for heuristics.
+    """
+
+    format: Literal["opdvfs.schedule"] = "opdvfs.schedule"
+    version: Literal[1] = 1
+    n_ops: PositiveInt
+    stages: tuple[Stage, ...] = Field(min_length=1)
+    switches: tuple[Switch, ...] = Field(min_length=1)
+    target: NonNegativeFloat
+    objective: Objective = "energy"
+    solver: str = Field(min_length=1)
+    dispatch: Literal["predictive", "reactive"] = "predictive"
+    switch_latency_ms: NonNegativeFloat = 0.0
+    interval_ms: NonNegativeFloat | None = None
+    device: str | None = None
+    workload: str | None = None
+    op_signature: str | None = None
+    baseline_time_s: NonNegativeFloat | None = None
+    predicted_time_s: NonNegativeFloat | None = None
+    baseline_energy_j: NonNegativeFloat | None = None
+    predicted_energy_j: NonNegativeFloat | None = None
+    baseline_core_energy_j: NonNegativeFloat | None = None
+    predicted_core_energy_j: NonNegativeFloat | None = None
+    lower_bound_energy_j: NonNegativeFloat | None = None
+    gap_pct: NonNegativeFloat | None = None
+
+    file_error = ScheduleFormatError
+
+    @pydantic.model_validator(mode="after")
+    def _consistent(self) -> Self:
+        expect = 0
+        for i, stage in enumerate(self.stages):
+            if stage.first_op != expect:
+                raise ValueError(
+                    f"stages[{i}] starts at op {stage.first_op}; expected {expect} "
+                    "(stages must be contiguous from op 0)"
+                )
+            expect = stage.last_op + 1
+        if expect != self.n_ops:
+            raise ValueError(f"stages end at op {expect - 1}; expected n_ops - 1 = {self.n_ops - 1}")
+        changes = [0] + [
+            i
+            for i in range(1, len(self.stages))
+            if self.stages[i].freq_mhz != self.stages[i - 1].freq_mhz
+        ]
+        got = [s.stage for s in self.switches]
+        if got != changes:
+            raise ValueError(
+                f"switches serve stages {got}; expected one for stage 0 and for every stage whose "
+                f"clock changes: {changes}"
+            )
+        prev_trigger = 0
+        for k, sw in enumerate(self.switches):
+            stage = self.stages[sw.stage]
+            if sw.freq_mhz != stage.freq_mhz:
+                raise ValueError(
+                    f"switches[{k}] sets {sw.freq_mhz:g} MHz but stage {sw.stage} runs at "
+                    f"{stage.freq_mhz:g} MHz"
+                )
+            if sw.trigger_op > stage.first_op or sw.trigger_op < prev_trigger:
+                raise ValueError(
+                    f"switches[{k}].trigger_op {sw.trigger_op} must be between the previous "
+                    f"trigger ({prev_trigger}) and stage {sw.stage}'s first op ({stage.first_op})"
+                )
+            prev_trigger = sw.trigger_op
+        return self
+
+    @classmethod
+    def from_stage_freqs(
+        cls,
+        boundaries: np.ndarray | list[int],
+        freqs_mhz: np.ndarray | list[float],
+        *,
+        n_ops: int,
+        lead_ops: np.ndarray | list[int] | None = None,
+        **fields: object,
+    ) -> Schedule:
+        """Build a schedule from stage start positions and per-stage clocks.
+
+        Parameters
+        ----------
+        boundaries
+            First op of each stage, ascending, starting at 0.
+        freqs_mhz
+            Clock of each stage.
+        n_ops
+            Operators per iteration.
+        lead_ops
+            For each stage, how many operators before its first op the switch is issued
+            (predictive dispatch); 0 by default. Clipped so triggers stay ordered.
+        fields
+            Other :class:`Schedule` fields (``target``, ``solver``, predictions ...).
+        """
+        starts = np.asarray(boundaries, dtype=int)
+        freqs = np.asarray(freqs_mhz, dtype=float)
+        ends = np.append(starts[1:] - 1, n_ops - 1)
+        stages = tuple(
+            Stage(first_op=int(a), last_op=int(b), freq_mhz=float(f))
+            for a, b, f in zip(starts, ends, freqs, strict=True)
+        )
+        change = np.flatnonzero(np.r_[True, freqs[1:] != freqs[:-1]])
+        lead = np.zeros(len(starts), dtype=int) if lead_ops is None else np.asarray(lead_ops)
+        triggers = np.maximum(starts[change] - lead[change], 0)
+        triggers = np.maximum.accumulate(triggers)
+        switches = tuple(
+            Switch(trigger_op=int(t), stage=int(s), freq_mhz=float(freqs[s]))
+            for t, s in zip(triggers, change, strict=True)
+        )
+        return cls.model_validate(
+            {"n_ops": n_ops, "stages": stages, "switches": switches, **fields}
+        )
+
+    def freq_per_op_mhz(self) -> np.ndarray:
+        """Return the planned clock of every operator, shape (n_ops,)."""
+        lengths = [s.last_op - s.first_op + 1 for s in self.stages]
+        return np.repeat([s.freq_mhz for s in self.stages], lengths)
+
+    @property
+    def n_switches(self) -> int:
+        """Clock changes per iteration, not counting the initial setting."""
+        return len(self.switches) - 1
