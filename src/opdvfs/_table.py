@@ -19,7 +19,7 @@ from opdvfs.exceptions import ValidationError
 
 Kind = Literal["int", "float", "str"]
 
-__all__ = ["Column", "TableSchema", "first_bad_row", "metadata_json_ready", "require_unique"]
+__all__ = ["Column", "TableSchema", "coerce_column", "first_bad_row", "metadata_json_ready", "require_unique"]
 
 
 @dataclass(frozen=True)
@@ -113,25 +113,22 @@ class TableSchema:
             if name not in known and not name.startswith(self.float_prefixes):
                 allowed = ", ".join(self.names)
                 prefixes = "".join(f", {p}*" for p in self.float_prefixes)
-                raise ValidationError(
-                    f"{self.what}: unknown column {name!r} (expected {allowed}{prefixes})",
-                    field=name,
-                )
+                detail = f"unknown column {name!r} (expected {allowed}{prefixes})"
+                raise ValidationError(f"{self.what}: {detail}", field=name, detail=detail)
         out: dict[str, pd.Series] = {}
         n = len(frame)
         for col in self.columns:
             if col.name in frame.columns:
-                out[col.name] = _coerce(frame[col.name], col, self.what)
+                out[col.name] = coerce_column(frame[col.name], col, self.what)
             elif col.required:
-                raise ValidationError(
-                    f"{self.what}: missing required column {col.name!r}", field=col.name
-                )
+                detail = f"missing required column {col.name!r}"
+                raise ValidationError(f"{self.what}: {detail}", field=col.name, detail=detail)
             elif col.default is not None:
                 fill = pd.Series([col.default] * n, index=frame.index)
-                out[col.name] = _coerce(fill, col, self.what)
+                out[col.name] = coerce_column(fill, col, self.what)
         extra = Column("", "float", min_value=0.0, allow_nan=True)
         for name in sorted(c for c in frame.columns if c not in known):
-            out[name] = _coerce(frame[name], Column(name, **_fields(extra)), self.what)
+            out[name] = coerce_column(frame[name], Column(name, **_fields(extra)), self.what)
         return pd.DataFrame(out, index=frame.index)
 
     def describe(self) -> list[dict[str, Any]]:
@@ -165,14 +162,17 @@ def _fields(col: Column) -> dict[str, Any]:
 
 def _fail(what: str, col: Column, series: pd.Series, pos: int, got: Any) -> ValidationError:
     label = series.index[pos]
+    detail = f"expected {col.expected()}, got {got!r}"
     return ValidationError(
-        f"{what}: row {label}, column {col.name!r}: expected {col.expected()}, got {got!r}",
+        f"{what}: row {label}, column {col.name!r}: {detail}",
         field=col.name,
         row=label,
+        detail=detail,
     )
 
 
-def _coerce(series: pd.Series, col: Column, what: str) -> pd.Series:
+def coerce_column(series: pd.Series, col: Column, what: str) -> pd.Series:
+    """Return ``series`` converted to ``col``'s kind, or raise ValidationError at the first bad row."""
     if col.kind == "str":
         return _coerce_str(series, col, what)
     return _coerce_number(series, col, what)
@@ -230,12 +230,15 @@ def require_unique(frame: pd.DataFrame, keys: Sequence[str], what: str) -> None:
     pos = first_bad_row(dup)
     if pos is not None:
         label = frame.index[pos]
-        key = ", ".join(f"{k}={frame[k].iloc[pos]!r}" for k in keys)
+        key = ", ".join(f"{k}={_plain(frame[k].iloc[pos])!r}" for k in keys)
+        detail = f"duplicate ({key}); each ({', '.join(keys)}) must appear once"
         raise ValidationError(
-            f"{what}: row {label}: duplicate ({key}); each ({', '.join(keys)}) must appear once",
-            field=keys[-1],
-            row=label,
+            f"{what}: row {label}: {detail}", field=keys[-1], row=label, detail=detail
         )
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def metadata_json_ready(meta: Mapping[str, Any]) -> dict[str, Any]:
@@ -246,8 +249,6 @@ def metadata_json_ready(meta: Mapping[str, Any]) -> dict[str, Any]:
             return {str(k): convert(v) for k, v in value.items()}
         if isinstance(value, Iterable) and not isinstance(value, str | bytes):
             return [convert(v) for v in value]
-        if isinstance(value, np.generic):
-            return value.item()
-        return value
+        return _plain(value)
 
     return convert(meta)

@@ -30,13 +30,24 @@ class ValidationError(OpdvfsError, ValueError):
     field
         The offending field or column, if known.
     row
-        The 0-based row of the offending value in the table being validated, if known.
+        Index label of the offending row (importers index by source line number), if known.
+    detail
+        The message without its location prefix, for callers that re-word the location.
     """
 
-    def __init__(self, message: str, *, field: str | None = None, row: int | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        row: int | None = None,
+        detail: str | None = None,
+    ):
         super().__init__(message)
         self.field = field
         self.row = row
+        #: The message without its "where" prefix: what was expected and what was found.
+        self.detail = detail if detail is not None else message
 
 
 class InputFormatError(OpdvfsError, ValueError):

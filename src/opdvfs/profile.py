@@ -137,11 +137,12 @@ class Profile:
             smp = SAMPLE_COLUMNS.validate(samples)
             pos = first_bad_row(np.diff(smp["t_s"].to_numpy()) < 0)
             if pos is not None:
+                detail = "expected non-decreasing sample times"
                 raise ValidationError(
-                    f"profile samples: row {smp.index[pos + 1]}, column 't_s': expected "
-                    "non-decreasing sample times",
+                    f"profile samples: row {smp.index[pos + 1]}, column 't_s': {detail}",
                     field="t_s",
                     row=smp.index[pos + 1],
+                    detail=detail,
                 )
             self._samples = smp.reset_index(drop=True)
         self._meta: dict[str, Any] = metadata_json_ready(meta or {})
@@ -329,10 +330,13 @@ def _require_one_name_per_op(table: pd.DataFrame) -> None:
     pos = first_bad_row((table["name"] != names).to_numpy())
     if pos is not None:
         row = table.iloc[pos]
+        detail = (
+            f"op {row['op']} is {row['name']!r} here but {names.iloc[pos]!r} in an earlier row; "
+            "one op position must be the same operator in every iteration and at every clock"
+        )
         raise ValidationError(
-            f"profile: row {table.index[pos]}: op {row['op']} is {row['name']!r} here but "
-            f"{names.iloc[pos]!r} in an earlier row; one op position must be the same operator "
-            "in every iteration and at every clock",
+            f"profile: row {table.index[pos]}: {detail}",
             field="name",
             row=table.index[pos],
+            detail=detail,
         )

@@ -1,0 +1,259 @@
+"""The ``opdvfs`` command line: a thin typer layer over the library (DESIGN §6).
+
+Every command reports bad input as one line on stderr and exit status 2, never a traceback, and
+never leaves a half-written output file (outputs are written to a temp file, then renamed).
+``--json`` prints exactly one JSON object on stdout.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from opdvfs import __version__
+from opdvfs.exceptions import OpdvfsError
+from opdvfs.io import FORMATS, read_profile
+from opdvfs.profile import OP_COLUMNS, SAMPLE_COLUMNS, Profile
+
+__all__ = ["app", "main", "parse_clocks"]
+
+app = typer.Typer(
+    name="opdvfs",
+    help="Per-operator DVFS: profile, model, plan and apply core-clock schedules.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+stdout = Console()
+stderr = Console(stderr=True)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class UsageError(OpdvfsError, ValueError):
+    """A command-line value is malformed (exit status 2)."""
+
+
+def _fail(message: str) -> typer.Exit:
+    stderr.print(f"opdvfs: error: {message}", markup=False, highlight=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
+def _reports_errors(func: Callable[P, R]) -> Callable[P, R]:
+    """Turn opdvfs errors into one stderr line and exit status 2."""
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except OpdvfsError as exc:
+            raise _fail(str(exc)) from None
+
+    return wrapper
+
+
+def parse_clocks(text: str, available_mhz: Sequence[float] | None = None) -> list[float]:
+    """Parse a clock list such as ``1000,1400,1800`` or ``min,mid,max`` (MHz).
+
+    The words ``min``, ``mid`` and ``max`` need ``available_mhz`` (the device's or profile's
+    clocks); ``mid`` is the available clock nearest the middle of the range.
+    """
+    clocks: list[float] = []
+    grid = np.asarray(sorted(available_mhz)) if available_mhz is not None else None
+    for item in (t.strip() for t in text.split(",")):
+        if item.lower() in ("min", "mid", "max"):
+            if grid is None or grid.size == 0:
+                raise UsageError(f"clock {item!r}: words need a device or profile clock list")
+            middle = grid[np.argmin(np.abs(grid - (grid[0] + grid[-1]) / 2))]
+            clocks.append(float({"min": grid[0], "mid": middle, "max": grid[-1]}[item.lower()]))
+            continue
+        try:
+            value = float(item)
+        except ValueError:
+            raise UsageError(
+                f"clock {item!r}: expected a number of MHz or min, mid, max (e.g. 1000,1800)"
+            ) from None
+        if not np.isfinite(value) or value <= 0:
+            raise UsageError(f"clock {item!r}: expected a positive number of MHz")
+        clocks.append(value)
+    return clocks
+
+
+def _load(sources: Sequence[Path], fmt: str | None, freq_mhz: str | None) -> Profile:
+    clocks = parse_clocks(freq_mhz) if freq_mhz else None
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+        console=stderr, transient=True, disable=not stderr.is_terminal,
+    ) as progress:
+        progress.add_task(f"reading {len(sources)} file(s)", total=None)
+        return read_profile(list(sources), format=fmt, freqs_mhz=clocks)
+
+
+FormatOption = Annotated[
+    str | None,
+    typer.Option("--format", "-f", help=f"Input format: {', '.join(FORMATS)} (detected if omitted)."),
+]
+FreqOption = Annotated[
+    str | None,
+    typer.Option(
+        "--freq-mhz",
+        help="Core clock of each input (MHz), for formats that do not record it; one value or "
+        "one per file.",
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        stdout.print(f"opdvfs {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
+    ] = False,
+) -> None:
+    """Per-operator DVFS: profile, model, plan and apply core-clock schedules."""
+
+
+@app.command("import")
+@_reports_errors
+def import_(
+    sources: Annotated[list[Path], typer.Argument(help="Measurement file(s), one per clock.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Profile to write (Parquet).")],
+    fmt: FormatOption = None,
+    freq_mhz: FreqOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Import measurements (CSV, torch traces, Ascend, Perseus, NV-DVFS) into a profile."""
+    profile = _load(sources, fmt, freq_mhz)
+    profile.write(out)
+    summary = profile.summary()
+    if as_json:
+        print(json.dumps({"out": str(out), **summary}))
+        return
+    stdout.print(
+        f"wrote {out}: {summary['operators']} operators x {summary['clocks']} clocks "
+        f"({summary['rows']} rows, format {summary['format']})",
+        highlight=False,
+    )
+    for reason, count in summary["rows_dropped"].items():
+        stdout.print(f"  dropped {count} rows: {reason}", highlight=False)
+
+
+@app.command()
+@_reports_errors
+def info(
+    profile_path: Annotated[Path, typer.Argument(metavar="PROFILE", help="Profile or raw file.")],
+    fmt: FormatOption = None,
+    freq_mhz: FreqOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Summarise a profile: operators, clocks, time per clock, rows dropped and why."""
+    summary = _load([profile_path], fmt, freq_mhz).summary()
+    if as_json:
+        print(json.dumps(summary))
+        return
+    _print_summary(profile_path, summary)
+
+
+def _print_summary(path: Path, summary: dict[str, Any]) -> None:
+    stdout.print(f"[bold]{path}[/bold]  format {summary['format']}", highlight=False)
+    device = summary["device"] or "not recorded"
+    stdout.print(
+        f"{summary['operators']} operators, {summary['iterations']} iteration(s), "
+        f"{summary['clocks']} clocks, {summary['rows']} rows; device: {device}",
+        highlight=False,
+    )
+    table = Table(title="time per iteration by core clock")
+    for name in ("clock (MHz)", "ops", "iterations", "time / iteration (ms)", "vs max clock"):
+        table.add_column(name, justify="right")
+    top = summary["per_clock"][-1]["time_per_iteration_ms"]
+    for row in summary["per_clock"]:
+        ratio = row["time_per_iteration_ms"] / top if top else float("nan")
+        table.add_row(
+            f"{row['freq_mhz']:g}", str(row["ops"]), str(row["iterations"]),
+            f"{row['time_per_iteration_ms']:.3f}", f"{ratio:.3f}x",
+        )
+    stdout.print(table)
+    streams = ", ".join(f"{k} {v}" for k, v in summary["streams"].items())
+    stdout.print(f"streams: {streams}", highlight=False)
+    if summary["power_columns"]:
+        stdout.print(f"power columns: {', '.join(summary['power_columns'])}", highlight=False)
+    if summary["ratio_columns"]:
+        stdout.print(f"ratio columns: {', '.join(summary['ratio_columns'])}", highlight=False)
+    if summary["samples"]:
+        stdout.print(f"sensor samples: {summary['samples']}", highlight=False)
+    dropped = summary["rows_dropped"]
+    if dropped:
+        for reason, count in dropped.items():
+            stdout.print(f"dropped {count} rows: {reason}", highlight=False)
+    else:
+        stdout.print("no rows dropped", highlight=False)
+
+
+@app.command()
+def formats() -> None:
+    """List the input formats ``import`` reads."""
+    table = Table(title="input formats")
+    table.add_column("format")
+    table.add_column("reads")
+    table.add_column("needs --freq-mhz")
+    for imp in FORMATS.values():
+        table.add_row(imp.name, imp.description, "yes" if imp.needs_clock else "")
+    stdout.print(table)
+
+
+_SCHEMAS: dict[str, Callable[[], dict[str, Any]]] = {}
+
+
+def _schemas() -> dict[str, Callable[[], dict[str, Any]]]:
+    from opdvfs.devices.spec import DeviceSpec
+    from opdvfs.plan.schedule import Schedule
+    from opdvfs.runtime.result import RunResult
+    from opdvfs.workloads.workload import WORKLOAD_COLUMNS
+
+    return {
+        "schedule": Schedule.model_json_schema,
+        "device": DeviceSpec.model_json_schema,
+        "run-result": RunResult.model_json_schema,
+        "profile": lambda: {"columns": OP_COLUMNS.describe(), "samples": SAMPLE_COLUMNS.describe()},
+        "workload": lambda: {"columns": WORKLOAD_COLUMNS.describe()},
+    }
+
+
+@app.command()
+def schema(
+    name: Annotated[
+        str, typer.Argument(help="schedule, device, run-result (JSON Schema); profile, workload.")
+    ],
+) -> None:
+    """Print the JSON Schema of a file format (``opdvfs schema schedule``)."""
+    schemas = _schemas()
+    if name not in schemas:
+        raise _fail(f"unknown schema {name!r}; expected one of {', '.join(schemas)}")
+    print(json.dumps(schemas[name](), indent=2))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        stderr.print("opdvfs: interrupted")
+        sys.exit(130)

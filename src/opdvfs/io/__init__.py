@@ -1,0 +1,157 @@
+"""Importers: every supported measurement file becomes a :class:`~opdvfs.profile.Profile`.
+
+``read_profile(paths, format=None, freqs_mhz=None)`` picks the importer from ``format`` or, when
+it is None, from the file: Parquet files written by opdvfs, Chrome traces by suffix, CSV files by
+their header. Several files (one per clock, as the profiler writes them) are read one by one and
+joined into one profile; the profile then checks that the same op position names the same
+operator in every file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from opdvfs.exceptions import ProfileFormatError, ValidationError
+from opdvfs.io import ascend, generic_csv, nv_dvfs, perseus, torch_trace
+from opdvfs.io._common import read_csv_header
+from opdvfs.profile import Profile
+
+__all__ = ["FORMATS", "Importer", "detect_format", "read_profile"]
+
+
+@dataclass(frozen=True)
+class Importer:
+    """One file format: how to recognise its CSV header and how to read it."""
+
+    name: str
+    read: Callable[..., Profile]
+    description: str
+    sniff_header: Callable[[Sequence[str]], bool] | None = None
+    needs_clock: bool = False
+
+
+def _read_parquet(path: Path, *, freq_mhz: float | None = None) -> Profile:
+    return Profile.read(path)
+
+
+#: Importers in detection order: more specific CSV headers first, the generic layout last.
+FORMATS: dict[str, Importer] = {
+    imp.name: imp
+    for imp in (
+        Importer("parquet", _read_parquet, "opdvfs profile (Parquet)"),
+        Importer("torch-trace", torch_trace.read, "PyTorch profiler Chrome trace (.json[.gz])",
+                 needs_clock=True),
+        Importer("perseus", perseus.read, "Perseus stage profile CSV", perseus.sniff),
+        Importer("nv-dvfs", nv_dvfs.read, "NV-DVFS-Benchmark kernel CSV", nv_dvfs.sniff),
+        Importer("nv-dvfs-legacy", nv_dvfs.read, "NV-DVFS-Benchmark legacy CSV",
+                 nv_dvfs.sniff_legacy),
+        Importer("ascend", ascend.read, "Ascend msprof op_summary / torch_npu kernel_details CSV",
+                 ascend.sniff, needs_clock=True),
+        Importer("csv", generic_csv.read, "generic long profile CSV (op,name,freq_mhz,time_us)",
+                 generic_csv.sniff),
+    )
+}
+
+
+def detect_format(path: str | os.PathLike[str]) -> str:
+    """Return the name of the importer for ``path``, from its suffix or its CSV header.
+
+    Raises
+    ------
+    ProfileFormatError
+        If the file is missing or matches no known format.
+    """
+    src = Path(path)
+    if not src.exists():
+        raise ProfileFormatError(f"{src}: no such file")
+    if src.suffix == ".parquet":
+        return "parquet"
+    if torch_trace.sniff_path(src):
+        return "torch-trace"
+    header = read_csv_header(src)
+    for imp in FORMATS.values():
+        if imp.sniff_header is not None and imp.sniff_header(header):
+            return imp.name
+    raise ProfileFormatError(
+        f"{src}: line 1: header matches no known profile format (got {', '.join(header[:8])}"
+        f"{', ...' if len(header) > 8 else ''}); expected e.g. the generic layout "
+        "op,name,freq_mhz,time_us, or pass --format"
+    )
+
+
+def read_profile(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    format: str | None = None,
+    freqs_mhz: Sequence[float] | None = None,
+) -> Profile:
+    """Read one or more measurement files into one profile.
+
+    Parameters
+    ----------
+    paths
+        One file, or several (for formats that hold one clock per file).
+    format
+        Importer name (see :data:`FORMATS`); detected per file when None.
+    freqs_mhz
+        Core clock of each file, for formats that do not record it (Ascend CSVs, traces). One
+        value applies to every file.
+
+    Raises
+    ------
+    ProfileFormatError
+        On the first file that fails to parse or validate, or when files do not line up.
+    """
+    files = [Path(paths)] if isinstance(paths, str | os.PathLike) else [Path(p) for p in paths]
+    if not files:
+        raise ProfileFormatError("no input files given")
+    if format is not None and format not in FORMATS:
+        raise ProfileFormatError(
+            f"unknown format {format!r}; expected one of {', '.join(FORMATS)}"
+        )
+    clocks: list[float | None]
+    if freqs_mhz is None or len(freqs_mhz) == 0:
+        clocks = [None] * len(files)
+    elif len(freqs_mhz) == 1:
+        clocks = [float(freqs_mhz[0])] * len(files)
+    elif len(freqs_mhz) == len(files):
+        clocks = [float(f) for f in freqs_mhz]
+    else:
+        raise ProfileFormatError(
+            f"--freq-mhz: got {len(freqs_mhz)} clocks for {len(files)} files; expected one "
+            "clock, or one per file"
+        )
+    profiles = []
+    for src, clock in zip(files, clocks, strict=True):
+        name = format or detect_format(src)
+        profiles.append(FORMATS[name].read(src, freq_mhz=clock))
+    return profiles[0] if len(profiles) == 1 else _join(profiles, files)
+
+
+def _join(profiles: list[Profile], files: list[Path]) -> Profile:
+    meta = profiles[0].meta
+    meta["sources"] = [s for p in profiles for s in p.meta.get("sources", [])]
+    formats = sorted({str(p.meta.get("format")) for p in profiles})
+    meta["format"] = formats[0] if len(formats) == 1 else "+".join(formats)
+    dropped: dict[str, int] = {}
+    for p in profiles:
+        for reason, count in p.dropped.items():
+            dropped[reason] = dropped.get(reason, 0) + count
+    meta["dropped"] = dropped
+    frames = []
+    for p, src in zip(profiles, files, strict=True):
+        ops = p.ops
+        ops.index = pd.Index([f"{src.name} row {i + 1}" for i in range(len(ops))])
+        frames.append(ops)
+    samples = [p.samples for p in profiles if p.samples is not None]
+    try:
+        return Profile(
+            pd.concat(frames), pd.concat(samples) if samples else None, meta=meta
+        )
+    except ValidationError as exc:
+        raise ProfileFormatError(f"joining {len(files)} files: {exc.detail} ({exc.row})") from None

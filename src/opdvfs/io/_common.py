@@ -1,0 +1,173 @@
+"""Pieces every importer shares: reading CSV text safely and turning a frame into a Profile.
+
+Importers index their frames by the source line number, so a validation failure becomes one line
+that names the file, the line, the column as the *file* spells it, and what was expected.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from opdvfs._table import Column, Kind, coerce_column
+from opdvfs.exceptions import ProfileFormatError, ValidationError
+from opdvfs.profile import Profile
+
+__all__ = [
+    "build_profile",
+    "parse_column",
+    "read_csv_header",
+    "read_csv_text",
+    "resolve_columns",
+]
+
+
+def _read_text(path: Path) -> str:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ProfileFormatError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ProfileFormatError(f"{path}: is a directory, expected a file") from None
+    except OSError as exc:
+        raise ProfileFormatError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ProfileFormatError(
+            f"{path}: byte {exc.start}: not UTF-8 text (expected a CSV file)"
+        ) from None
+
+
+def read_csv_header(path: Path) -> list[str]:
+    """Return the column names on the first line of a CSV file (for format detection)."""
+    text = _read_text(path)
+    first = text.splitlines()[0] if text.strip() else ""
+    if not first.strip():
+        raise ProfileFormatError(f"{path}: empty file; expected a CSV header line")
+    return [c.strip() for c in next(csv.reader([first]))]
+
+
+def read_csv_text(path: Path) -> pd.DataFrame:
+    """Read a CSV file as strings, indexed by 1-based line number; blank lines are skipped.
+
+    Every cell stays a string (numbers are parsed and checked later, column by column), so a
+    malformed value is reported with its line rather than silently turned into NaN.
+    """
+    text = _read_text(path)
+    if not text.strip():
+        raise ProfileFormatError(f"{path}: empty file; expected a CSV header line")
+    try:
+        frame = pd.read_csv(
+            io.StringIO(text),
+            dtype=str,
+            keep_default_na=False,
+            na_filter=False,
+            skip_blank_lines=False,
+            skipinitialspace=True,
+        )
+    except pd.errors.ParserError as exc:
+        raise ProfileFormatError(f"{path}: {_parser_message(exc)}") from None
+    except (pd.errors.EmptyDataError, csv.Error, ValueError) as exc:
+        raise ProfileFormatError(f"{path}: not a CSV table ({exc})") from None
+    frame.columns = [str(c).strip() for c in frame.columns]
+    dup = frame.columns[frame.columns.duplicated()]
+    if len(dup):
+        raise ProfileFormatError(f"{path}: line 1: column {dup[0]!r} appears twice")
+    frame.index = pd.RangeIndex(2, len(frame) + 2)
+    # A blank line reads as one empty cell followed by missing ones; drop such rows.
+    filled = frame.fillna("").astype(str).apply(lambda col: col.str.strip() != "")
+    frame = frame[filled.any(axis=1)]
+    if frame.empty:
+        raise ProfileFormatError(f"{path}: no data rows after the header")
+    return frame
+
+
+def _parser_message(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[-1] if str(exc).strip() else "malformed CSV"
+    return text.replace("Error tokenizing data. C error: ", "")
+
+
+def resolve_columns(
+    path: Path, header: Sequence[str], aliases: Mapping[str, Sequence[str]], required: Sequence[str]
+) -> dict[str, str]:
+    """Map canonical names to the first alias present in ``header``.
+
+    Raises
+    ------
+    ProfileFormatError
+        If a ``required`` canonical column has none of its aliases in the header.
+    """
+    present = set(header)
+    found: dict[str, str] = {}
+    for canon, names in aliases.items():
+        for name in names:
+            if name in present:
+                found[canon] = name
+                break
+    for canon in required:
+        if canon not in found:
+            names = " or ".join(repr(n) for n in aliases[canon])
+            raise ProfileFormatError(f"{path}: line 1: missing column {names}")
+    return found
+
+
+def build_profile(
+    frame: pd.DataFrame,
+    *,
+    path: Path,
+    source_columns: Mapping[str, str],
+    meta: Mapping[str, Any],
+    samples: pd.DataFrame | None = None,
+    row_word: str = "line",
+) -> Profile:
+    """Construct a Profile, re-wording validation errors in the source file's own terms.
+
+    Parameters
+    ----------
+    frame
+        Profile columns, indexed by the source line number (or event index, see ``row_word``).
+    source_columns
+        Profile column -> the column name in the source file, for error messages.
+    row_word
+        What the index counts (``line`` for CSV, ``event`` for traces).
+    """
+    try:
+        return Profile(frame, samples, meta=meta)
+    except ValidationError as exc:
+        # Header-level errors (no row) already name their column in the detail.
+        where = ""
+        if exc.row is not None:
+            where = f"{row_word} {exc.row}, "
+            if exc.field is not None:
+                where += f"column {source_columns.get(exc.field, exc.field)!r}, "
+        raise ProfileFormatError(f"{path}: {where}{exc.detail}") from None
+
+
+def parse_column(
+    raw: pd.DataFrame,
+    column: str,
+    path: Path,
+    *,
+    kind: Kind = "float",
+    min_value: float | None = None,
+    exclusive: bool = False,
+    allow_nan: bool = False,
+    choices: tuple[str, ...] | None = None,
+) -> pd.Series:
+    """Parse one source column, reporting the first bad cell by line and source column name."""
+    spec = Column(
+        column, kind, min_value=min_value, exclusive_min=exclusive, allow_nan=allow_nan,
+        choices=choices,
+    )
+    try:
+        return coerce_column(raw[column], spec, "")
+    except ValidationError as exc:
+        raise ProfileFormatError(
+            f"{path}: line {exc.row}, column {column!r}: {exc.detail}"
+        ) from None

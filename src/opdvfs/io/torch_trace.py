@@ -1,0 +1,248 @@
+"""PyTorch profiler (Kineto) Chrome traces: ``.json`` or ``.json.gz``.
+
+GPU traces: every device event (``kernel``, ``gpu_memcpy``, ``gpu_memset``) is mapped to the
+innermost host operator that launched it. Kineto stamps the kernel with the ``External id`` of
+that operator (PyTorch pushes a fresh correlation id on every RecordFunction entry); older
+traces without it are joined through the ``correlation`` of the launching runtime call. One
+profile row is one launching operator: its time is the sum of its device events' durations, its
+position is its dispatch order within the iteration.
+
+CPU-only traces: the rows are the leaf ``cpu_op`` events (those enclosing no other op on their
+thread), i.e. the aten sequence, timed on the host.
+
+Iterations are the ``ProfilerStep#N`` spans when present; iterations whose operator sequence
+differs from the most common one (warm-up, lazy initialisation) are dropped and counted. The clock
+comes from ``--freq-mhz`` or from the trace's ``opdvfs_freq_mhz`` metadata
+(``prof.add_metadata_json("opdvfs_freq_mhz", "1410")``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from opdvfs._table import Column, coerce_column
+from opdvfs.exceptions import ProfileFormatError, ValidationError
+from opdvfs.io._common import build_profile
+from opdvfs.profile import Profile
+
+FORMAT = "torch-trace"
+FREQ_METADATA_KEY = "opdvfs_freq_mhz"
+
+_DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_COMM_KERNEL = re.compile(r"nccl|rccl|hccl|all_?reduce|all_?gather|reduce_?scatter", re.I)
+
+
+def sniff_path(path: Path) -> bool:
+    """Return whether a path names a Chrome trace by its suffix."""
+    return path.name.endswith((".json", ".json.gz"))
+
+
+def load_trace(path: Path) -> dict[str, Any]:
+    """Load a Chrome trace (plain or gzip JSON) into a dict with a ``traceEvents`` list."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ProfileFormatError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise ProfileFormatError(f"{path}: cannot read ({exc.strerror})") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise ProfileFormatError(f"{path}: truncated or corrupt gzip data ({exc})") from None
+    if not raw.strip():
+        raise ProfileFormatError(f"{path}: empty file; expected a Chrome trace (JSON)")
+    try:
+        doc = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ProfileFormatError(
+            f"{path}: line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg})"
+        ) from None
+    except (UnicodeDecodeError, RecursionError):
+        raise ProfileFormatError(f"{path}: not a JSON text file") from None
+    if isinstance(doc, list):
+        doc = {"traceEvents": doc}
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise ProfileFormatError(f"{path}: expected a JSON object with a 'traceEvents' list")
+    return doc
+
+
+def _events_frame(path: Path, events: list[Any]) -> pd.DataFrame:
+    """Complete ('X') events as a frame indexed by their position in ``traceEvents``."""
+    rows = []
+    for i, ev in enumerate(events):
+        if not isinstance(ev, dict):
+            raise ProfileFormatError(f"{path}: event {i}: expected a JSON object, got {ev!r:.40}")
+        if ev.get("ph") != "X":
+            continue
+        args = ev.get("args")
+        if args is not None and not isinstance(args, dict):
+            raise ProfileFormatError(f"{path}: event {i}, field 'args': expected an object")
+        args = args or {}
+        rows.append(
+            (
+                i, ev.get("cat"), ev.get("name"), ev.get("pid"), ev.get("tid"), ev.get("ts"),
+                ev.get("dur"), args.get("External id"), args.get("correlation"),
+                args.get("stream"),
+            )
+        )
+    columns = ["event", "cat", "name", "pid", "tid", "ts", "dur", "ext", "corr", "stream"]
+    frame = pd.DataFrame.from_records(rows, columns=columns).set_index("event")
+    if frame.empty:
+        raise ProfileFormatError(f"{path}: no complete ('X') events in 'traceEvents'")
+    for field, spec in (
+        ("ts", Column("ts", "float")),
+        ("dur", Column("dur", "float", min_value=0.0)),
+    ):
+        try:
+            frame[field] = coerce_column(frame[field], spec, "")
+        except ValidationError as exc:
+            raise ProfileFormatError(f"{path}: event {exc.row}, field {field!r}: {exc.detail}") from None
+    frame["cat"] = frame["cat"].astype(str)
+    frame["name"] = frame["name"].astype(str)
+    for key in ("pid", "tid"):
+        frame[key] = frame[key].astype(str)
+    return frame
+
+
+def _to_int_ids(series: pd.Series) -> pd.Series:
+    return pd.to_numeric(series, errors="coerce").astype("Int64")
+
+
+def _device_rows(ev: pd.DataFrame, dropped: Counter[str]) -> pd.DataFrame | None:
+    """One row per launching host op: summed device time, first device start, kernel count."""
+    dev = ev[ev["cat"].isin(_DEVICE_CATS)]
+    if dev.empty:
+        return None
+    host = ev[ev["cat"] == "cpu_op"].copy()
+    host["ext"] = _to_int_ids(host["ext"])
+    host = host[host["ext"].notna()].reset_index().drop_duplicates("ext").set_index("ext")
+    ext = _to_int_ids(dev["ext"])
+    if ext.isna().any():
+        # Older traces: kernel -> runtime launch (correlation) -> the op's External id.
+        runtime = ev[ev["cat"].isin(("cuda_runtime", "cuda_driver"))].copy()
+        runtime = runtime.assign(corr=_to_int_ids(runtime["corr"]), ext=_to_int_ids(runtime["ext"]))
+        by_corr = runtime.dropna(subset=["corr"]).drop_duplicates("corr").set_index("corr")["ext"]
+        via = _to_int_ids(dev["corr"]).map(by_corr)
+        ext = ext.fillna(via)
+    dev = dev.assign(ext=ext)
+    launched = dev["ext"].isin(host.index)
+    if (~launched).any():
+        dropped["device events with no launching operator"] += int((~launched).sum())
+    dev = dev[launched]
+    if dev.empty:
+        return None
+    dev = dev.assign(comm=dev["name"].str.contains(_COMM_KERNEL))
+    per_op = dev.groupby("ext").agg(
+        time_us=("dur", "sum"), device_start_us=("ts", "min"), kernels=("dur", "size"),
+        comm=("comm", "any"),
+    )
+    ops = host.loc[per_op.index, ["event", "name", "ts"]].join(per_op)
+    ops["stream"] = np.where(ops["comm"], "comm", "compute")
+    return ops.drop(columns="comm").set_index("event")
+
+
+def _host_rows(ev: pd.DataFrame) -> pd.DataFrame:
+    """Leaf cpu_op events (enclosing no other op on their thread), timed on the host."""
+    host = ev[ev["cat"] == "cpu_op"].copy()
+    if host.empty:
+        raise ProfileFormatError("no 'cpu_op' events")
+    host["end"] = host["ts"] + host["dur"]
+    host = host.reset_index().sort_values(["pid", "tid", "ts", "dur"], ascending=[1, 1, 1, 0])
+    same_thread = (host["pid"].shift(-1) == host["pid"]) & (host["tid"].shift(-1) == host["tid"])
+    has_child = same_thread & (host["ts"].shift(-1) < host["end"])
+    leaves = host[~has_child.fillna(False)]
+    return pd.DataFrame(
+        {
+            "name": leaves["name"].to_numpy(),
+            "ts": leaves["ts"].to_numpy(),
+            "time_us": leaves["dur"].to_numpy(),
+            "device_start_us": leaves["ts"].to_numpy(),
+            "kernels": 0,
+            "stream": "compute",
+        },
+        index=pd.Index(leaves["event"].to_numpy(), name="event"),
+    )
+
+
+def _assign_iterations(ev: pd.DataFrame, ops: pd.DataFrame, dropped: Counter[str]) -> pd.DataFrame:
+    steps = ev[(ev["cat"] == "user_annotation") & ev["name"].str.match(_STEP.pattern)]
+    if steps.empty:
+        return ops.assign(iteration=0)
+    steps = steps.sort_values("ts")
+    starts = steps["ts"].to_numpy()
+    ends = starts + steps["dur"].to_numpy()
+    numbers = steps["name"].str.extract(_STEP)[0].astype(int).to_numpy()
+    pos = np.searchsorted(starts, ops["ts"].to_numpy(), side="right") - 1
+    inside = (pos >= 0) & (ops["ts"].to_numpy() <= ends[np.clip(pos, 0, None)])
+    if (~inside).any():
+        dropped["operators outside ProfilerStep spans"] += int((~inside).sum())
+    ops = ops[inside].copy()
+    ops["iteration"] = numbers[pos[inside]] - numbers.min()
+    return ops
+
+
+def _keep_modal_sequence(ops: pd.DataFrame, dropped: Counter[str]) -> pd.DataFrame:
+    """Keep the iterations whose op-name sequence is the most common one."""
+    ops = ops.sort_values(["iteration", "ts"], kind="stable")
+    signature = ops.groupby("iteration")["name"].agg(lambda s: hash(tuple(s)))
+    modal = signature.value_counts().index[0]
+    keep = signature[signature == modal].index
+    mask = ops["iteration"].isin(keep)
+    if (~mask).any():
+        dropped["rows in iterations whose op sequence differs"] += int((~mask).sum())
+    ops = ops[mask].copy()
+    ops["iteration"] = pd.factorize(ops["iteration"], sort=True)[0]
+    return ops
+
+
+def read(path: Path, *, freq_mhz: float | None = None) -> Profile:
+    """Read a PyTorch profiler Chrome trace measured at core clock ``freq_mhz``."""
+    doc = load_trace(path)
+    clock = freq_mhz if freq_mhz is not None else doc.get(FREQ_METADATA_KEY)
+    if clock is None:
+        raise ProfileFormatError(
+            f"{path}: the trace does not record the core clock; pass --freq-mhz or add "
+            f'prof.add_metadata_json("{FREQ_METADATA_KEY}", "<MHz>") when capturing'
+        )
+    ev = _events_frame(path, doc["traceEvents"])
+    dropped: Counter[str] = Counter()
+    ops = _device_rows(ev, dropped)
+    if ops is None:
+        try:
+            ops = _host_rows(ev)
+        except ProfileFormatError as exc:
+            raise ProfileFormatError(f"{path}: {exc}; expected kernels or cpu_op events") from None
+    ops = _assign_iterations(ev, ops, dropped)
+    if ops.empty:
+        raise ProfileFormatError(f"{path}: no operators inside the ProfilerStep spans")
+    ops = _keep_modal_sequence(ops, dropped)
+    ops["op"] = ops.groupby("iteration").cumcount()
+    ops["start_us"] = ops["device_start_us"] - ops.groupby("iteration")["device_start_us"].transform(
+        "min"
+    )
+    ops["freq_mhz"] = clock
+    frame = ops[["iteration", "op", "name", "stream", "freq_mhz", "time_us", "start_us", "kernels"]]
+    props = doc.get("deviceProperties")
+    device = None
+    if isinstance(props, list) and props and isinstance(props[0], dict):
+        device = props[0].get("name")
+    meta = {
+        "format": FORMAT,
+        "sources": [path.name],
+        "device": device,
+        "dropped": dict(dropped),
+        "trace": {"gpu": bool(frame["kernels"].sum() > 0), "events": len(doc["traceEvents"])},
+    }
+    source = {"freq_mhz": FREQ_METADATA_KEY, "time_us": "dur", "name": "name"}
+    return build_profile(frame, path=path, source_columns=source, meta=meta, row_word="event")
