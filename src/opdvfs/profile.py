@@ -130,8 +130,9 @@ class Profile:
             table.insert(3, "type", table["name"])
         require_unique(table, ("iteration", "op", "freq_mhz"), "profile")
         _require_one_name_per_op(table)
-        self._ops = table.sort_values(["iteration", "freq_mhz", "op"], kind="stable")
-        self._ops.reset_index(drop=True, inplace=True)
+        self._ops = table.sort_values(["iteration", "freq_mhz", "op"], kind="stable").reset_index(
+            drop=True
+        )
         self._samples: pd.DataFrame | None = None
         if samples is not None:
             smp = SAMPLE_COLUMNS.validate(samples)

@@ -141,12 +141,13 @@ def build_profile(
         return Profile(frame, samples, meta=meta)
     except ValidationError as exc:
         # Header-level errors (no row) already name their column in the detail.
-        where = ""
+        where = []
         if exc.row is not None:
-            where = f"{row_word} {exc.row}, "
+            where.append(f"{row_word} {exc.row}")
             if exc.field is not None:
-                where += f"column {source_columns.get(exc.field, exc.field)!r}, "
-        raise ProfileFormatError(f"{path}: {where}{exc.detail}") from None
+                where.append(f"column {source_columns.get(exc.field, exc.field)!r}")
+        prefix = f"{', '.join(where)}: " if where else ""
+        raise ProfileFormatError(f"{path}: {prefix}{exc.detail}") from None
 
 
 def parse_column(

@@ -74,8 +74,9 @@ def read(path: Path, *, freq_mhz: float | None = None) -> Profile:
     )
     frame["type"] = frame["type"].where(frame["type"] != "", frame["name"])
     source = {"name": cols["name"], "time_us": cols["duration"], "type": cols.get("type", "")}
+    # Step ids count from wherever the profiler schedule started; iterations count from 0.
     frame["iteration"] = (
-        parse_column(raw, cols["iteration"], path, kind="int", min_value=0)
+        pd.factorize(parse_column(raw, cols["iteration"], path, kind="int"), sort=True)[0]
         if "iteration" in cols
         else 0
     )

@@ -7,8 +7,8 @@ traces without it are joined through the ``correlation`` of the launching runtim
 profile row is one launching operator: its time is the sum of its device events' durations, its
 position is its dispatch order within the iteration.
 
-CPU-only traces: the rows are the leaf ``cpu_op`` events (those enclosing no other op on their
-thread), i.e. the aten sequence, timed on the host.
+CPU-only traces: the rows are the outermost ``aten::`` ops on each thread (the sequence a
+TorchDispatchMode sees), timed on the host.
 
 Iterations are the ``ProfilerStep#N`` spans when present; iterations whose operator sequence
 differs from the most common one (warm-up, lazy initialisation) are dropped and counted. The clock
@@ -153,25 +153,33 @@ def _device_rows(ev: pd.DataFrame, dropped: Counter[str]) -> pd.DataFrame | None
 
 
 def _host_rows(ev: pd.DataFrame) -> pd.DataFrame:
-    """Leaf cpu_op events (enclosing no other op on their thread), timed on the host."""
-    host = ev[ev["cat"] == "cpu_op"].copy()
+    """Outermost aten ops (no aten ancestor on their thread), timed on the host.
+
+    This is close to what a TorchDispatchMode sees: it intercepts an aten op and not the aten
+    calls nested inside it. Wrappers that are not aten ops (``ProfilerStep#N``, autograd engine
+    frames, ``Optimizer.step``) are looked through.
+    """
+    host = ev[(ev["cat"] == "cpu_op") & ev["name"].str.startswith("aten::")].copy()
     if host.empty:
-        raise ProfileFormatError("no 'cpu_op' events")
+        raise ProfileFormatError("no 'cpu_op' events named aten::*")
     host["end"] = host["ts"] + host["dur"]
     host = host.reset_index().sort_values(["pid", "tid", "ts", "dur"], ascending=[1, 1, 1, 0])
-    same_thread = (host["pid"].shift(-1) == host["pid"]) & (host["tid"].shift(-1) == host["tid"])
-    has_child = same_thread & (host["ts"].shift(-1) < host["end"])
-    leaves = host[~has_child.fillna(False)]
+    thread = host.groupby(["pid", "tid"], sort=False)["end"]
+    # In a properly nested tree an op is inside an earlier one iff some earlier op on its thread
+    # ends after it starts.
+    prev_end = thread.transform(lambda e: e.cummax().shift(1)).fillna(-np.inf)
+    top = host[~(prev_end.to_numpy() > host["ts"].to_numpy())]
     return pd.DataFrame(
         {
-            "name": leaves["name"].to_numpy(),
-            "ts": leaves["ts"].to_numpy(),
-            "time_us": leaves["dur"].to_numpy(),
-            "device_start_us": leaves["ts"].to_numpy(),
+            "name": top["name"].to_numpy(),
+            "ts": top["ts"].to_numpy(),
+            "time_us": top["dur"].to_numpy(),
+            "device_start_us": top["ts"].to_numpy(),
             "kernels": 0,
+            # The ops ran on the CPU as the compute device, not as host time a device waits on.
             "stream": "compute",
         },
-        index=pd.Index(leaves["event"].to_numpy(), name="event"),
+        index=pd.Index(top["event"].to_numpy(), name="event"),
     )
 
 
@@ -222,7 +230,7 @@ def read(path: Path, *, freq_mhz: float | None = None) -> Profile:
         try:
             ops = _host_rows(ev)
         except ProfileFormatError as exc:
-            raise ProfileFormatError(f"{path}: {exc}; expected kernels or cpu_op events") from None
+            raise ProfileFormatError(f"{path}: {exc}; expected kernels or aten cpu_op events") from None
     ops = _assign_iterations(ev, ops, dropped)
     if ops.empty:
         raise ProfileFormatError(f"{path}: no operators inside the ProfilerStep spans")

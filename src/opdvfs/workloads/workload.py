@@ -123,7 +123,8 @@ class Workload:
             "version": 1,
             "name": self.name,
             "meta": self._meta,
-            "ops": self._ops.to_dict(orient="list"),
+            # NaN (a missing ratio) is not JSON; it travels as null and reads back as NaN.
+            "ops": self._ops.astype(object).where(self._ops.notna(), None).to_dict(orient="list"),
         }
         write_text_atomic(dest, json.dumps(doc, allow_nan=False) + "\n")
 

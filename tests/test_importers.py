@@ -1,0 +1,244 @@
+import gzip
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+from kineto import training_trace
+
+from opdvfs import ProfileFormatError
+from opdvfs.datasets import DATASETS, dataset_path
+from opdvfs.io import FORMATS, detect_format, read_profile
+
+
+# ------------------------------------------------------------------ detection
+@pytest.mark.parametrize(
+    ("name", "fmt"),
+    [
+        ("generic_profile.csv", "csv"),
+        ("ascend_op_summary.csv", "ascend"),
+        ("ascend_kernel_details.csv", "ascend"),
+        ("nv_dvfs_layout.csv", "nv-dvfs"),
+        ("nv_dvfs_legacy_layout.csv", "nv-dvfs-legacy"),
+        ("torch_cpu_tinygpt.pt.trace.json.gz", "torch-trace"),
+    ],
+)
+def test_detect_format(fixtures, name, fmt):
+    assert detect_format(fixtures / name) == fmt
+
+
+def test_detect_perseus_and_unknown(tmp_path):
+    assert detect_format(dataset_path("perseus-gpt3-175b-a100")) == "perseus"
+    odd = tmp_path / "odd.csv"
+    odd.write_text("a,b,c\n1,2,3\n")
+    with pytest.raises(ProfileFormatError, match="line 1: header matches no known"):
+        detect_format(odd)
+
+
+# ------------------------------------------------------------------ generic CSV
+def test_generic_csv(fixtures):
+    p = read_profile(fixtures / "generic_profile.csv")
+    ops = p.ops
+    assert p.n_ops == 3 and list(p.freqs_mhz) == [1000.0, 1800.0]
+    assert ops.loc[ops["name"] == "allreduce_1", "stream"].unique().tolist() == ["comm"]
+    assert np.isnan(ops.loc[ops["name"] == "allreduce_1", "ratio_mte2"]).all()
+    assert ops["chip_power_w"].iloc[0] == pytest.approx(231.0)
+
+
+def test_generic_csv_errors_name_line_and_column(tmp_path, fixtures):
+    lines = (fixtures / "generic_profile.csv").read_text().splitlines()
+    lines[4] = lines[4].replace("460.1", "-460.1")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ProfileFormatError) as err:
+        read_profile(bad)
+    assert str(err.value) == (
+        f"{bad}: line 5, column 'time_us': expected a finite number >= 0, got '-460.1'"
+    )
+    lines[4] = lines[4].replace("-460.1", "fast")
+    bad.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ProfileFormatError, match="line 5, column 'time_us'.*'fast'"):
+        read_profile(bad)
+
+
+# ------------------------------------------------------------------ Perseus (real data)
+@pytest.mark.parametrize("name", sorted(k for k in DATASETS if k.startswith("perseus")))
+def test_perseus_real_profiles(name):
+    p = read_profile(dataset_path(name))
+    raw = pd.read_csv(dataset_path(name))
+    assert p.n_ops == 16  # 8 stages x forward/backward
+    assert len(p.freqs_mhz) == raw["frequency"].nunique()
+    ops = p.ops
+    row = raw.iloc[0]
+    mine = ops[(ops["name"] == f"stage{row.stage}.{row.instruction}")
+               & (ops["freq_mhz"] == row.frequency)]
+    assert mine["time_us"].item() == pytest.approx(row.time * 1e6)
+    assert mine["chip_power_w"].item() == pytest.approx(row.energy / row.time)
+    # forward comes before backward of the same stage in the op order
+    order = ops.drop_duplicates("op").sort_values("op")["name"].tolist()
+    assert order[:2] == ["stage0.forward", "stage0.backward"]
+
+
+# ------------------------------------------------------------------ NV-DVFS
+def test_nv_dvfs_layout(fixtures):
+    p = read_profile(fixtures / "nv_dvfs_layout.csv")
+    ops = p.ops
+    assert p.n_ops == 3  # (benchmark, kernel, input) triples
+    assert list(p.freqs_mhz) == [405.0, 945.0, 1380.0]
+    mm = ops[(ops["name"] == "matmul/mmKernel[input000]") & (ops["freq_mhz"] == 1380.0)]
+    assert mm["time_us"].item() == pytest.approx(12000.0)  # ms -> us
+    assert mm["chip_power_w"].item() == pytest.approx(210.0)
+    assert mm["ratio_sm_active"].item() == pytest.approx(0.99)
+    assert (ops["mem_freq_mhz"] == 877.0).all()
+
+
+def test_nv_dvfs_legacy_layout(fixtures):
+    p = read_profile(fixtures / "nv_dvfs_legacy_layout.csv")
+    assert p.meta["format"] == "nv-dvfs-legacy"
+    assert p.n_ops == 2 and list(p.freqs_mhz) == [802.0, 1380.0]
+
+
+def test_nv_dvfs_several_memory_clocks_rejected(tmp_path, fixtures):
+    text = (fixtures / "nv_dvfs_legacy_layout.csv").read_text().replace(",1380,877,", ",1380,900,")
+    path = tmp_path / "grid.csv"
+    path.write_text(text)
+    with pytest.raises(ProfileFormatError, match="several memory clocks \\(877, 900\\)"):
+        read_profile(path)
+
+
+# ------------------------------------------------------------------ Ascend
+def test_ascend_op_summary(fixtures):
+    p = read_profile(fixtures / "ascend_op_summary.csv", freqs_mhz=[1800])
+    ops = p.ops.set_index("name")
+    assert list(p.freqs_mhz) == [1800.0]
+    assert ops.loc["Default/MatMulV2-op1", "type"] == "MatMulV2"
+    assert ops.loc["Default/MatMulV2-op1", "ratio_aic_mac"] == pytest.approx(0.87)
+    assert np.isnan(ops.loc["Default/Gelu-op2", "ratio_aic_mac"])  # N/A
+    assert ops.loc["hcom_allReduce__123_0_1", "stream"] == "comm"
+    assert ops.loc["Default/Cast-op3", "task_type"] == "AI_CPU"
+    assert ops.loc["Default/Gelu-op2", "start_us"] == pytest.approx(812.85, abs=1e-3)
+    assert list(p.ops.sort_values("op")["name"])[0] == "Default/MatMulV2-op1"
+
+
+def test_ascend_kernel_details_steps_and_tabs(fixtures):
+    p = read_profile(fixtures / "ascend_kernel_details.csv", freqs_mhz=[1400])
+    assert p.n_iterations == 2 and p.n_ops == 3
+    ops = p.ops
+    assert ops.loc[ops["iteration"] == 1, "start_us"].tolist() == pytest.approx(
+        [0.0, 811.2, 933.5], abs=1e-3
+    )
+
+
+def test_ascend_needs_clock_and_one_device(tmp_path, fixtures):
+    with pytest.raises(ProfileFormatError, match="pass --freq-mhz"):
+        read_profile(fixtures / "ascend_op_summary.csv")
+    lines = (fixtures / "ascend_op_summary.csv").read_text().splitlines()
+    lines[2] = "1" + lines[2][1:]
+    path = tmp_path / "two.csv"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ProfileFormatError, match="holds 2 devices"):
+        read_profile(path, freqs_mhz=[1800])
+
+
+def test_ascend_files_join_across_clocks(tmp_path, fixtures):
+    a = tmp_path / "op_summary_1000.csv"
+    b = tmp_path / "op_summary_1800.csv"
+    shutil.copy(fixtures / "ascend_op_summary.csv", a)
+    shutil.copy(fixtures / "ascend_op_summary.csv", b)
+    p = read_profile([a, b], freqs_mhz=[1000, 1800])
+    assert list(p.freqs_mhz) == [1000.0, 1800.0] and p.n_ops == 4
+    assert p.meta["sources"] == [a.name, b.name]
+    with pytest.raises(ProfileFormatError, match="2 clocks for 3 files"):
+        read_profile([a, b, a], freqs_mhz=[1000, 1800])
+
+
+def test_join_rejects_misaligned_sequences(tmp_path, fixtures):
+    a = tmp_path / "a.csv"
+    shutil.copy(fixtures / "ascend_op_summary.csv", a)
+    b = tmp_path / "b.csv"
+    b.write_text((fixtures / "ascend_op_summary.csv").read_text().replace("Gelu-op2", "Relu-op2"))
+    with pytest.raises(ProfileFormatError, match="op 1 is 'Default/Relu-op2' here"):
+        read_profile([a, b], freqs_mhz=[1000, 1800])
+
+
+# ------------------------------------------------------------------ torch traces
+def test_real_cpu_trace_fixture(fixtures):
+    p = read_profile(fixtures / "torch_cpu_tinygpt.pt.trace.json.gz", freqs_mhz=[3000])
+    assert p.n_iterations == 3
+    ops = p.ops
+    names = ops.loc[ops["iteration"] == 0].sort_values("op")["name"]
+    assert names.str.startswith("aten::").all()
+    for expected in ("aten::linear", "aten::layer_norm", "aten::mm", "aten::addcdiv_"):
+        assert expected in set(names)
+    # no op is nested in another (only the outermost aten ops are rows)
+    assert "aten::addmm" not in set(names)  # inside aten::linear
+    # same sequence in every iteration, starting at zero
+    per_iter = ops.groupby("iteration")["name"].apply(tuple)
+    assert per_iter.nunique() == 1
+    assert (ops.groupby("iteration")["start_us"].min() == 0).all()
+
+
+def write_trace(tmp_path, doc, gz=False):
+    path = tmp_path / ("t.json.gz" if gz else "t.json")
+    data = json.dumps(doc).encode()
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_gpu_trace_kernels_map_to_launching_op(tmp_path, gz):
+    p = read_profile(write_trace(tmp_path, training_trace(), gz=gz))
+    ops = p.ops
+    assert list(p.freqs_mhz) == [1410.0]  # from the trace metadata
+    assert p.meta["device"] == "NVIDIA H100"
+    assert p.n_iterations == 3
+    first = ops[ops["iteration"] == 0].set_index("name")
+    # aten::view launched nothing: not an operator of the device sequence
+    assert list(first.index) == ["aten::mm", "aten::gelu", "nccl:all_reduce"]
+    assert first.loc["aten::mm", "time_us"] == pytest.approx(120.0)
+    # gelu's kernels carry no External id: joined through the runtime launch's correlation
+    assert first.loc["aten::gelu", "time_us"] == pytest.approx(40.0)
+    assert first.loc["aten::gelu", "kernels"] == 2
+    assert first.loc["nccl:all_reduce", "stream"] == "comm"
+    assert ops.loc[ops["name"] == "aten::mm", "time_us"].tolist() == [120.0, 121.0, 122.0]
+    # the orphan kernel and the op outside every ProfilerStep are counted, not silently lost
+    assert p.dropped == {"device events with no launching operator": 1}
+
+
+def test_gpu_trace_drops_iterations_that_differ(tmp_path):
+    p = read_profile(write_trace(tmp_path, training_trace(warmup_differs=True)))
+    assert p.n_iterations == 2
+    assert p.dropped["rows in iterations whose op sequence differs"] == 4
+
+
+def test_trace_clock_from_option_overrides_metadata(tmp_path):
+    path = write_trace(tmp_path, training_trace(freq_mhz=None))
+    with pytest.raises(ProfileFormatError, match="pass --freq-mhz or add"):
+        read_profile(path)
+    assert list(read_profile(path, freqs_mhz=[1005]).freqs_mhz) == [1005.0]
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"", "empty file"),
+        (b'{"traceEvents": [', "line 1, column 18: not valid JSON"),
+        (b'{"events": []}', "'traceEvents' list"),
+        (b'{"traceEvents": [1]}', "event 0: expected a JSON object"),
+        (b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": -1}]}',
+         "event 0, field 'dur': expected a finite number >= 0"),
+        (gzip.compress(b'{"traceEvents": []}')[:-6], "truncated or corrupt gzip"),
+    ],
+)
+def test_bad_traces(tmp_path, content, needle):
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    with pytest.raises(ProfileFormatError, match=needle.replace("(", "\\(")):
+        read_profile(path, freqs_mhz=[1000])
+
+
+def test_unknown_format_name(fixtures):
+    with pytest.raises(ProfileFormatError, match="unknown format 'xls'"):
+        read_profile(fixtures / "generic_profile.csv", format="xls")
+    assert "csv" in FORMATS

@@ -1,0 +1,79 @@
+"""A tiny GPT training step and a torch.profiler capture of it (needs torch).
+
+Shared by the live-capture test and by ``fixtures/make_torch_trace.py``, which wrote the checked-in
+trace fixture, so that both exercise the same program.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.ln2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, vocab: int = 64, dim: int = 32, heads: int = 2, layers: int = 2,
+                 seq: int = 16) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.zeros(1, seq, dim))
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.register_buffer("mask", torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos[:, : idx.shape[1]]
+        for block in self.blocks:
+            x = block(x, self.mask)
+        return self.head(self.ln(x))
+
+
+def capture_training_trace(path: Path, *, steps: int = 3, seed: int = 0,
+                           freq_mhz: float | None = None, device: str = "cpu") -> Path:
+    """Profile ``steps`` training steps of TinyGPT (after one warm-up) into a Chrome trace."""
+    torch.manual_seed(seed)
+    model = TinyGPT().to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randint(0, 64, (steps + 2, 2, 17), device=device)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+
+    def train_step(batch: torch.Tensor) -> None:
+        logits = model(batch[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, 64), batch[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    def save(prof: torch.profiler.profile) -> None:
+        if freq_mhz is not None:
+            prof.add_metadata_json("opdvfs_freq_mhz", str(freq_mhz))
+        prof.export_chrome_trace(str(path))
+
+    with torch.profiler.profile(
+        activities=activities,
+        schedule=torch.profiler.schedule(wait=0, warmup=1, active=steps, repeat=1),
+        on_trace_ready=save,
+        record_shapes=True,
+    ) as prof:
+        for i in range(steps + 1):
+            train_step(data[i])
+            prof.step()
+    return path
