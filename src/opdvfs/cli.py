@@ -35,8 +35,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
-stdout = Console()
-stderr = Console(stderr=True)
+stdout = Console(soft_wrap=True)
+stderr = Console(stderr=True, soft_wrap=True)
 
 P = ParamSpec("P")
 R = TypeVar("R")

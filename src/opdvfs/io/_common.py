@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -63,14 +64,21 @@ def read_csv_text(path: Path) -> pd.DataFrame:
     if not text.strip():
         raise ProfileFormatError(f"{path}: empty file; expected a CSV header line")
     try:
-        frame = pd.read_csv(
-            io.StringIO(text),
-            dtype=str,
-            keep_default_na=False,
-            na_filter=False,
-            skip_blank_lines=False,
-            skipinitialspace=True,
-        )
+        with warnings.catch_warnings():
+            # With index_col=False pandas only warns (and drops data) when the first data row
+            # has more fields than the header; make that an error.
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            frame = pd.read_csv(
+                io.StringIO(text),
+                dtype=str,
+                index_col=False,
+                keep_default_na=False,
+                na_filter=False,
+                skip_blank_lines=False,
+                skipinitialspace=True,
+            )
+    except pd.errors.ParserWarning:
+        raise ProfileFormatError(f"{path}: {_long_row(text)}") from None
     except pd.errors.ParserError as exc:
         raise ProfileFormatError(f"{path}: {_parser_message(exc)}") from None
     except (pd.errors.EmptyDataError, csv.Error, ValueError) as exc:
@@ -86,6 +94,15 @@ def read_csv_text(path: Path) -> pd.DataFrame:
     if frame.empty:
         raise ProfileFormatError(f"{path}: no data rows after the header")
     return frame
+
+
+def _long_row(text: str) -> str:
+    rows = csv.reader(io.StringIO(text))
+    width = len(next(rows))
+    for line, row in enumerate(rows, start=2):
+        if len(row) > width:
+            return f"line {line}: expected {width} fields as in the header, saw {len(row)}"
+    return "a row has more fields than the header"
 
 
 def _parser_message(exc: Exception) -> str:
