@@ -63,8 +63,6 @@ def capture_training_trace(path: Path, *, steps: int = 3, seed: int = 0,
         opt.step()
 
     def save(prof: torch.profiler.profile) -> None:
-        if freq_mhz is not None:
-            prof.add_metadata_json("opdvfs_freq_mhz", str(freq_mhz))
         prof.export_chrome_trace(str(path))
 
     with torch.profiler.profile(
@@ -75,5 +73,8 @@ def capture_training_trace(path: Path, *, steps: int = 3, seed: int = 0,
     ) as prof:
         for i in range(steps + 1):
             train_step(data[i])
+            if i == 1 and freq_mhz is not None:
+                # Metadata only sticks while the profiler is recording (an active step).
+                prof.add_metadata_json("opdvfs_freq_mhz", str(freq_mhz))
             prof.step()
     return path
