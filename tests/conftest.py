@@ -23,7 +23,12 @@ def make_ops(n_ops: int = 4, freqs=(1000.0, 1800.0), iterations: int = 1, seed: 
         for f in freqs:
             for op in range(n_ops):
                 rows.append(
-                    {"iteration": it, "op": op, "name": f"op{op}", "freq_mhz": f,
-                     "time_us": work[op] * 1800.0 / f}
+                    {
+                        "iteration": it,
+                        "op": op,
+                        "name": f"op{op}",
+                        "freq_mhz": f,
+                        "time_us": work[op] * 1800.0 / f,
+                    }
                 )
     return pd.DataFrame(rows)

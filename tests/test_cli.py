@@ -53,7 +53,10 @@ def test_info_human_table(fixtures):
         ("op,name,freq_mhz\n0,a,1000\n", "header matches no known profile format"),
         ("op,name,freq_mhz,time_us\n0,a,1000,5\n1,b,1000,5,7\n", "Expected 4 fields in line 3"),
         ("op,name,freq_mhz,time_us\n0,a,1000,5\n1,b,10", "line 3, column 'time_us'"),
-        ("op,name,freq_mhz,time_us\n0,a,1000,5,7\n", "line 2: expected 4 fields as in the header, saw 5"),
+        (
+            "op,name,freq_mhz,time_us\n0,a,1000,5,7\n",
+            "line 2: expected 4 fields as in the header, saw 5",
+        ),
     ],
 )
 def test_bad_input_exit_2_one_line_no_output(tmp_path, content, needle):
@@ -83,8 +86,14 @@ def test_failed_import_keeps_existing_output(tmp_path, fixtures):
 
 
 def test_bad_clock_list_and_format(fixtures, tmp_path):
-    res = invoke("import", fixtures / "ascend_op_summary.csv", "--freq-mhz", "fast",
-                 "--out", tmp_path / "p.parquet")
+    res = invoke(
+        "import",
+        fixtures / "ascend_op_summary.csv",
+        "--freq-mhz",
+        "fast",
+        "--out",
+        tmp_path / "p.parquet",
+    )
     assert res.exit_code == 2 and "clock 'fast'" in res.stderr
     res = invoke("info", fixtures / "generic_profile.csv", "--format", "xls")
     assert res.exit_code == 2 and "unknown format 'xls'" in res.stderr

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kineto import training_trace
 
 from opdvfs import InputFormatError, Profile
 from opdvfs.datasets import dataset_path
 from opdvfs.io import FORMATS, read_profile
+
+from kineto import training_trace
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PERSEUS_HEAD = b"".join(dataset_path("perseus-gpt3-175b-a100").read_bytes().splitlines(True)[:40])
@@ -24,14 +25,16 @@ CASES = {
     "csv": ("generic_profile.csv", (FIXTURES / "generic_profile.csv").read_bytes()),
     "ascend-op-summary": ("op_summary.csv", (FIXTURES / "ascend_op_summary.csv").read_bytes()),
     "ascend-kernel-details": (
-        "kernel_details.csv", (FIXTURES / "ascend_kernel_details.csv").read_bytes()
+        "kernel_details.csv",
+        (FIXTURES / "ascend_kernel_details.csv").read_bytes(),
     ),
     "nv-dvfs": ("nv.csv", (FIXTURES / "nv_dvfs_layout.csv").read_bytes()),
     "nv-dvfs-legacy": ("legacy.csv", (FIXTURES / "nv_dvfs_legacy_layout.csv").read_bytes()),
     "perseus": ("perseus.csv", PERSEUS_HEAD),
     "torch-trace": ("trace.json", json.dumps(training_trace(), indent=1).encode()),
     "torch-trace-gz": (
-        "cpu.pt.trace.json.gz", (FIXTURES / "torch_cpu_tinygpt.pt.trace.json.gz").read_bytes()
+        "cpu.pt.trace.json.gz",
+        (FIXTURES / "torch_cpu_tinygpt.pt.trace.json.gz").read_bytes(),
     ),
 }
 
@@ -44,11 +47,30 @@ def mutated(draw, data: bytes) -> bytes:
     if kind == "truncate":
         return data[:i]
     if kind == "delete":
-        return data[:i] + data[i + draw(st.integers(1, 64)):]
+        return data[:i] + data[i + draw(st.integers(1, 64)) :]
     if kind == "replace":
-        junk = draw(st.sampled_from([b"-", b"nan", b"inf", b",", b"\n", b'"', b"x", b"\x00",
-                                     b"\xff", b"1e400", b"{", b"]", b"-1", b"N/A", b""]))
-        return data[:i] + junk + data[i + draw(st.integers(0, 8)):]
+        junk = draw(
+            st.sampled_from(
+                [
+                    b"-",
+                    b"nan",
+                    b"inf",
+                    b",",
+                    b"\n",
+                    b'"',
+                    b"x",
+                    b"\x00",
+                    b"\xff",
+                    b"1e400",
+                    b"{",
+                    b"]",
+                    b"-1",
+                    b"N/A",
+                    b"",
+                ]
+            )
+        )
+        return data[:i] + junk + data[i + draw(st.integers(0, 8)) :]
     if kind == "insert":
         return data[:i] + draw(st.binary(min_size=1, max_size=16)) + data[i:]
     lines = data.splitlines(True)

@@ -5,11 +5,12 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
-from kineto import training_trace
 
 from opdvfs import ProfileFormatError
 from opdvfs.datasets import DATASETS, dataset_path
 from opdvfs.io import FORMATS, detect_format, read_profile
+
+from kineto import training_trace
 
 
 # ------------------------------------------------------------------ detection
@@ -71,8 +72,9 @@ def test_perseus_real_profiles(name):
     assert len(p.freqs_mhz) == raw["frequency"].nunique()
     ops = p.ops
     row = raw.iloc[0]
-    mine = ops[(ops["name"] == f"stage{row.stage}.{row.instruction}")
-               & (ops["freq_mhz"] == row.frequency)]
+    mine = ops[
+        (ops["name"] == f"stage{row.stage}.{row.instruction}") & (ops["freq_mhz"] == row.frequency)
+    ]
     assert mine["time_us"].item() == pytest.approx(row.time * 1e6)
     assert mine["chip_power_w"].item() == pytest.approx(row.energy / row.time)
     # forward comes before backward of the same stage in the op order
@@ -226,8 +228,11 @@ def test_trace_clock_from_option_overrides_metadata(tmp_path):
         (b'{"traceEvents": [', "line 1, column 18: not valid JSON"),
         (b'{"events": []}', "'traceEvents' list"),
         (b'{"traceEvents": [1]}', "event 0: expected a JSON object"),
-        (b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": -1}]}',
-         "event 0, field 'dur': expected a finite number >= 0"),
+        (
+            b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", '
+            b'"ts": 0, "dur": -1}]}',
+            "event 0, field 'dur': expected a finite number >= 0",
+        ),
         (gzip.compress(b'{"traceEvents": []}')[:-6], "truncated or corrupt gzip"),
     ],
 )

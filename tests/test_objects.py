@@ -46,9 +46,12 @@ def test_nearest_clock_snaps_to_grid():
 
 def test_device_round_trip_and_immutability(tmp_path):
     spec = DeviceSpec(
-        name="ascend-910b-like", freqs_mhz=ASCEND_CLOCKS, simulated=True,
+        name="ascend-910b-like",
+        freqs_mhz=ASCEND_CLOCKS,
+        simulated=True,
         voltage=VoltageCurve(knee_mhz=1300, flat_v=0.75, slope_v_per_mhz=1.4e-4),
-        switch_latency_ms=1.0, source="paper Fig. 9",
+        switch_latency_ms=1.0,
+        source="paper Fig. 9",
     )
     spec.write(tmp_path / "d.json")
     assert DeviceSpec.read(tmp_path / "d.json") == spec
@@ -71,8 +74,9 @@ def test_device_read_errors_are_one_line(tmp_path):
 # ------------------------------------------------------------------ Schedule
 def make_schedule(**fields):
     base = {"target": 0.02, "solver": "dp"}
-    return Schedule.from_stage_freqs([0, 3, 5, 9], [1800, 1200, 1200, 1800], n_ops=12,
-                                     **{**base, **fields})
+    return Schedule.from_stage_freqs(
+        [0, 3, 5, 9], [1800, 1200, 1200, 1800], n_ops=12, **{**base, **fields}
+    )
 
 
 def test_schedule_switches_only_where_clock_changes():
@@ -85,8 +89,14 @@ def test_schedule_switches_only_where_clock_changes():
 
 
 def test_predictive_triggers_precede_stage():
-    s = Schedule.from_stage_freqs([0, 3, 5, 9], [1800, 1200, 1500, 1800], n_ops=12,
-                                  lead_ops=[0, 2, 4, 1], target=0.02, solver="dp")
+    s = Schedule.from_stage_freqs(
+        [0, 3, 5, 9],
+        [1800, 1200, 1500, 1800],
+        n_ops=12,
+        lead_ops=[0, 2, 4, 1],
+        target=0.02,
+        solver="dp",
+    )
     assert [w.trigger_op for w in s.switches] == [0, 1, 1, 8]
 
 
@@ -111,8 +121,12 @@ def test_schedule_rejects_inconsistent_files(tmp_path, change, needle):
 
 
 def test_schedule_round_trip_and_json_schema(tmp_path):
-    s = make_schedule(op_signature=op_signature(["a", "b"]), gap_pct=0.01,
-                      lower_bound_energy_j=10.0, predicted_energy_j=10.001)
+    s = make_schedule(
+        op_signature=op_signature(["a", "b"]),
+        gap_pct=0.01,
+        lower_bound_energy_j=10.0,
+        predicted_energy_j=10.001,
+    )
     s.write(tmp_path / "s.json")
     back = Schedule.read(tmp_path / "s.json")
     assert back == s
@@ -131,12 +145,26 @@ def test_op_signature_is_order_sensitive():
 
 # ------------------------------------------------------------------ RunResult
 def test_run_result_energy_must_match_power_times_time():
-    ok = RunResult(device="d", workload="w", simulated=True, iterations=3, iteration_time_s=2.0,
-                   chip_power_w=250.0, chip_energy_j=500.0)
+    ok = RunResult(
+        device="d",
+        workload="w",
+        simulated=True,
+        iterations=3,
+        iteration_time_s=2.0,
+        chip_power_w=250.0,
+        chip_energy_j=500.0,
+    )
     assert RunResult.from_json(ok.to_json()) == ok
     with pytest.raises(pydantic.ValidationError, match="chip_energy_j"):
-        RunResult(device="d", workload="w", simulated=True, iterations=3, iteration_time_s=2.0,
-                  chip_power_w=250.0, chip_energy_j=0.5)  # a kJ/J slip
+        RunResult(
+            device="d",
+            workload="w",
+            simulated=True,
+            iterations=3,
+            iteration_time_s=2.0,
+            chip_power_w=250.0,
+            chip_energy_j=0.5,
+        )  # a kJ/J slip
 
 
 # ------------------------------------------------------------------ Workload
@@ -179,7 +207,8 @@ def test_workload_read_errors(tmp_path):
     path.write_text(json.dumps({"format": "something-else"}))
     with pytest.raises(InputFormatError, match="opdvfs.workload"):
         Workload.read(path)
-    path.write_text(json.dumps({"format": "opdvfs.workload", "name": "x",
-                                "ops": {"name": ["a", ""]}}))
+    path.write_text(
+        json.dumps({"format": "opdvfs.workload", "name": "x", "ops": {"name": ["a", ""]}})
+    )
     with pytest.raises(InputFormatError, match="row 1, column 'name'"):
         Workload.read(path)

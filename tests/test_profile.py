@@ -1,9 +1,10 @@
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import make_ops
 
 from opdvfs import Profile, ProfileFormatError, ValidationError
+
+from conftest import make_ops
 
 
 def test_valid_profile_sorted_and_typed():

@@ -4,9 +4,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tiny_gpt import capture_training_trace  # noqa: E402
-
 from opdvfs.io import read_profile  # noqa: E402
+
+from tiny_gpt import capture_training_trace  # noqa: E402
 
 
 @pytest.mark.parametrize("suffix", [".json", ".json.gz"])

@@ -27,8 +27,9 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    def __init__(self, vocab: int = 64, dim: int = 32, heads: int = 2, layers: int = 2,
-                 seq: int = 16) -> None:
+    def __init__(
+        self, vocab: int = 64, dim: int = 32, heads: int = 2, layers: int = 2, seq: int = 16
+    ) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Parameter(torch.zeros(1, seq, dim))
@@ -44,8 +45,9 @@ class TinyGPT(nn.Module):
         return self.head(self.ln(x))
 
 
-def capture_training_trace(path: Path, *, steps: int = 3, seed: int = 0,
-                           freq_mhz: float | None = None, device: str = "cpu") -> Path:
+def capture_training_trace(
+    path: Path, *, steps: int = 3, seed: int = 0, freq_mhz: float | None = None, device: str = "cpu"
+) -> Path:
     """Profile ``steps`` training steps of TinyGPT (after one warm-up) into a Chrome trace."""
     torch.manual_seed(seed)
     model = TinyGPT().to(device)

@@ -19,7 +19,14 @@ from opdvfs.exceptions import ValidationError
 
 Kind = Literal["int", "float", "str"]
 
-__all__ = ["Column", "TableSchema", "coerce_column", "first_bad_row", "metadata_json_ready", "require_unique"]
+__all__ = [
+    "Column",
+    "TableSchema",
+    "coerce_column",
+    "first_bad_row",
+    "metadata_json_ready",
+    "require_unique",
+]
 
 
 @dataclass(frozen=True)
@@ -172,7 +179,7 @@ def _fail(what: str, col: Column, series: pd.Series, pos: int, got: Any) -> Vali
 
 
 def coerce_column(series: pd.Series, col: Column, what: str) -> pd.Series:
-    """Return ``series`` converted to ``col``'s kind, or raise ValidationError at the first bad row."""
+    """Return ``series`` as ``col``'s kind, or raise ValidationError at the first bad row."""
     if col.kind == "str":
         return _coerce_str(series, col, what)
     return _coerce_number(series, col, what)

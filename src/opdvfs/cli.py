@@ -94,8 +94,12 @@ def parse_clocks(text: str, available_mhz: Sequence[float] | None = None) -> lis
 def _load(sources: Sequence[Path], fmt: str | None, freq_mhz: str | None) -> Profile:
     clocks = parse_clocks(freq_mhz) if freq_mhz else None
     with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-        console=stderr, transient=True, disable=not stderr.is_terminal,
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=True,
+        disable=not stderr.is_terminal,
     ) as progress:
         progress.add_task(f"reading {len(sources)} file(s)", total=None)
         return read_profile(list(sources), format=fmt, freqs_mhz=clocks)
@@ -103,7 +107,9 @@ def _load(sources: Sequence[Path], fmt: str | None, freq_mhz: str | None) -> Pro
 
 FormatOption = Annotated[
     str | None,
-    typer.Option("--format", "-f", help=f"Input format: {', '.join(FORMATS)} (detected if omitted)."),
+    typer.Option(
+        "--format", "-f", help=f"Input format: {', '.join(FORMATS)} (detected if omitted)."
+    ),
 ]
 FreqOption = Annotated[
     str | None,
@@ -187,8 +193,11 @@ def _print_summary(path: Path, summary: dict[str, Any]) -> None:
     for row in summary["per_clock"]:
         ratio = row["time_per_iteration_ms"] / top if top else float("nan")
         table.add_row(
-            f"{row['freq_mhz']:g}", str(row["ops"]), str(row["iterations"]),
-            f"{row['time_per_iteration_ms']:.3f}", f"{ratio:.3f}x",
+            f"{row['freq_mhz']:g}",
+            str(row["ops"]),
+            str(row["iterations"]),
+            f"{row['time_per_iteration_ms']:.3f}",
+            f"{ratio:.3f}x",
         )
     stdout.print(table)
     streams = ", ".join(f"{k} {v}" for k, v in summary["streams"].items())

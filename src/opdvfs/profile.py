@@ -39,33 +39,92 @@ STREAMS = ("compute", "comm", "host")
 OP_COLUMNS = TableSchema(
     what="profile",
     columns=(
-        Column("iteration", "int", required=False, default=0, min_value=0,
-               description="training/inference iteration the row was measured in"),
-        Column("op", "int", min_value=0,
-               description="position of the operator in the iteration (0-based)"),
+        Column(
+            "iteration",
+            "int",
+            required=False,
+            default=0,
+            min_value=0,
+            description="training/inference iteration the row was measured in",
+        ),
+        Column(
+            "op",
+            "int",
+            min_value=0,
+            description="position of the operator in the iteration (0-based)",
+        ),
         Column("name", "str", description="operator name, e.g. aten::mm or MatMulV2"),
-        Column("type", "str", required=False,
-               description="operator type; defaults to the name"),
-        Column("stream", "str", required=False, default="compute", choices=STREAMS,
-               description="compute, comm (collectives) or host"),
-        Column("freq_mhz", "float", min_value=0.0, exclusive_min=True,
-               description="core clock the row was measured at (MHz)"),
-        Column("time_us", "float", min_value=0.0,
-               description="operator execution time (microseconds)"),
-        Column("start_us", "float", required=False, allow_nan=True,
-               description="start time relative to the start of its iteration (us)"),
-        Column("core_power_w", "float", required=False, min_value=0.0, allow_nan=True,
-               description="mean core-rail power while the operator ran (W)"),
-        Column("chip_power_w", "float", required=False, min_value=0.0, allow_nan=True,
-               description="mean chip/board power while the operator ran (W)"),
-        Column("temp_c", "float", required=False, allow_nan=True,
-               description="chip temperature while the operator ran (deg C)"),
-        Column("mem_freq_mhz", "float", required=False, min_value=0.0, exclusive_min=True,
-               allow_nan=True, description="memory clock (MHz), where it was recorded"),
-        Column("task_type", "str", required=False,
-               description="engine that ran the op (Ascend Task Type: AI_CORE, AI_CPU, ...)"),
-        Column("kernels", "int", required=False, min_value=0,
-               description="device kernels attributed to the operator (traces)"),
+        Column("type", "str", required=False, description="operator type; defaults to the name"),
+        Column(
+            "stream",
+            "str",
+            required=False,
+            default="compute",
+            choices=STREAMS,
+            description="compute, comm (collectives) or host",
+        ),
+        Column(
+            "freq_mhz",
+            "float",
+            min_value=0.0,
+            exclusive_min=True,
+            description="core clock the row was measured at (MHz)",
+        ),
+        Column(
+            "time_us", "float", min_value=0.0, description="operator execution time (microseconds)"
+        ),
+        Column(
+            "start_us",
+            "float",
+            required=False,
+            allow_nan=True,
+            description="start time relative to the start of its iteration (us)",
+        ),
+        Column(
+            "core_power_w",
+            "float",
+            required=False,
+            min_value=0.0,
+            allow_nan=True,
+            description="mean core-rail power while the operator ran (W)",
+        ),
+        Column(
+            "chip_power_w",
+            "float",
+            required=False,
+            min_value=0.0,
+            allow_nan=True,
+            description="mean chip/board power while the operator ran (W)",
+        ),
+        Column(
+            "temp_c",
+            "float",
+            required=False,
+            allow_nan=True,
+            description="chip temperature while the operator ran (deg C)",
+        ),
+        Column(
+            "mem_freq_mhz",
+            "float",
+            required=False,
+            min_value=0.0,
+            exclusive_min=True,
+            allow_nan=True,
+            description="memory clock (MHz), where it was recorded",
+        ),
+        Column(
+            "task_type",
+            "str",
+            required=False,
+            description="engine that ran the op (Ascend Task Type: AI_CORE, AI_CPU, ...)",
+        ),
+        Column(
+            "kernels",
+            "int",
+            required=False,
+            min_value=0,
+            description="device kernels attributed to the operator (traces)",
+        ),
     ),
     float_prefixes=("ratio_",),
 )
@@ -74,16 +133,46 @@ SAMPLE_COLUMNS = TableSchema(
     what="profile samples",
     columns=(
         Column("t_s", "float", description="sample time (s), on the profile's clock"),
-        Column("power_w", "float", required=False, min_value=0.0, allow_nan=True,
-               description="chip/board power (W), as the sensor reports it"),
-        Column("core_power_w", "float", required=False, min_value=0.0, allow_nan=True,
-               description="core-rail power (W)"),
-        Column("temp_c", "float", required=False, allow_nan=True,
-               description="chip temperature (deg C)"),
-        Column("freq_mhz", "float", required=False, min_value=0.0, exclusive_min=True,
-               allow_nan=True, description="core clock at the sample (MHz)"),
-        Column("energy_j", "float", required=False, min_value=0.0, allow_nan=True,
-               description="cumulative energy counter (J), e.g. NVML total energy"),
+        Column(
+            "power_w",
+            "float",
+            required=False,
+            min_value=0.0,
+            allow_nan=True,
+            description="chip/board power (W), as the sensor reports it",
+        ),
+        Column(
+            "core_power_w",
+            "float",
+            required=False,
+            min_value=0.0,
+            allow_nan=True,
+            description="core-rail power (W)",
+        ),
+        Column(
+            "temp_c",
+            "float",
+            required=False,
+            allow_nan=True,
+            description="chip temperature (deg C)",
+        ),
+        Column(
+            "freq_mhz",
+            "float",
+            required=False,
+            min_value=0.0,
+            exclusive_min=True,
+            allow_nan=True,
+            description="core clock at the sample (MHz)",
+        ),
+        Column(
+            "energy_j",
+            "float",
+            required=False,
+            min_value=0.0,
+            allow_nan=True,
+            description="cumulative energy counter (J), e.g. NVML total energy",
+        ),
     ),
 )
 
@@ -242,18 +331,23 @@ class Profile:
         per_freq["time_per_iteration_ms"] = per_freq["total_us"] / per_freq["iterations"] / 1e3
         clocks = [
             {
-                "freq_mhz": float(f),
-                "rows": int(r.rows),
-                "ops": int(r.ops),
-                "iterations": int(r.iterations),
-                "time_per_iteration_ms": float(r.time_per_iteration_ms),
+                "freq_mhz": float(freq),
+                "rows": int(rows),
+                "ops": int(n_ops),
+                "iterations": int(iters),
+                "time_per_iteration_ms": float(ms),
             }
-            for f, r in per_freq.iterrows()
+            for freq, rows, n_ops, iters, ms in zip(
+                per_freq.index.to_numpy(dtype=float),
+                per_freq["rows"],
+                per_freq["ops"],
+                per_freq["iterations"],
+                per_freq["time_per_iteration_ms"],
+                strict=True,
+            )
         ]
         ratio_cols = [c for c in ops.columns if c.startswith("ratio_")]
-        power_cols = [
-            c for c in ("core_power_w", "chip_power_w", "temp_c") if c in ops.columns
-        ]
+        power_cols = [c for c in ("core_power_w", "chip_power_w", "temp_c") if c in ops.columns]
         return {
             "format": self._meta.get("format"),
             "sources": self._meta.get("sources", []),
@@ -311,7 +405,9 @@ class Profile:
             if _SAMPLES_KEY in raw:
                 samples = pq.read_table(io.BytesIO(raw[_SAMPLES_KEY])).to_pandas()
         except (ValueError, pa.ArrowException) as exc:
-            raise ProfileFormatError(f"{src}: corrupt opdvfs metadata ({_first_line(exc)})") from None
+            raise ProfileFormatError(
+                f"{src}: corrupt opdvfs metadata ({_first_line(exc)})"
+            ) from None
         frame = table.to_pandas()
         frame.index = frame.index + 1
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Self
 
 import numpy as np
@@ -69,7 +70,7 @@ class DeviceSpec(FrozenModel):
     @pydantic.field_validator("freqs_mhz")
     @classmethod
     def _ascending(cls, freqs: tuple[float, ...]) -> tuple[float, ...]:
-        if any(b <= a for a, b in zip(freqs, freqs[1:], strict=False)):
+        if any(b <= a for a, b in itertools.pairwise(freqs)):
             raise ValueError("clocks must be strictly ascending (MHz), without repeats")
         return freqs
 

@@ -44,16 +44,30 @@ FORMATS: dict[str, Importer] = {
     imp.name: imp
     for imp in (
         Importer("parquet", _read_parquet, "opdvfs profile (Parquet)"),
-        Importer("torch-trace", torch_trace.read, "PyTorch profiler Chrome trace (.json[.gz])",
-                 needs_clock=True),
+        Importer(
+            "torch-trace",
+            torch_trace.read,
+            "PyTorch profiler Chrome trace (.json[.gz])",
+            needs_clock=True,
+        ),
         Importer("perseus", perseus.read, "Perseus stage profile CSV", perseus.sniff),
         Importer("nv-dvfs", nv_dvfs.read, "NV-DVFS-Benchmark kernel CSV", nv_dvfs.sniff),
-        Importer("nv-dvfs-legacy", nv_dvfs.read, "NV-DVFS-Benchmark legacy CSV",
-                 nv_dvfs.sniff_legacy),
-        Importer("ascend", ascend.read, "Ascend msprof op_summary / torch_npu kernel_details CSV",
-                 ascend.sniff, needs_clock=True),
-        Importer("csv", generic_csv.read, "generic long profile CSV (op,name,freq_mhz,time_us)",
-                 generic_csv.sniff),
+        Importer(
+            "nv-dvfs-legacy", nv_dvfs.read, "NV-DVFS-Benchmark legacy CSV", nv_dvfs.sniff_legacy
+        ),
+        Importer(
+            "ascend",
+            ascend.read,
+            "Ascend msprof op_summary / torch_npu kernel_details CSV",
+            ascend.sniff,
+            needs_clock=True,
+        ),
+        Importer(
+            "csv",
+            generic_csv.read,
+            "generic long profile CSV (op,name,freq_mhz,time_us)",
+            generic_csv.sniff,
+        ),
     )
 }
 
@@ -111,9 +125,7 @@ def read_profile(
     if not files:
         raise ProfileFormatError("no input files given")
     if format is not None and format not in FORMATS:
-        raise ProfileFormatError(
-            f"unknown format {format!r}; expected one of {', '.join(FORMATS)}"
-        )
+        raise ProfileFormatError(f"unknown format {format!r}; expected one of {', '.join(FORMATS)}")
     clocks: list[float | None]
     if freqs_mhz is None or len(freqs_mhz) == 0:
         clocks = [None] * len(files)
@@ -150,8 +162,6 @@ def _join(profiles: list[Profile], files: list[Path]) -> Profile:
         frames.append(ops)
     samples = [p.samples for p in profiles if p.samples is not None]
     try:
-        return Profile(
-            pd.concat(frames), pd.concat(samples) if samples else None, meta=meta
-        )
+        return Profile(pd.concat(frames), pd.concat(samples) if samples else None, meta=meta)
     except ValidationError as exc:
         raise ProfileFormatError(f"joining {len(files)} files: {exc.detail} ({exc.row})") from None

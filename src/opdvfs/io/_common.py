@@ -180,7 +180,11 @@ def parse_column(
 ) -> pd.Series:
     """Parse one source column, reporting the first bad cell by line and source column name."""
     spec = Column(
-        column, kind, min_value=min_value, exclusive_min=exclusive, allow_nan=allow_nan,
+        column,
+        kind,
+        min_value=min_value,
+        exclusive_min=exclusive,
+        allow_nan=allow_nan,
         choices=choices,
     )
     try:

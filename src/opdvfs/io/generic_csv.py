@@ -38,6 +38,4 @@ def read(path: Path, *, freq_mhz: float | None = None) -> Profile:
         frame["freq_mhz"] = str(freq_mhz)
     known = {c for c in frame.columns if c in OP_COLUMNS.names or c.startswith("ratio_")}
     meta = {"format": FORMAT, "sources": [path.name]}
-    return build_profile(
-        frame, path=path, source_columns={c: c for c in known}, meta=meta
-    )
+    return build_profile(frame, path=path, source_columns={c: c for c in known}, meta=meta)

@@ -81,8 +81,12 @@ def read(path: Path, *, freq_mhz: float | None = None) -> Profile:
         },
         index=raw.index,
     )
-    source = {"op": cols["kernel"], "name": cols["kernel"], "freq_mhz": cols["freq"],
-              "time_us": cols["time_ms"]}
+    source = {
+        "op": cols["kernel"],
+        "name": cols["kernel"],
+        "freq_mhz": cols["freq"],
+        "time_us": cols["time_ms"],
+    }
     if "power_w" in cols:
         frame["chip_power_w"] = parse_column(
             raw, cols["power_w"], path, min_value=0.0, allow_nan=True

@@ -59,7 +59,11 @@ def read(path: Path, *, freq_mhz: float | None = None) -> Profile:
         index=raw.index,
     )
     meta = {"format": FORMAT, "sources": [path.name]}
-    source = {"op": cols["stage"], "name": cols["instruction"], "freq_mhz": cols["frequency"],
-              "time_us": cols["time"], "chip_power_w": cols["energy"]}
+    source = {
+        "op": cols["stage"],
+        "name": cols["instruction"],
+        "freq_mhz": cols["frequency"],
+        "time_us": cols["time"],
+        "chip_power_w": cols["energy"],
+    }
     return build_profile(frame, path=path, source_columns=source, meta=meta)
-

@@ -91,8 +91,15 @@ def _events_frame(path: Path, events: list[Any]) -> pd.DataFrame:
         args = args or {}
         rows.append(
             (
-                i, ev.get("cat"), ev.get("name"), ev.get("pid"), ev.get("tid"), ev.get("ts"),
-                ev.get("dur"), args.get("External id"), args.get("correlation"),
+                i,
+                ev.get("cat"),
+                ev.get("name"),
+                ev.get("pid"),
+                ev.get("tid"),
+                ev.get("ts"),
+                ev.get("dur"),
+                args.get("External id"),
+                args.get("correlation"),
                 args.get("stream"),
             )
         )
@@ -107,7 +114,9 @@ def _events_frame(path: Path, events: list[Any]) -> pd.DataFrame:
         try:
             frame[field] = coerce_column(frame[field], spec, "")
         except ValidationError as exc:
-            raise ProfileFormatError(f"{path}: event {exc.row}, field {field!r}: {exc.detail}") from None
+            raise ProfileFormatError(
+                f"{path}: event {exc.row}, field {field!r}: {exc.detail}"
+            ) from None
     frame["cat"] = frame["cat"].astype(str)
     frame["name"] = frame["name"].astype(str)
     for key in ("pid", "tid"):
@@ -144,7 +153,9 @@ def _device_rows(ev: pd.DataFrame, dropped: Counter[str]) -> pd.DataFrame | None
         return None
     dev = dev.assign(comm=dev["name"].str.contains(_COMM_KERNEL))
     per_op = dev.groupby("ext").agg(
-        time_us=("dur", "sum"), device_start_us=("ts", "min"), kernels=("dur", "size"),
+        time_us=("dur", "sum"),
+        device_start_us=("ts", "min"),
+        kernels=("dur", "size"),
         comm=("comm", "any"),
     )
     ops = host.loc[per_op.index, ["event", "name", "ts"]].join(per_op)
@@ -163,7 +174,9 @@ def _host_rows(ev: pd.DataFrame) -> pd.DataFrame:
     if host.empty:
         raise ProfileFormatError("no 'cpu_op' events named aten::*")
     host["end"] = host["ts"] + host["dur"]
-    host = host.reset_index().sort_values(["pid", "tid", "ts", "dur"], ascending=[1, 1, 1, 0])
+    host = host.reset_index().sort_values(
+        ["pid", "tid", "ts", "dur"], ascending=[True, True, True, False]
+    )
     thread = host.groupby(["pid", "tid"], sort=False)["end"]
     # In a properly nested tree an op is inside an earlier one iff some earlier op on its thread
     # ends after it starts.
@@ -230,15 +243,17 @@ def read(path: Path, *, freq_mhz: float | None = None) -> Profile:
         try:
             ops = _host_rows(ev)
         except ProfileFormatError as exc:
-            raise ProfileFormatError(f"{path}: {exc}; expected kernels or aten cpu_op events") from None
+            raise ProfileFormatError(
+                f"{path}: {exc}; expected kernels or aten cpu_op events"
+            ) from None
     ops = _assign_iterations(ev, ops, dropped)
     if ops.empty:
         raise ProfileFormatError(f"{path}: no operators inside the ProfilerStep spans")
     ops = _keep_modal_sequence(ops, dropped)
     ops["op"] = ops.groupby("iteration").cumcount()
-    ops["start_us"] = ops["device_start_us"] - ops.groupby("iteration")["device_start_us"].transform(
-        "min"
-    )
+    ops["start_us"] = ops["device_start_us"] - ops.groupby("iteration")[
+        "device_start_us"
+    ].transform("min")
     ops["freq_mhz"] = clock
     frame = ops[["iteration", "op", "name", "stream", "freq_mhz", "time_us", "start_us", "kernels"]]
     props = doc.get("deviceProperties")

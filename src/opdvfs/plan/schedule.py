@@ -115,7 +115,9 @@ class Schedule(FrozenModel):
                 )
             expect = stage.last_op + 1
         if expect != self.n_ops:
-            raise ValueError(f"stages end at op {expect - 1}; expected n_ops - 1 = {self.n_ops - 1}")
+            raise ValueError(
+                f"stages end at op {expect - 1}; expected n_ops - 1 = {self.n_ops - 1}"
+            )
         changes = [0] + [
             i
             for i in range(1, len(self.stages))

@@ -32,18 +32,54 @@ WORKLOAD_COLUMNS = TableSchema(
     columns=(
         Column("name", "str", description="operator name"),
         Column("type", "str", required=False, description="operator type; defaults to the name"),
-        Column("stream", "str", required=False, default="compute", choices=STREAMS,
-               description="compute, comm or host"),
-        Column("phase", "str", required=False, default="other", choices=PHASES,
-               description="forward, backward, optimizer or other"),
-        Column("flops", "float", required=False, default=0.0, min_value=0.0,
-               description="floating-point operations"),
-        Column("bytes_loaded", "float", required=False, default=0.0, min_value=0.0,
-               description="bytes read from device memory"),
-        Column("bytes_stored", "float", required=False, default=0.0, min_value=0.0,
-               description="bytes written to device memory"),
-        Column("gap_before_us", "float", required=False, default=0.0, min_value=0.0,
-               description="idle time before the operator starts (us)"),
+        Column(
+            "stream",
+            "str",
+            required=False,
+            default="compute",
+            choices=STREAMS,
+            description="compute, comm or host",
+        ),
+        Column(
+            "phase",
+            "str",
+            required=False,
+            default="other",
+            choices=PHASES,
+            description="forward, backward, optimizer or other",
+        ),
+        Column(
+            "flops",
+            "float",
+            required=False,
+            default=0.0,
+            min_value=0.0,
+            description="floating-point operations",
+        ),
+        Column(
+            "bytes_loaded",
+            "float",
+            required=False,
+            default=0.0,
+            min_value=0.0,
+            description="bytes read from device memory",
+        ),
+        Column(
+            "bytes_stored",
+            "float",
+            required=False,
+            default=0.0,
+            min_value=0.0,
+            description="bytes written to device memory",
+        ),
+        Column(
+            "gap_before_us",
+            "float",
+            required=False,
+            default=0.0,
+            min_value=0.0,
+            description="idle time before the operator starts (us)",
+        ),
         Column("shapes", "str", required=False, description="input shapes, as text"),
     ),
     float_prefixes=("ratio_",),
@@ -99,8 +135,8 @@ class Workload:
 
     def equals(self, other: Workload) -> bool:
         """Return whether two workloads hold identical operators, name and metadata."""
-        return self.name == other.name and self._meta == other._meta and self._ops.equals(
-            other._ops
+        return (
+            self.name == other.name and self._meta == other._meta and self._ops.equals(other._ops)
         )
 
     @property
@@ -115,7 +151,9 @@ class Workload:
         if dest.suffix == ".parquet":
             table = pa.Table.from_pandas(self._ops, preserve_index=False)
             header = json.dumps({"name": self.name, "meta": self._meta}).encode()
-            table = table.replace_schema_metadata({**(table.schema.metadata or {}), _META_KEY: header})
+            table = table.replace_schema_metadata(
+                {**(table.schema.metadata or {}), _META_KEY: header}
+            )
             write_atomic(dest, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
             return
         doc = {
@@ -150,7 +188,7 @@ class Workload:
                 doc = json.loads(src.read_text(encoding="utf-8"))
                 if not isinstance(doc, dict) or doc.get("format") != _JSON_FORMAT:
                     raise InputFormatError(
-                        f"{src}: expected a JSON object with \"format\": \"{_JSON_FORMAT}\""
+                        f'{src}: expected a JSON object with "format": "{_JSON_FORMAT}"'
                     )
                 ops = doc.get("ops")
                 if not isinstance(ops, dict):
