@@ -178,6 +178,27 @@ def _fail(what: str, col: Column, series: pd.Series, pos: int, got: Any) -> Vali
     )
 
 
+def _parse_text_numbers(series: pd.Series, col: Column, what: str) -> np.ndarray:
+    """Parse text cells as floats; empty cells and 'nan' become NaN, anything unparsable raises.
+
+    The C parser takes the clean cells; only the cells it rejects are stripped and retried
+    (torch_npu appends a tab to its timestamps).
+    """
+    text = series.astype(object)
+    values = pd.to_numeric(text, errors="coerce").to_numpy(dtype=float)
+    retry = np.isnan(values)
+    if retry.any():
+        sub = text[retry]
+        stripped = sub.where(sub.notna(), "").astype(str).str.strip()
+        parsed = pd.to_numeric(stripped.replace("", np.nan), errors="coerce")
+        missing = (stripped == "") | (stripped.str.lower() == "nan")
+        pos = first_bad_row((parsed.isna() & ~missing).to_numpy())
+        if pos is not None:
+            raise _fail(what, col, series, int(np.flatnonzero(retry)[pos]), sub.iloc[pos])
+        values[retry] = parsed.to_numpy(dtype=float)
+    return values
+
+
 def coerce_column(series: pd.Series, col: Column, what: str) -> pd.Series:
     """Return ``series`` as ``col``'s kind, or raise ValidationError at the first bad row."""
     if col.kind == "str":
@@ -200,14 +221,7 @@ def _coerce_str(series: pd.Series, col: Column, what: str) -> pd.Series:
 
 def _coerce_number(series: pd.Series, col: Column, what: str) -> pd.Series:
     if series.dtype == object or pd.api.types.is_string_dtype(series.dtype):
-        stripped = series.astype(object).map(lambda v: v.strip() if isinstance(v, str) else v)
-        numbers = pd.to_numeric(stripped.replace("", np.nan), errors="coerce")
-        unparsable = numbers.isna().to_numpy() & stripped.notna().to_numpy()
-        unparsable &= (stripped != "").to_numpy()
-        pos = first_bad_row(unparsable)
-        if pos is not None:
-            raise _fail(what, col, series, pos, series.iloc[pos])
-        values = numbers.to_numpy(dtype=float)
+        values = _parse_text_numbers(series, col, what)
     elif pd.api.types.is_bool_dtype(series.dtype):
         raise ValidationError(
             f"{what}: column {col.name!r}: expected {col.expected()}, got booleans",
