@@ -31,11 +31,11 @@ def main() -> None:
         try:
             p = read_profile(path)
         except InputFormatError as exc:
-            print(f"{str(path.relative_to(args.root)):62s} refused: {str(exc).split(': ', 1)[1]}")
+            print(f"{path.relative_to(args.root)!s:62s} refused: {str(exc).split(': ', 1)[1]}")
             continue
         ms = (time.perf_counter() - t0) * 1e3
         print(
-            f"{str(path.relative_to(args.root)):62s} {p.meta['format']:15s} {p.n_ops:5d} "
+            f"{path.relative_to(args.root)!s:62s} {p.meta['format']:15s} {p.n_ops:5d} "
             f"{len(p.freqs_mhz):6d} {len(p):6d} {ms:6.0f}"
         )
 
