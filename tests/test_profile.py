@@ -130,3 +130,18 @@ def test_summary_counts_time_per_clock():
     assert s["iterations"] == 2
     one_iter = make_ops(n_ops=3, freqs=(1000.0,))["time_us"].sum() / 1e3
     assert s["per_clock"][0]["time_per_iteration_ms"] == pytest.approx(one_iter)
+
+
+def test_summary_energy_only_where_every_row_has_power():
+    ops = make_ops(n_ops=2, freqs=(1000.0, 1800.0)).assign(
+        chip_power_w=[100.0, 200.0, 150.0, np.nan]
+    )
+    clocks = Profile(ops).summary()["per_clock"]
+    low = make_ops(n_ops=2, freqs=(1000.0,))["time_us"].to_numpy()
+    assert clocks[0]["chip_energy_per_iteration_j"] == pytest.approx(
+        (low[0] * 100 + low[1] * 200) * 1e-6
+    )
+    assert clocks[0]["mean_chip_power_w"] == pytest.approx(
+        clocks[0]["chip_energy_per_iteration_j"] / (low.sum() * 1e-6)
+    )
+    assert clocks[1]["chip_energy_per_iteration_j"] is None  # one row lacks power

@@ -185,7 +185,7 @@ def _parse_text_numbers(series: pd.Series, col: Column, what: str) -> np.ndarray
     (torch_npu appends a tab to its timestamps).
     """
     text = series.astype(object)
-    values = pd.to_numeric(text, errors="coerce").to_numpy(dtype=float)
+    values = np.array(pd.to_numeric(text, errors="coerce"), dtype=float)
     retry = np.isnan(values)
     if retry.any():
         sub = text[retry]

@@ -186,19 +186,31 @@ def _print_summary(path: Path, summary: dict[str, Any]) -> None:
         f"{summary['clocks']} clocks, {summary['rows']} rows; device: {device}",
         highlight=False,
     )
-    table = Table(title="time per iteration by core clock")
-    for name in ("clock (MHz)", "ops", "iterations", "time / iteration (ms)", "vs max clock"):
+    clocks = summary["per_clock"]
+    with_energy = all(r["chip_energy_per_iteration_j"] is not None for r in clocks)
+    table = Table(title="per iteration, by core clock (x: relative to the highest clock)")
+    columns = ["clock MHz", "ops", "iters", "time ms", "x time"]
+    if with_energy:
+        columns += ["energy J", "x energy", "power W"]
+    for name in columns:
         table.add_column(name, justify="right")
-    top = summary["per_clock"][-1]["time_per_iteration_ms"]
-    for row in summary["per_clock"]:
-        ratio = row["time_per_iteration_ms"] / top if top else float("nan")
-        table.add_row(
+    top = clocks[-1]
+    for row in clocks:
+        cells = [
             f"{row['freq_mhz']:g}",
             str(row["ops"]),
             str(row["iterations"]),
             f"{row['time_per_iteration_ms']:.3f}",
-            f"{ratio:.3f}x",
-        )
+            _ratio(row["time_per_iteration_ms"], top["time_per_iteration_ms"]),
+        ]
+        if with_energy:
+            energy = row["chip_energy_per_iteration_j"]
+            cells += [
+                f"{energy:.4g}",
+                _ratio(energy, top["chip_energy_per_iteration_j"]),
+                f"{row['mean_chip_power_w']:.1f}",
+            ]
+        table.add_row(*cells)
     stdout.print(table)
     streams = ", ".join(f"{k} {v}" for k, v in summary["streams"].items())
     stdout.print(f"streams: {streams}", highlight=False)
@@ -214,6 +226,10 @@ def _print_summary(path: Path, summary: dict[str, Any]) -> None:
             stdout.print(f"dropped {count} rows: {reason}", highlight=False)
     else:
         stdout.print("no rows dropped", highlight=False)
+
+
+def _ratio(value: float, reference: float) -> str:
+    return f"{value / reference:.3f}x" if reference else "n/a"
 
 
 @app.command()

@@ -322,29 +322,38 @@ class Profile:
         """Return a JSON-ready summary (the payload of ``opdvfs info --json``)."""
         ops = self._ops
         n_iter = max(self.n_iterations, 1)
-        per_freq = ops.groupby("freq_mhz").agg(
-            rows=("time_us", "size"),
-            ops=("op", "nunique"),
-            iterations=("iteration", "nunique"),
-            total_us=("time_us", "sum"),
+        has_power = "chip_power_w" in ops.columns
+        # Energy of a row = its time x its mean power; a clock with any row lacking power gets
+        # no energy figure rather than an undercount.
+        energy_j = ops["time_us"] * ops["chip_power_w"] * 1e-6 if has_power else ops["time_us"] * 0
+        per_freq = (
+            ops.assign(_energy_j=energy_j, _no_power=energy_j.isna())
+            .groupby("freq_mhz")
+            .agg(
+                rows=("time_us", "size"),
+                ops=("op", "nunique"),
+                iterations=("iteration", "nunique"),
+                total_us=("time_us", "sum"),
+                energy_j=("_energy_j", "sum"),
+                no_power=("_no_power", "any"),
+            )
         )
         per_freq["time_per_iteration_ms"] = per_freq["total_us"] / per_freq["iterations"] / 1e3
+        per_freq["energy_per_iteration_j"] = per_freq["energy_j"] / per_freq["iterations"]
+        time_ms = per_freq["time_per_iteration_ms"].to_numpy(dtype=float)
+        energy = per_freq["energy_per_iteration_j"].to_numpy(dtype=float)
+        known = has_power & ~per_freq["no_power"].to_numpy(dtype=bool)
         clocks = [
             {
                 "freq_mhz": float(freq),
-                "rows": int(rows),
-                "ops": int(n_ops),
-                "iterations": int(iters),
-                "time_per_iteration_ms": float(ms),
+                "rows": int(per_freq["rows"].iloc[i]),
+                "ops": int(per_freq["ops"].iloc[i]),
+                "iterations": int(per_freq["iterations"].iloc[i]),
+                "time_per_iteration_ms": float(time_ms[i]),
+                "chip_energy_per_iteration_j": float(energy[i]) if known[i] else None,
+                "mean_chip_power_w": float(energy[i] / (time_ms[i] * 1e-3)) if known[i] else None,
             }
-            for freq, rows, n_ops, iters, ms in zip(
-                per_freq.index.to_numpy(dtype=float),
-                per_freq["rows"],
-                per_freq["ops"],
-                per_freq["iterations"],
-                per_freq["time_per_iteration_ms"],
-                strict=True,
-            )
+            for i, freq in enumerate(per_freq.index.to_numpy(dtype=float))
         ]
         ratio_cols = [c for c in ops.columns if c.startswith("ratio_")]
         power_cols = [c for c in ("core_power_w", "chip_power_w", "temp_c") if c in ops.columns]
