@@ -36,6 +36,34 @@ __all__ = ["OP_COLUMNS", "SAMPLE_COLUMNS", "STREAMS", "Profile"]
 #: the device). Planning treats ``comm`` and ``host`` as low-frequency candidates (paper Table 1).
 STREAMS = ("compute", "comm", "host")
 
+#: Columns that say which operator a row is; shared by profiles and workloads.
+OPERATOR_COLUMNS = (
+    Column("name", "str", description="operator name, e.g. aten::mm or MatMulV2"),
+    Column("type", "str", required=False, description="operator type; defaults to the name"),
+    Column(
+        "stream",
+        "str",
+        required=False,
+        default="compute",
+        choices=STREAMS,
+        description="compute, comm (collectives) or host",
+    ),
+)
+
+
+def _measured(name: str, description: str, *, positive: bool = False) -> Column:
+    """Return an optional measured column, >= 0 (> 0 if ``positive``), empty where unmeasured."""
+    return Column(
+        name,
+        "float",
+        required=False,
+        min_value=0.0,
+        exclusive_min=positive,
+        allow_nan=True,
+        description=description,
+    )
+
+
 OP_COLUMNS = TableSchema(
     what="profile",
     columns=(
@@ -53,16 +81,7 @@ OP_COLUMNS = TableSchema(
             min_value=0,
             description="position of the operator in the iteration (0-based)",
         ),
-        Column("name", "str", description="operator name, e.g. aten::mm or MatMulV2"),
-        Column("type", "str", required=False, description="operator type; defaults to the name"),
-        Column(
-            "stream",
-            "str",
-            required=False,
-            default="compute",
-            choices=STREAMS,
-            description="compute, comm (collectives) or host",
-        ),
+        *OPERATOR_COLUMNS,
         Column(
             "freq_mhz",
             "float",
@@ -80,22 +99,8 @@ OP_COLUMNS = TableSchema(
             allow_nan=True,
             description="start time relative to the start of its iteration (us)",
         ),
-        Column(
-            "core_power_w",
-            "float",
-            required=False,
-            min_value=0.0,
-            allow_nan=True,
-            description="mean core-rail power while the operator ran (W)",
-        ),
-        Column(
-            "chip_power_w",
-            "float",
-            required=False,
-            min_value=0.0,
-            allow_nan=True,
-            description="mean chip/board power while the operator ran (W)",
-        ),
+        _measured("core_power_w", "mean core-rail power while the operator ran (W)"),
+        _measured("chip_power_w", "mean chip/board power while the operator ran (W)"),
         Column(
             "temp_c",
             "float",
@@ -103,15 +108,7 @@ OP_COLUMNS = TableSchema(
             allow_nan=True,
             description="chip temperature while the operator ran (deg C)",
         ),
-        Column(
-            "mem_freq_mhz",
-            "float",
-            required=False,
-            min_value=0.0,
-            exclusive_min=True,
-            allow_nan=True,
-            description="memory clock (MHz), where it was recorded",
-        ),
+        _measured("mem_freq_mhz", "memory clock (MHz), where it was recorded", positive=True),
         Column(
             "task_type",
             "str",
@@ -133,22 +130,8 @@ SAMPLE_COLUMNS = TableSchema(
     what="profile samples",
     columns=(
         Column("t_s", "float", description="sample time (s), on the profile's clock"),
-        Column(
-            "power_w",
-            "float",
-            required=False,
-            min_value=0.0,
-            allow_nan=True,
-            description="chip/board power (W), as the sensor reports it",
-        ),
-        Column(
-            "core_power_w",
-            "float",
-            required=False,
-            min_value=0.0,
-            allow_nan=True,
-            description="core-rail power (W)",
-        ),
+        _measured("power_w", "chip/board power (W), as the sensor reports it"),
+        _measured("core_power_w", "core-rail power (W)"),
         Column(
             "temp_c",
             "float",
@@ -156,23 +139,8 @@ SAMPLE_COLUMNS = TableSchema(
             allow_nan=True,
             description="chip temperature (deg C)",
         ),
-        Column(
-            "freq_mhz",
-            "float",
-            required=False,
-            min_value=0.0,
-            exclusive_min=True,
-            allow_nan=True,
-            description="core clock at the sample (MHz)",
-        ),
-        Column(
-            "energy_j",
-            "float",
-            required=False,
-            min_value=0.0,
-            allow_nan=True,
-            description="cumulative energy counter (J), e.g. NVML total energy",
-        ),
+        _measured("freq_mhz", "core clock at the sample (MHz)", positive=True),
+        _measured("energy_j", "cumulative energy counter (J), e.g. NVML total energy"),
     ),
 )
 

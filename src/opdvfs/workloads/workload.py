@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from opdvfs._files import write_atomic, write_text_atomic
 from opdvfs._table import Column, TableSchema, metadata_json_ready
 from opdvfs.exceptions import InputFormatError, ValidationError
-from opdvfs.profile import STREAMS
+from opdvfs.profile import OPERATOR_COLUMNS
 
 __all__ = ["PHASES", "WORKLOAD_COLUMNS", "Workload"]
 
@@ -30,16 +30,7 @@ PHASES = ("forward", "backward", "optimizer", "other")
 WORKLOAD_COLUMNS = TableSchema(
     what="workload",
     columns=(
-        Column("name", "str", description="operator name"),
-        Column("type", "str", required=False, description="operator type; defaults to the name"),
-        Column(
-            "stream",
-            "str",
-            required=False,
-            default="compute",
-            choices=STREAMS,
-            description="compute, comm or host",
-        ),
+        *OPERATOR_COLUMNS,
         Column(
             "phase",
             "str",
