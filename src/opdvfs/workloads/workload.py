@@ -64,6 +64,14 @@ WORKLOAD_COLUMNS = TableSchema(
             description="bytes written to device memory",
         ),
         Column(
+            "host_us",
+            "float",
+            required=False,
+            default=0.0,
+            min_value=0.0,
+            description="host time to dispatch the op (us); binds when the host is the bottleneck",
+        ),
+        Column(
             "gap_before_us",
             "float",
             required=False,

@@ -1,0 +1,65 @@
+"""Hidden physics of the simulated accelerator ("twin").
+
+These constants are what the simulator knows and the models must *not* see: the models fit only
+the profiles the simulator produces. Every preset's numbers name their source in
+:mod:`opdvfs.devices.presets`.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
+
+from opdvfs._model import FrozenModel
+
+__all__ = ["TwinParams"]
+
+
+class TwinParams(FrozenModel):
+    """Constants of the simulator's timeline, power, thermal and sensor models.
+
+    Timeline (paper §4, eqs. 1-8): load/store throughput ``Tp(f) = min(C f core_num, BW)``,
+    per-access overhead ``T0``, core compute at ``flops_per_cycle`` per core, an operator split
+    into ``n`` tiles of about ``tile_bytes``.
+
+    Power: core rail ``beta f V^2 + I_leak(T) V + cdyn a(f) f V^2`` with leakage exponential in
+    temperature (``I_leak = leak_a * 2**((T - leak_ref_c) / leak_doubling_c)``; the paper's model
+    is linear in T, so the twin is not the model) and activity ``a(f)`` from how busy the units
+    really are at that clock; uncore rail ``uncore_idle_w`` plus energy per byte moved; chip =
+    core + uncore + misc. Thermal: first-order RC, ``T_ss = ambient_c + k_c_per_w P_chip``.
+    """
+
+    # --- timeline
+    core_num: PositiveInt
+    ldst_bytes_per_cycle: PositiveFloat = Field(description="C of eq. (1), per core")
+    uncore_bw_gbs: PositiveFloat = Field(description="BW_uncore of eq. (1), GB/s")
+    access_overhead_ns: NonNegativeFloat = Field(description="T0 of eq. (3), per tile access")
+    cube_flops_per_cycle: PositiveFloat = Field(description="matrix-unit FLOP/cycle per core")
+    vector_flops_per_cycle: PositiveFloat = Field(description="vector-unit FLOP/cycle per core")
+    tile_bytes: PositiveFloat = Field(description="bytes moved per tile (sets n)")
+    max_tiles: PositiveInt = 64
+    launch_overhead_us: NonNegativeFloat = Field(description="fixed per-op launch cost")
+    noise_rel: NonNegativeFloat = Field(description="multiplicative time noise (sigma)")
+    jitter_us: NonNegativeFloat = Field(description="absolute time jitter (sigma)")
+    comm_link_gbs: PositiveFloat = Field(description="collective bandwidth per device, GB/s")
+    comm_latency_us: NonNegativeFloat = Field(description="collective start-up latency")
+    # --- power
+    core_beta_w: NonNegativeFloat = Field(description="beta: load-independent W per GHz V^2")
+    core_cdyn_w: PositiveFloat = Field(description="W per GHz V^2 at full matrix-unit activity")
+    vector_activity: PositiveFloat = Field(description="vector-unit power relative to matrix")
+    mte_activity: NonNegativeFloat = Field(description="load/store-unit power relative to matrix")
+    base_activity: NonNegativeFloat = Field(description="activity of an op's control overhead")
+    leak_a: NonNegativeFloat = Field(description="core leakage current at leak_ref_c (A)")
+    leak_ref_c: float = 25.0
+    leak_doubling_c: PositiveFloat = Field(description="leakage doubles every this many deg C")
+    uncore_idle_w: NonNegativeFloat
+    uncore_pj_per_byte: NonNegativeFloat = Field(description="HBM/L2 energy per byte moved")
+    comm_w: NonNegativeFloat = Field(description="extra uncore power while a collective runs")
+    misc_w: NonNegativeFloat = Field(description="rest of the chip/board (W)")
+    # --- thermal (first-order RC)
+    ambient_c: float
+    k_c_per_w: PositiveFloat
+    tau_s: PositiveFloat
+    # --- sensors
+    power_window_ms: PositiveFloat = Field(description="averaging window of one power sample")
+    power_noise_w: NonNegativeFloat = 0.5
+    temp_resolution_c: PositiveFloat = 1.0

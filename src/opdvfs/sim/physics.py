@@ -1,0 +1,265 @@
+"""Per-operator time and power at any core clock: the paper's timeline physics, vectorised.
+
+Everything here is a pure function over arrays of shape ``(n_ops,)`` and ``(n_ops, n_freqs)``.
+The timeline follows the paper's §4 (eqs. 1-8): load/store cycles ``max(a f, c) + T0 f`` per tile
+and four PingPong/dependency scenarios built from them, so ``cycles(f)`` is convex and piecewise
+linear in ``f`` and ``time(f) = cycles(f) / f``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from opdvfs.sim.params import TwinParams
+
+__all__ = ["FAMILIES", "Family", "OpArrays", "Timing", "core_power_w", "op_arrays", "op_timing"]
+
+# Unit codes: which engine runs an op.
+CUBE, VECTOR, COMM, FIXED = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one operator type runs: engine, double buffering, load/store dependency, efficiency."""
+
+    unit: int
+    pingpong: bool
+    dependent: bool
+    efficiency: float
+
+
+_CUBE = Family(CUBE, pingpong=True, dependent=False, efficiency=0.85)
+_VECTOR = Family(VECTOR, pingpong=True, dependent=True, efficiency=0.7)
+_VECTOR_NO_PP = Family(VECTOR, pingpong=False, dependent=False, efficiency=0.6)
+_GATHER = Family(VECTOR, pingpong=False, dependent=True, efficiency=0.3)
+_COMM = Family(COMM, pingpong=False, dependent=False, efficiency=1.0)
+_FIXED = Family(FIXED, pingpong=False, dependent=False, efficiency=1.0)
+
+#: Operator type -> family. Types are Ascend-style names, which the workload builders emit;
+#: unknown types run as pipelined vector ops.
+FAMILIES: dict[str, Family] = {
+    **dict.fromkeys(
+        [
+            "MatMul",
+            "BatchMatMul",
+            "Conv2D",
+            "Conv2DBackpropInput",
+            "Conv2DBackpropFilter",
+            "FlashAttention",
+            "FlashAttentionGrad",
+        ],
+        _CUBE,
+    ),
+    **dict.fromkeys(
+        [
+            "Add",
+            "Mul",
+            "RealDiv",
+            "Gelu",
+            "GeluGrad",
+            "Relu",
+            "ReluGrad",
+            "Dropout",
+            "DropoutGrad",
+            "Softmax",
+            "SoftmaxGrad",
+            "Cast",
+            "AdamW",
+            "BiasAdd",
+            "BiasAddGrad",
+            "SiLU",
+            "SiLUGrad",
+            "RotaryEmb",
+        ],
+        _VECTOR,
+    ),
+    **dict.fromkeys(
+        [
+            "LayerNorm",
+            "LayerNormGrad",
+            "RMSNorm",
+            "RMSNormGrad",
+            "BNTraining",
+            "BNTrainingUpdate",
+            "BNTrainingGrad",
+            "ReduceSum",
+            "ReduceMean",
+            "MaxPool",
+            "MaxPoolGrad",
+            "AvgPool",
+            "AvgPoolGrad",
+            "Transpose",
+            "Concat",
+            "Split",
+            "ChannelShuffle",
+            "CrossEntropy",
+            "CrossEntropyGrad",
+        ],
+        _VECTOR_NO_PP,
+    ),
+    **dict.fromkeys(
+        ["Gather", "GatherGrad", "Embedding", "EmbeddingGrad", "KVCacheWrite"], _GATHER
+    ),
+    **dict.fromkeys(
+        ["AllReduce", "AllGather", "ReduceScatter", "Send", "Recv", "Broadcast"], _COMM
+    ),
+    **dict.fromkeys(["AICPU", "Host"], _FIXED),
+}
+
+
+@dataclass(frozen=True)
+class OpArrays:
+    """Per-operator inputs of the physics, shape (n_ops,) each."""
+
+    flops: np.ndarray
+    bytes_ld: np.ndarray
+    bytes_st: np.ndarray
+    unit: np.ndarray
+    pingpong: np.ndarray
+    dependent: np.ndarray
+    efficiency: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.flops)
+
+
+def op_arrays(ops: pd.DataFrame) -> OpArrays:
+    """Look up every operator's family (by ``type``; comm stream forces COMM) as arrays."""
+    fam = ops["type"].map(FAMILIES)
+    fam = fam.where(fam.notna(), _VECTOR)
+    comm = (ops["stream"] == "comm").to_numpy()
+    host = (ops["stream"] == "host").to_numpy()
+    unit = np.array([f.unit for f in fam], dtype=np.int8)
+    unit[comm] = COMM
+    unit[host] = FIXED
+    return OpArrays(
+        flops=ops["flops"].to_numpy(dtype=float),
+        bytes_ld=ops["bytes_loaded"].to_numpy(dtype=float),
+        bytes_st=ops["bytes_stored"].to_numpy(dtype=float),
+        unit=unit,
+        pingpong=np.array([f.pingpong for f in fam], dtype=bool),
+        dependent=np.array([f.dependent for f in fam], dtype=bool),
+        efficiency=np.array([f.efficiency for f in fam], dtype=float),
+    )
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Clean (noise-free) timing of every op at every clock, shape (n_ops, n_freqs) each.
+
+    ``core_busy``, ``ld_busy`` and ``st_busy`` are the shares of the op's cycles the compute
+    unit and the load/store paths are busy: the pipeline ratios a CANN profiler reports.
+    """
+
+    time_us: np.ndarray
+    cycles: np.ndarray
+    core_busy: np.ndarray
+    ld_busy: np.ndarray
+    st_busy: np.ndarray
+
+
+def op_timing(ops: OpArrays, freqs_mhz: np.ndarray, p: TwinParams) -> Timing:
+    """Execution time of every op at every clock (paper eqs. 1-8), vectorised.
+
+    Parameters
+    ----------
+    ops
+        Per-op work, shape (n_ops,).
+    freqs_mhz
+        Core clocks, shape (n_freqs,).
+    p
+        Device constants.
+
+    Returns
+    -------
+    Timing
+        Arrays of shape (n_ops, n_freqs).
+    """
+    f = np.asarray(freqs_mhz, dtype=float)[None, :] * 1e6  # Hz
+    moved = ops.bytes_ld + ops.bytes_st
+    n = np.clip(np.round(moved / p.tile_bytes), 1, p.max_tiles)
+    n = np.where(ops.pingpong, np.maximum(n, 2), n)[:, None]
+    bw = p.uncore_bw_gbs * 1e9
+    port = p.ldst_bytes_per_cycle * p.core_num
+    m_ld, m_st = (ops.bytes_ld / n[:, 0])[:, None], (ops.bytes_st / n[:, 0])[:, None]
+    # eq. (4): cycles of one tile's load/store, flat below f_s = BW / (C core_num), linear above
+    ld = np.maximum(m_ld * f / bw, m_ld / port)
+    st = np.maximum(m_st * f / bw, m_st / port)
+    t0 = p.access_overhead_ns * 1e-9 * f
+    per_cycle = np.where(ops.unit == CUBE, p.cube_flops_per_cycle, p.vector_flops_per_cycle)
+    core = (ops.flops / (n[:, 0] * p.core_num * per_cycle * ops.efficiency))[:, None]
+    pp, dep = ops.pingpong[:, None], ops.dependent[:, None]
+    cycles = np.select(
+        [~pp & ~dep, ~pp & dep, pp & ~dep],
+        [
+            ld + st + n * core + (n - 1) * np.maximum(ld, st) + (n + 1) * t0,  # eq. (5)
+            n * (ld + st + core + 2 * t0),  # eq. (6)
+            ld
+            + core
+            + st
+            + (n - 1) * np.maximum(np.maximum(ld + t0, st + t0), core)
+            + 2 * t0,  # eq. (7)
+        ],
+        (n / 2) * (ld + core + st)
+        + np.maximum(np.maximum(ld + t0, st + t0), core)
+        + n * t0,  # eq. (8)
+    )
+    cycles = np.maximum(cycles, 1.0)
+    time_us = cycles / f * 1e6 + p.launch_overhead_us
+    # Collectives run on their own engine and links; fixed ops on the AI CPU / host: neither
+    # depends on the core clock.
+    comm_us = p.comm_latency_us + moved / (p.comm_link_gbs * 1e3)
+    fixed_us = p.launch_overhead_us + moved / 1e4 + ops.flops / 1e4
+    off_core = ops.unit >= COMM
+    time_us = np.where((ops.unit == COMM)[:, None], comm_us[:, None], time_us)
+    time_us = np.where((ops.unit == FIXED)[:, None], fixed_us[:, None], time_us)
+    zero = np.zeros_like(cycles)
+    busy = np.where(off_core[:, None], zero, np.minimum(n * core / cycles, 1.0))
+    return Timing(
+        time_us=time_us,
+        cycles=cycles,
+        core_busy=busy,
+        ld_busy=np.where(off_core[:, None], zero, np.minimum(n * (ld + t0) / cycles, 1.0)),
+        st_busy=np.where(off_core[:, None], zero, np.minimum(n * (st + t0) / cycles, 1.0)),
+    )
+
+
+def activity(ops: OpArrays, timing: Timing, p: TwinParams) -> np.ndarray:
+    """Switching activity of the core rail while each op runs, shape (n_ops, n_freqs).
+
+    A memory-bound op's compute units idle more at a high clock (their busy share falls), so its
+    activity falls with the clock: a constant alpha per op is only an approximation of this.
+    """
+    unit_weight = np.where(ops.unit == CUBE, 1.0, p.vector_activity)[:, None]
+    on_core = (ops.unit < COMM)[:, None]
+    a = (
+        unit_weight * timing.core_busy
+        + p.mte_activity * 0.5 * (timing.ld_busy + timing.st_busy)
+        + p.base_activity
+    )
+    return np.where(on_core, a, 0.0)
+
+
+def core_power_w(
+    act: np.ndarray, freq_mhz: np.ndarray, volt_v: np.ndarray, temp_c: np.ndarray, p: TwinParams
+) -> np.ndarray:
+    """Core-rail power: ``beta f V^2 + I_leak(T) V + cdyn a f V^2`` (f in GHz), broadcasting.
+
+    Leakage is exponential in temperature (doubling every ``leak_doubling_c``), unlike the
+    paper's linear model (eq. 10): the twin must not be the model it is used to test.
+    """
+    f_ghz = np.asarray(freq_mhz) / 1e3
+    fv2 = f_ghz * np.asarray(volt_v) ** 2
+    leak = p.leak_a * np.exp2((np.asarray(temp_c) - p.leak_ref_c) / p.leak_doubling_c)
+    return p.core_beta_w * fv2 + leak * volt_v + p.core_cdyn_w * act * fv2
+
+
+def uncore_power_w(ops: OpArrays, time_us: np.ndarray, p: TwinParams) -> np.ndarray:
+    """Uncore/HBM rail while each op runs: idle plus energy per byte moved; no clock scaling."""
+    moved = (ops.bytes_ld + ops.bytes_st)[:, None]
+    dynamic = p.uncore_pj_per_byte * 1e-12 * moved / (time_us * 1e-6)
+    comm = np.where((ops.unit == COMM)[:, None], p.comm_w, 0.0)
+    return p.uncore_idle_w + dynamic + comm

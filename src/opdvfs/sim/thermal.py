@@ -1,0 +1,55 @@
+"""First-order RC thermal model, solved in closed form over piecewise-constant power."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["rc_temperature"]
+
+# exp() of cumulative time / tau must stay finite: restart the closed form every so often.
+_MAX_EXPONENT = 500.0
+
+
+def rc_temperature(
+    dt_s: np.ndarray,
+    power_w: np.ndarray,
+    *,
+    start_c: float,
+    ambient_c: float,
+    k_c_per_w: float,
+    tau_s: float,
+) -> np.ndarray:
+    """Temperature at the end of each interval of constant power.
+
+    ``dT/dt = (ambient + k P - T) / tau``; over an interval of length ``dt`` at power ``P`` the
+    exact step is ``T' = T_ss + (T - T_ss) exp(-dt / tau)`` with ``T_ss = ambient + k P``. The
+    linear recurrence ``x_i = d_i x_{i-1} + (1 - d_i) u_i`` is summed with cumulative products
+    (in log space), not a Python loop.
+
+    Parameters
+    ----------
+    dt_s, power_w
+        Interval lengths (s) and their constant power (W), shape (n,).
+    start_c
+        Temperature at the start of the first interval.
+
+    Returns
+    -------
+    ndarray, shape (n,)
+        Temperature (deg C) at the end of each interval.
+    """
+    dt = np.asarray(dt_s, dtype=float)
+    steady = ambient_c + k_c_per_w * np.asarray(power_w, dtype=float)
+    out = np.empty_like(dt)
+    x0, lo = float(start_c), 0
+    cum = np.cumsum(dt) / tau_s
+    while lo < len(dt):
+        base = cum[lo - 1] if lo else 0.0
+        hi = int(np.searchsorted(cum, base + _MAX_EXPONENT, side="right"))
+        hi = max(hi, lo + 1)
+        log_d = cum[lo:hi] - base  # -log of the cumulative decay up to each interval end
+        decay = np.exp(-dt[lo:hi] / tau_s)
+        weight = (1.0 - decay) * steady[lo:hi] * np.exp(log_d)
+        out[lo:hi] = np.exp(-log_d) * (x0 + np.cumsum(weight))
+        x0, lo = out[hi - 1], hi
+    return out

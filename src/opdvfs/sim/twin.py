@@ -1,0 +1,430 @@
+"""The simulated accelerator: run a workload at fixed clocks (``profile``) or under a schedule (``run``).
+
+It combines the pure pieces of :mod:`opdvfs.sim`: per-op physics at every clock
+(:func:`~opdvfs.sim.physics.op_timing`), the switch-aware timeline
+(:func:`~opdvfs.sim.timeline.execute`), the RC thermal model with temperature-dependent leakage
+solved by fixed-point passes, and sensors sampled at the device's real granularity. Given a seed,
+every result is deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from opdvfs.devices.spec import DeviceSpec
+from opdvfs.exceptions import ValidationError
+from opdvfs.plan.schedule import Schedule
+from opdvfs.profile import Profile
+from opdvfs.runtime.result import RunResult, StageRecord
+from opdvfs.sim.params import TwinParams
+from opdvfs.sim.physics import (
+    CUBE,
+    VECTOR,
+    OpArrays,
+    Timing,
+    activity,
+    core_power_w,
+    op_arrays,
+    op_timing,
+    uncore_power_w,
+)
+from opdvfs.sim.sensors import sample_sensors
+from opdvfs.sim.thermal import rc_temperature
+from opdvfs.sim.timeline import Execution, execute
+from opdvfs.workloads.workload import Workload
+
+__all__ = ["SimRun", "SimulatedDevice"]
+
+#: Thermal fixed-point passes (power -> temperature -> leakage -> power); the paper's own
+#: iteration converges in <= 4, and leakage is a small share of power.
+_THERMAL_PASSES = 3
+#: Relative noise of a fine-grained (Ascend lpmi-like) per-op power reading.
+_POWER_READ_NOISE = 0.005
+
+
+@dataclass(frozen=True)
+class SimRun:
+    """Everything one simulated run produced, per op instance (shape (iterations * n_ops,)).
+
+    ``chip_energy_j`` and ``core_energy_j`` are totals over the run, idle gaps included;
+    ``op_*_energy_j`` cover each op's own execution only.
+    """
+
+    execution: Execution
+    dur_us: np.ndarray
+    op_chip_energy_j: np.ndarray
+    op_core_energy_j: np.ndarray
+    chip_energy_j: float
+    core_energy_j: float
+    temp_start_c: np.ndarray
+    samples: pd.DataFrame
+    iterations: int
+    n_ops: int
+    core_busy: np.ndarray
+    ld_busy: np.ndarray
+    st_busy: np.ndarray
+    unit: np.ndarray
+
+    @property
+    def iteration_time_s(self) -> float:
+        """Mean time per iteration, from the first op's start to the last op's end."""
+        return (self.execution.end_us[-1] - self.execution.start_us[0]) * 1e-6 / self.iterations
+
+
+class SimulatedDevice:
+    """A simulated accelerator with the paper's physics (DESIGN §2).
+
+    Parameters
+    ----------
+    spec
+        What the device exposes: clocks, V-f curve, switch latency, sensor period.
+    params
+        Hidden physics constants.
+    seed
+        Seed of every random draw (noise, jitter, sensor noise).
+    """
+
+    def __init__(self, spec: DeviceSpec, params: TwinParams, *, seed: int = 0) -> None:
+        if spec.voltage is None:
+            raise ValidationError(f"device {spec.name!r}: the simulator needs a V-f curve")
+        self.spec = spec
+        self.params = params
+        self.seed = seed
+        self._clocks = np.asarray(spec.freqs_mhz, dtype=float)
+        self._volts = spec.voltage.voltage_v(self._clocks)
+
+    # ----------------------------------------------------------------------------- physics
+    def clock_index(self, freqs_mhz: Sequence[float] | np.ndarray) -> np.ndarray:
+        """Index of each clock in the device's list; a clock it does not support is an error."""
+        f = np.asarray(freqs_mhz, dtype=float)
+        idx = np.searchsorted(self._clocks, f)
+        ok = (idx < len(self._clocks)) & np.isclose(
+            self._clocks[np.minimum(idx, len(self._clocks) - 1)], f
+        )
+        if not ok.all():
+            bad = f[~ok][0]
+            raise ValidationError(
+                f"device {self.spec.name!r}: {bad:g} MHz is not a supported clock "
+                f"({self._clocks[0]:g}-{self._clocks[-1]:g} MHz, {len(self._clocks)} steps)",
+                field="freq_mhz",
+            )
+        return idx
+
+    def timing(self, workload: Workload) -> tuple[OpArrays, Timing]:
+        """Clean time and unit busy shares of every op at every supported clock."""
+        ops = op_arrays(workload.ops)
+        return ops, op_timing(ops, self._clocks, self.params)
+
+    # ----------------------------------------------------------------------------- core run
+    def _simulate(
+        self,
+        workload: Workload,
+        *,
+        iterations: int,
+        initial_clock: int,
+        triggers: np.ndarray,
+        clocks: np.ndarray,
+        latency_us: float,
+        rng: np.random.Generator,
+        start_temp_c: float | None = None,
+    ) -> SimRun:
+        p = self.params
+        # Only the clocks this run can use: a static run costs one column, not the whole list.
+        used = np.unique(np.r_[initial_clock, clocks]).astype(int)
+        initial_clock = int(np.searchsorted(used, initial_clock))
+        clocks = np.searchsorted(used, clocks)
+        f_used, v_used = self._clocks[used], self._volts[used]
+        arrays = op_arrays(workload.ops)
+        timing = op_timing(arrays, f_used, p)
+        n = len(arrays)
+        total = n * iterations
+        op = np.tile(np.arange(n), iterations)
+        mult = np.exp(rng.normal(0.0, p.noise_rel, total))
+        jitter = np.abs(rng.normal(0.0, p.jitter_us, total))
+        dur = timing.time_us[op] * mult[:, None] + jitter[:, None]
+        gap = np.tile(workload.ops["gap_before_us"].to_numpy(dtype=float), iterations)
+        host = None
+        dispatch_us = workload.ops["host_us"].to_numpy(dtype=float)
+        if dispatch_us.any():
+            # The host dispatches op i when it has dispatched all before it (it never syncs), so
+            # a host slower than the device makes the device wait (host-bound inference).
+            per_op = np.tile(dispatch_us, iterations)
+            host = np.cumsum(per_op) - per_op
+        exe = execute(
+            dur,
+            initial_clock=initial_clock,
+            triggers=triggers,
+            clocks=clocks,
+            latency_us=latency_us,
+            gap_us=gap,
+            host_us=host,
+        )
+        act = activity(arrays, timing, p)
+        uncore = uncore_power_w(arrays, timing.time_us, p)
+        ca, cb = exe.clock_a, exe.clock_b
+        t_a = exe.frac_a * dur[np.arange(total), ca]
+        prev_end = np.r_[exe.start_us[0], exe.end_us[:-1]]
+        # Three intervals per op instance: the idle gap before it, its work at clock_a, at clock_b.
+        dt_us = np.stack([exe.start_us - prev_end, t_a, exe.end_us - exe.start_us - t_a], axis=1)
+        temp0 = p.ambient_c + 30.0 if start_temp_c is None else start_temp_c
+        temp_ops = np.full(total, temp0)
+        for step in range(_THERMAL_PASSES):
+            chip, core = self._interval_power(act, uncore, op, ca, cb, temp_ops, f_used, v_used)
+            if step == 0 and start_temp_c is None:
+                # A warm device: start at the steady state of the run's own mean power.
+                temp0 = p.ambient_c + p.k_c_per_w * float((chip * dt_us).sum() / dt_us.sum())
+            ends = rc_temperature(
+                dt_us.ravel() * 1e-6,
+                chip.ravel(),
+                start_c=temp0,
+                ambient_c=p.ambient_c,
+                k_c_per_w=p.k_c_per_w,
+                tau_s=p.tau_s,
+            ).reshape(total, 3)
+            temp_ops = ends[:, 0]  # temperature when each op starts (after its gap)
+        chip, core = self._interval_power(act, uncore, op, ca, cb, temp_ops, f_used, v_used)
+        chip_j, core_j = chip * dt_us * 1e-6, core * dt_us * 1e-6
+        edges = np.r_[exe.start_us[0], (prev_end[:, None] + np.cumsum(dt_us, axis=1)).ravel()]
+        clock_mhz = np.stack([f_used[ca], f_used[ca], f_used[cb]], axis=1)
+        samples = sample_sensors(
+            edges * 1e-6,
+            np.r_[0.0, np.cumsum(chip_j)],
+            np.r_[0.0, np.cumsum(core_j)],
+            np.r_[temp0, ends.ravel()],
+            clock_mhz.ravel(),
+            period_s=self.spec.power_sample_period_ms * 1e-3,
+            window_s=p.power_window_ms * 1e-3,
+            noise_w=p.power_noise_w,
+            temp_resolution_c=p.temp_resolution_c,
+            rng=rng,
+        )
+        return SimRun(
+            execution=exe,
+            dur_us=exe.end_us - exe.start_us,
+            op_chip_energy_j=chip_j[:, 1:].sum(axis=1),
+            op_core_energy_j=core_j[:, 1:].sum(axis=1),
+            chip_energy_j=float(chip_j.sum()),
+            core_energy_j=float(core_j.sum()),
+            temp_start_c=temp_ops,
+            samples=samples,
+            iterations=iterations,
+            n_ops=n,
+            core_busy=timing.core_busy[op, ca],
+            ld_busy=timing.ld_busy[op, ca],
+            st_busy=timing.st_busy[op, ca],
+            unit=arrays.unit[op],
+        )
+
+    def _interval_power(
+        self,
+        act: np.ndarray,
+        uncore: np.ndarray,
+        op: np.ndarray,
+        ca: np.ndarray,
+        cb: np.ndarray,
+        temp_c: np.ndarray,
+        f: np.ndarray,
+        v: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Chip and core power of (gap, work at clock_a, work at clock_b), shape (n, 3) each.
+
+        ``ca``/``cb`` index the clocks ``f`` (MHz) with voltages ``v`` used by this run.
+        """
+        p = self.params
+        core = np.stack(
+            [
+                core_power_w(0.0, f[ca], v[ca], temp_c, p),
+                core_power_w(act[op, ca], f[ca], v[ca], temp_c, p),
+                core_power_w(act[op, cb], f[cb], v[cb], temp_c, p),
+            ],
+            axis=1,
+        )
+        rest = np.stack([np.full(len(op), p.uncore_idle_w), uncore[op, ca], uncore[op, cb]], axis=1)
+        return core + rest + p.misc_w, core
+
+    # ----------------------------------------------------------------------------- profiling
+    def profile(
+        self,
+        workload: Workload,
+        freqs_mhz: Sequence[float],
+        *,
+        iterations: int = 1,
+        on_clock: Callable[[float], None] | None = None,
+    ) -> Profile:
+        """Measure ``iterations`` iterations at each clock, as a profiler run per clock would.
+
+        Rows carry the measured time; with a fine-grained power sensor (period <= 1 ms, Ascend
+        lpmi-like) also per-op core and chip power and, on Ascend-like devices, the pipeline
+        ratios a CANN profiler reports. Coarse sensors (NVML) give only the sample table, as on
+        real GPUs. Each clock's noise comes from its own seeded stream, so the rows of one clock
+        do not depend on which other clocks are profiled.
+        """
+        if iterations < 1:
+            raise ValidationError("iterations must be >= 1", field="iterations")
+        clocks = self.clock_index(freqs_mhz)
+        fine = self.spec.power_sample_period_ms <= 1.0
+        ascend = self.spec.vendor == "ascend"
+        frames, samples, offset_s = [], [], 0.0
+        none = np.empty(0, dtype=int)
+        for clock in clocks:
+            f = float(self._clocks[clock])
+            rng = np.random.default_rng([self.seed, round(f * 1000)])
+            run = self._simulate(
+                workload,
+                iterations=iterations,
+                initial_clock=int(clock),
+                triggers=none,
+                clocks=none,
+                latency_us=0.0,
+                rng=rng,
+            )
+            frames.append(self._rows(workload, run, f, rng, fine=fine, ratios=ascend))
+            smp = run.samples.assign(t_s=run.samples["t_s"] + offset_s)
+            samples.append(smp)
+            offset_s = float(smp["t_s"].iloc[-1]) + 1.0
+            if on_clock is not None:
+                on_clock(f)
+        meta = {
+            "format": "simulated",
+            "device": self.spec.name,
+            "workload": workload.name,
+            "simulated": True,
+            "seed": self.seed,
+            "sources": [f"simulated:{self.spec.name}:{workload.name}"],
+        }
+        return Profile(pd.concat(frames, ignore_index=True), pd.concat(samples), meta=meta)
+
+    def _rows(
+        self,
+        workload: Workload,
+        run: SimRun,
+        freq_mhz: float,
+        rng: np.random.Generator,
+        *,
+        fine: bool,
+        ratios: bool,
+    ) -> pd.DataFrame:
+        n, total = run.n_ops, run.n_ops * run.iterations
+        ops = workload.ops
+        op = np.tile(np.arange(n), run.iterations)
+        iteration = np.repeat(np.arange(run.iterations), n)
+        first = run.execution.start_us[::n]
+        frame = pd.DataFrame(
+            {
+                "iteration": iteration,
+                "op": op,
+                "name": ops["name"].to_numpy()[op],
+                "type": ops["type"].to_numpy()[op],
+                "stream": ops["stream"].to_numpy()[op],
+                "freq_mhz": freq_mhz,
+                "time_us": run.dur_us,
+                "start_us": run.execution.start_us - first[iteration],
+                "temp_c": np.round(run.temp_start_c / self.params.temp_resolution_c)
+                * self.params.temp_resolution_c,
+            }
+        )
+        if fine:
+            read = 1.0 + rng.normal(0.0, _POWER_READ_NOISE, (2, total))
+            seconds = run.dur_us * 1e-6
+            frame["core_power_w"] = run.op_core_energy_j / seconds * read[0]
+            frame["chip_power_w"] = run.op_chip_energy_j / seconds * read[1]
+        if ratios:
+            on_core = run.unit < 2
+            nan = np.full(total, np.nan)
+            frame["ratio_mac"] = np.where(
+                run.unit == CUBE, run.core_busy, np.where(on_core, 0.0, nan)
+            )
+            frame["ratio_vec"] = np.where(
+                run.unit == VECTOR, run.core_busy, np.where(on_core, 0.0, nan)
+            )
+            frame["ratio_mte2"] = np.where(on_core, run.ld_busy, nan)
+            frame["ratio_mte3"] = np.where(on_core, run.st_busy, nan)
+        return frame
+
+    # ----------------------------------------------------------------------------- running
+    def run(
+        self,
+        workload: Workload,
+        schedule: Schedule | None = None,
+        *,
+        freq_mhz: float | None = None,
+        iterations: int = 1,
+        label: str | None = None,
+    ) -> tuple[RunResult, SimRun]:
+        """Run ``iterations`` iterations under ``schedule`` (or at one clock, default max).
+
+        The device starts at its maximum clock; the schedule's first switch (at op 0) sets the
+        first stage's clock, and every switch lands ``switch_latency_ms`` after it is issued.
+        Returns the per-iteration :class:`RunResult` and the raw :class:`SimRun`.
+        """
+        if iterations < 1:
+            raise ValidationError("iterations must be >= 1", field="iterations")
+        n = len(workload)
+        top = len(self._clocks) - 1
+        latency_us = self.spec.switch_latency_ms * 1e3
+        if schedule is not None:
+            if schedule.n_ops != n:
+                raise ValidationError(
+                    f"schedule plans {schedule.n_ops} ops but workload {workload.name!r} has {n}",
+                    field="n_ops",
+                )
+            sw_idx = self.clock_index([s.freq_mhz for s in schedule.switches])
+            sw_op = np.array([s.trigger_op for s in schedule.switches])
+            triggers = (sw_op[None, :] + n * np.arange(iterations)[:, None]).ravel()
+            clocks = np.tile(sw_idx, iterations)
+            initial = top
+            stages = [(s.first_op, s.last_op, s.freq_mhz) for s in schedule.stages]
+        else:
+            f = self._clocks[top] if freq_mhz is None else freq_mhz
+            initial = int(self.clock_index([f])[0])
+            triggers = clocks = np.empty(0, dtype=int)
+            stages = [(0, n - 1, float(self._clocks[initial]))]
+        rng = np.random.default_rng([self.seed, 7])
+        sim = self._simulate(
+            workload,
+            iterations=iterations,
+            initial_clock=initial,
+            triggers=triggers,
+            clocks=clocks,
+            latency_us=latency_us,
+            rng=rng,
+        )
+        seq = np.r_[initial, [e.clock for e in sim.execution.switches]]
+        changes = int(np.count_nonzero(seq[1:] != seq[:-1]))
+        iter_s = sim.iteration_time_s
+        chip_j = sim.chip_energy_j / iterations
+        core_j = sim.core_energy_j / iterations
+        last = n * (iterations - 1)
+        exe = sim.execution
+        timeline = tuple(
+            StageRecord(
+                stage=k,
+                first_op=a,
+                last_op=b,
+                freq_mhz=f,
+                start_s=(exe.start_us[last + a] - exe.start_us[last]) * 1e-6,
+                end_s=(exe.end_us[last + b] - exe.start_us[last]) * 1e-6,
+                chip_energy_j=float(sim.op_chip_energy_j[last + a : last + b + 1].sum()),
+                core_energy_j=float(sim.op_core_energy_j[last + a : last + b + 1].sum()),
+            )
+            for k, (a, b, f) in enumerate(stages)
+        )
+        result = RunResult(
+            device=self.spec.name,
+            workload=workload.name,
+            simulated=True,
+            iterations=iterations,
+            iteration_time_s=iter_s,
+            chip_power_w=chip_j / iter_s,
+            chip_energy_j=chip_j,
+            core_power_w=core_j / iter_s,
+            core_energy_j=core_j,
+            switches=round(changes / iterations),
+            schedule=label,
+            timeline=timeline,
+        )
+        return result, sim
