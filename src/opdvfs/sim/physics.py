@@ -162,7 +162,7 @@ class Timing:
 
 
 def op_timing(ops: OpArrays, freqs_mhz: np.ndarray, p: TwinParams) -> Timing:
-    """Execution time of every op at every clock (paper eqs. 1-8), vectorised.
+    """Return the execution time of every op at every clock (paper eqs. 1-8), vectorised.
 
     Parameters
     ----------
@@ -244,7 +244,11 @@ def activity(ops: OpArrays, timing: Timing, p: TwinParams) -> np.ndarray:
 
 
 def core_power_w(
-    act: np.ndarray, freq_mhz: np.ndarray, volt_v: np.ndarray, temp_c: np.ndarray, p: TwinParams
+    act: np.ndarray | float,
+    freq_mhz: np.ndarray | float,
+    volt_v: np.ndarray | float,
+    temp_c: np.ndarray | float,
+    p: TwinParams,
 ) -> np.ndarray:
     """Core-rail power: ``beta f V^2 + I_leak(T) V + cdyn a f V^2`` (f in GHz), broadcasting.
 
@@ -254,7 +258,7 @@ def core_power_w(
     f_ghz = np.asarray(freq_mhz) / 1e3
     fv2 = f_ghz * np.asarray(volt_v) ** 2
     leak = p.leak_a * np.exp2((np.asarray(temp_c) - p.leak_ref_c) / p.leak_doubling_c)
-    return p.core_beta_w * fv2 + leak * volt_v + p.core_cdyn_w * act * fv2
+    return p.core_beta_w * fv2 + leak * np.asarray(volt_v) + p.core_cdyn_w * np.asarray(act) * fv2
 
 
 def uncore_power_w(ops: OpArrays, time_us: np.ndarray, p: TwinParams) -> np.ndarray:

@@ -17,7 +17,7 @@ __all__ = ["Execution", "SwitchEvent", "execute"]
 
 @dataclass(frozen=True)
 class SwitchEvent:
-    """A clock request: issued at ``issue_us`` (start of ``trigger_op``), effective at ``land_us``."""
+    """A clock request, issued at ``issue_us`` (``trigger_op`` starts), effective at ``land_us``."""
 
     trigger_op: int
     clock: int
@@ -54,7 +54,7 @@ class Execution:
 def _segment(
     t: float, dur: np.ndarray, gap: np.ndarray, host: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Starts and ends of consecutive ops at one clock, after the previous op ended at ``t``.
+    """Return starts and ends of consecutive ops at one clock, the previous one ending at ``t``.
 
     ``s_i = max(e_{i-1} + gap_i, host_i)``: with ``A_i`` the start if the host never made the
     device wait, the accumulated wait is the running maximum of ``host - A`` (and at least 0).

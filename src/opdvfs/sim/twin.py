@@ -1,4 +1,4 @@
-"""The simulated accelerator: run a workload at fixed clocks (``profile``) or under a schedule (``run``).
+"""The simulated accelerator: a workload at fixed clocks (``profile``) or on a schedule (``run``).
 
 It combines the pure pieces of :mod:`opdvfs.sim`: per-op physics at every clock
 (:func:`~opdvfs.sim.physics.op_timing`), the switch-aware timeline

@@ -102,5 +102,5 @@ def backward_of(forward: list[Op], prefix: str = "") -> list[Op]:
 
 
 def to_frame(ops: list[Op]) -> pd.DataFrame:
-    """The op dicts as a workload table."""
+    """Return the op dicts as a workload table."""
     return pd.DataFrame.from_records(ops)

@@ -103,7 +103,7 @@ class _Net:
 
 
 def resnet(depth: int, batch: int = 64) -> Workload:
-    """ResNet-50 (``depth=50``) or ResNet-152 training step: bottleneck blocks [3,4,6,3] / [3,8,36,3]."""
+    """Build a ResNet-50/101/152 training step (bottleneck blocks [3,4,6,3] ... [3,8,36,3])."""
     blocks = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}[depth]
     net = _Net(batch)
     net.conv("conv1", 64, 7, stride=2)
