@@ -138,36 +138,16 @@ def resnet(depth: int, batch: int = 64) -> Workload:
 def vgg19(batch: int = 64) -> Workload:
     """VGG-19 training step (16 conv + 3 fc layers)."""
     net = _Net(batch)
-    cfg = [
-        64,
-        64,
-        "M",
-        128,
-        128,
-        "M",
-        256,
-        256,
-        256,
-        256,
-        "M",
-        512,
-        512,
-        512,
-        512,
-        "M",
-        512,
-        512,
-        512,
-        512,
-        "M",
-    ]
+    # output channels of the 3x3 convs; 0 marks a 2x2 max-pool
+    cfg = (64, 64, 0, 128, 128, 0, 256, 256, 256, 256, 0, 512, 512, 512, 512, 0)
+    cfg += (512, 512, 512, 512, 0)
     i = 0
-    for item in cfg:
-        if item == "M":
+    for channels in cfg:
+        if channels == 0:
             net.pool(f"pool{i}", "MaxPool", 2, 2)
             continue
         i += 1
-        net.conv(f"conv{i}", int(item), 3)
+        net.conv(f"conv{i}", channels, 3)
         a = net._act()
         net.o.add(f"relu{i}", "Relu", flops=a, ld=a * B, st=a * B)
     for j, out in enumerate((4096, 4096, 1000)):
