@@ -139,8 +139,8 @@ def vgg19(batch: int = 64) -> Workload:
     """VGG-19 training step (16 conv + 3 fc layers)."""
     net = _Net(batch)
     # output channels of the 3x3 convs; 0 marks a 2x2 max-pool
-    cfg = (64, 64, 0, 128, 128, 0, 256, 256, 256, 256, 0, 512, 512, 512, 512, 0)
-    cfg += (512, 512, 512, 512, 0)
+    cfg: tuple[int, ...] = (64, 64, 0, 128, 128, 0, 256, 256, 256, 256, 0)
+    cfg += (512, 512, 512, 512, 0) * 2
     i = 0
     for channels in cfg:
         if channels == 0:
