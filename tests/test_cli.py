@@ -123,3 +123,92 @@ def test_parse_clocks_words():
         parse_clocks("max")
     with pytest.raises(UsageError, match="positive"):
         parse_clocks("-5")
+
+
+def test_profile_then_info_and_simulate(tmp_path):
+    out = tmp_path / "p.parquet"
+    res = invoke(
+        "profile",
+        "--device",
+        "ascend-910b-like",
+        "--workload",
+        "resnet50",
+        "--freqs",
+        "min,1400,max",
+        "--iterations",
+        "2",
+        "--out",
+        out,
+        "--json",
+    )
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout)
+    assert payload["freqs_mhz"] == [1000.0, 1400.0, 1800.0]
+    assert payload["operators"] == 565 and payload["iterations"] == 2
+    assert Profile.read(out).meta["simulated"] is True
+    res = invoke(
+        "simulate",
+        "--device",
+        "ascend-910b-like",
+        "--workload",
+        "resnet50",
+        "--freq-mhz",
+        "1400",
+        "--json",
+    )
+    assert res.exit_code == 0, res.output
+    run = json.loads(res.stdout)
+    assert run["simulated"] is True and run["iterations"] == 3
+    assert run["chip_energy_j"] == pytest.approx(run["chip_power_w"] * run["iteration_time_s"])
+
+
+def test_simulate_applies_a_schedule_file(tmp_path):
+    from opdvfs import Schedule
+    from opdvfs.workloads.library import BUILDERS
+
+    n = len(BUILDERS["resnet50"]())
+    path = tmp_path / "s.json"
+    Schedule.from_stage_freqs(
+        [0, n // 2], [1800, 1200], n_ops=n, target=0.05, solver="manual"
+    ).write(path)
+    out = tmp_path / "run.json"
+    res = invoke(
+        "simulate", path, "--device", "ascend-910b-like", "--workload", "resnet50", "--out", out
+    )
+    assert res.exit_code == 0, res.output
+    # steady state: down to 1200 MHz mid-iteration, back up to 1800 MHz at the next one
+    assert "2 switches/iteration" in res.stdout
+    from opdvfs import RunResult
+
+    result = RunResult.read(out)
+    assert [s.freq_mhz for s in result.timeline] == [1800.0, 1200.0]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--device", "tpu-like", "--workload", "bert"], "unknown device 'tpu-like'"),
+        (["--device", "ascend-910b-like", "--workload", "gpt5"], "unknown workload 'gpt5'"),
+        (
+            ["--device", "ascend-910b-like", "--workload", "bert", "--freq-mhz", "1250"],
+            "1250 MHz is not a supported clock",
+        ),
+    ],
+)
+def test_simulate_bad_input_exit_2(args, needle):
+    res = invoke("simulate", *args)
+    assert res.exit_code == 2
+    assert needle in res.stderr and "Traceback" not in res.output
+
+
+def test_devices_and_workloads_lists():
+    res = invoke("devices", "--json")
+    assert set(json.loads(res.stdout)) == {
+        "ascend-910b-like",
+        "a100-like",
+        "h100-like",
+        "v100-like",
+    }
+    res = invoke("workloads", "--json")
+    names = {r["workload"] for r in json.loads(res.stdout)}
+    assert {"gpt3", "bert", "resnet50", "llama2-infer"} <= names

@@ -21,9 +21,13 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from opdvfs import __version__
+from opdvfs.devices.presets import PRESETS, get_preset
 from opdvfs.exceptions import OpdvfsError
 from opdvfs.io import FORMATS, read_profile
+from opdvfs.plan.schedule import Schedule
 from opdvfs.profile import OP_COLUMNS, SAMPLE_COLUMNS, Profile
+from opdvfs.sim.twin import SimulatedDevice
+from opdvfs.workloads.library import BUILDERS, load_workload
 
 __all__ = ["app", "main", "parse_clocks"]
 
@@ -35,7 +39,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
-stdout = Console(soft_wrap=True)
+# Tables get 120 columns when the output is not a terminal (pipes, CI logs), not rich's 80.
+stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 120)
 stderr = Console(stderr=True, soft_wrap=True)
 
 P = ParamSpec("P")
@@ -273,6 +278,141 @@ def schema(
     if name not in schemas:
         raise _fail(f"unknown schema {name!r}; expected one of {', '.join(schemas)}")
     print(json.dumps(schemas[name](), indent=2))
+
+
+DeviceOption = Annotated[
+    str, typer.Option("--device", "-d", help="Device preset (see `opdvfs devices`).")
+]
+WorkloadOption = Annotated[
+    str,
+    typer.Option("--workload", "-w", help="Workload name (see `opdvfs workloads`) or file."),
+]
+SeedOption = Annotated[int, typer.Option("--seed", help="Seed of the simulator's noise.")]
+
+
+def _simulator(device: str, seed: int) -> SimulatedDevice:
+    preset = get_preset(device)
+    return SimulatedDevice(preset.spec, preset.twin, seed=seed)
+
+
+@app.command()
+@_reports_errors
+def profile(
+    device: DeviceOption,
+    workload: WorkloadOption,
+    freqs: Annotated[
+        str, typer.Option("--freqs", help="Clocks to profile: MHz and/or min, mid, max.")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Profile to write (Parquet).")],
+    iterations: Annotated[int, typer.Option("--iterations", "-n", min=1)] = 1,
+    seed: SeedOption = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """Profile a workload on a simulated device at several clocks (results are simulated)."""
+    sim = _simulator(device, seed)
+    work = load_workload(workload)
+    clocks = parse_clocks(freqs, sim.spec.freqs_mhz)
+    with Progress(console=stderr, transient=True, disable=not stderr.is_terminal) as progress:
+        task = progress.add_task(f"profiling {work.name} on {device}", total=len(clocks))
+        result = sim.profile(
+            work, clocks, iterations=iterations, on_clock=lambda _: progress.advance(task)
+        )
+    result.write(out)
+    summary = result.summary()
+    if as_json:
+        print(json.dumps({"out": str(out), **summary}))
+        return
+    stdout.print(
+        f"wrote {out}: {summary['operators']} operators x {summary['clocks']} clocks x "
+        f"{iterations} iteration(s) on {device} (simulated)",
+        highlight=False,
+    )
+
+
+@app.command()
+@_reports_errors
+def simulate(
+    device: DeviceOption,
+    workload: WorkloadOption,
+    schedule: Annotated[
+        Path | None, typer.Argument(help="Schedule to apply; omit to run at --freq-mhz.")
+    ] = None,
+    freq_mhz: Annotated[
+        str | None, typer.Option("--freq-mhz", help="Static clock without a schedule (max).")
+    ] = None,
+    iterations: Annotated[int, typer.Option("--iterations", "-n", min=1)] = 3,
+    seed: SeedOption = 0,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="RunResult JSON.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Run a workload on a simulated device under a schedule and measure it (RunResult)."""
+    sim = _simulator(device, seed)
+    work = load_workload(workload)
+    plan = Schedule.read(schedule) if schedule is not None else None
+    if plan is not None and freq_mhz is not None:
+        raise UsageError("give a SCHEDULE or --freq-mhz, not both")
+    clock = parse_clocks(freq_mhz, sim.spec.freqs_mhz)[0] if freq_mhz else None
+    label = str(schedule) if schedule is not None else None
+    result, _ = sim.run(work, plan, freq_mhz=clock, iterations=iterations, label=label)
+    if out is not None:
+        result.write(out)
+    if as_json:
+        print(result.model_dump_json(exclude={"timeline"}))
+        return
+    stdout.print(
+        f"{work.name} on {device} (simulated), {iterations} iteration(s): "
+        f"{result.iteration_time_s:.4f} s/iteration, chip {result.chip_power_w:.1f} W / "
+        f"{result.chip_energy_j:.2f} J, core {result.core_power_w:.1f} W / "
+        f"{result.core_energy_j:.2f} J, {result.switches} switches/iteration",
+        highlight=False,
+    )
+
+
+@app.command()
+def devices(as_json: JsonOption = False) -> None:
+    """List the device presets."""
+    if as_json:
+        print(json.dumps({k: p.spec.model_dump(mode="json") for k, p in PRESETS.items()}))
+        return
+    table = Table(title="device presets (simulated)")
+    for name in ("device", "clocks MHz", "steps", "switch ms", "sensor ms", "about"):
+        table.add_column(name)
+    for name, preset in PRESETS.items():
+        spec = preset.spec
+        table.add_row(
+            name,
+            f"{spec.min_freq_mhz:g}-{spec.max_freq_mhz:g}",
+            str(len(spec.freqs_mhz)),
+            f"{spec.switch_latency_ms:g}",
+            f"{spec.power_sample_period_ms:g}",
+            preset.description,
+        )
+    stdout.print(table)
+
+
+@app.command()
+def workloads(as_json: JsonOption = False) -> None:
+    """List the built-in workloads."""
+    rows = []
+    for name, build in BUILDERS.items():
+        work = build()
+        rows.append(
+            {
+                "workload": name,
+                "operators": len(work),
+                "tflops": work.total_flops / 1e12,
+                "description": work.meta.get("description", ""),
+            }
+        )
+    if as_json:
+        print(json.dumps(rows))
+        return
+    table = Table(title="workloads (one iteration)")
+    for name in ("workload", "operators", "TFLOP", "description"):
+        table.add_column(name)
+    for r in rows:
+        table.add_row(r["workload"], str(r["operators"]), f"{r['tflops']:.3g}", r["description"])
+    stdout.print(table)
 
 
 def main() -> None:

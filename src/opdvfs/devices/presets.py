@@ -60,7 +60,7 @@ _ASCEND = Preset(
     ),
     TwinParams(
         core_num=24,
-        ldst_bytes_per_cycle=64.0,
+        ldst_bytes_per_cycle=80.0,
         uncore_bw_gbs=1600.0,
         access_overhead_ns=300.0,
         cube_flops_per_cycle=8192.0,
@@ -78,7 +78,7 @@ _ASCEND = Preset(
         base_activity=0.05,
         leak_a=4.4,
         leak_doubling_c=30.0,
-        uncore_idle_w=131.0,
+        uncore_idle_w=142.0,
         uncore_pj_per_byte=30.0,
         comm_w=15.0,
         misc_w=55.0,

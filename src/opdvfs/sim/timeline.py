@@ -129,8 +129,16 @@ def execute(
                 cur, i, t = new, j, (e[q - 1] if q else t)
                 continue
             done = (land - s[q]) / dur_us[j, cur]
-            start[j], clock_a[j], clock_b[j], frac_a[j] = s[q], cur, new, done
-            end[j] = land + (1.0 - done) * dur_us[j, new]
+            start[j], clock_a[j], frac_a[j] = s[q], cur, done
+            left, at = 1.0 - done, land
+            # Further switches landing before this op ends split it again; its time stays exact,
+            # its energy books the later pieces at the last clock.
+            while pending and pending[0][0] < at + left * dur_us[j, new]:
+                nxt, clock = pending.popleft()
+                left -= (nxt - at) / dur_us[j, new]
+                at, new = nxt, clock
+            clock_b[j] = new
+            end[j] = at + left * dur_us[j, new]
             cur, i, t = new, j + 1, end[j]
             continue
         start[i:stop], end[i:stop], clock_a[i:stop], clock_b[i:stop] = s, e, cur, cur

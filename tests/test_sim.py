@@ -1,0 +1,285 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from opdvfs import Schedule, Workload
+from opdvfs.devices.presets import PRESETS, get_preset
+from opdvfs.sim import SimulatedDevice
+from opdvfs.sim.physics import FAMILIES, core_power_w, op_arrays, op_timing
+from opdvfs.sim.thermal import rc_temperature
+from opdvfs.sim.timeline import execute
+
+ASCEND = get_preset("ascend-910b-like")
+FINE = np.linspace(800.0, 2400.0, 161)
+
+
+def one_op_workload(types, flops, ld, st, stream="compute"):
+    n = len(types)
+    return Workload(
+        pd.DataFrame(
+            {
+                "name": [f"op{i}" for i in range(n)],
+                "type": types,
+                "stream": [stream] * n,
+                "flops": flops,
+                "bytes_loaded": ld,
+                "bytes_stored": st,
+            }
+        ),
+        name="t",
+    )
+
+
+def timing_of(workload, freqs=FINE, params=ASCEND.twin):
+    return op_timing(op_arrays(workload.ops), freqs, params)
+
+
+# ------------------------------------------------------------------ physics (paper §4)
+@pytest.mark.parametrize("kind", ["MatMul", "Gelu", "LayerNorm", "Gather"])
+def test_cycles_convex_piecewise_linear_in_f(kind):
+    rng = np.random.default_rng(3)
+    n = 50
+    w = one_op_workload(
+        [kind] * n, rng.uniform(1e6, 1e11, n), rng.uniform(1e4, 1e8, n), rng.uniform(1e4, 1e8, n)
+    )
+    cycles = timing_of(w).cycles
+    second = np.diff(cycles, 2, axis=1)
+    scale = np.abs(cycles).max(axis=1, keepdims=True)
+    assert (second >= -1e-9 * scale).all()  # convex
+    # piecewise linear: the second difference vanishes except at a few breakpoints
+    kinks = (np.abs(second) > 1e-7 * scale).sum(axis=1)
+    assert kinks.max() <= 5
+
+
+def test_memory_bound_op_flat_above_saturation():
+    p = ASCEND.twin
+    f_s = p.uncore_bw_gbs * 1e9 / (p.ldst_bytes_per_cycle * p.core_num) / 1e6  # eq. (2), MHz
+    w = one_op_workload(["Add"], [1.0], [512e6], [256e6])
+    t = timing_of(w).time_us[0]
+    above = FINE > f_s * 1.01
+    np.testing.assert_allclose(t[above], t[above][0], rtol=1e-9)
+    below = FINE < f_s * 0.99
+    assert (np.diff(t[below]) < 0).all()  # still speeding up below f_s
+
+
+def test_compute_bound_time_inverse_in_f():
+    w = one_op_workload(["MatMul"], [4e13], [1e6], [1e6])
+    t = timing_of(w).time_us[0] - ASCEND.twin.launch_overhead_us
+    product = t * FINE
+    np.testing.assert_allclose(product, product[0], rtol=0.01)
+
+
+def test_comm_ops_ignore_core_clock():
+    w = one_op_workload(["AllReduce"], [0.0], [1e8], [1e8], stream="comm")
+    t = timing_of(w).time_us[0]
+    assert np.ptp(t) == 0.0
+
+
+def test_every_family_has_a_known_unit():
+    assert {f.unit for f in FAMILIES.values()} == {0, 1, 2, 3}
+
+
+# ------------------------------------------------------------------ power and thermal
+def test_leakage_grows_exponentially_with_temperature():
+    p = ASCEND.twin
+    temps = np.array([40.0, 40.0 + p.leak_doubling_c, 40.0 + 2 * p.leak_doubling_c])
+    idle = core_power_w(0.0, 1000.0, 0.75, temps, p)
+    leak = idle - core_power_w(0.0, 1000.0, 0.75, -1e9, p)  # leakage -> 0 far below
+    np.testing.assert_allclose(leak[1:] / leak[:-1], [2.0, 2.0])
+
+
+def test_rc_closed_form_matches_step_by_step():
+    rng = np.random.default_rng(0)
+    dt = rng.uniform(1e-4, 0.5, 400)
+    power = rng.uniform(50, 300, 400)
+    got = rc_temperature(dt, power, start_c=30.0, ambient_c=20.0, k_c_per_w=0.2, tau_s=3.0)
+    temp, want = 30.0, []
+    for d, pw in zip(dt, power, strict=True):
+        steady = 20.0 + 0.2 * pw
+        temp = steady + (temp - steady) * np.exp(-d / 3.0)
+        want.append(temp)
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+
+
+def test_temperature_converges_under_constant_load():
+    dt = np.full(2000, 0.05)  # 100 s = 25 tau
+    temp = rc_temperature(
+        dt, np.full(2000, 200.0), start_c=25.0, ambient_c=15.0, k_c_per_w=0.175, tau_s=4.0
+    )
+    assert temp[-1] == pytest.approx(15.0 + 0.175 * 200.0, abs=1e-6)
+    assert (np.diff(temp) > 0).all()
+
+
+def test_long_runs_do_not_overflow_the_closed_form():
+    dt = np.full(10, 1000.0)  # 10 000 s >> tau: exp(cum / tau) would overflow in one piece
+    temp = rc_temperature(
+        dt, np.full(10, 100.0), start_c=25.0, ambient_c=15.0, k_c_per_w=0.1, tau_s=4.0
+    )
+    assert np.isfinite(temp).all()
+    assert temp[-1] == pytest.approx(25.0)
+
+
+# ------------------------------------------------------------------ timeline and switches
+def reference_execute(dur, initial, triggers, clocks, latency, gap, host):
+    """Op-by-op reference of the switch semantics."""
+    n = dur.shape[0]
+    t, cur, pending, k = 0.0, initial, [], 0
+    starts, ends = [], []
+    for i in range(n):
+        s = max(t + gap[i], host[i])
+        while k < len(triggers) and triggers[k] == i:
+            pending.append((s + latency, clocks[k]))
+            k += 1
+        while pending and pending[0][0] <= s:
+            cur = pending.pop(0)[1]
+        left, at = 1.0, s
+        while pending and pending[0][0] < at + left * dur[i, cur]:
+            land, new = pending.pop(0)
+            left -= (land - at) / dur[i, cur]
+            at, cur = land, new
+        end = at + left * dur[i, cur]
+        starts.append(s)
+        ends.append(end)
+        t = end
+    return np.array(starts), np.array(ends)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_execute_matches_reference(seed):
+    rng = np.random.default_rng(seed)
+    n, clocks_n = 300, 4
+    dur = rng.uniform(1, 20, (n, clocks_n))
+    triggers = np.sort(rng.choice(n, 40, replace=False))
+    clocks = rng.integers(0, clocks_n, 40)
+    gap = np.where(rng.random(n) < 0.1, rng.uniform(0, 30, n), 0.0)
+    host = np.cumsum(rng.uniform(0, 12, n)) if seed % 2 else np.full(n, -np.inf)
+    latency = float(rng.uniform(0, 40))
+    exe = execute(
+        dur,
+        initial_clock=0,
+        triggers=triggers,
+        clocks=clocks,
+        latency_us=latency,
+        gap_us=gap,
+        host_us=None if seed % 2 == 0 else host,
+    )
+    want_s, want_e = reference_execute(dur, 0, triggers, clocks, latency, gap, host)
+    np.testing.assert_allclose(exe.start_us, want_s, rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(exe.end_us, want_e, rtol=1e-12, atol=1e-9)
+    for ev in exe.switches:
+        assert ev.land_us - ev.issue_us == pytest.approx(latency)
+
+
+def two_stage_workload(n=200):
+    return one_op_workload(["MatMul"] * n, [2e10] * n, [4e6] * n, [4e6] * n)
+
+
+def test_switch_lands_exactly_latency_after_issue():
+    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin, seed=1)
+    w = two_stage_workload()
+    plan = Schedule.from_stage_freqs([0, 100], [1800, 1000], n_ops=200, target=0.05, solver="test")
+    _, sim = dev.run(w, plan)
+    issue, land = sim.execution.switches[1].issue_us, sim.execution.switches[1].land_us
+    assert land - issue == pytest.approx(ASCEND.spec.switch_latency_ms * 1e3)
+    exe = sim.execution
+    assert issue == pytest.approx(exe.start_us[100])  # issued when the trigger op starts
+    clock_1000 = int(np.flatnonzero(np.unique([1000.0, 1800.0]) == 1000.0)[0])
+    in_flight = np.flatnonzero((exe.start_us < land) & (exe.end_us > land))
+    assert len(in_flight) == 1  # the op running at landing is split between the two clocks
+    j = in_flight[0]
+    assert 0 < exe.frac_a[j] < 1 and exe.clock_b[j] == clock_1000
+    assert (exe.clock_b[:100] != clock_1000).all()  # stage 0 ran at 1800 MHz
+    assert (exe.clock_a[j + 1 :] == clock_1000).all()
+
+
+def test_lower_clock_saves_core_energy_on_memory_bound_work():
+    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin)
+    # 2 FLOP per byte, like a BF16 GeLU: memory-bound
+    w = one_op_workload(["Gelu"] * 100, [1.2e9] * 100, [3e8] * 100, [3e8] * 100)
+    hi, _ = dev.run(w)
+    lo, _ = dev.run(w, freq_mhz=1000.0)
+    assert lo.iteration_time_s / hi.iteration_time_s < 1.02
+    assert lo.core_energy_j < 0.8 * hi.core_energy_j
+
+
+def test_host_bound_inference_insensitive_to_clock():
+    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin)
+    w = Workload(pd.DataFrame({"name": ["a"] * 1, "type": ["Add"]}), name="x")  # smoke
+    del w
+    from opdvfs.workloads.library import BUILDERS
+
+    w = BUILDERS["llama2-infer"]()
+    hi, _ = dev.run(w)
+    lo, _ = dev.run(w, freq_mhz=1300.0)
+    host_s = w.ops["host_us"].sum() * 1e-6
+    assert hi.iteration_time_s == pytest.approx(host_s, rel=0.05)
+    assert lo.iteration_time_s / hi.iteration_time_s < 1.03
+    assert lo.chip_energy_j < hi.chip_energy_j
+
+
+# ------------------------------------------------------------------ profiles
+def test_same_seed_same_profile_other_seed_differs():
+    w = two_stage_workload(50)
+    a = SimulatedDevice(ASCEND.spec, ASCEND.twin, seed=5).profile(w, [1000, 1800], iterations=2)
+    b = SimulatedDevice(ASCEND.spec, ASCEND.twin, seed=5).profile(w, [1000, 1800], iterations=2)
+    c = SimulatedDevice(ASCEND.spec, ASCEND.twin, seed=6).profile(w, [1000, 1800], iterations=2)
+    assert a.equals(b)
+    assert not np.allclose(a.ops["time_us"], c.ops["time_us"])
+    # a clock's rows do not depend on which other clocks are profiled
+    d = SimulatedDevice(ASCEND.spec, ASCEND.twin, seed=5).profile(w, [1800], iterations=2)
+    pd.testing.assert_frame_equal(
+        a.ops[a.ops["freq_mhz"] == 1800].reset_index(drop=True), d.ops.reset_index(drop=True)
+    )
+
+
+def test_small_ops_are_noisy_large_ops_are_not():
+    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin, seed=2)
+    small = one_op_workload(["Add"] * 200, [1e4] * 200, [2e4] * 200, [2e4] * 200)
+    large = one_op_workload(["MatMul"] * 200, [2e12] * 200, [8e7] * 200, [8e7] * 200)
+    cv = {}
+    for name, w in (("small", small), ("large", large)):
+        t = dev.profile(w, [1800]).ops["time_us"]
+        cv[name] = t.std() / t.mean()
+        if name == "small":
+            assert t.mean() < 20
+    assert cv["small"] > 0.03 > 0.01 > cv["large"]
+
+
+def test_ascend_profile_has_power_and_ratios_nvidia_has_samples_only():
+    w = two_stage_workload(30)
+    asc = SimulatedDevice(ASCEND.spec, ASCEND.twin).profile(w, ["1000", 1800])
+    assert {"core_power_w", "chip_power_w", "ratio_mac", "ratio_mte2"} <= set(asc.ops.columns)
+    a100 = get_preset("a100-like")
+    gpu = SimulatedDevice(a100.spec, a100.twin).profile(two_stage_workload(3000), [1410])
+    assert "chip_power_w" not in gpu.ops.columns
+    assert not any(c.startswith("ratio_") for c in gpu.ops.columns)
+    smp = gpu.samples
+    # 100 ms NVML-style samples; their mean power times the span ~ the energy counter's delta
+    assert np.diff(smp["t_s"]).min() == pytest.approx(0.1)
+
+
+def test_sensor_samples_integrate_to_run_energy():
+    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin)
+    from opdvfs.workloads.library import BUILDERS
+
+    result, sim = dev.run(BUILDERS["bert"](), iterations=2)
+    smp = sim.samples
+    # 1 ms windows tile the run: their mean power equals energy / time within the noise
+    mean_w = smp["power_w"].mean()
+    assert mean_w == pytest.approx(result.chip_power_w, rel=0.01)
+    assert smp["energy_j"].iloc[-1] == pytest.approx(2 * result.chip_energy_j, rel=0.01)
+
+
+def test_unsupported_clock_is_an_error():
+    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin)
+    with pytest.raises(ValueError, match="1250 MHz is not a supported clock"):
+        dev.profile(two_stage_workload(5), [1250])
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_simulate_gpt3_like_block(name):
+    preset = PRESETS[name]
+    dev = SimulatedDevice(preset.spec, preset.twin)
+    result, _ = dev.run(two_stage_workload(20), iterations=2)
+    assert result.simulated
+    assert 0 < result.chip_power_w < 2 * (preset.spec.tdp_w or 1000)
