@@ -8,6 +8,7 @@ from opdvfs.sim import SimulatedDevice
 from opdvfs.sim.physics import FAMILIES, core_power_w, op_arrays, op_timing
 from opdvfs.sim.thermal import rc_temperature
 from opdvfs.sim.timeline import execute
+from opdvfs.workloads.library import BUILDERS
 
 ASCEND = get_preset("ascend-910b-like")
 FINE = np.linspace(800.0, 2400.0, 161)
@@ -204,10 +205,6 @@ def test_lower_clock_saves_core_energy_on_memory_bound_work():
 
 def test_host_bound_inference_insensitive_to_clock():
     dev = SimulatedDevice(ASCEND.spec, ASCEND.twin)
-    w = Workload(pd.DataFrame({"name": ["a"] * 1, "type": ["Add"]}), name="x")  # smoke
-    del w
-    from opdvfs.workloads.library import BUILDERS
-
     w = BUILDERS["llama2-infer"]()
     hi, _ = dev.run(w)
     lo, _ = dev.run(w, freq_mhz=1300.0)
@@ -260,8 +257,6 @@ def test_ascend_profile_has_power_and_ratios_nvidia_has_samples_only():
 
 def test_sensor_samples_integrate_to_run_energy():
     dev = SimulatedDevice(ASCEND.spec, ASCEND.twin)
-    from opdvfs.workloads.library import BUILDERS
-
     result, sim = dev.run(BUILDERS["bert"](), iterations=2)
     smp = sim.samples
     # 1 ms windows tile the run: their mean power equals energy / time within the noise
