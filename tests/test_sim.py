@@ -7,7 +7,7 @@ from opdvfs.devices.presets import PRESETS, get_preset
 from opdvfs.sim import SimulatedDevice
 from opdvfs.sim.physics import FAMILIES, core_power_w, op_arrays, op_timing
 from opdvfs.sim.thermal import rc_temperature
-from opdvfs.sim.timeline import execute
+from opdvfs.sim.timeline import execute, execute_loop
 from opdvfs.workloads.library import BUILDERS
 
 ASCEND = get_preset("ascend-910b-like")
@@ -121,30 +121,6 @@ def test_long_runs_do_not_overflow_the_closed_form():
 
 
 # ------------------------------------------------------------------ timeline and switches
-def reference_execute(dur, initial, triggers, clocks, latency, gap, host):
-    """Op-by-op reference of the switch semantics."""
-    n = dur.shape[0]
-    t, cur, pending, k = 0.0, initial, [], 0
-    starts, ends = [], []
-    for i in range(n):
-        s = max(t + gap[i], host[i])
-        while k < len(triggers) and triggers[k] == i:
-            pending.append((s + latency, clocks[k]))
-            k += 1
-        while pending and pending[0][0] <= s:
-            cur = pending.pop(0)[1]
-        left, at = 1.0, s
-        while pending and pending[0][0] < at + left * dur[i, cur]:
-            land, new = pending.pop(0)
-            left -= (land - at) / dur[i, cur]
-            at, cur = land, new
-        end = at + left * dur[i, cur]
-        starts.append(s)
-        ends.append(end)
-        t = end
-    return np.array(starts), np.array(ends)
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_execute_matches_reference(seed):
     rng = np.random.default_rng(seed)
@@ -164,7 +140,15 @@ def test_execute_matches_reference(seed):
         gap_us=gap,
         host_us=None if seed % 2 == 0 else host,
     )
-    want_s, want_e = reference_execute(dur, 0, triggers, clocks, latency, gap, host)
+    want_s, want_e = execute_loop(
+        dur,
+        initial_clock=0,
+        triggers=triggers,
+        clocks=clocks,
+        latency_us=latency,
+        gap_us=gap,
+        host_us=None if seed % 2 == 0 else host,
+    )
     np.testing.assert_allclose(exe.start_us, want_s, rtol=1e-12, atol=1e-9)
     np.testing.assert_allclose(exe.end_us, want_e, rtol=1e-12, atol=1e-9)
     for ev in exe.switches:

@@ -70,6 +70,7 @@ class OpArrays:
     pingpong: np.ndarray
     dependent: np.ndarray
     efficiency: np.ndarray
+    activity: np.ndarray
 
     def __len__(self) -> int:
         return len(self.flops)
@@ -92,6 +93,9 @@ def op_arrays(ops: pd.DataFrame) -> OpArrays:
         pingpong=np.array([f.pingpong for f in fam], dtype=bool),
         dependent=np.array([f.dependent for f in fam], dtype=bool),
         efficiency=np.array([f.efficiency for f in fam], dtype=float),
+        activity=(
+            ops["activity"] if "activity" in ops else pd.Series(1.0, index=ops.index)
+        ).to_numpy(dtype=float),
     )
 
 
@@ -189,7 +193,7 @@ def activity(ops: OpArrays, timing: Timing, p: TwinParams) -> np.ndarray:
         + p.mte_activity * 0.5 * (timing.ld_busy + timing.st_busy)
         + p.base_activity
     )
-    return np.where(on_core, a, 0.0)
+    return np.where(on_core, a * ops.activity[:, None], 0.0)
 
 
 def core_power_w(

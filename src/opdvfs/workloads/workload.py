@@ -64,6 +64,14 @@ WORKLOAD_COLUMNS = TableSchema(
             description="bytes written to device memory",
         ),
         Column(
+            "activity",
+            "float",
+            required=False,
+            default=1.0,
+            min_value=0.0,
+            description="switching activity relative to the op type's typical (1 = typical)",
+        ),
+        Column(
             "host_us",
             "float",
             required=False,
