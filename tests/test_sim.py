@@ -262,3 +262,29 @@ def test_presets_simulate_gpt3_like_block(name):
     result, _ = dev.run(two_stage_workload(20), iterations=2)
     assert result.simulated
     assert 0 < result.chip_power_w < 2 * (preset.spec.tdp_w or 1000)
+
+
+def test_gpt3_on_ascend_matches_the_paper_scale():
+    """Calibration targets (paper Table 3 / §7): ~11 s, ~18k ops, SoC ~250 W, AICore ~46 W."""
+    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin)
+    w = BUILDERS["gpt3"]()
+    prof = dev.profile(w, [1000, 1800])
+    assert len(prof) == 2 * len(w)
+    result, _ = dev.run(w)
+    assert result.iteration_time_s == pytest.approx(11.3, rel=0.1)
+    assert result.chip_power_w == pytest.approx(250, rel=0.08)
+    assert result.core_power_w == pytest.approx(46, rel=0.1)
+
+
+def test_activity_scales_dynamic_core_power_only():
+    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin)
+    base = one_op_workload(["MatMul"] * 50, [2e11] * 50, [4e7] * 50, [4e7] * 50)
+    ops = base.ops.assign(activity=2.0)
+    hot = Workload(ops, name="hot")
+    a, _ = dev.run(base)
+    b, _ = dev.run(hot)
+    assert b.iteration_time_s == pytest.approx(a.iteration_time_s, rel=0.02)
+    assert b.core_power_w > 1.5 * a.core_power_w - 20  # dynamic part doubles, static does not
+    assert b.chip_power_w - a.chip_power_w == pytest.approx(
+        b.core_power_w - a.core_power_w, rel=0.05
+    )
