@@ -152,17 +152,27 @@ def import_(
     as_json: JsonOption = False,
 ) -> None:
     """Import measurements (CSV, torch traces, Ascend, Perseus, NV-DVFS) into a profile."""
-    profile = _load(sources, fmt, freq_mhz)
+    _write_profile(
+        _load(sources, fmt, freq_mhz),
+        out,
+        as_json,
+        lambda s: (
+            f"{s['operators']} operators x {s['clocks']} clocks ({s['rows']} rows, "
+            f"format {s['format']})"
+        ),
+    )
+
+
+def _write_profile(
+    profile: Profile, out: Path, as_json: bool, describe: Callable[[dict[str, Any]], str]
+) -> None:
+    """Write a profile atomically, then print its summary as JSON or one line (+ drops)."""
     profile.write(out)
     summary = profile.summary()
     if as_json:
         print(json.dumps({"out": str(out), **summary}))
         return
-    stdout.print(
-        f"wrote {out}: {summary['operators']} operators x {summary['clocks']} clocks "
-        f"({summary['rows']} rows, format {summary['format']})",
-        highlight=False,
-    )
+    stdout.print(f"wrote {out}: {describe(summary)}", highlight=False)
     for reason, count in summary["rows_dropped"].items():
         stdout.print(f"  dropped {count} rows: {reason}", highlight=False)
 
@@ -317,15 +327,14 @@ def profile(
         result = sim.profile(
             work, clocks, iterations=iterations, on_clock=lambda _: progress.advance(task)
         )
-    result.write(out)
-    summary = result.summary()
-    if as_json:
-        print(json.dumps({"out": str(out), **summary}))
-        return
-    stdout.print(
-        f"wrote {out}: {summary['operators']} operators x {summary['clocks']} clocks x "
-        f"{iterations} iteration(s) on {device} (simulated)",
-        highlight=False,
+    _write_profile(
+        result,
+        out,
+        as_json,
+        lambda s: (
+            f"{s['operators']} operators x {s['clocks']} clocks x {iterations} "
+            f"iteration(s) on {device} (simulated)"
+        ),
     )
 
 
