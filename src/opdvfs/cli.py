@@ -24,6 +24,8 @@ from opdvfs import __version__
 from opdvfs.devices.presets import PRESETS, get_preset
 from opdvfs.exceptions import OpdvfsError
 from opdvfs.io import FORMATS, read_profile
+from opdvfs.models.perf import FORMS, PerfModel
+from opdvfs.models.validation import validate_perf
 from opdvfs.plan.schedule import Schedule
 from opdvfs.profile import OP_COLUMNS, SAMPLE_COLUMNS, Profile
 from opdvfs.sim.twin import SimulatedDevice
@@ -69,7 +71,9 @@ def _reports_errors(func: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def parse_clocks(text: str, available_mhz: Sequence[float] | None = None) -> list[float]:
+def parse_clocks(
+    text: str, available_mhz: Sequence[float] | np.ndarray | None = None
+) -> list[float]:
     """Parse a clock list such as ``1000,1400,1800`` or ``min,mid,max`` (MHz).
 
     The words ``min``, ``mid`` and ``max`` need ``available_mhz`` (the device's or profile's
@@ -422,6 +426,96 @@ def workloads(as_json: JsonOption = False) -> None:
     for r in rows:
         table.add_row(r["workload"], str(r["operators"]), f"{r['tflops']:.3g}", r["description"])
     stdout.print(table)
+
+
+validate_app = typer.Typer(
+    help="Score models on clocks they were not fitted on.", no_args_is_help=True
+)
+app.add_typer(validate_app, name="validate")
+
+FormOption = Annotated[
+    str,
+    typer.Option(
+        "--form",
+        help=f"Model form: auto, {', '.join(FORMS)} (auto: best for the "
+        "number of training clocks).",
+    ),
+]
+
+
+def _train_clocks(text: str | None, profile: Profile) -> list[float] | None:
+    return None if text is None else parse_clocks(text, profile.freqs_mhz)
+
+
+@app.command()
+@_reports_errors
+def fit(
+    profile_path: Annotated[Path, typer.Argument(metavar="PROFILE", help="Profile or raw file.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Models file to write (JSON).")],
+    form: FormOption = "auto",
+    train_freqs: Annotated[
+        str | None, typer.Option("--train-freqs", help="Clocks to fit on (default: all).")
+    ] = None,
+    fmt: FormatOption = None,
+    freq_mhz: FreqOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Fit per-operator performance models (time vs clock) on a profile."""
+    profile = _load([profile_path], fmt, freq_mhz)
+    model = PerfModel(form=form).fit(profile, _train_clocks(train_freqs, profile))
+    model.write(out)
+    payload = {
+        "out": str(out),
+        "form": model.form_,
+        "operators": len(model.op_ids_),
+        "train_freqs_mhz": model.train_freqs_mhz_.tolist(),
+        "flagged_ops": int((model.violation_ != 0).sum()),
+        "median_train_residual_pct": float(np.nanmedian(model.residual_) * 100),
+    }
+    if as_json:
+        print(json.dumps(payload))
+        return
+    stdout.print(
+        f"wrote {out}: {payload['form']} for {payload['operators']} operators on "
+        f"{', '.join(f'{f:g}' for f in payload['train_freqs_mhz'])} MHz; "
+        f"{payload['flagged_ops']} operators flagged (points break the cycle physics)",
+        highlight=False,
+    )
+
+
+@validate_app.command("perf")
+@_reports_errors
+def validate_perf_command(
+    profile_path: Annotated[Path, typer.Argument(metavar="PROFILE", help="Profile or raw file.")],
+    train_freqs: Annotated[
+        str, typer.Option("--train-freqs", help="Clocks to fit on: MHz and/or min, mid, max.")
+    ],
+    form: FormOption = "auto",
+    min_us: Annotated[
+        float, typer.Option("--min-us", help="Exclude ops shorter than this (paper: 20 us).")
+    ] = 20.0,
+    fmt: FormatOption = None,
+    freq_mhz: FreqOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Fit on the training clocks, predict every other clock, report the error."""
+    profile = _load([profile_path], fmt, freq_mhz)
+    result = validate_perf(
+        profile, _train_clocks(train_freqs, profile) or [], form=form, min_us=min_us
+    )
+    if as_json:
+        print(json.dumps(result))
+        return
+    stdout.print(
+        f"{result['form']} fitted on {', '.join(f'{f:g}' for f in result['train_freqs_mhz'])} "
+        f"MHz, scored on {len(result['test_freqs_mhz'])} other clocks: mean |error| "
+        f"{result['mape_pct']:.2f}% (paper, Func2 on Ascend: 1.96%), median "
+        f"{result['median_pct']:.2f}%, within 5%: {result['within5_pct']:.1f}%, within 10%: "
+        f"{result['within10_pct']:.1f}% over {result['n_points']} points; excluded "
+        f"{result['excluded_ops']} ops < {min_us:g} us ({result['excluded_time_pct']:.1f}% of "
+        f"time); {result['flagged_ops']} ops flagged",
+        highlight=False,
+    )
 
 
 def main() -> None:
