@@ -54,8 +54,9 @@ __all__ = [
 VIOLATION_FASTER_THAN_1_OVER_F = 1
 #: Flag: cycles at an interior training clock lie above the chord of its neighbours.
 VIOLATION_CONCAVE = 2
-#: Relative tolerance of the physics checks (measurement noise is ~0.5-1%).
-PHYSICS_TOL = 0.02
+#: Relative tolerance of the physics checks: measurement noise is ~0.5-1% per point, and an
+#: interior-point check compares three noisy points (3% keeps false flags near 1%).
+PHYSICS_TOL = 0.03
 #: Exponent of the roofline form when only two clocks are given (then it cannot be fitted).
 #: Chosen as 4 on the real V100/A100/A40 data of ``benchmarks/perf_models.py`` (the same data
 #: it is evaluated on: see that benchmark's note).
