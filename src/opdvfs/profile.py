@@ -99,6 +99,13 @@ OP_COLUMNS = TableSchema(
             allow_nan=True,
             description="start time relative to the start of its iteration (us)",
         ),
+        Column(
+            "wall_s",
+            "float",
+            required=False,
+            allow_nan=True,
+            description="start time on the sensor samples' clock (s), to attribute their energy",
+        ),
         _measured("core_power_w", "mean core-rail power while the operator ran (W)"),
         _measured("chip_power_w", "mean chip/board power while the operator ran (W)"),
         Column(

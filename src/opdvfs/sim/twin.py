@@ -282,7 +282,13 @@ class SimulatedDevice:
                 latency_us=0.0,
                 rng=rng,
             )
-            frames.append(self._rows(workload, run, f, rng, fine=fine, ratios=ascend))
+            rows = self._rows(workload, run, f, rng, fine=fine, ratios=ascend)
+            rows.insert(
+                rows.columns.get_loc("start_us") + 1,
+                "wall_s",
+                run.execution.start_us * 1e-6 + offset_s,
+            )
+            frames.append(rows)
             smp = run.samples.assign(t_s=run.samples["t_s"] + offset_s)
             samples.append(smp)
             offset_s = float(smp["t_s"].iloc[-1]) + 1.0
