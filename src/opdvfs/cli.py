@@ -25,7 +25,7 @@ from opdvfs.devices.presets import PRESETS, get_preset
 from opdvfs.exceptions import OpdvfsError
 from opdvfs.io import FORMATS, read_profile
 from opdvfs.models.perf import FORMS, PerfModel
-from opdvfs.models.validation import validate_perf
+from opdvfs.models.validation import validate_perf, validate_power
 from opdvfs.plan.schedule import Schedule
 from opdvfs.profile import OP_COLUMNS, SAMPLE_COLUMNS, Profile
 from opdvfs.sim.twin import SimulatedDevice
@@ -514,6 +514,70 @@ def validate_perf_command(
         f"{result['within10_pct']:.1f}% over {result['n_points']} points; excluded "
         f"{result['excluded_ops']} ops < {min_us:g} us ({result['excluded_time_pct']:.1f}% of "
         f"time); {result['flagged_ops']} ops flagged",
+        highlight=False,
+    )
+
+
+@validate_app.command("power")
+@_reports_errors
+def validate_power_command(
+    profile_path: Annotated[Path, typer.Argument(metavar="PROFILE", help="Profile or raw file.")],
+    train_freqs: Annotated[
+        str, typer.Option("--train-freqs", help="Clocks to fit on: MHz and/or min, mid, max.")
+    ],
+    no_temperature: Annotated[
+        bool, typer.Option("--no-temperature", help="Drop the gamma dT V term.")
+    ] = False,
+    device: Annotated[
+        str | None,
+        typer.Option("--device", "-d", help="Device preset whose V-f curve to use."),
+    ] = None,
+    calibrate: Annotated[
+        bool,
+        typer.Option(
+            "--calibrate",
+            help="Take the paper's idle and cool-down runs on the "
+            "simulated --device (gamma, beta, theta from them).",
+        ),
+    ] = False,
+    window_ms: Annotated[
+        float | None,
+        typer.Option("--window-ms", help="Sensor averaging window, for sample-only profiles."),
+    ] = None,
+    fmt: FormatOption = None,
+    freq_mhz: FreqOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Fit power models on the training clocks, predict every other clock, report the error."""
+    if calibrate and device is None:
+        raise UsageError("--calibrate needs --device (the simulated device to measure)")
+    profile = _load([profile_path], fmt, freq_mhz)
+    # The V-f curve comes from --device, else from the device the profile says it ran on.
+    device = device or (
+        profile.meta.get("device") if profile.meta.get("device") in PRESETS else None
+    )
+    spec = get_preset(device).spec if device else None
+    calibration = _simulator(device, 0).calibration_runs() if calibrate and device else None
+    result = validate_power(
+        profile,
+        _train_clocks(train_freqs, profile) or [],
+        temperature=not no_temperature,
+        device=spec,
+        calibration=calibration,
+        window_ms=window_ms,
+    )
+    if as_json:
+        print(json.dumps(result))
+        return
+    stdout.print(
+        f"{result['rail']} power fitted on "
+        f"{', '.join(f'{f:g}' for f in result['train_freqs_mhz'])} MHz, scored on "
+        f"{len(result['test_freqs_mhz'])} other clocks: mean |error| {result['mape_pct']:.2f}% "
+        f"(paper: 4.62%), without the temperature term {result['mape_no_temperature_pct']:.2f}% "
+        f"(paper: 4.97%); within 1/5/10%: {result['within1_pct']:.1f}/"
+        f"{result['within5_pct']:.1f}/{result['within10_pct']:.1f}% of {result['n_points']} "
+        f"points; temperature term {result['temperature_share_pct']:.1f}% of power, "
+        f"{result['iterations']} fixed-point iterations",
         highlight=False,
     )
 

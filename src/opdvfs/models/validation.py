@@ -17,7 +17,7 @@ from opdvfs.exceptions import ValidationError
 from opdvfs.models.perf import PerfModel
 from opdvfs.profile import Profile
 
-__all__ = ["error_summary", "validate_perf"]
+__all__ = ["error_summary", "validate_perf", "validate_power"]
 
 
 def error_summary(pred: np.ndarray, actual: np.ndarray) -> dict[str, float | int]:
@@ -78,6 +78,81 @@ def validate_perf(
         "excluded_ops": int(short.sum()),
         "excluded_time_pct": float(np.nansum(times[short]) / total * 100.0) if total else 0.0,
         "flagged_ops": int(((model.violation_ != 0) & ~short).sum()),
+        "train_freqs_mhz": train.tolist(),
+        "test_freqs_mhz": test.tolist(),
+    }
+
+
+def validate_power(
+    profile: Profile,
+    train_freqs_mhz: Sequence[float],
+    *,
+    temperature: bool = True,
+    device: Any = None,
+    calibration: Any = None,
+    window_ms: float | None = None,
+) -> dict[str, Any]:
+    """Fit a :class:`PowerModel` on ``train_freqs_mhz``; score per-op power on the other clocks.
+
+    The rail scored is the core rail where the profile measures it (the paper's AICore), else
+    the chip. With only sensor samples, both the training and the held-out per-op power come
+    from window attribution (:mod:`opdvfs.models.attribution`).
+
+    Returns
+    -------
+    dict
+        ``n_points, mape_pct, within1_pct, within5_pct, within10_pct,
+        mape_no_temperature_pct`` plus ``rail``, ``temperature_share_pct`` (mean share of the
+        ``gamma dT V`` term in the predicted power), ``iterations`` (most fixed-point steps),
+        ``train_freqs_mhz`` and ``test_freqs_mhz``.
+    """
+    from opdvfs.models.power import PowerModel
+
+    def fit(with_t: bool) -> PowerModel:
+        return PowerModel(temperature=with_t).fit(
+            profile,
+            train_freqs_mhz,
+            device=device,
+            calibration=calibration,
+            window_ms=window_ms,
+        )
+
+    model = fit(temperature)
+    rows = model._power_rows(profile, window_ms)  # the rows it was fitted on
+    table = rows.pivot_table(
+        index="op", columns="freq_mhz", values=f"{model.rail_}_power_w", aggfunc="median"
+    ).reindex(model.op_ids_)
+    freqs = table.columns.to_numpy(dtype=float)
+    train = model.train_freqs_mhz_
+    test = np.array([f for f in freqs if not np.isclose(train, f).any()])
+    if test.size == 0:
+        raise ValidationError(
+            "every clock with power data is a training clock; leave one out",
+            field="train_freqs_mhz",
+        )
+    actual = table[test].to_numpy(dtype=float)
+    pred = model.predict(test)
+    rail = "core_w" if model.rail_ == "core" else "chip_w"
+    plain = fit(False).predict(test)[rail] if temperature else pred[rail]
+    summary = error_summary(pred[rail], actual)
+    ok = np.isfinite(actual)
+    within1 = np.abs(pred[rail][ok] / actual[ok] - 1.0) * 100 <= 1.0
+    share = (
+        model.gamma_
+        * (pred["temp_c"] - model.ambient_c_)
+        * model.voltage_.voltage_v(test)[None, :]
+        / pred[rail]
+    )
+    return {
+        "n_points": summary["n_points"],
+        "mape_pct": summary["mape_pct"],
+        "within1_pct": float(within1.mean() * 100) if within1.size else float("nan"),
+        "within5_pct": summary["within5_pct"],
+        "within10_pct": summary["within10_pct"],
+        "mape_no_temperature_pct": error_summary(plain, actual)["mape_pct"],
+        "rail": model.rail_,
+        "temperature_share_pct": float(np.nanmean(share) * 100) if model.use_temperature_ else 0.0,
+        "iterations": int(pred["iterations"].max()),
         "train_freqs_mhz": train.tolist(),
         "test_freqs_mhz": test.tolist(),
     }

@@ -17,6 +17,7 @@ import pandas as pd
 
 from opdvfs.devices.spec import DeviceSpec
 from opdvfs.exceptions import ValidationError
+from opdvfs.models.power import PowerCalibration
 from opdvfs.plan.schedule import Schedule
 from opdvfs.profile import Profile
 from opdvfs.runtime.result import RunResult, StageRecord
@@ -283,11 +284,7 @@ class SimulatedDevice:
                 rng=rng,
             )
             rows = self._rows(workload, run, f, rng, fine=fine, ratios=ascend)
-            rows.insert(
-                rows.columns.get_loc("start_us") + 1,
-                "wall_s",
-                run.execution.start_us * 1e-6 + offset_s,
-            )
+            rows["wall_s"] = run.execution.start_us * 1e-6 + offset_s
             frames.append(rows)
             smp = run.samples.assign(t_s=run.samples["t_s"] + offset_s)
             samples.append(smp)
@@ -301,6 +298,10 @@ class SimulatedDevice:
             "simulated": True,
             "seed": self.seed,
             "sources": [f"simulated:{self.spec.name}:{workload.name}"],
+            "sensor": {
+                "period_ms": self.spec.power_sample_period_ms,
+                "window_ms": self.params.power_window_ms,
+            },
         }
         return Profile(pd.concat(frames, ignore_index=True), pd.concat(samples), meta=meta)
 
@@ -434,3 +435,86 @@ class SimulatedDevice:
             timeline=timeline,
         )
         return result, sim
+
+    # ----------------------------------------------------------------------------- calibration
+    def calibration_runs(
+        self, freqs_mhz: Sequence[float] | None = None, *, idle_s: float = 60.0
+    ) -> PowerCalibration:
+        """Take the paper's offline power measurements (Fig. 11) on the simulator.
+
+        Idle power (core and chip) at two clocks after ``idle_s`` of nothing running, and a
+        cool-down: ``idle_s`` of heavy matrix work at the top clock, then ``idle_s`` idle while
+        the samples record core power and temperature falling together.
+        """
+        clocks = list(freqs_mhz or (self.spec.min_freq_mhz, self.spec.max_freq_mhz))
+        # Idle time as many 10 ms gaps: power is evaluated per interval at its start temperature,
+        # so a long idle stretch must be cut up for the leakage to follow the cooling chip.
+        ticks = int(idle_s / 0.01)
+        nothing = pd.DataFrame(
+            {
+                "name": [f"idle{i}" for i in range(ticks)],
+                "type": "Host",
+                "stream": "host",
+                "gap_before_us": 1e4,
+            }
+        )
+        none = np.empty(0, dtype=int)
+        rows = []
+        for f in clocks:
+            clock = int(self.clock_index([f])[0])
+            rng = np.random.default_rng([self.seed, 99, clock])
+            run = self._simulate(
+                Workload(nothing, name="idle"),
+                iterations=1,
+                initial_clock=clock,
+                triggers=none,
+                clocks=none,
+                latency_us=0.0,
+                rng=rng,
+                start_temp_c=self.params.ambient_c,
+            )
+            tail = run.samples[run.samples["t_s"] > 0.8 * idle_s]
+            rows.append(
+                {
+                    "freq_mhz": f,
+                    "core_power_w": tail["core_power_w"].mean(),
+                    "chip_power_w": tail["power_w"].mean(),
+                    "temp_c": tail["temp_c"].mean(),
+                }
+            )
+        # cool-down: a long heavy load at the top clock, then nothing
+        load_ops = int(idle_s * 1e6 / 2000)
+        load = pd.DataFrame(
+            {
+                "name": [f"load{i}" for i in range(load_ops)],
+                "type": "MatMul",
+                "stream": "compute",
+                "flops": 3.5e11,
+                "bytes_loaded": 2e7,
+                "bytes_stored": 2e7,
+                "gap_before_us": 0.0,
+            }
+        )
+        cool = nothing.assign(
+            name=[f"cool{i}" for i in range(ticks)], flops=0.0, bytes_loaded=0.0, bytes_stored=0.0
+        )
+        top = len(self._clocks) - 1
+        run = self._simulate(
+            Workload(pd.concat([load, cool], ignore_index=True), name="cool"),
+            iterations=1,
+            initial_clock=top,
+            triggers=none,
+            clocks=none,
+            latency_us=0.0,
+            rng=np.random.default_rng([self.seed, 98]),
+        )
+        load_end = float(run.execution.end_us[load_ops - 1]) * 1e-6
+        after = run.samples[run.samples["t_s"] > load_end + 0.05]
+        cooldown = pd.DataFrame(
+            {
+                "freq_mhz": float(self._clocks[top]),
+                "core_power_w": after["core_power_w"].to_numpy(),
+                "temp_c": after["temp_c"].to_numpy(),
+            }
+        )
+        return PowerCalibration(idle=pd.DataFrame(rows), cooldown=cooldown)

@@ -1,0 +1,134 @@
+"""Attribute coarse power samples (NVML-style windows) to the operators that ran in them.
+
+A GPU power sample averages over 100 ms-1 s, thousands of operators. Each window's energy is
+``E_j = P_idle D_j,idle + sum_c P_c D_jc``, with ``D_jc`` the time operators of class ``c`` ran
+inside window ``j``: a non-negative least-squares fit of one power per class (and per clock)
+from many windows. Windows overlap freely (a 1 s average read every 100 ms).
+
+A training iteration repeats the same mix of operators, so most windows hold nearly the same
+mix and the plain fit is ill-conditioned (class powers trade off against each other). The fit is
+therefore ridge-regularised towards the mean power, with the strength chosen by cross-validation
+over contiguous blocks of windows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+__all__ = ["attribute_class_power", "class_time_in_windows", "ridge_nnls"]
+
+
+def class_time_in_windows(
+    start_s: np.ndarray,
+    dur_s: np.ndarray,
+    cls: np.ndarray,
+    n_classes: int,
+    window_end_s: np.ndarray,
+    window_s: float,
+) -> np.ndarray:
+    """Time each class ran inside each window ``[end - window_s, end]``, shape (n_win, n_classes).
+
+    Ops of one stream do not overlap, so a class's cumulative busy time is a piecewise-linear,
+    non-decreasing function of time; the time inside a window is its difference at the ends.
+    """
+    order = np.argsort(start_s, kind="stable")
+    s, d, c = start_s[order], dur_s[order], cls[order]
+    out = np.zeros((len(window_end_s), n_classes))
+    lo = window_end_s - window_s
+    for k in range(n_classes):
+        mine = c == k
+        if not mine.any():
+            continue
+        ks, kd = s[mine], d[mine]
+        # cumulative busy time at each op's start and end (knots of a piecewise-linear curve)
+        before = np.r_[0.0, np.cumsum(kd)[:-1]]
+        knots_t = np.ravel(np.column_stack([ks, ks + kd]))
+        knots_b = np.ravel(np.column_stack([before, before + kd]))
+        out[:, k] = np.interp(window_end_s, knots_t, knots_b) - np.interp(lo, knots_t, knots_b)
+    return out
+
+
+#: Ridge strengths tried by cross-validation (relative to the design's column scale).
+RIDGE_GRID = (0.001, 0.003, 0.01, 0.03, 0.1)
+
+
+def _ridge_solve(design: np.ndarray, energy: np.ndarray, lam: float) -> np.ndarray:
+    scale = np.sqrt((design**2).sum(axis=0).mean())
+    prior = energy.sum() / max(design.sum(), 1e-300)  # the mean power of all windows
+    eye = lam * scale * np.eye(design.shape[1])
+    solution, _ = nnls(np.r_[design, eye], np.r_[energy, eye @ np.full(design.shape[1], prior)])
+    return solution
+
+
+def ridge_nnls(design: np.ndarray, energy: np.ndarray, folds: int = 5) -> np.ndarray:
+    """Non-negative ridge fit of per-class power, strength chosen by blocked cross-validation."""
+    if len(energy) < 2 * folds:
+        return _ridge_solve(design, energy, RIDGE_GRID[len(RIDGE_GRID) // 2])
+    block = np.arange(len(energy)) * folds // len(energy)
+    errors = []
+    for lam in RIDGE_GRID:
+        err = 0.0
+        for k in range(folds):
+            train, test = block != k, block == k
+            fit = _ridge_solve(design[train], energy[train], lam)
+            err += float(((design[test] @ fit - energy[test]) ** 2).sum())
+        errors.append(err)
+    return _ridge_solve(design, energy, RIDGE_GRID[int(np.argmin(errors))])
+
+
+def attribute_class_power(
+    rows: pd.DataFrame, samples: pd.DataFrame, *, window_s: float, column: str = "power_w"
+) -> pd.DataFrame:
+    """Mean power of each op class at each clock, from windowed samples.
+
+    Parameters
+    ----------
+    rows
+        Profile rows with ``wall_s``, ``time_us``, ``type`` and ``freq_mhz``.
+    samples
+        Sensor samples with ``t_s`` and ``column``.
+    window_s
+        Averaging window of one sample.
+
+    Returns
+    -------
+    DataFrame
+        Columns ``freq_mhz, type, power_w`` (and the idle power as type ``"(idle)"``), plus
+        ``windows`` (samples used) and ``residual_pct`` (RMS error of the window energies).
+    """
+    out = []
+    classes, cls = np.unique(rows["type"].to_numpy(dtype=str), return_inverse=True)
+    for freq, part in rows.assign(_cls=cls).groupby("freq_mhz"):
+        start = part["wall_s"].to_numpy(dtype=float)
+        dur = part["time_us"].to_numpy(dtype=float) * 1e-6
+        t0, t1 = start.min(), (start + dur).max()
+        smp = samples[(samples["t_s"] - window_s >= t0) & (samples["t_s"] <= t1)]
+        smp = smp[np.isfinite(smp[column])]
+        busy = class_time_in_windows(
+            start, dur, part["_cls"].to_numpy(), len(classes), smp["t_s"].to_numpy(), window_s
+        )
+        design = np.c_[busy, np.maximum(window_s - busy.sum(axis=1), 0.0)]
+        energy = smp[column].to_numpy() * window_s
+        seen = design.sum(axis=0) > 0
+        power = np.full(design.shape[1], np.nan)
+        if len(energy):
+            power[seen] = ridge_nnls(design[:, seen], energy)
+        fitted = design[:, seen] @ power[seen] if len(energy) else np.empty(0)
+        resid = (
+            float(np.sqrt(np.mean((fitted / energy - 1.0) ** 2)) * 100) if len(energy) else np.nan
+        )
+        names = [*classes.tolist(), "(idle)"]
+        out.append(
+            pd.DataFrame(
+                {
+                    "freq_mhz": freq,
+                    "type": names,
+                    "power_w": power,
+                    "windows": len(energy),
+                    "residual_pct": resid,
+                }
+            )
+        )
+    return pd.concat(out, ignore_index=True)

@@ -1,0 +1,485 @@
+"""Power and thermal models: per-operator core and chip power at any clock (paper §5).
+
+The paper's core-rail model is (eqs. 11-14)
+
+    P = alpha_i f V^2 + beta f V^2 + gamma dT V + theta V,
+
+with ``alpha_i`` per operator instance, ``beta f V^2 + theta V`` the idle power (eq. 12),
+``gamma dT V`` the temperature-dependent leakage and the thermal model ``T = T0 + k P_chip`` (eq.
+15) solved by fixed-point iteration from ``dT = 0``. Here:
+
+* ``beta`` is folded into ``alpha_i`` unless idle power at two clocks is given (it multiplies the
+  same ``f V^2``); ``gamma`` and ``theta`` are fitted jointly over all operators and clocks (a
+  fixed-effects least squares: ``alpha_i`` are eliminated per op, vectorised with bincount),
+  or ``gamma`` comes from a cool-down trace (``dP/dT = gamma V`` while the chip cools idle);
+* the chip/board rail is the core model plus a per-op constant (uncore power does not scale with
+  the core clock: paper §7), or, when only chip power is measured, ``alpha_i f V^2 + u_i``;
+* ``V(f)`` comes from the device (``DeviceSpec.voltage``) or is fitted jointly across all ops
+  (flat below a knee, linear above; needs 3+ training clocks);
+* ``T0`` and ``k`` come from the profile's load runs: the mean temperature and chip power of each
+  profiled clock;
+* ``dT`` at a new clock: the fixed point of ``T = T0 + k P`` with ``P`` the op's own chip power
+  (``thermal="op"``, the paper's per-op use) or the workload's time-weighted mean power
+  (``thermal="workload"``, default: a chip's temperature follows its average power over seconds,
+  far longer than one operator). The iteration count is kept (paper: <= 4).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Self
+
+import numpy as np
+import pandas as pd
+
+from opdvfs._files import write_text_atomic
+from opdvfs.devices.spec import DeviceSpec, VoltageCurve
+from opdvfs.exceptions import InputFormatError, NotFittedError, ValidationError
+from opdvfs.models.attribution import attribute_class_power
+from opdvfs.profile import Profile
+
+__all__ = [
+    "PowerCalibration",
+    "PowerModel",
+    "fit_core_power",
+    "fit_voltage_curve",
+    "solve_temperature",
+]
+
+Thermal = Literal["workload", "op"]
+
+
+@dataclass(frozen=True)
+class PowerCalibration:
+    """The paper's offline measurements (Fig. 11): idle power at two clocks and a cool-down.
+
+    Attributes
+    ----------
+    idle
+        One row per clock: ``freq_mhz``, ``core_power_w``, ``chip_power_w``, ``temp_c``
+        (steady state with nothing running).
+    cooldown
+        Samples while the idle chip cools after a load, at one clock: ``freq_mhz``,
+        ``core_power_w``, ``temp_c``. ``dP/dT = gamma V`` there (paper §5.2).
+    """
+
+    idle: pd.DataFrame
+    cooldown: pd.DataFrame
+
+    def gamma(self, voltage: VoltageCurve) -> float:
+        """Leakage slope ``gamma`` (W per K per V) from the cool-down samples."""
+        cool = self.cooldown
+        volt = float(voltage.voltage_v(float(cool["freq_mhz"].iloc[0])))
+        slope = np.polyfit(cool["temp_c"].to_numpy(float), cool["core_power_w"].to_numpy(float), 1)[
+            0
+        ]
+        return max(float(slope) / volt, 0.0)
+
+
+_FIXED_POINT_TOL_C = 0.01
+_FIXED_POINT_MAX = 50
+
+
+def fit_core_power(
+    x: np.ndarray,
+    volt: np.ndarray,
+    dtemp: np.ndarray | None,
+    power: np.ndarray,
+    op: np.ndarray,
+    n_ops: int,
+) -> tuple[np.ndarray, float, float]:
+    """Fit ``P = alpha_op x + gamma dT V + theta V`` over all rows (eq. 11, beta in alpha).
+
+    Parameters
+    ----------
+    x
+        ``f V^2`` of each row (f in GHz).
+    volt, dtemp, power
+        Core voltage, temperature rise (None: no temperature term) and measured power per row.
+    op
+        Operator index of each row, in ``[0, n_ops)``.
+
+    Returns
+    -------
+    alpha : ndarray, shape (n_ops,)
+    gamma, theta : float
+        Shared coefficients; ``gamma`` is 0 without temperature, and both are >= 0.
+    """
+    sxx = np.bincount(op, x * x, minlength=n_ops)
+    safe = np.where(sxx > 0, sxx, 1.0)
+
+    def within(col: np.ndarray) -> np.ndarray:
+        """Residual of ``col`` after regressing it on x within each op (alpha eliminated)."""
+        return col - x * (np.bincount(op, x * col, minlength=n_ops) / safe)[op]
+
+    cols = [volt * dtemp, volt] if dtemp is not None else [volt]
+    design = np.stack([within(c) for c in cols], axis=1)
+    target = within(power)
+    coef, *_ = np.linalg.lstsq(design, target, rcond=None)
+    coef = np.maximum(coef, 0.0)  # leakage grows with T; theta V is a positive static power
+    gamma, theta = (float(coef[0]), float(coef[1])) if dtemp is not None else (0.0, float(coef[0]))
+    rest = power - theta * volt - (gamma * volt * dtemp if dtemp is not None else 0.0)
+    alpha = np.bincount(op, x * rest, minlength=n_ops) / safe
+    return alpha, gamma, theta
+
+
+def fit_voltage_curve(
+    freqs_mhz: np.ndarray, power: np.ndarray, *, knees: int = 25, slopes: int = 25
+) -> VoltageCurve:
+    """Fit ``V(f)`` (flat below a knee, linear above) jointly across all ops.
+
+    ``power`` (n_ops, k>=3 clocks) is modelled per op as ``u_i + a_i f V(f)^2``; the voltage
+    scale is absorbed by ``a_i`` (V is returned relative to 1 V below the knee). The knee and
+    slope minimise the total relative squared error, over a grid, each candidate one vectorised
+    per-op least-squares pass.
+    """
+    f = np.asarray(freqs_mhz, dtype=float)
+    if len(f) < 3:
+        raise ValidationError("fitting a V-f curve needs 3 or more clocks", field="train_freqs")
+    w = np.where(np.isfinite(power) & (power > 0), 1.0 / np.where(power > 0, power, 1.0) ** 2, 0)
+    y = np.nan_to_num(power)
+    best: tuple[float, float, float] = (np.inf, f[0], 0.0)
+    for knee in np.linspace(f[0], f[-1], knees):
+        for slope in np.linspace(0.0, 1.5e-3, slopes):
+            v = 1.0 + slope * np.maximum(0.0, f - knee)
+            x = f / 1e3 * v**2
+            # per-op weighted LS of y = u + a x, closed form
+            sw, swx, swxx = w.sum(1), w @ x, w @ (x * x)
+            swy, swxy = (w * y).sum(1), (w * y) @ x
+            det = sw * swxx - swx**2
+            a = np.where(det > 0, (sw * swxy - swx * swy) / np.where(det > 0, det, 1), 0)
+            u = np.where(sw > 0, (swy - a * swx) / np.where(sw > 0, sw, 1), 0)
+            sse = float((w * (u[:, None] + a[:, None] * x - y) ** 2).sum())
+            if sse < best[0]:
+                best = (sse, float(knee), float(slope))
+    return VoltageCurve(knee_mhz=best[1], flat_v=1.0, slope_v_per_mhz=best[2])
+
+
+def solve_temperature(
+    chip_w_at: Any, ambient_c: float, k_c_per_w: float, n: int
+) -> tuple[np.ndarray, int]:
+    """Solve ``dT = k P_chip(dT)`` by fixed-point iteration from ``dT = 0`` (paper §5.3).
+
+    Returns the rise and the number of iterations taken.
+
+    ``chip_w_at(dtemp)`` gives the chip power, shape (n,) or scalar, at temperature rise ``dT``.
+    """
+    del ambient_c  # the rise is relative to the ambient temperature
+    dtemp = np.zeros(n)
+    for it in range(1, _FIXED_POINT_MAX + 1):
+        new = k_c_per_w * np.asarray(chip_w_at(dtemp), dtype=float)
+        done = np.max(np.abs(new - dtemp)) < _FIXED_POINT_TOL_C
+        dtemp = np.broadcast_to(new, (n,)).copy()
+        if done:
+            return dtemp, it
+    return dtemp, _FIXED_POINT_MAX
+
+
+class PowerModel:
+    """Per-operator core and chip power vs clock, with the temperature term (paper §5).
+
+    Parameters
+    ----------
+    voltage
+        V-f curve; default: the device's (``fit(device=...)``), else fitted from 3+ clocks, else
+        flat (V = 1).
+    temperature
+        Whether to model ``gamma dT V`` (the paper reports 4.62% with it, 4.97% without).
+    thermal
+        ``"workload"`` (default) or ``"op"``: whose power sets the temperature at a new clock.
+
+    Attributes
+    ----------
+    alpha_ : ndarray, shape (n_ops,)
+        Per-op activity coefficient of the core rail (W per GHz V^2; includes beta).
+    gamma_, theta_ : float
+        Core-rail temperature and static coefficients.
+    beta_ : float
+        Load-independent dynamic coefficient from idle calibration (0 when folded in alpha).
+    uncore_w_ : ndarray, shape (n_ops,)
+        Chip power not on the core rail, per op (constant in the clock).
+    ambient_c_, k_c_per_w_ : float
+        Thermal model ``T = T0 + k P_chip``.
+    rail_ : str
+        ``"core"`` when core power was measured, else ``"chip"`` (core terms then model the chip).
+    """
+
+    def __init__(
+        self,
+        *,
+        voltage: VoltageCurve | None = None,
+        temperature: bool = True,
+        thermal: Thermal = "workload",
+    ) -> None:
+        self.voltage = voltage
+        self.temperature = temperature
+        self.thermal = thermal
+
+    # ----------------------------------------------------------------------------- fit
+    def fit(
+        self,
+        profile: Profile,
+        train_freqs_mhz: Sequence[float] | None = None,
+        *,
+        device: DeviceSpec | None = None,
+        window_ms: float | None = None,
+        calibration: PowerCalibration | None = None,
+    ) -> Self:
+        """Fit on the rows at ``train_freqs_mhz`` (default all clocks).
+
+        With per-op power columns they are used directly; with only sensor samples the window
+        energy is first attributed to op classes (``window_ms``: the samples' averaging window,
+        default from the profile's metadata). With a ``calibration`` (core rail only), the
+        paper's procedure is followed: ``gamma`` from the cool-down, ``beta, theta`` from idle at
+        two clocks, then ``alpha_i`` per op (eq. 14); otherwise ``gamma, theta`` are fitted jointly.
+        """
+        rows = self._power_rows(profile, window_ms)
+        clocks = np.unique(rows["freq_mhz"])
+        train = clocks if train_freqs_mhz is None else np.sort(np.asarray(train_freqs_mhz, float))
+        for f in train:
+            if not np.isclose(clocks, f).any():
+                raise ValidationError(
+                    f"training clock {f:g} MHz has no power data in the profile (clocks: "
+                    f"{', '.join(f'{c:g}' for c in clocks)})",
+                    field="train_freqs_mhz",
+                )
+        rows = rows[np.isclose(rows["freq_mhz"].to_numpy()[:, None], train[None, :]).any(1)]
+        op_ids = np.unique(profile.ops["op"])
+        op = np.searchsorted(op_ids, rows["op"].to_numpy())
+        n_ops = len(op_ids)
+        f = rows["freq_mhz"].to_numpy(dtype=float)
+        self.rail_ = "core" if "core_power_w" in rows else "chip"
+        target = rows[f"{self.rail_}_power_w"].to_numpy(dtype=float)
+        self.voltage_ = self._voltage(device, rows, train, op, n_ops)
+        volt = self.voltage_.voltage_v(f)
+        x = f / 1e3 * volt**2
+        use_t = self.temperature and "temp_c" in rows and rows["temp_c"].notna().all()
+        # On the chip rail alone gamma cannot be told apart from the per-op uncore constants and
+        # can make T = T0 + k P run away; the paper's temperature term is a core-rail term.
+        use_t = use_t and (self.rail_ == "core")
+        self.ambient_c_, self.k_c_per_w_ = self._thermal_fit(rows, calibration)
+        dtemp = rows["temp_c"].to_numpy(dtype=float) - self.ambient_c_ if use_t else None
+        self.beta_ = 0.0
+        if self.rail_ == "core" and calibration is not None:
+            # the paper's procedure: gamma from the cool-down, beta and theta from idle (eq. 12),
+            # then alpha per op from what is left (eqs. 13-14)
+            self.gamma_ = calibration.gamma(self.voltage_) if use_t else 0.0
+            self.beta_, self.theta_ = self._idle_fit(calibration)
+            rest = target - self.theta_ * volt
+            rest = rest - (self.gamma_ * volt * dtemp if dtemp is not None else 0.0)
+            # alpha_ carries beta too: both multiply f V^2 (beta_ is kept for reporting)
+            self.alpha_ = np.bincount(op, x * rest, minlength=n_ops) / np.maximum(
+                np.bincount(op, x * x, minlength=n_ops), 1e-300
+            )
+        elif self.rail_ == "core":
+            self.alpha_, self.gamma_, self.theta_ = fit_core_power(
+                x, volt, dtemp, target, op, n_ops
+            )
+        else:
+            # chip only: alpha_i f V^2 + u_i per op (+ gamma dT V); u_i stands in for theta V
+            self.alpha_, self.gamma_, _ = fit_core_power(x, volt, dtemp, target, op, n_ops)
+            self.theta_ = 0.0
+        model = self._core(op, x, volt, dtemp)
+        measured = rows["chip_power_w"].to_numpy(dtype=float) if "chip_power_w" in rows else model
+        self.uncore_w_ = _mean_by(op, measured - model, n_ops)
+        self.use_temperature_ = bool(use_t)
+        self.op_ids_ = op_ids
+        times = profile.ops.groupby("op")["time_us"].median()
+        self.time_weight_ = times.reindex(op_ids).fillna(0.0).to_numpy(dtype=float)
+        self.train_freqs_mhz_ = train
+        return self
+
+    def _power_rows(self, profile: Profile, window_ms: float | None) -> pd.DataFrame:
+        ops = profile.ops
+        if "core_power_w" in ops or "chip_power_w" in ops:
+            cols = [c for c in ("core_power_w", "chip_power_w") if c in ops]
+            return ops.dropna(subset=cols)
+        samples = profile.samples
+        if samples is None or "wall_s" not in ops or ops["wall_s"].isna().any():
+            raise ValidationError(
+                "profile has no per-op power columns and no sensor samples with op wall times "
+                "(wall_s) to attribute them from",
+                field="chip_power_w",
+            )
+        window = window_ms or profile.meta.get("sensor", {}).get("window_ms")
+        if not window:
+            raise ValidationError(
+                "the sensor's averaging window is unknown: pass window_ms", field="window_ms"
+            )
+        cls = attribute_class_power(ops, samples, window_s=float(window) / 1e3)
+        table = cls.set_index(["freq_mhz", "type"])["power_w"]
+        key = pd.MultiIndex.from_arrays([ops["freq_mhz"], ops["type"].astype(str)])
+        return ops.assign(chip_power_w=table.reindex(key).to_numpy())
+
+    def _voltage(
+        self,
+        device: DeviceSpec | None,
+        rows: pd.DataFrame,
+        train: np.ndarray,
+        op: np.ndarray,
+        n_ops: int,
+    ) -> VoltageCurve:
+        if self.voltage is not None:
+            return self.voltage
+        if device is not None and device.voltage is not None:
+            return device.voltage
+        if len(train) >= 3:
+            col = "core_power_w" if "core_power_w" in rows else "chip_power_w"
+            grid = np.full((n_ops, len(train)), np.nan)
+            j = np.searchsorted(train, rows["freq_mhz"].to_numpy())
+            grid[op, j] = rows[col].to_numpy()
+            return fit_voltage_curve(train, grid)
+        return VoltageCurve(knee_mhz=float(train[-1]), flat_v=1.0, slope_v_per_mhz=0.0)
+
+    def _idle_fit(self, cal: PowerCalibration) -> tuple[float, float]:
+        """``beta, theta`` from idle core power at two clocks (eq. 12), leakage rise removed."""
+        idle = cal.idle.sort_values("freq_mhz")
+        f = idle["freq_mhz"].to_numpy(float)
+        volt = self.voltage_.voltage_v(f)
+        rise = (idle["temp_c"].to_numpy(float) - self.ambient_c_) * volt * self.gamma_
+        design = np.stack([f / 1e3 * volt**2, volt], axis=1)
+        coef, *_ = np.linalg.lstsq(design, idle["core_power_w"].to_numpy(float) - rise, rcond=None)
+        return float(max(coef[0], 0.0)), float(max(coef[1], 0.0))
+
+    @staticmethod
+    def _thermal_fit(
+        rows: pd.DataFrame, cal: PowerCalibration | None = None
+    ) -> tuple[float, float]:
+        """``T0, k`` of ``T = T0 + k P_chip`` from each clock's run (the paper's load runs).
+
+        Idle runs of a calibration, when given, are load runs too (at the lowest power).
+        """
+        if "temp_c" not in rows or "chip_power_w" not in rows:
+            return 25.0, 0.0
+        weighted = rows.assign(_pt=rows["chip_power_w"] * rows["time_us"])
+        sums = weighted.groupby("freq_mhz").agg(
+            t=("temp_c", "mean"), pt=("_pt", "sum"), time=("time_us", "sum")
+        )
+        runs = pd.DataFrame({"t": sums["t"], "p": sums["pt"] / sums["time"]})
+        if cal is not None:
+            idle = pd.DataFrame({"t": cal.idle["temp_c"], "p": cal.idle["chip_power_w"]})
+            runs = pd.concat([runs, idle], ignore_index=True)
+        if len(runs) < 2 or np.ptp(runs["p"]) < 1e-6:
+            return float(runs["t"].mean()), 0.0
+        k, t0 = np.polyfit(runs["p"], runs["t"], 1)
+        return float(t0), float(max(k, 0.0))
+
+    def _core(
+        self, op: np.ndarray, x: np.ndarray, volt: np.ndarray, dtemp: np.ndarray | None
+    ) -> np.ndarray:
+        """Core-rail power, eq. (11) (``alpha_`` includes ``beta``)."""
+        out = self.alpha_[op] * x + self.theta_ * volt
+        return out + (self.gamma_ * volt * dtemp if dtemp is not None else 0.0)
+
+    # ----------------------------------------------------------------------------- predict
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "alpha_"):
+            raise NotFittedError("this PowerModel is not fitted yet; call fit(profile) first")
+
+    def predict(self, freqs_mhz: Sequence[float] | np.ndarray) -> dict[str, np.ndarray]:
+        """Predicted power of every op at each clock, with the temperature solved per clock.
+
+        Returns
+        -------
+        dict
+            ``core_w`` and ``chip_w`` (n_ops, n_freqs), ``temp_c`` (n_ops, n_freqs) and
+            ``iterations`` (n_freqs,): the fixed-point steps taken (paper: <= 4).
+        """
+        self._check_fitted()
+        freqs = np.atleast_1d(np.asarray(freqs_mhz, dtype=float))
+        n = len(self.op_ids_)
+        core = np.empty((n, len(freqs)))
+        temps = np.empty_like(core)
+        steps = np.zeros(len(freqs), dtype=int)
+        weight = self.time_weight_ / max(self.time_weight_.sum(), 1e-300)
+        ops = np.arange(n)
+        for j, f in enumerate(freqs):
+            volt = float(self.voltage_.voltage_v(f))
+            x = np.full(n, f / 1e3 * volt**2)
+            vv = np.full(n, volt)
+
+            def chip_at(dt: np.ndarray, x=x, vv=vv) -> np.ndarray:
+                p = self._core(ops, x, vv, dt if self.use_temperature_ else None)
+                p = p + self.uncore_w_
+                return np.asarray(weight @ p) if self.thermal == "workload" else p
+
+            if self.use_temperature_ and self.k_c_per_w_ > 0:
+                dtemp, steps[j] = solve_temperature(chip_at, self.ambient_c_, self.k_c_per_w_, n)
+            else:
+                dtemp = np.zeros(n)
+            core[:, j] = self._core(ops, x, vv, dtemp if self.use_temperature_ else None)
+            temps[:, j] = self.ambient_c_ + dtemp
+        chip = core + self.uncore_w_[:, None]
+        if self.rail_ == "chip":
+            core, chip = chip, chip
+        return {"core_w": core, "chip_w": chip, "temp_c": temps, "iterations": steps}
+
+    # ----------------------------------------------------------------------------- files
+    def to_dict(self) -> dict[str, Any]:
+        """Return the fitted model as a JSON-ready dict."""
+        self._check_fitted()
+        return {
+            "format": "opdvfs.power-model",
+            "version": 1,
+            "rail": self.rail_,
+            "temperature": self.use_temperature_,
+            "thermal": self.thermal,
+            "voltage": self.voltage_.model_dump(),
+            "gamma": self.gamma_,
+            "theta": self.theta_,
+            "beta": self.beta_,
+            "ambient_c": self.ambient_c_,
+            "k_c_per_w": self.k_c_per_w_,
+            "train_freqs_mhz": self.train_freqs_mhz_.tolist(),
+            "op_ids": self.op_ids_.tolist(),
+            "alpha": self.alpha_.tolist(),
+            "uncore_w": self.uncore_w_.tolist(),
+            "time_weight": self.time_weight_.tolist(),
+        }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any], *, source: str = "<dict>") -> PowerModel:
+        """Rebuild a fitted model from :meth:`to_dict` output."""
+        if not isinstance(doc, dict) or doc.get("format") != "opdvfs.power-model":
+            raise InputFormatError(f'{source}: expected "format": "opdvfs.power-model"')
+        try:
+            model = cls(temperature=bool(doc["temperature"]), thermal=doc["thermal"])
+            model.rail_ = str(doc["rail"])
+            model.use_temperature_ = bool(doc["temperature"])
+            model.voltage_ = VoltageCurve.model_validate(doc["voltage"])
+            model.gamma_, model.theta_ = float(doc["gamma"]), float(doc["theta"])
+            model.beta_ = float(doc["beta"])
+            model.ambient_c_, model.k_c_per_w_ = float(doc["ambient_c"]), float(doc["k_c_per_w"])
+            model.train_freqs_mhz_ = np.asarray(doc["train_freqs_mhz"], dtype=float)
+            model.op_ids_ = np.asarray(doc["op_ids"], dtype=np.int64)
+            model.alpha_ = np.asarray(doc["alpha"], dtype=float)
+            model.uncore_w_ = np.asarray(doc["uncore_w"], dtype=float)
+            model.time_weight_ = np.asarray(doc["time_weight"], dtype=float)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputFormatError(f"{source}: malformed power model ({exc})") from None
+        return model
+
+    def write(self, path: str | os.PathLike[str]) -> None:
+        """Write the fitted model as JSON, atomically."""
+        write_text_atomic(path, json.dumps(self.to_dict()) + "\n")
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> PowerModel:
+        """Read a model written by :meth:`write`."""
+        src = Path(path)
+        try:
+            doc = json.loads(src.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise InputFormatError(f"{src}: no such file") from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InputFormatError(f"{src}: not valid JSON ({exc})") from None
+        return cls.from_dict(doc, source=str(src))
+
+
+def _mean_by(op: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    count = np.bincount(op, minlength=n)
+    return np.bincount(op, values, minlength=n) / np.maximum(count, 1)
