@@ -10,8 +10,10 @@
    run), and the power model fitted on attributed power at 810 and 1410 MHz, scored at 1110 MHz
    against the truth.
 3. Real V100 board power (NV-DVFS-Benchmark, ../shared): 20 kernels, trained on 705 and
-   1380 MHz, scored on the other clocks >= 705 MHz, V-f from the v100-like preset; with 3
-   training clocks (705, 1087, 1380) the V-f curve is fitted from the data.
+   1380 MHz, scored on the other clocks >= 705 MHz. V-f from the v100-like preset, or from a
+   device characterisation: fitted jointly on the 138 micro-benchmark kernels of the same GPU
+   (all clocks >= 705 MHz), then used for the 20 application kernels; with 3 training clocks
+   (705, 1087, 1380) also fitted on the kernels' own training clocks.
 
     .venv/bin/python benchmarks/power_models.py [--root ../shared/data/real]
 """
@@ -28,14 +30,13 @@ from opdvfs import Profile
 from opdvfs.devices.presets import get_preset
 from opdvfs.io import read_profile
 from opdvfs.models.attribution import attribute_class_power
-from opdvfs.models.power import PowerModel
+from opdvfs.models.power import PowerModel, fit_voltage_curve
 from opdvfs.sim import SimulatedDevice
 from opdvfs.workloads.library import BUILDERS
 
 
 def grid(profile: Profile, column: str) -> tuple[np.ndarray, np.ndarray]:
-    table = profile.ops.pivot_table(index="op", columns="freq_mhz", values=column,
-                                    aggfunc="median")
+    table = profile.ops.pivot_table(index="op", columns="freq_mhz", values=column, aggfunc="median")
     return table.columns.to_numpy(dtype=float), table.to_numpy(dtype=float)
 
 
@@ -76,29 +77,39 @@ def simulator_table() -> pd.DataFrame:
             def score(model: PowerModel, key=key, test=test, cols=cols, actual=actual) -> float:
                 return mape(model.predict(test)[key], actual[:, cols])
 
-            paper = PowerModel().fit(profile, [1000, 1800], device=preset.spec,
-                                     calibration=calibration)
-            no_t = PowerModel(temperature=False).fit(profile, [1000, 1800], device=preset.spec,
-                                                     calibration=calibration)
+            paper = PowerModel().fit(
+                profile, [1000, 1800], device=preset.spec, calibration=calibration
+            )
+            no_t = PowerModel(temperature=False).fit(
+                profile, [1000, 1800], device=preset.spec, calibration=calibration
+            )
             joint = PowerModel().fit(profile, [1000, 1800], device=preset.spec)
             test3 = f[~np.isin(f, [1000, 1400, 1800])]
             pred = paper.predict(test)
-            share = (paper.gamma_ * (pred["temp_c"] - paper.ambient_c_)
-                     * preset.spec.voltage.voltage_v(test)[None, :] / pred["core_w"])
-            rows.append({
-                "workload": name,
-                "rail": rail,
-                "opdvfs": score(paper),
-                "no temperature": score(no_t),
-                "joint, no calibration": score(joint),
-                "p0+a f^3 (2 clocks)": mape(cubic_baseline(f, actual, [1000, 1800], test),
-                                            actual[:, cols]),
-                "quadratic (3 clocks)": mape(quadratic_baseline(f, actual, [1000, 1400, 1800],
-                                                                test3),
-                                             actual[:, np.isin(f, test3)]),
-                "T-term share of core %": float(np.nanmean(share) * 100),
-                "fixed-point iters": int(pred["iterations"].max()),
-            })
+            share = (
+                paper.gamma_
+                * (pred["temp_c"] - paper.ambient_c_)
+                * preset.spec.voltage.voltage_v(test)[None, :]
+                / pred["core_w"]
+            )
+            rows.append(
+                {
+                    "workload": name,
+                    "rail": rail,
+                    "opdvfs": score(paper),
+                    "no temperature": score(no_t),
+                    "joint, no calibration": score(joint),
+                    "p0+a f^3 (2 clocks)": mape(
+                        cubic_baseline(f, actual, [1000, 1800], test), actual[:, cols]
+                    ),
+                    "quadratic (3 clocks)": mape(
+                        quadratic_baseline(f, actual, [1000, 1400, 1800], test3),
+                        actual[:, np.isin(f, test3)],
+                    ),
+                    "T-term share of core %": float(np.nanmean(share) * 100),
+                    "fixed-point iters": int(pred["iterations"].max()),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -110,8 +121,7 @@ def gpu_sensor_table() -> pd.DataFrame:
     for name, iterations in (("gpt3", 2), ("bert", 100), ("resnet50", 300)):
         w = BUILDERS[name]()
         clocks = [810.0, 1110.0, 1410.0]
-        coarse = SimulatedDevice(preset.spec, preset.twin).profile(w, clocks,
-                                                                   iterations=iterations)
+        coarse = SimulatedDevice(preset.spec, preset.twin).profile(w, clocks, iterations=iterations)
         truth = SimulatedDevice(fine_spec, preset.twin).profile(w, clocks, iterations=iterations)
         ops, true_ops = coarse.ops, truth.ops
         top = ops["freq_mhz"] == 1410
@@ -124,16 +134,19 @@ def gpu_sensor_table() -> pd.DataFrame:
         pred = model.predict([1110.0])["chip_w"][:, 0]
         col = int(np.flatnonzero(f == 1110)[0])
         energy_err = abs((est * dur).sum() / (real * dur).sum() - 1) * 100
-        rows.append({
-            "workload": name,
-            "windows": int(cls["windows"].iloc[0]),
-            "per-op error %": mape(est, real),
-            "time-weighted %": float(np.average(np.abs(est / real - 1), weights=dur) * 100),
-            "energy error %": energy_err,
-            "mean-power guess, time-weighted %": float(
-                np.average(np.abs(np.average(real, weights=dur) / real - 1), weights=dur) * 100),
-            "model @1110 from samples %": mape(pred, actual[:, col]),
-        })
+        rows.append(
+            {
+                "workload": name,
+                "windows": int(cls["windows"].iloc[0]),
+                "per-op error %": mape(est, real),
+                "time-weighted %": float(np.average(np.abs(est / real - 1), weights=dur) * 100),
+                "energy error %": energy_err,
+                "mean-power guess, time-weighted %": float(
+                    np.average(np.abs(np.average(real, weights=dur) / real - 1), weights=dur) * 100
+                ),
+                "model @1110 from samples %": mape(pred, actual[:, col]),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -146,19 +159,29 @@ def v100_table(root: Path) -> pd.DataFrame | None:
     profile = Profile(ops[ops["freq_mhz"] >= 705])
     f, actual = grid(profile, "chip_power_w")
     spec = get_preset("v100-like").spec
+    micro = read_profile(path.with_name("v100-dvfs-microbenchmark-profile.csv")).ops
+    f_micro, p_micro = grid(Profile(micro[micro["freq_mhz"] >= 705]), "chip_power_w")
+    characterised = fit_voltage_curve(f_micro, p_micro)
     rows = []
     for train in ([705.0, 1380.0], [705.0, 1087.0, 1380.0]):
         test = f[~np.isin(f, train)]
         cols = np.isin(f, test)
         model = PowerModel(temperature=False).fit(profile, train, device=spec)
-        row = {"training clocks": ",".join(f"{t:g}" for t in train),
-               "opdvfs (preset V-f)": mape(model.predict(test)["chip_w"], actual[:, cols])}
+        by_micro = PowerModel(voltage=characterised, temperature=False).fit(profile, train)
+        row = {
+            "training clocks": ",".join(f"{t:g}" for t in train),
+            "opdvfs (preset V-f)": mape(model.predict(test)["chip_w"], actual[:, cols]),
+            "opdvfs (V-f from micro-benchmarks)": mape(
+                by_micro.predict(test)["chip_w"], actual[:, cols]
+            ),
+        }
         if len(train) == 3:
             fitted = PowerModel(temperature=False).fit(profile, train)
             row["opdvfs (V-f fitted)"] = mape(fitted.predict(test)["chip_w"], actual[:, cols])
             row["quadratic"] = mape(quadratic_baseline(f, actual, train, test), actual[:, cols])
-        row["p0+a f^3"] = mape(cubic_baseline(f, actual, [train[0], train[-1]], test),
-                               actual[:, cols])
+        row["p0+a f^3"] = mape(
+            cubic_baseline(f, actual, [train[0], train[-1]], test), actual[:, cols]
+        )
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -171,7 +194,9 @@ def main() -> None:
     fmt = {"float_format": lambda v: f"{v:.2f}", "index": False}
     print("1. simulator (ascend-910b-like), mean |error| %, paper: 4.62% (4.97% w/o T)")
     print(simulator_table().to_string(**fmt))
-    print("\n2. GPU-style sensor (a100-like, 100 ms windows), per-op power from samples at 1410 MHz")
+    print(
+        "\n2. GPU-style sensor (a100-like, 100 ms windows), per-op power from samples at 1410 MHz"
+    )
     print(gpu_sensor_table().to_string(**fmt))
     table = v100_table(args.root)
     if table is not None:
