@@ -14,9 +14,11 @@ measurements, and every result on them is simulated. Sources, by constant:
 * h100-like: 132 SMs, 210-1980 MHz, ~990 TFLOP/s dense BF16 (4096 FLOP/cycle/SM), 3.35 TB/s
   HBM3, 700 W TDP (NVIDIA H100 SXM datasheet); NVML power is a 1 s average on Hopper.
 * v100-like: 80 SMs, NVML clocks floor(135 + 7.5 k) MHz up to 1530, 900 GB/s HBM2, 250 W; the
-  load/store saturation clock (~960 MHz), V-f knee and power split are calibrated so that the
-  kernels' time-vs-clock and power-vs-clock shapes match the real V100 measurements of
-  NV-DVFS-Benchmark (``benchmarks/v100_calibration.py`` prints the comparison).
+  load/store saturation clock (~960 MHz) and power split are calibrated so that the kernels'
+  time-vs-clock and power-vs-clock shapes match the real V100 measurements of
+  NV-DVFS-Benchmark (``benchmarks/v100_calibration.py`` prints the comparison); the V-f curve
+  (flat to ~1040 MHz, then +0.25 mV/MHz) is fitted on the board power of its 138
+  micro-benchmark kernels (``fit_voltage_curve``; ``benchmarks/power_models.py``).
 """
 
 from __future__ import annotations
@@ -186,7 +188,7 @@ _V100 = Preset(
         vendor="nvidia",
         simulated=True,
         freqs_mhz=tuple(float(np.floor(135 + 7.5 * k)) for k in range(187)),
-        voltage=VoltageCurve(knee_mhz=600, flat_v=0.712, slope_v_per_mhz=3.6e-4),
+        voltage=VoltageCurve(knee_mhz=1042.5, flat_v=0.712, slope_v_per_mhz=2.52e-4),
         switch_latency_ms=15.0,
         power_sample_period_ms=100.0,
         tdp_w=250.0,
