@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, Self
 
-__all__ = ["atomic_path", "write_text_atomic"]
+from opdvfs.exceptions import InputFormatError
+
+__all__ = ["JsonFile", "atomic_path", "read_json", "write_atomic", "write_text_atomic"]
 
 
 @contextlib.contextmanager
@@ -42,3 +46,40 @@ def write_atomic(path: str | os.PathLike[str], writer: Callable[[Path], None]) -
     """Call ``writer(tmp_path)`` and rename the result onto ``path`` atomically."""
     with atomic_path(path) as tmp:
         writer(tmp)
+
+
+def read_json(
+    path: str | os.PathLike[str], error: type[InputFormatError] = InputFormatError
+) -> Any:
+    """Parse a JSON file; a missing, unreadable or malformed file raises ``error`` (one line)."""
+    src = Path(path)
+    try:
+        return json.loads(src.read_bytes())
+    except FileNotFoundError:
+        raise error(f"{src}: no such file") from None
+    except OSError as exc:
+        raise error(f"{src}: cannot read ({exc.strerror})") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise error(f"{src}: not valid JSON ({exc})") from None
+
+
+class JsonFile:
+    """``write``/``read`` for objects that define ``to_dict`` and ``from_dict(doc, source=)``."""
+
+    def to_dict(self) -> dict[str, Any]:  # pragma: no cover - defined by subclasses
+        """Return the object as a JSON-ready dict."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_dict(cls, doc: Any, *, source: str = "<dict>") -> Self:  # pragma: no cover
+        """Rebuild the object from :meth:`to_dict` output."""
+        raise NotImplementedError
+
+    def write(self, path: str | os.PathLike[str]) -> None:
+        """Write the object as JSON, atomically."""
+        write_text_atomic(path, json.dumps(self.to_dict()) + "\n")
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> Self:
+        """Read an object written by :meth:`write`."""
+        return cls.from_dict(read_json(path), source=str(path))

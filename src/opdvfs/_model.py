@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any, ClassVar, Self
 
 import pydantic
 
-from opdvfs._files import write_text_atomic
+from opdvfs._files import read_json, write_text_atomic
 from opdvfs.exceptions import InputFormatError
 
 __all__ = ["FrozenModel", "describe_validation_error"]
@@ -50,6 +49,10 @@ class FrozenModel(pydantic.BaseModel):
             data: Any = json.loads(text)
         except (ValueError, UnicodeDecodeError) as exc:
             raise cls.file_error(f"{source}: not valid JSON ({exc})") from None
+        return cls._validate(data, source)
+
+    @classmethod
+    def _validate(cls, data: Any, source: str) -> Self:
         try:
             return cls.model_validate(data)
         except pydantic.ValidationError as exc:
@@ -58,11 +61,4 @@ class FrozenModel(pydantic.BaseModel):
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> Self:
         """Read and validate a JSON file written by :meth:`write`."""
-        src = Path(path)
-        try:
-            text = src.read_bytes()
-        except FileNotFoundError:
-            raise cls.file_error(f"{src}: no such file") from None
-        except OSError as exc:
-            raise cls.file_error(f"{src}: cannot read ({exc.strerror})") from None
-        return cls.from_json(text, source=str(src))
+        return cls._validate(read_json(path, cls.file_error), str(path))

@@ -263,9 +263,6 @@ def formats() -> None:
     stdout.print(table)
 
 
-_SCHEMAS: dict[str, Callable[[], dict[str, Any]]] = {}
-
-
 def _schemas() -> dict[str, Callable[[], dict[str, Any]]]:
     from opdvfs.devices.spec import DeviceSpec
     from opdvfs.plan.schedule import Schedule

@@ -24,16 +24,13 @@ violate the physics -- a slowdown faster than ``1/f``, as the V100 shows below ~
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
 
-from opdvfs._files import write_text_atomic
+from opdvfs._files import JsonFile
 from opdvfs.exceptions import InputFormatError, NotFittedError, ValidationError
 from opdvfs.models._lsq import constrained_wls, nonneg_wls2
 from opdvfs.profile import Profile
@@ -247,7 +244,7 @@ def _json_floats(values: np.ndarray) -> list[Any]:
 
 
 # --------------------------------------------------------------------------------- estimator
-class PerfModel:
+class PerfModel(JsonFile):
     """Per-operator time-vs-clock model, fitted on a profile's training clocks.
 
     Parameters
@@ -374,19 +371,3 @@ class PerfModel:
         if model.form_ not in FORMS:
             raise InputFormatError(f"{source}: field 'form': unknown form {model.form_!r}")
         return model
-
-    def write(self, path: str | os.PathLike[str]) -> None:
-        """Write the fitted model as JSON, atomically."""
-        write_text_atomic(path, json.dumps(self.to_dict()) + "\n")
-
-    @classmethod
-    def read(cls, path: str | os.PathLike[str]) -> PerfModel:
-        """Read a model written by :meth:`write`."""
-        src = Path(path)
-        try:
-            doc = json.loads(src.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise InputFormatError(f"{src}: no such file") from None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InputFormatError(f"{src}: not valid JSON ({exc})") from None
-        return cls.from_dict(doc, source=str(src))

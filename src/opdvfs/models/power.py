@@ -26,17 +26,14 @@ with ``alpha_i`` per operator instance, ``beta f V^2 + theta V`` the idle power 
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, Self
 
 import numpy as np
 import pandas as pd
 
-from opdvfs._files import write_text_atomic
+from opdvfs._files import JsonFile
 from opdvfs.devices.spec import DeviceSpec, VoltageCurve
 from opdvfs.exceptions import InputFormatError, NotFittedError, ValidationError
 from opdvfs.models.attribution import attribute_class_power
@@ -181,7 +178,7 @@ def solve_temperature(
     return dtemp, _FIXED_POINT_MAX
 
 
-class PowerModel:
+class PowerModel(JsonFile):
     """Per-operator core and chip power vs clock, with the temperature term (paper §5).
 
     Parameters
@@ -464,22 +461,6 @@ class PowerModel:
         except (KeyError, TypeError, ValueError) as exc:
             raise InputFormatError(f"{source}: malformed power model ({exc})") from None
         return model
-
-    def write(self, path: str | os.PathLike[str]) -> None:
-        """Write the fitted model as JSON, atomically."""
-        write_text_atomic(path, json.dumps(self.to_dict()) + "\n")
-
-    @classmethod
-    def read(cls, path: str | os.PathLike[str]) -> PowerModel:
-        """Read a model written by :meth:`write`."""
-        src = Path(path)
-        try:
-            doc = json.loads(src.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise InputFormatError(f"{src}: no such file") from None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InputFormatError(f"{src}: not valid JSON ({exc})") from None
-        return cls.from_dict(doc, source=str(src))
 
 
 def _mean_by(op: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
