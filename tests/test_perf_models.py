@@ -11,6 +11,7 @@ from opdvfs.cli import app
 from opdvfs.datasets import dataset_path
 from opdvfs.io import read_profile
 from opdvfs.models._lsq import constrained_wls, nonneg_wls2
+from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import (
     VIOLATION_CONCAVE,
     VIOLATION_FASTER_THAN_1_OVER_F,
@@ -239,6 +240,8 @@ def test_cli_fit_and_validate(tmp_path):
     out = tmp_path / "models.json"
     res = runner.invoke(app, ["fit", str(src), "--train-freqs", "855,1125,1410", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert PerfModel.read(out).form_ == "func1"
+    bundle = ModelBundle.read(out)
+    assert bundle.perf.form_ == "func1"
+    assert bundle.power is not None and bundle.power.rail_ == "chip"  # Perseus: energy per stage
     res = runner.invoke(app, ["validate", "perf", str(src), "--train-freqs", "905,1410"])
     assert res.exit_code == 2 and "905 MHz is not in the profile" in res.stderr

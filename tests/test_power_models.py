@@ -195,3 +195,23 @@ def test_profile_without_power_is_a_clear_error():
     )
     with pytest.raises(ValidationError, match="no per-op power columns"):
         PowerModel().fit(Profile(ops))
+
+
+def test_model_bundle_round_trip(tmp_path, bert_profile):
+    from opdvfs.models.bundle import ModelBundle
+    from opdvfs.models.perf import PerfModel
+
+    _, profile = bert_profile
+    bundle = ModelBundle(
+        PerfModel().fit(profile, [1000, 1800]),
+        PowerModel().fit(profile, [1000, 1800], device=ASCEND.spec),
+    )
+    bundle.write(tmp_path / "models.json")
+    back = ModelBundle.read(tmp_path / "models.json")
+    np.testing.assert_array_equal(back.perf.predict([1300.0]), bundle.perf.predict([1300.0]))
+    np.testing.assert_array_equal(
+        back.power.predict([1300.0])["chip_w"], bundle.power.predict([1300.0])["chip_w"]
+    )
+    (tmp_path / "bad.json").write_text('{"format": "opdvfs.models"}')
+    with pytest.raises(Exception, match="field 'perf': missing"):
+        ModelBundle.read(tmp_path / "bad.json")

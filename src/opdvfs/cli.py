@@ -22,9 +22,11 @@ from rich.table import Table
 
 from opdvfs import __version__
 from opdvfs.devices.presets import PRESETS, get_preset
-from opdvfs.exceptions import OpdvfsError
+from opdvfs.exceptions import OpdvfsError, ValidationError
 from opdvfs.io import FORMATS, read_profile
+from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import FORMS, PerfModel
+from opdvfs.models.power import PowerModel
 from opdvfs.models.validation import validate_perf, validate_power
 from opdvfs.plan.schedule import Schedule
 from opdvfs.profile import OP_COLUMNS, SAMPLE_COLUMNS, Profile
@@ -457,24 +459,36 @@ def fit(
     freq_mhz: FreqOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Fit per-operator performance models (time vs clock) on a profile."""
+    """Fit per-operator performance (and, with power data, power) models on a profile."""
     profile = _load([profile_path], fmt, freq_mhz)
-    model = PerfModel(form=form).fit(profile, _train_clocks(train_freqs, profile))
-    model.write(out)
+    train = _train_clocks(train_freqs, profile)
+    perf = PerfModel(form=form).fit(profile, train)
+    power = None
+    has_power = {"core_power_w", "chip_power_w"} & set(profile.ops.columns)
+    if has_power or profile.samples is not None:
+        device = profile.meta.get("device")
+        spec = get_preset(device).spec if device in PRESETS else None
+        try:
+            power = PowerModel().fit(profile, train, device=spec)
+        except ValidationError as exc:
+            stderr.print(f"opdvfs: note: no power model ({exc.detail})", highlight=False)
+    ModelBundle(perf, power).write(out)
     payload = {
         "out": str(out),
-        "form": model.form_,
-        "operators": len(model.op_ids_),
-        "train_freqs_mhz": model.train_freqs_mhz_.tolist(),
-        "flagged_ops": int((model.violation_ != 0).sum()),
-        "median_train_residual_pct": float(np.nanmedian(model.residual_) * 100),
+        "form": perf.form_,
+        "operators": len(perf.op_ids_),
+        "train_freqs_mhz": perf.train_freqs_mhz_.tolist(),
+        "flagged_ops": int((perf.violation_ != 0).sum()),
+        "median_train_residual_pct": float(np.nanmedian(perf.residual_) * 100),
+        "power_model": None if power is None else power.rail_,
     }
     if as_json:
         print(json.dumps(payload))
         return
+    power_text = "no power model" if power is None else f"power model on the {power.rail_} rail"
     stdout.print(
         f"wrote {out}: {payload['form']} for {payload['operators']} operators on "
-        f"{', '.join(f'{f:g}' for f in payload['train_freqs_mhz'])} MHz; "
+        f"{', '.join(f'{f:g}' for f in payload['train_freqs_mhz'])} MHz, {power_text}; "
         f"{payload['flagged_ops']} operators flagged (points break the cycle physics)",
         highlight=False,
     )
