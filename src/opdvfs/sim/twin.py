@@ -168,8 +168,9 @@ class SimulatedDevice:
         uncore = uncore_power_w(arrays, timing.time_us, p)
         ca, cb = exe.clock_a, exe.clock_b
         t_a = exe.frac_a * dur[np.arange(total), ca]
-        prev_end = np.r_[exe.start_us[0], exe.end_us[:-1]]
-        # Three intervals per op instance: the idle gap before it, its work at clock_a, at clock_b.
+        # Three intervals per op instance: the idle gap before it (the run starts at 0, so the
+        # first op's gap counts too), its work at clock_a, at clock_b.
+        prev_end = np.r_[0.0, exe.end_us[:-1]]
         dt_us = np.stack([exe.start_us - prev_end, t_a, exe.end_us - exe.start_us - t_a], axis=1)
         temp0 = p.ambient_c + 30.0 if start_temp_c is None else start_temp_c
         temp_ops = np.full(total, temp0)
@@ -189,7 +190,7 @@ class SimulatedDevice:
             temp_ops = ends[:, 0]  # temperature when each op starts (after its gap)
         chip, core = self._interval_power(act, uncore, op, ca, cb, temp_ops, f_used, v_used)
         chip_j, core_j = chip * dt_us * 1e-6, core * dt_us * 1e-6
-        edges = np.r_[exe.start_us[0], (prev_end[:, None] + np.cumsum(dt_us, axis=1)).ravel()]
+        edges = np.r_[0.0, (prev_end[:, None] + np.cumsum(dt_us, axis=1)).ravel()]
         clock_mhz = np.stack([f_used[ca], f_used[ca], f_used[cb]], axis=1)
         samples = sample_sensors(
             edges * 1e-6,
