@@ -35,8 +35,8 @@ demo: $(VENV)/.installed-run
 	$(BIN)/opdvfs info $(DEMO_OUT)/perseus-a100.parquet
 
 lint: $(VENV)/.installed-dev
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
 
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy
