@@ -167,7 +167,11 @@ def _fit_roofline(f_ghz: np.ndarray, t_us: np.ndarray) -> np.ndarray:
 
 
 def _project_cycles(cycles: np.ndarray) -> np.ndarray:
-    """Project cycles at ascending clocks onto non-decreasing, convex sequences (per op)."""
+    """Project cycles at ascending clocks onto non-decreasing sequences (per op, L2, PAVA).
+
+    Convexity is imposed at prediction (:func:`_pwl_cycles`): segment slopes are made
+    non-decreasing, so the curve is the max of lines and never concave.
+    """
     c = cycles.copy()
     k = c.shape[1]
     # non-decreasing: pool adjacent violators (k is small, so sweep k times)
