@@ -1,0 +1,289 @@
+"""Exact per-stage clock planning: Lagrangian relaxation + Viterbi, certified by its dual bound.
+
+The problem (DESIGN §4): choose a clock ``c_s`` for every stage ``s`` to minimise
+
+    sum_s E[s, c_s] + e_sw * #switches   subject to   sum_s T[s, c_s] + t_sw * #switches <= B,
+
+a multiple-choice knapsack on a chain. Relaxing the time constraint with a multiplier
+``lambda >= 0`` leaves ``min sum_s (E + lambda T)[s, c_s] + (e_sw + lambda t_sw) #switches``,
+which a Viterbi pass over (stage, previous clock) solves exactly in O(S C). For every ``lambda``,
+``L(lambda) - lambda B`` is a lower bound on the optimum (weak duality), so bisection on
+``lambda`` gives a feasible plan *and* a certificate of how far from optimal it can be. When the
+certified gap exceeds the tolerance, an exact Pareto dynamic programme over (stage, clock, time)
+closes it, pruned by the Lagrangian plan's energy and by the cheapest possible remainder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+__all__ = ["PlanResult", "StageTables", "solve", "stage_tables", "viterbi"]
+
+Status = Literal["optimal", "feasible", "infeasible"]
+
+
+@dataclass(frozen=True)
+class StageTables:
+    """Time and energy of every stage at every clock.
+
+    Attributes
+    ----------
+    time_s, energy_j
+        Shape (n_stages, n_clocks).
+    switch_time_s, switch_energy_j
+        Cost of one clock change (unhidden switch latency; energy of the transition).
+    """
+
+    time_s: np.ndarray
+    energy_j: np.ndarray
+    switch_time_s: float = 0.0
+    switch_energy_j: float = 0.0
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(n_stages, n_clocks)."""
+        n_stages, n_clocks = self.time_s.shape
+        return int(n_stages), int(n_clocks)
+
+    def evaluate(self, clock: np.ndarray) -> tuple[float, float, int]:
+        """Time, energy and number of switches of a plan (clock index per stage)."""
+        rows = np.arange(len(clock))
+        switches = int(np.count_nonzero(np.diff(clock)))
+        time = float(self.time_s[rows, clock].sum() + switches * self.switch_time_s)
+        energy = float(self.energy_j[rows, clock].sum() + switches * self.switch_energy_j)
+        return time, energy, switches
+
+
+def stage_tables(
+    op_time_us: np.ndarray,
+    op_energy_j: np.ndarray,
+    starts: np.ndarray,
+    *,
+    switch_time_s: float = 0.0,
+    switch_energy_j: float = 0.0,
+) -> StageTables:
+    """Sum per-op tables (n_ops, n_clocks) into stages starting at ``starts`` (np.add.reduceat)."""
+    idx = np.asarray(starts, dtype=int)
+    return StageTables(
+        time_s=np.add.reduceat(np.asarray(op_time_us, float), idx, axis=0) * 1e-6,
+        energy_j=np.add.reduceat(np.asarray(op_energy_j, float), idx, axis=0),
+        switch_time_s=switch_time_s,
+        switch_energy_j=switch_energy_j,
+    )
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A plan with its certificate.
+
+    ``gap_pct = (energy_j - lower_bound_j) / energy_j * 100``: no plan within the budget uses
+    less than ``lower_bound_j``, so the plan is at most ``gap_pct`` percent from optimal.
+    """
+
+    clock: np.ndarray
+    time_s: float
+    energy_j: float
+    switches: int
+    lower_bound_j: float
+    gap_pct: float
+    status: Status
+    lam: float
+    budget_s: float
+
+
+def viterbi(tables: StageTables, lam: float | np.ndarray) -> np.ndarray:
+    """Clock per stage minimising ``E + lam T`` with switch costs, exactly, for each ``lam``.
+
+    The recursion is over (stage, clock): staying costs nothing, switching from the best clock
+    of the previous stage costs ``e_sw + lam t_sw``, so each stage is O(C); a vector of
+    multipliers is solved in the same pass (shape (K,) -> plans of shape (K, S)).
+    """
+    lams = np.atleast_1d(np.asarray(lam, dtype=float))
+    n_stages, n_clocks = tables.shape
+    k = len(lams)
+    cost = tables.energy_j[None, :, :] + lams[:, None, None] * tables.time_s[None, :, :]
+    jump = tables.switch_energy_j + lams * tables.switch_time_s
+    best = cost[:, 0, :].copy()
+    back = np.empty((n_stages, k, n_clocks), dtype=np.int32)
+    stay = np.broadcast_to(np.arange(n_clocks, dtype=np.int32), (k, n_clocks))
+    rows = np.arange(k)
+    for s in range(1, n_stages):
+        origin = np.argmin(best, axis=1)
+        switch = best[rows, origin] + jump
+        keep = best <= switch[:, None]
+        back[s] = np.where(keep, stay, origin[:, None])
+        best = np.where(keep, best, switch[:, None]) + cost[:, s, :]
+    clock = np.empty((k, n_stages), dtype=np.int64)
+    clock[:, -1] = np.argmin(best, axis=1)
+    for s in range(n_stages - 1, 0, -1):
+        clock[:, s - 1] = back[s, rows, clock[:, s]]
+    return clock if np.ndim(lam) else clock[0]
+
+
+def _evaluate_many(tables: StageTables, plans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Time and energy of K plans (K, S) at once."""
+    rows = np.arange(plans.shape[1])
+    switches = np.count_nonzero(np.diff(plans, axis=1), axis=1)
+    time = tables.time_s[rows, plans].sum(axis=1) + switches * tables.switch_time_s
+    energy = tables.energy_j[rows, plans].sum(axis=1) + switches * tables.switch_energy_j
+    return time, energy
+
+
+def _lagrangian(
+    tables: StageTables, budget: float, tol: float, rounds: int
+) -> tuple[np.ndarray | None, float, float, float]:
+    """Multi-section search on lambda: (best feasible plan, its energy, best dual bound, lambda).
+
+    Each round solves 16 multipliers in one vectorised Viterbi pass and narrows the bracket
+    between the largest infeasible and the smallest feasible one; every multiplier visited
+    tightens the dual bound ``E + lambda (T - B)``.
+    """
+    best_plan: np.ndarray | None = None
+    best_e, bound, best_lam = np.inf, -np.inf, 0.0
+
+    def visit(lams: np.ndarray) -> np.ndarray:
+        nonlocal best_plan, best_e, bound, best_lam
+        plans = viterbi(tables, lams)
+        time, energy = _evaluate_many(tables, plans)
+        bound = max(bound, float(np.max(energy + lams * (time - budget))))
+        feasible = time <= budget * (1 + 1e-12)
+        if feasible.any():
+            j = int(np.flatnonzero(feasible)[np.argmin(energy[feasible])])
+            if energy[j] < best_e:
+                best_plan, best_e, best_lam = plans[j], float(energy[j]), float(lams[j])
+        return feasible
+
+    scale = float(np.abs(tables.energy_j).sum() / max(np.abs(tables.time_s).sum(), 1e-300))
+    grid = np.r_[0.0, scale * 4.0 ** np.arange(-12, 13)]
+    feasible = visit(grid)
+    if feasible[0]:  # the unconstrained optimum fits: it is optimal
+        return best_plan, best_e, best_e, 0.0
+    if not feasible.any():
+        return None, np.inf, bound, 0.0
+    hi = grid[int(np.flatnonzero(feasible)[0])]
+    lo = grid[int(np.flatnonzero(feasible)[0]) - 1]
+    for _ in range(rounds):
+        if best_e - bound <= tol * abs(best_e):
+            break
+        lams = np.linspace(lo, hi, 18)[1:-1]
+        feasible = visit(lams)
+        inside = np.r_[lo, lams, hi]
+        ok = np.r_[False, feasible, True]
+        first = int(np.argmax(ok))
+        lo, hi = inside[first - 1], inside[first]
+    return best_plan, best_e, bound, best_lam
+
+
+def _prune(t: np.ndarray, e: np.ndarray, back: np.ndarray, keep: np.ndarray):
+    """Drop states outside the bounds, then dominated ones (slower and no cheaper)."""
+    t, e, back = t[keep], e[keep], back[keep]
+    order = np.lexsort((e, t))
+    t, e, back = t[order], e[order], back[order]
+    best_before = np.r_[np.inf, np.minimum.accumulate(e)[:-1]]
+    front = e < best_before * (1 - 1e-12)
+    return t[front], e[front], back[front]
+
+
+def _pareto_exact(
+    tables: StageTables, budget: float, upper_j: float, max_states: int = 200_000
+) -> np.ndarray | None:
+    """Exact optimum by dynamic programming over (time, energy) Pareto fronts per clock.
+
+    A partial plan is kept only if even the fastest / cheapest remainder keeps it within the
+    budget / below ``upper_j`` (the Lagrangian plan's energy). Returns None when no state
+    survives or a front grows past ``max_states`` (then the certified gap stands).
+    """
+    n_stages, n_clocks = tables.shape
+    t_rest = np.r_[np.cumsum(tables.time_s.min(axis=1)[::-1])[::-1][1:], 0.0]
+    e_rest = np.r_[np.cumsum(tables.energy_j.min(axis=1)[::-1])[::-1][1:], 0.0]
+    slack = 1 + 1e-12
+    flat_t = tables.time_s[0].copy()
+    flat_e = tables.energy_j[0].copy()
+    flat_c = np.arange(n_clocks)
+    flat_back = np.full(n_clocks, -1)
+    history: list[tuple[np.ndarray, np.ndarray]] = []
+    for s in range(n_stages):
+        if s > 0:
+            parts = []
+            for c in range(n_clocks):
+                change = flat_c != c
+                t = flat_t + tables.time_s[s, c] + change * tables.switch_time_s
+                e = flat_e + tables.energy_j[s, c] + change * tables.switch_energy_j
+                parts.append((t, e, np.arange(len(flat_t)), c))
+        else:
+            parts = [(flat_t[[c]], flat_e[[c]], flat_back[[c]], c) for c in range(n_clocks)]
+        kept = []
+        for t, e, back, clock_id in parts:
+            ok = (t + t_rest[s] <= budget * slack) & (e + e_rest[s] <= upper_j * slack)
+            t, e, back = _prune(t, e, back, ok)
+            kept.append((t, e, back, np.full(len(t), clock_id)))
+        flat_t = np.concatenate([k[0] for k in kept])
+        flat_e = np.concatenate([k[1] for k in kept])
+        flat_back = np.concatenate([k[2] for k in kept])
+        flat_c = np.concatenate([k[3] for k in kept])
+        if flat_t.size == 0 or flat_t.size > max_states:
+            return None
+        history.append((flat_c, flat_back))
+    idx = int(np.argmin(flat_e))
+    clock = np.empty(n_stages, dtype=np.int64)
+    for s in range(n_stages - 1, -1, -1):
+        labels, backs = history[s]
+        clock[s] = labels[idx]
+        idx = int(backs[idx])
+    return clock
+
+
+def solve(
+    tables: StageTables,
+    budget_s: float,
+    *,
+    tol: float = 1e-4,
+    rounds: int = 8,
+    exact: bool | None = None,
+    max_states: int = 20_000,
+) -> PlanResult:
+    """Minimise energy within ``budget_s``; return the plan, its dual bound and certified gap.
+
+    Parameters
+    ----------
+    tables
+        Stage time/energy tables; the last clock index must be the fastest (top) clock.
+    budget_s
+        Time allowed, e.g. ``(1 + target) * baseline``.
+    tol
+        Relative gap at which the multiplier search stops.
+    rounds
+        Multi-section rounds of the multiplier search (16 multipliers each).
+    exact
+        Close a remaining gap with the exact Pareto programme (abandoned past ``max_states``
+        states per stage, keeping the certified Lagrangian plan). Default: only for small
+        problems (stages x clocks <= 4000), where it is fast.
+    """
+    plan, energy, bound, lam = _lagrangian(tables, budget_s, tol, rounds)
+    if plan is None:
+        return PlanResult(
+            np.empty(0, dtype=np.int64),
+            np.inf,
+            np.inf,
+            0,
+            bound,
+            np.inf,
+            "infeasible",
+            lam,
+            budget_s,
+        )
+    status: Status = "optimal" if energy - bound <= tol * abs(energy) else "feasible"
+    if exact is None:
+        exact = tables.shape[0] * tables.shape[1] <= 4000
+    if status == "feasible" and exact:
+        better = _pareto_exact(tables, budget_s, energy, max_states)
+        if better is not None:
+            plan = better
+            _, energy, _ = tables.evaluate(plan)
+            bound, status = energy, "optimal"
+    t, e, switches = tables.evaluate(plan)
+    gap = max(e - bound, 0.0) / e * 100 if e > 0 else 0.0
+    return PlanResult(plan, t, e, switches, float(bound), gap, status, lam, budget_s)
