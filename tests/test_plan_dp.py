@@ -1,0 +1,118 @@
+import highspy
+import numpy as np
+import pytest
+
+from opdvfs.plan.dp import StageTables, solve, stage_tables, viterbi
+
+
+def random_tables(rng, n_stages, n_clocks=5, switch=True):
+    f = np.linspace(1.0, 1.8, n_clocks)
+    a = rng.uniform(0, 1, n_stages)
+    c = rng.uniform(0.2, 2, n_stages)
+    time = (a[:, None] * f * 0.1 + c[:, None] / f) * 1e-3
+    power = rng.uniform(50, 100, (n_stages, 1)) + rng.uniform(5, 40, (n_stages, 1)) * f**3
+    return StageTables(
+        time,
+        power * time,
+        switch_time_s=rng.uniform(0, 2e-4) if switch else 0.0,
+        switch_energy_j=rng.uniform(0, 0.02) if switch else 0.0,
+    )
+
+
+def milp_optimum(tab: StageTables, budget: float) -> float:
+    """The same problem as a 0/1 program for HiGHS: x[s,c] one-hot, y[s] >= |change|."""
+    n_stages, n_clocks = tab.shape
+    nx, ny = n_stages * n_clocks, n_stages - 1
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    inf = highspy.kHighsInf
+    cost = np.r_[tab.energy_j.ravel(), np.full(ny, tab.switch_energy_j)]
+    h.addVars(nx + ny, np.zeros(nx + ny), np.ones(nx + ny))
+    h.changeColsCost(nx + ny, np.arange(nx + ny), cost)
+    h.changeColsIntegrality(
+        nx + ny, np.arange(nx + ny), np.full(nx + ny, highspy.HighsVarType.kInteger)
+    )
+    for s in range(n_stages):
+        idx = s * n_clocks + np.arange(n_clocks)
+        h.addRow(1.0, 1.0, n_clocks, idx, np.ones(n_clocks))
+    for s in range(1, n_stages):
+        for c in range(n_clocks):
+            h.addRow(
+                0.0,
+                inf,
+                3,
+                np.array([nx + s - 1, s * n_clocks + c, (s - 1) * n_clocks + c]),
+                np.array([1.0, -1.0, 1.0]),
+            )
+    h.addRow(
+        -inf,
+        budget,
+        nx + ny,
+        np.arange(nx + ny),
+        np.r_[tab.time_s.ravel(), np.full(ny, tab.switch_time_s)],
+    )
+    h.run()
+    return h.getInfo().objective_function_value
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_dp_optimum_equals_the_milp_optimum(seed):
+    rng = np.random.default_rng(seed)
+    tab = random_tables(rng, int(rng.integers(2, 41)))
+    budget = tab.time_s[:, -1].sum() * (1 + rng.uniform(0.01, 0.1))
+    result = solve(tab, budget)
+    optimum = milp_optimum(tab, budget)
+    assert result.time_s <= budget * (1 + 1e-9)
+    assert result.energy_j == pytest.approx(optimum, rel=1e-9)
+    assert result.lower_bound_j <= optimum * (1 + 1e-9)
+    assert result.status == "optimal"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_certificate_is_a_valid_bound_and_matches_its_definition(seed):
+    rng = np.random.default_rng(100 + seed)
+    tab = random_tables(rng, 30)
+    budget = tab.time_s[:, -1].sum() * 1.03
+    result = solve(tab, budget, exact=False)
+    assert result.lower_bound_j <= milp_optimum(tab, budget) * (1 + 1e-9)
+    expected = (result.energy_j - result.lower_bound_j) / result.energy_j * 100
+    assert result.gap_pct == pytest.approx(max(expected, 0.0), abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_large_problem_gap_is_small_when_switch_latency_is_hidden(seed):
+    """Predictive dispatch hides the switch latency: switches cost energy, not time."""
+    rng = np.random.default_rng(7 + seed)
+    base = random_tables(rng, 1000, n_clocks=9)
+    tab = StageTables(base.time_s, base.energy_j, switch_time_s=0.0, switch_energy_j=1e-3)
+    budget = tab.time_s[:, -1].sum() * 1.02
+    result = solve(tab, budget)
+    assert result.gap_pct <= 0.1
+    assert result.time_s <= budget * (1 + 1e-12)
+
+
+def test_no_slack_means_everything_at_the_top_clock():
+    tab = random_tables(np.random.default_rng(3), 20, switch=False)
+    result = solve(tab, tab.time_s[:, -1].sum())
+    assert (result.clock == tab.shape[1] - 1).all()
+
+
+def test_infeasible_budget():
+    tab = random_tables(np.random.default_rng(4), 10)
+    result = solve(tab, tab.time_s.min(axis=1).sum() * 0.5)
+    assert result.status == "infeasible"
+
+
+def test_vectorised_viterbi_equals_one_multiplier_at_a_time():
+    tab = random_tables(np.random.default_rng(5), 50)
+    lams = np.array([0.0, 10.0, 1e3, 1e5])
+    together = viterbi(tab, lams)
+    for k, lam in enumerate(lams):
+        np.testing.assert_array_equal(together[k], viterbi(tab, float(lam)))
+
+
+def test_stage_tables_sum_ops():
+    ops_t = np.arange(12, dtype=float).reshape(6, 2)
+    tab = stage_tables(ops_t, ops_t * 2, np.array([0, 2, 5]))
+    np.testing.assert_allclose(tab.time_s, np.array([[2, 4], [18, 21], [10, 11]]) * 1e-6)
+    np.testing.assert_allclose(tab.energy_j, np.array([[4, 8], [36, 42], [20, 22]]))
