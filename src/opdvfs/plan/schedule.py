@@ -101,6 +101,7 @@ class Schedule(FrozenModel):
     predicted_core_energy_j: NonNegativeFloat | None = None
     lower_bound_energy_j: NonNegativeFloat | None = None
     gap_pct: NonNegativeFloat | None = None
+    plan_seconds: NonNegativeFloat | None = None
 
     file_error = ScheduleFormatError
 
