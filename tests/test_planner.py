@@ -1,0 +1,160 @@
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from opdvfs import Schedule
+from opdvfs.cli import app
+from opdvfs.devices.presets import get_preset
+from opdvfs.models.bundle import ModelBundle
+from opdvfs.models.perf import PerfModel
+from opdvfs.models.power import PowerModel
+from opdvfs.plan.classify import HIGH, LOW, classify_by_ratios, classify_by_sensitivity, sensitivity
+from opdvfs.plan.planner import PlanInputs, plan_schedule
+from opdvfs.plan.segment import segment
+from opdvfs.sim import SimulatedDevice
+from opdvfs.workloads.library import BUILDERS
+
+ASCEND = get_preset("ascend-910b-like")
+
+
+def test_sensitivity_and_classes():
+    s = sensitivity(
+        np.array([180.0, 100.0, 140.0]), np.array([100.0, 100.0, 100.0]), 1000.0, 1800.0
+    )
+    np.testing.assert_allclose(s, [1.0, 0.0, np.log(1.4) / np.log(1.8)])
+    classes = classify_by_sensitivity(s, np.array(["compute", "compute", "comm"]))
+    assert classes.tolist() == [HIGH, LOW, LOW]
+
+
+def test_paper_classification_rules():
+    ops = pd.DataFrame(
+        {
+            "stream": ["compute"] * 5,
+            "ratio_mac": [0.90, 0.30, 0.10, 0.50, np.nan],
+            "ratio_vec": [0.05, 0.20, 0.10, 0.50, np.nan],
+            "ratio_mte2": [0.30, 0.85, 0.20, 0.30, np.nan],
+            "ratio_mte3": [0.10, 0.20, 0.10, 0.10, np.nan],
+        }
+    )
+    classes, bound = classify_by_ratios(ops)
+    assert bound.tolist() == ["core:mac", "uncore:mte2", "no-pipeline", "latency", "off-core"]
+    assert classes.tolist() == [HIGH, LOW, LOW, HIGH, LOW]
+
+
+def test_segment_respects_the_interval_and_keeps_long_runs():
+    rng = np.random.default_rng(0)
+    classes = np.repeat(rng.integers(0, 2, 400), rng.integers(1, 6, 400))
+    dur = rng.uniform(50, 2000, len(classes))
+    starts, stage_class = segment(classes, dur, interval_us=5000.0)
+    assert starts[0] == 0 and (np.diff(starts) > 0).all()
+    stage_time = np.add.reduceat(dur, starts)
+    assert (stage_time >= 5000.0).all()
+    # a single long run of one class is never cut or swallowed
+    classes = np.r_[np.ones(10), np.zeros(50), np.ones(10)].astype(int)
+    dur = np.r_[np.full(10, 100.0), np.full(50, 1000.0), np.full(10, 100.0)]
+    starts, stage_class = segment(classes, dur, interval_us=5000.0)
+    lfc = np.flatnonzero(stage_class == LOW)
+    assert len(lfc) == 1
+    assert np.add.reduceat(dur, starts)[lfc[0]] >= 50 * 1000.0
+
+
+@pytest.fixture(scope="module")
+def bert_models():
+    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin)
+    w = BUILDERS["bert"]()
+    profile = dev.profile(w, [1000, 1400, 1800])
+    models = ModelBundle(
+        PerfModel().fit(profile), PowerModel().fit(profile, [1000, 1800], device=ASCEND.spec)
+    )
+    ops = w.ops
+    inputs = PlanInputs(
+        np.asarray(ASCEND.spec.freqs_mhz),
+        ops["stream"].to_numpy(),
+        ops["gap_before_us"].to_numpy(),
+        device=ASCEND.spec.name,
+        workload="bert",
+    )
+    return dev, w, models, inputs
+
+
+def test_plan_meets_the_budget_when_executed(bert_models):
+    dev, w, models, inputs = bert_models
+    schedule = plan_schedule(models, inputs, target=0.02, objective="core-energy")
+    assert schedule.predicted_time_s <= 1.02 * schedule.baseline_time_s * (1 + 1e-9)
+    assert schedule.gap_pct is not None and schedule.gap_pct <= 0.1
+    base, _ = dev.run(w)
+    planned, _ = dev.run(w, schedule)
+    assert planned.iteration_time_s <= 1.025 * base.iteration_time_s  # measured on the twin
+    assert planned.core_energy_j < 0.97 * base.core_energy_j
+    predicted = schedule.predicted_core_energy_j / schedule.baseline_core_energy_j
+    measured = planned.core_energy_j / base.core_energy_j
+    assert predicted == pytest.approx(measured, abs=0.01)
+
+
+def test_predictive_dispatch_issues_switches_early(bert_models):
+    _, _, models, inputs = bert_models
+    early = plan_schedule(
+        models, inputs, target=0.05, objective="core-energy", switch_latency_ms=2.0
+    )
+    late = plan_schedule(
+        models,
+        inputs,
+        target=0.05,
+        objective="core-energy",
+        switch_latency_ms=2.0,
+        dispatch="reactive",
+    )
+    lead = [early.stages[w.stage].first_op - w.trigger_op for w in early.switches[1:]]
+    assert max(lead) > 0
+    assert all(late.stages[w.stage].first_op == w.trigger_op for w in late.switches)
+
+
+def test_cli_plan_then_simulate(tmp_path, bert_models):
+    dev, w, _, _ = bert_models
+    profile = dev.profile(w, [1000, 1400, 1800])
+    path = tmp_path / "bert.parquet"
+    profile.write(path)
+    out = tmp_path / "schedule.json"
+    runner = CliRunner()
+    res = runner.invoke(
+        app,
+        [
+            "plan",
+            str(path),
+            "--target",
+            "0.02",
+            "--objective",
+            "core-energy",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout)
+    assert {
+        "solver",
+        "target",
+        "baseline_time_s",
+        "predicted_time_s",
+        "baseline_energy_j",
+        "predicted_energy_j",
+        "lower_bound_energy_j",
+        "gap_pct",
+        "stages",
+        "switches",
+        "plan_seconds",
+    } == set(payload)
+    schedule = Schedule.read(out)
+    assert schedule.n_ops == len(w) and schedule.device == ASCEND.spec.name
+    res = runner.invoke(
+        app, ["simulate", str(out), "--device", ASCEND.spec.name, "--workload", "bert", "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(
+        app, ["plan", str(path), "--target", "0.02", "--solver", "ga", "--out", str(out)]
+    )
+    assert res.exit_code == 2 and "only 'dp'" in res.stderr
