@@ -155,6 +155,15 @@ def test_cli_plan_then_simulate(tmp_path, bert_models):
     )
     assert res.exit_code == 0, res.output
     res = runner.invoke(
-        app, ["plan", str(path), "--target", "0.02", "--solver", "ga", "--out", str(out)]
+        app, ["plan", str(path), "--target", "0.02", "--solver", "milp", "--out", str(out)]
     )
-    assert res.exit_code == 2 and "only 'dp'" in res.stderr
+    assert res.exit_code == 2 and "expected dp or ga" in res.stderr
+
+
+def test_ga_never_beats_the_dp_lower_bound(bert_models):
+    _, _, models, inputs = bert_models
+    exact = plan_schedule(models, inputs, target=0.05, objective="core-energy")
+    ga = plan_schedule(models, inputs, target=0.05, objective="core-energy", solver="ga")
+    assert ga.solver == "ga" and ga.lower_bound_energy_j is None and ga.gap_pct is None
+    assert ga.predicted_time_s <= 1.05 * ga.baseline_time_s * (1 + 1e-9)
+    assert ga.predicted_core_energy_j >= exact.lower_bound_energy_j * (1 - 1e-9)

@@ -639,7 +639,9 @@ def plan(
         float, typer.Option("--target", help="Allowed slowdown (0.02 = 2%).", min=0.0)
     ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Schedule to write (JSON).")],
-    solver: Annotated[str, typer.Option("--solver", help="dp (exact, certified).")] = "dp",
+    solver: Annotated[
+        str, typer.Option("--solver", help="dp (exact, certified) or ga (the paper's GA).")
+    ] = "dp",
     objective: Annotated[
         str, typer.Option("--objective", help="energy (chip) or core-energy.")
     ] = "energy",
@@ -667,8 +669,8 @@ def plan(
     as_json: JsonOption = False,
 ) -> None:
     """Plan per-stage clocks that save the most energy within a slowdown budget."""
-    if solver != "dp":
-        raise UsageError(f"--solver {solver!r}: only 'dp' exists so far")
+    if solver not in ("dp", "ga"):
+        raise UsageError(f"--solver {solver!r}: expected dp or ga")
     if objective not in ("energy", "core-energy"):
         raise UsageError(f"--objective {objective!r}: expected energy or core-energy")
     if dispatch not in ("predictive", "reactive"):
@@ -698,6 +700,7 @@ def plan(
             interval_ms=interval_ms,
             switch_latency_ms=latency,
             dispatch=cast(Literal["predictive", "reactive"], dispatch),
+            solver=cast(Literal["dp", "ga"], solver),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -723,7 +726,12 @@ def plan(
     stdout.print(
         f"wrote {out}: {len(schedule.stages)} stages, {schedule.n_switches} switches; predicted "
         f"{pred_t / base_t - 1:+.2%} time, {pred_e / base_e - 1:+.2%} chip energy "
-        f"(certified within {schedule.gap_pct or 0:.3f}% of optimal), planned in "
+        + (
+            f"(certified within {schedule.gap_pct:.3f}% of optimal), "
+            if schedule.gap_pct is not None
+            else "(no optimality certificate), "
+        )
+        + f"planned in "
         f"{schedule.plan_seconds or 0:.2f} s",
         highlight=False,
     )
