@@ -28,6 +28,7 @@ from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import FORMS, PerfModel
 from opdvfs.models.power import PowerModel
 from opdvfs.models.validation import validate_perf, validate_power
+from opdvfs.plan.classify import classify_by_ratios
 from opdvfs.plan.planner import PlanInputs, plan_schedule
 from opdvfs.plan.schedule import Schedule
 from opdvfs.profile import OP_COLUMNS, SAMPLE_COLUMNS, Profile
@@ -625,7 +626,13 @@ def _plan_inputs(
     if len(streams) != n_ops:
         raise UsageError(f"the workload has {len(streams)} ops but the models {n_ops}")
     label = workload or (profile.meta.get("workload") if profile is not None else None)
-    return PlanInputs(freqs, streams, gaps, device=name, workload=label)
+    classes = None
+    if profile is not None and any(c.startswith("ratio_") for c in profile.ops.columns):
+        rows = profile.ops
+        top = rows[rows["freq_mhz"] == rows["freq_mhz"].max()]
+        first = top.sort_values(["iteration", "op"]).drop_duplicates("op")
+        classes = classify_by_ratios(first.reset_index(drop=True))[0]
+    return PlanInputs(freqs, streams, gaps, device=name, workload=label, classes=classes)
 
 
 @app.command()

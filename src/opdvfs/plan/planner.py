@@ -41,6 +41,9 @@ class PlanInputs:
     gap_us: np.ndarray
     device: str | None = None
     workload: str | None = None
+    #: LOW/HIGH per op from the profiler's pipeline ratios (paper Fig. 12), when it gives them;
+    #: otherwise the fitted sensitivity decides.
+    classes: np.ndarray | None = None
 
 
 def plan_schedule(
@@ -71,8 +74,11 @@ def plan_schedule(
     chip_j = power["chip_w"] * time_us * 1e-6
     core_j = power["core_w"] * time_us * 1e-6
     top = len(freqs) - 1
-    sens = sensitivity(time_us[:, 0], time_us[:, top], freqs[0], freqs[top])
-    classes = classify_by_sensitivity(sens, inputs.streams)
+    if inputs.classes is not None:
+        classes = inputs.classes
+    else:
+        sens = sensitivity(time_us[:, 0], time_us[:, top], freqs[0], freqs[top])
+        classes = classify_by_sensitivity(sens, inputs.streams)
     starts, stage_class = segment(
         classes, time_us[:, top] + inputs.gap_us, interval_us=interval_ms * 1e3
     )
