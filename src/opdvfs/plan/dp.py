@@ -20,7 +20,7 @@ from typing import Literal
 
 import numpy as np
 
-__all__ = ["PlanResult", "StageTables", "solve", "stage_tables", "viterbi"]
+__all__ = ["PlanResult", "StageTables", "evaluate_plans", "solve", "stage_tables", "viterbi"]
 
 Status = Literal["optimal", "feasible", "infeasible"]
 
@@ -50,11 +50,8 @@ class StageTables:
 
     def evaluate(self, clock: np.ndarray) -> tuple[float, float, int]:
         """Time, energy and number of switches of a plan (clock index per stage)."""
-        rows = np.arange(len(clock))
-        switches = int(np.count_nonzero(np.diff(clock)))
-        time = float(self.time_s[rows, clock].sum() + switches * self.switch_time_s)
-        energy = float(self.energy_j[rows, clock].sum() + switches * self.switch_energy_j)
-        return time, energy, switches
+        time, energy = evaluate_plans(self, np.asarray(clock)[None, :])
+        return float(time[0]), float(energy[0]), int(np.count_nonzero(np.diff(clock)))
 
 
 def stage_tables(
@@ -123,8 +120,8 @@ def viterbi(tables: StageTables, lam: float | np.ndarray) -> np.ndarray:
     return clock if np.ndim(lam) else clock[0]
 
 
-def _evaluate_many(tables: StageTables, plans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Time and energy of K plans (K, S) at once."""
+def evaluate_plans(tables: StageTables, plans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Time and energy (switches included) of K plans of shape (K, S), at once."""
     rows = np.arange(plans.shape[1])
     switches = np.count_nonzero(np.diff(plans, axis=1), axis=1)
     time = tables.time_s[rows, plans].sum(axis=1) + switches * tables.switch_time_s
@@ -147,7 +144,7 @@ def _lagrangian(
     def visit(lams: np.ndarray) -> np.ndarray:
         nonlocal best_plan, best_e, bound, best_lam
         plans = viterbi(tables, lams)
-        time, energy = _evaluate_many(tables, plans)
+        time, energy = evaluate_plans(tables, plans)
         bound = max(bound, float(np.max(energy + lams * (time - budget))))
         feasible = time <= budget * (1 + 1e-12)
         if feasible.any():

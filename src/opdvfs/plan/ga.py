@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from opdvfs.plan.classify import LOW
-from opdvfs.plan.dp import StageTables
+from opdvfs.plan.dp import StageTables, evaluate_plans
 
 __all__ = ["GAResult", "genetic_plan"]
 
@@ -31,14 +31,6 @@ class GAResult:
     switches: int
     feasible: bool
     generations: int
-
-
-def _evaluate(tables: StageTables, pop: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    rows = np.arange(pop.shape[1])
-    switches = np.count_nonzero(np.diff(pop, axis=1), axis=1)
-    time = tables.time_s[rows, pop].sum(axis=1) + switches * tables.switch_time_s
-    energy = tables.energy_j[rows, pop].sum(axis=1) + switches * tables.switch_energy_j
-    return time, energy
 
 
 def genetic_plan(
@@ -70,7 +62,7 @@ def genetic_plan(
     pop[1] = np.where(np.asarray(stage_class) == LOW, 0, top)
     best, best_key = pop[0].copy(), (False, -np.inf)
     for _ in range(generations):
-        time, energy = _evaluate(tables, pop)
+        time, energy = evaluate_plans(tables, pop)
         per = base_t / time
         power = energy / time
         ok = time <= budget_s * (1 + 1e-12)
@@ -91,7 +83,7 @@ def genetic_plan(
         child[flip] = rng.integers(0, n_clocks, int(flip.sum()))
         child[0] = best  # elitism: the best plan survives
         pop = child
-    time, energy = _evaluate(tables, best[None, :])
+    time, energy = evaluate_plans(tables, best[None, :])
     switches = int(np.count_nonzero(np.diff(best)))
     return GAResult(
         best,
