@@ -23,7 +23,9 @@ from opdvfs.sim import SimulatedDevice
 from opdvfs.workloads.library import BUILDERS
 
 CASES = [("gpt3", t) for t in (0.02, 0.04, 0.06, 0.08, 0.10)] + [
-    ("bert", 0.02), ("resnet50", 0.02), ("resnet152", 0.02)
+    ("bert", 0.02),
+    ("resnet50", 0.02),
+    ("resnet152", 0.02),
 ]
 
 
@@ -39,32 +41,40 @@ def main() -> None:
         if name not in cache:
             w = BUILDERS[name]()
             profile = dev.profile(w, [1000, 1400, 1800])
-            models = ModelBundle(PerfModel().fit(profile),
-                                 PowerModel().fit(profile, [1000, 1800], device=preset.spec))
+            models = ModelBundle(
+                PerfModel().fit(profile),
+                PowerModel().fit(profile, [1000, 1800], device=preset.spec),
+            )
             ops = w.ops
-            inputs = PlanInputs(np.asarray(preset.spec.freqs_mhz), ops["stream"].to_numpy(),
-                                ops["gap_before_us"].to_numpy(), device=preset.spec.name,
-                                workload=name)
+            inputs = PlanInputs(
+                np.asarray(preset.spec.freqs_mhz),
+                ops["stream"].to_numpy(),
+                ops["gap_before_us"].to_numpy(),
+                device=preset.spec.name,
+                workload=name,
+            )
             base, _ = dev.run(w)
             cache[name] = (w, models, inputs, base)
         w, models, inputs, base = cache[name]
         dp = plan_schedule(models, inputs, target=target, objective="core-energy")
         ga = plan_schedule(models, inputs, target=target, objective="core-energy", solver="ga")
         run, _ = dev.run(w, dp)
-        rows.append({
-            "workload": name,
-            "target %": target * 100,
-            "stages": len(dp.stages),
-            "DP core saving %": saving(dp, "core_energy_j"),
-            "GA core saving %": saving(ga, "core_energy_j"),
-            "DP gap %": dp.gap_pct,
-            "DP s": dp.plan_seconds,
-            "GA s": ga.plan_seconds,
-            "DP switches": dp.n_switches,
-            "DP chip saving %": saving(dp, "energy_j"),
-            "measured loss %": (run.iteration_time_s / base.iteration_time_s - 1) * 100,
-            "measured core saving %": (1 - run.core_energy_j / base.core_energy_j) * 100,
-        })
+        rows.append(
+            {
+                "workload": name,
+                "target %": target * 100,
+                "stages": len(dp.stages),
+                "DP core saving %": saving(dp, "core_energy_j"),
+                "GA core saving %": saving(ga, "core_energy_j"),
+                "DP gap %": dp.gap_pct,
+                "DP s": dp.plan_seconds,
+                "GA s": ga.plan_seconds,
+                "DP switches": dp.n_switches,
+                "DP chip saving %": saving(dp, "energy_j"),
+                "measured loss %": (run.iteration_time_s / base.iteration_time_s - 1) * 100,
+                "measured core saving %": (1 - run.core_energy_j / base.core_energy_j) * 100,
+            }
+        )
     pd.set_option("display.width", 240)
     print("ascend-910b-like (simulated); paper GPT-3 at 2%: AICore power -15.27%, loss 1.59%")
     print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
