@@ -116,3 +116,39 @@ def test_stage_tables_sum_ops():
     tab = stage_tables(ops_t, ops_t * 2, np.array([0, 2, 5]))
     np.testing.assert_allclose(tab.time_s, np.array([[2, 4], [18, 21], [10, 11]]) * 1e-6)
     np.testing.assert_allclose(tab.energy_j, np.array([[4, 8], [36, 42], [20, 22]]))
+
+
+def brute_force(tab: StageTables, budget: float):
+    import itertools
+
+    plans = np.array(list(itertools.product(range(tab.shape[1]), repeat=tab.shape[0])))
+    from opdvfs.plan.dp import evaluate_plans
+
+    time, energy = evaluate_plans(tab, plans)
+    return plans, time, energy
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_min_power_objective_matches_brute_force(seed):
+    from opdvfs.plan.dp import solve_min_power
+
+    tab = random_tables(np.random.default_rng(200 + seed), 7, n_clocks=3)
+    budget = tab.time_s[:, -1].sum() * 1.05
+    _, time, energy = brute_force(tab, budget)
+    ok = time <= budget
+    result = solve_min_power(tab, budget)
+    assert result.energy_j / result.time_s == pytest.approx((energy[ok] / time[ok]).min(), rel=1e-9)
+
+
+def test_frontier_is_pareto_and_spans_both_ends():
+    from opdvfs.plan.dp import frontier
+
+    tab = random_tables(np.random.default_rng(11), 7, n_clocks=3)
+    points = frontier(tab)
+    assert (np.diff(points[:, 0]) > 0).all() and (np.diff(points[:, 1]) < 0).all()
+    _, time, energy = brute_force(tab, np.inf)
+    assert points[:, 1].min() == pytest.approx(energy.min())  # least-energy plan
+    assert points[:, 0].min() == pytest.approx(time.min())  # fastest plan
+    # no frontier point is dominated by any plan
+    for t, e, _ in points:
+        assert not ((time < t - 1e-15) & (energy < e - 1e-12)).any()

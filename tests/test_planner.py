@@ -150,6 +150,26 @@ def test_cli_plan_then_simulate(tmp_path, bert_models):
     } == set(payload)
     schedule = Schedule.read(out)
     assert schedule.n_ops == len(w) and schedule.device == ASCEND.spec.name
+    front = tmp_path / "frontier.csv"
+    res = runner.invoke(
+        app,
+        [
+            "plan",
+            str(path),
+            "--target",
+            "0.05",
+            "--objective",
+            "core-energy",
+            "--out",
+            str(out),
+            "--frontier",
+            str(front),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    table = pd.read_csv(front)
+    assert {"slowdown_pct", "saving_pct", "time_s", "energy_j", "lambda"} == set(table.columns)
+    assert len(table) > 3 and table["slowdown_pct"].is_monotonic_increasing
     res = runner.invoke(
         app, ["simulate", str(out), "--device", ASCEND.spec.name, "--workload", "bert", "--json"]
     )

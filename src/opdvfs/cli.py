@@ -21,6 +21,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from opdvfs import __version__
+from opdvfs._files import write_text_atomic
 from opdvfs.devices.presets import PRESETS, get_preset
 from opdvfs.exceptions import OpdvfsError, ValidationError
 from opdvfs.io import FORMATS, read_profile
@@ -29,7 +30,7 @@ from opdvfs.models.perf import FORMS, PerfModel
 from opdvfs.models.power import PowerModel
 from opdvfs.models.validation import validate_perf, validate_power
 from opdvfs.plan.classify import classify_by_ratios
-from opdvfs.plan.planner import PlanInputs, plan_schedule
+from opdvfs.plan.planner import PlanInputs, plan_frontier, plan_schedule
 from opdvfs.plan.schedule import Schedule
 from opdvfs.profile import OP_COLUMNS, SAMPLE_COLUMNS, Profile
 from opdvfs.sim.twin import SimulatedDevice
@@ -650,7 +651,7 @@ def plan(
         str, typer.Option("--solver", help="dp (exact, certified) or ga (the paper's GA).")
     ] = "dp",
     objective: Annotated[
-        str, typer.Option("--objective", help="energy (chip) or core-energy.")
+        str, typer.Option("--objective", help="energy (chip), core-energy or power (mean chip).")
     ] = "energy",
     interval_ms: Annotated[
         float, typer.Option("--interval-ms", min=0.0, help="Frequency-adjustment interval.")
@@ -673,13 +674,17 @@ def plan(
         str | None,
         typer.Option("--train-freqs", help="Clocks to fit on, for a PROFILE (default: all)."),
     ] = None,
+    frontier_csv: Annotated[
+        Path | None,
+        typer.Option("--frontier", help="Also write the whole time-energy frontier (CSV)."),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Plan per-stage clocks that save the most energy within a slowdown budget."""
     if solver not in ("dp", "ga"):
         raise UsageError(f"--solver {solver!r}: expected dp or ga")
-    if objective not in ("energy", "core-energy"):
-        raise UsageError(f"--objective {objective!r}: expected energy or core-energy")
+    if objective not in ("energy", "core-energy", "power"):
+        raise UsageError(f"--objective {objective!r}: expected energy, core-energy or power")
     if dispatch not in ("predictive", "reactive"):
         raise UsageError(f"--dispatch {dispatch!r}: expected predictive or reactive")
     profile: Profile | None = None
@@ -703,7 +708,7 @@ def plan(
             doc,
             inputs,
             target=target,
-            objective=cast(Literal["energy", "core-energy"], objective),
+            objective=cast(Literal["energy", "core-energy", "power"], objective),
             interval_ms=interval_ms,
             switch_latency_ms=latency,
             dispatch=cast(Literal["predictive", "reactive"], dispatch),
@@ -712,6 +717,9 @@ def plan(
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     schedule.write(out)
+    if frontier_csv is not None:
+        table = plan_frontier(doc, inputs, objective=cast(Any, objective), interval_ms=interval_ms)
+        write_text_atomic(frontier_csv, table.to_csv(index=False))
     payload = {
         "solver": schedule.solver,
         "target": schedule.target,

@@ -20,7 +20,16 @@ from typing import Literal
 
 import numpy as np
 
-__all__ = ["PlanResult", "StageTables", "evaluate_plans", "solve", "stage_tables", "viterbi"]
+__all__ = [
+    "PlanResult",
+    "StageTables",
+    "evaluate_plans",
+    "frontier",
+    "solve",
+    "solve_min_power",
+    "stage_tables",
+    "viterbi",
+]
 
 Status = Literal["optimal", "feasible", "infeasible"]
 
@@ -284,3 +293,60 @@ def solve(
     t, e, switches = tables.evaluate(plan)
     gap = max(e - bound, 0.0) / e * 100 if e > 0 else 0.0
     return PlanResult(plan, t, e, switches, float(bound), gap, status, lam, budget_s)
+
+
+def frontier(tables: StageTables, points: int = 64) -> np.ndarray:
+    """Return the time-energy frontier as rows (time, energy, lambda), sorted by time.
+
+    Sweeping ``lambda`` from 0 (least energy) to large (least time) traces the lower convex
+    hull of all plans' (time, energy), like Perseus' pipeline frontier; one vectorised Viterbi
+    pass per 64 multipliers. Dominated and repeated points are removed; sorted by time.
+    """
+    scale = float(np.abs(tables.energy_j).sum() / max(np.abs(tables.time_s).sum(), 1e-300))
+    lams = np.r_[0.0, scale * np.geomspace(1e-6, 1e6, points - 1)]
+    plans = viterbi(tables, lams)
+    time, energy = evaluate_plans(tables, plans)
+    order = np.lexsort((energy, time))
+    time, energy, lams = time[order], energy[order], lams[order]
+    keep = energy < np.r_[np.inf, np.minimum.accumulate(energy)[:-1]] * (1 - 1e-12)
+    return np.column_stack([time[keep], energy[keep], lams[keep]])
+
+
+def solve_min_power(tables: StageTables, budget_s: float, *, iterations: int = 20) -> PlanResult:
+    """Minimise mean power ``E / T`` within the budget (Dinkelbach's method on ``E - q T``).
+
+    Each step solves the energy problem with ``E' = E - q T`` (``q`` the current plan's power)
+    exactly as :func:`solve` does; ``q`` falls monotonically to the optimal power. The bound and
+    gap reported are those of the last energy subproblem.
+    """
+    q = 0.0
+    result = solve(tables, budget_s)
+    for _ in range(iterations):
+        if result.status == "infeasible":
+            return result
+        q_new = result.energy_j / result.time_s
+        if abs(q_new - q) <= 1e-9 * abs(q_new):
+            break
+        q = q_new
+        shifted = StageTables(
+            tables.time_s,
+            tables.energy_j - q * tables.time_s,
+            tables.switch_time_s,
+            tables.switch_energy_j - q * tables.switch_time_s,
+        )
+        sub = solve(shifted, budget_s)
+        if sub.status == "infeasible":
+            break
+        t, e, sw = tables.evaluate(sub.clock)
+        result = PlanResult(
+            sub.clock,
+            t,
+            e,
+            sw,
+            sub.lower_bound_j + q * t,
+            sub.gap_pct,
+            sub.status,
+            sub.lam,
+            budget_s,
+        )
+    return result

@@ -19,17 +19,18 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+import pandas as pd
 
 from opdvfs.models.bundle import ModelBundle
 from opdvfs.plan.classify import classify_by_sensitivity, sensitivity
-from opdvfs.plan.dp import solve, stage_tables
+from opdvfs.plan.dp import StageTables, frontier, solve, solve_min_power, stage_tables
 from opdvfs.plan.ga import genetic_plan
 from opdvfs.plan.schedule import Schedule, op_signature
 from opdvfs.plan.segment import segment
 
-__all__ = ["PlanInputs", "plan_schedule"]
+__all__ = ["PlanInputs", "plan_frontier", "plan_schedule"]
 
-Objective = Literal["energy", "core-energy"]
+Objective = Literal["energy", "core-energy", "power"]
 
 
 @dataclass(frozen=True)
@@ -65,24 +66,11 @@ def plan_schedule(
     ValueError
         If the models hold no power model (energy cannot be planned from time alone).
     """
-    if models.power is None:
-        raise ValueError("the models hold no power model: profile with power to plan energy")
     started = _time.perf_counter()
-    freqs = np.sort(np.asarray(inputs.freqs_mhz, dtype=float))
-    time_us = models.perf.predict(freqs)
-    power = models.power.predict(freqs)
-    chip_j = power["chip_w"] * time_us * 1e-6
-    core_j = power["core_w"] * time_us * 1e-6
+    st = _stages(models, inputs, objective, interval_ms)
+    freqs, time_us, starts, tables = st.freqs, st.time_us, st.starts, st.tables
+    chip_j, core_j, stage_class = st.chip_j, st.core_j, st.stage_class
     top = len(freqs) - 1
-    if inputs.classes is not None:
-        classes = inputs.classes
-    else:
-        sens = sensitivity(time_us[:, 0], time_us[:, top], freqs[0], freqs[top])
-        classes = classify_by_sensitivity(sens, inputs.streams)
-    starts, stage_class = segment(
-        classes, time_us[:, top] + inputs.gap_us, interval_us=interval_ms * 1e3
-    )
-    tables = stage_tables(time_us, core_j if objective == "core-energy" else chip_j, starts)
     # Idle gaps take the same time at every clock: they enter the budget, not the choice.
     gaps_s = float(inputs.gap_us.sum() * 1e-6)
     baseline_s = float(tables.time_s[:, top].sum()) + gaps_s
@@ -93,7 +81,7 @@ def plan_schedule(
         found = genetic_plan(tables, budget, stage_class, rng=np.random.default_rng(seed))
         clock, plan_time, lower, gap = found.clock, found.time_s, None, None
     else:
-        result = solve(tables, budget)
+        result = solve_min_power(tables, budget) if objective == "power" else solve(tables, budget)
         if result.status == "infeasible":
             raise ValueError(f"no plan fits a {target:.1%} slowdown")
         clock, plan_time = result.clock, result.time_s
@@ -129,6 +117,82 @@ def plan_schedule(
         lower_bound_energy_j=lower,
         gap_pct=gap,
         plan_seconds=_time.perf_counter() - started,
+    )
+
+
+@dataclass(frozen=True)
+class _Staged:
+    freqs: np.ndarray
+    time_us: np.ndarray
+    chip_j: np.ndarray
+    core_j: np.ndarray
+    starts: np.ndarray
+    stage_class: np.ndarray
+    tables: StageTables
+
+    def __iter__(self):  # unpacking, in field order
+        return iter(
+            (
+                self.freqs,
+                self.time_us,
+                self.chip_j,
+                self.core_j,
+                self.starts,
+                self.stage_class,
+                self.tables,
+            )
+        )
+
+
+def _stages(models: ModelBundle, inputs: PlanInputs, objective: str, interval_ms: float) -> _Staged:
+    """Per-op tables at the device clocks, the classes, the stages and the stage tables."""
+    if models.power is None:
+        raise ValueError("the models hold no power model: profile with power to plan energy")
+    freqs = np.sort(np.asarray(inputs.freqs_mhz, dtype=float))
+    time_us = models.perf.predict(freqs)
+    power = models.power.predict(freqs)
+    chip_j = power["chip_w"] * time_us * 1e-6
+    core_j = power["core_w"] * time_us * 1e-6
+    top = len(freqs) - 1
+    if inputs.classes is not None:
+        classes = inputs.classes
+    else:
+        sens = sensitivity(time_us[:, 0], time_us[:, top], freqs[0], freqs[top])
+        classes = classify_by_sensitivity(sens, inputs.streams)
+    starts, stage_class = segment(
+        classes, time_us[:, top] + inputs.gap_us, interval_us=interval_ms * 1e3
+    )
+    tables = stage_tables(time_us, core_j if objective == "core-energy" else chip_j, starts)
+    return _Staged(freqs, time_us, chip_j, core_j, starts, stage_class, tables)
+
+
+def plan_frontier(
+    models: ModelBundle,
+    inputs: PlanInputs,
+    *,
+    objective: Objective = "energy",
+    interval_ms: float = 5.0,
+) -> pd.DataFrame:
+    """Return the whole time-energy frontier of per-stage plans, one row per reachable plan.
+
+    Columns: ``slowdown_pct`` and ``saving_pct`` against the all-top-clock plan, ``time_s`` and
+    ``energy_j`` (operator time with idle gaps; energy on the objective's rail) and ``lambda``.
+    """
+    st = _stages(models, inputs, objective, interval_ms)
+    gaps_s = float(inputs.gap_us.sum() * 1e-6)
+    top = len(st.freqs) - 1
+    base_t = float(st.tables.time_s[:, top].sum()) + gaps_s
+    base_e = float(st.tables.energy_j[:, top].sum())
+    points = frontier(st.tables)
+    time_s = points[:, 0] + gaps_s
+    return pd.DataFrame(
+        {
+            "slowdown_pct": (time_s / base_t - 1) * 100,
+            "saving_pct": (1 - points[:, 1] / base_e) * 100,
+            "time_s": time_s,
+            "energy_j": points[:, 1],
+            "lambda": points[:, 2],
+        }
     )
 
 
