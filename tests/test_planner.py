@@ -187,3 +187,12 @@ def test_ga_never_beats_the_dp_lower_bound(bert_models):
     assert ga.solver == "ga" and ga.lower_bound_energy_j is None and ga.gap_pct is None
     assert ga.predicted_time_s <= 1.05 * ga.baseline_time_s * (1 + 1e-9)
     assert ga.predicted_core_energy_j >= exact.lower_bound_energy_j * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("objective", ["energy", "core-energy", "power", "paper"])
+def test_every_objective_plans_within_the_budget(bert_models, objective):
+    _, _, models, inputs = bert_models
+    schedule = plan_schedule(models, inputs, target=0.05, objective=objective)
+    assert schedule.objective == objective
+    assert schedule.predicted_time_s <= 1.05 * schedule.baseline_time_s * (1 + 1e-9)
+    assert (schedule.gap_pct is None) == (objective == "paper")

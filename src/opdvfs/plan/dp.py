@@ -25,6 +25,7 @@ __all__ = [
     "StageTables",
     "evaluate_plans",
     "frontier",
+    "frontier_plans",
     "solve",
     "solve_min_power",
     "stage_tables",
@@ -295,6 +296,18 @@ def solve(
     return PlanResult(plan, t, e, switches, float(bound), gap, status, lam, budget_s)
 
 
+def frontier_plans(tables: StageTables, points: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """Return the frontier's plans (K, S) and rows (time, energy, lambda): :func:`frontier`."""
+    scale = float(np.abs(tables.energy_j).sum() / max(np.abs(tables.time_s).sum(), 1e-300))
+    lams = np.r_[0.0, scale * np.geomspace(1e-6, 1e6, points - 1)]
+    plans = viterbi(tables, lams)
+    time, energy = evaluate_plans(tables, plans)
+    order = np.lexsort((energy, time))
+    time, energy, lams, plans = time[order], energy[order], lams[order], plans[order]
+    keep = energy < np.r_[np.inf, np.minimum.accumulate(energy)[:-1]] * (1 - 1e-12)
+    return plans[keep], np.column_stack([time[keep], energy[keep], lams[keep]])
+
+
 def frontier(tables: StageTables, points: int = 64) -> np.ndarray:
     """Return the time-energy frontier as rows (time, energy, lambda), sorted by time.
 
@@ -302,14 +315,7 @@ def frontier(tables: StageTables, points: int = 64) -> np.ndarray:
     hull of all plans' (time, energy), like Perseus' pipeline frontier; one vectorised Viterbi
     pass per 64 multipliers. Dominated and repeated points are removed; sorted by time.
     """
-    scale = float(np.abs(tables.energy_j).sum() / max(np.abs(tables.time_s).sum(), 1e-300))
-    lams = np.r_[0.0, scale * np.geomspace(1e-6, 1e6, points - 1)]
-    plans = viterbi(tables, lams)
-    time, energy = evaluate_plans(tables, plans)
-    order = np.lexsort((energy, time))
-    time, energy, lams = time[order], energy[order], lams[order]
-    keep = energy < np.r_[np.inf, np.minimum.accumulate(energy)[:-1]] * (1 - 1e-12)
-    return np.column_stack([time[keep], energy[keep], lams[keep]])
+    return frontier_plans(tables, points)[1]
 
 
 def solve_min_power(tables: StageTables, budget_s: float, *, iterations: int = 20) -> PlanResult:
