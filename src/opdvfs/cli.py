@@ -258,7 +258,7 @@ def _ratio(value: float, reference: float) -> str:
 
 @app.command()
 def formats() -> None:
-    """List the input formats ``import`` reads."""
+    """List the input formats that import reads."""
     table = Table(title="input formats")
     table.add_column("format")
     table.add_column("reads")
@@ -289,7 +289,7 @@ def schema(
         str, typer.Argument(help="schedule, device, run-result (JSON Schema); profile, workload.")
     ],
 ) -> None:
-    """Print the JSON Schema of a file format (``opdvfs schema schedule``)."""
+    """Print the JSON Schema of a file format (e.g. opdvfs schema schedule)."""
     schemas = _schemas()
     if name not in schemas:
         raise _fail(f"unknown schema {name!r}; expected one of {', '.join(schemas)}")
