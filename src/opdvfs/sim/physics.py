@@ -43,8 +43,7 @@ _FIXED = Family(FIXED, pingpong=False, dependent=False, efficiency=1.0)
 
 #: Operator type -> family. Types are Ascend-style names, which the workload builders emit;
 #: unknown types run as pipelined vector ops.
-FAMILIES: dict[str, Family] = {}
-for _family, _types in (
+_TYPES_BY_FAMILY = (
     (_CUBE, "MatMul BatchMatMul Conv2D Conv2DBackpropInput Conv2DBackpropFilter FlashAttention"),
     (_VECTOR, "Add Mul RealDiv Gelu GeluGrad Relu ReluGrad Dropout DropoutGrad Cast AdamW"),
     (_VECTOR, "BiasAdd BiasAddGrad SiLU SiLUGrad RotaryEmb"),
@@ -55,8 +54,10 @@ for _family, _types in (
     (_GATHER, "Gather GatherGrad Embedding EmbeddingGrad KVCacheWrite"),
     (_COMM, "AllReduce AllGather ReduceScatter Send Recv Broadcast"),
     (_FIXED, "AICPU Host"),
-):
-    FAMILIES.update(dict.fromkeys(_types.split(), _family))
+)
+FAMILIES: dict[str, Family] = {
+    name: family for family, names in _TYPES_BY_FAMILY for name in names.split()
+}
 
 
 @dataclass(frozen=True)
