@@ -152,3 +152,27 @@ def test_frontier_is_pareto_and_spans_both_ends():
     # no frontier point is dominated by any plan
     for t, e, _ in points:
         assert not ((time < t - 1e-15) & (energy < e - 1e-12)).any()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_lagging_switches_are_charged_exactly(seed):
+    """Reactive dispatch: each stage's first lag_s runs at the previous clock."""
+    base = random_tables(np.random.default_rng(300 + seed), 7, n_clocks=3)
+    tab = StageTables(
+        base.time_s, base.energy_j, base.switch_time_s, base.switch_energy_j, lag_s=3e-4
+    )
+    _, time, energy = brute_force(tab, np.inf)
+    for lam in (0.0, 50.0, 500.0):
+        plan = viterbi(tab, lam)
+        t, e, _ = tab.evaluate(plan)
+        assert e + lam * t == pytest.approx((energy + lam * time).min(), rel=1e-12)
+    budget = tab.time_s[:, -1].sum() * 1.05
+    result = solve(tab, budget)
+    ok = time <= budget
+    assert result.energy_j == pytest.approx(energy[ok].min(), rel=1e-12)
+    # and the charge itself: a switch into stage 1 costs phi (T_old - T_new)
+    two = StageTables(tab.time_s[:2], tab.energy_j[:2], lag_s=3e-4)
+    t, _, _ = two.evaluate(np.array([2, 0]))
+    phi = min(3e-4 / tab.time_s[1, 2], 1.0)
+    expected = tab.time_s[0, 2] + tab.time_s[1, 0] + phi * (tab.time_s[1, 2] - tab.time_s[1, 0])
+    assert t == pytest.approx(expected)

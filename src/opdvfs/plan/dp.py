@@ -44,13 +44,18 @@ class StageTables:
     time_s, energy_j
         Shape (n_stages, n_clocks).
     switch_time_s, switch_energy_j
-        Cost of one clock change (unhidden switch latency; energy of the transition).
+        Cost of one clock change (a stall; the energy of the transition).
+    lag_s
+        A switch that lands this long after its stage starts (reactive dispatch): the stage's
+        first ``lag_s`` run at the previous clock, so a share ``phi = min(lag_s / T_old, 1)`` of
+        its work costs the old clock's time and energy. 0 for predictive dispatch.
     """
 
     time_s: np.ndarray
     energy_j: np.ndarray
     switch_time_s: float = 0.0
     switch_energy_j: float = 0.0
+    lag_s: float = 0.0
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -117,7 +122,21 @@ def viterbi(tables: StageTables, lam: float | np.ndarray) -> np.ndarray:
     back = np.empty((n_stages, k, n_clocks), dtype=np.int32)
     stay = np.broadcast_to(np.arange(n_clocks, dtype=np.int32), (k, n_clocks))
     rows = np.arange(k)
+    lagging = tables.lag_s > 0
+    if lagging:
+        phi = np.minimum(tables.lag_s / tables.time_s, 1.0)  # (S, C): share run at the old clock
+        off = ~np.eye(n_clocks, dtype=bool)
     for s in range(1, n_stages):
+        if lagging:
+            # arriving at b from a: (1 - phi_a) cost_b + phi_a cost_a, O(C^2) per stage
+            here = cost[:, s, :]
+            mix = (1 - phi[s][None, :, None]) * here[:, None, :] + phi[s][None, :, None] * here[
+                :, :, None
+            ]
+            total = best[:, :, None] + np.where(off, mix + jump[:, None, None], here[:, None, :])
+            back[s] = np.argmin(total, axis=1)
+            best = np.take_along_axis(total, back[s][:, None, :].astype(np.int64), 1)[:, 0, :]
+            continue
         origin = np.argmin(best, axis=1)
         switch = best[rows, origin] + jump
         keep = best <= switch[:, None]
@@ -131,11 +150,19 @@ def viterbi(tables: StageTables, lam: float | np.ndarray) -> np.ndarray:
 
 
 def evaluate_plans(tables: StageTables, plans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Time and energy (switches included) of K plans of shape (K, S), at once."""
+    """Time and energy (switches and lagging switches included) of K plans (K, S), at once."""
     rows = np.arange(plans.shape[1])
     switches = np.count_nonzero(np.diff(plans, axis=1), axis=1)
-    time = tables.time_s[rows, plans].sum(axis=1) + switches * tables.switch_time_s
-    energy = tables.energy_j[rows, plans].sum(axis=1) + switches * tables.switch_energy_j
+    t_at, e_at = tables.time_s[rows, plans], tables.energy_j[rows, plans]
+    time = t_at.sum(axis=1) + switches * tables.switch_time_s
+    energy = e_at.sum(axis=1) + switches * tables.switch_energy_j
+    if tables.lag_s > 0 and plans.shape[1] > 1:
+        # stage s's first lag_s at the previous stage's clock
+        old = plans[:, :-1]
+        t_old, e_old = tables.time_s[rows[1:], old], tables.energy_j[rows[1:], old]
+        phi = np.where(old != plans[:, 1:], np.minimum(tables.lag_s / t_old, 1.0), 0.0)
+        time = time + (phi * (t_old - t_at[:, 1:])).sum(axis=1)
+        energy = energy + (phi * (e_old - e_at[:, 1:])).sum(axis=1)
     return time, energy
 
 
@@ -217,8 +244,13 @@ def _pareto_exact(
             parts = []
             for c in range(n_clocks):
                 change = flat_c != c
+                # a lagging switch runs the share phi of stage s at the previous clock
+                phi = change * np.minimum(tables.lag_s / tables.time_s[s, flat_c], 1.0)
+                t_old, e_old = tables.time_s[s, flat_c], tables.energy_j[s, flat_c]
                 t = flat_t + tables.time_s[s, c] + change * tables.switch_time_s
+                t = t + phi * (t_old - tables.time_s[s, c])
                 e = flat_e + tables.energy_j[s, c] + change * tables.switch_energy_j
+                e = e + phi * (e_old - tables.energy_j[s, c])
                 parts.append((t, e, np.arange(len(flat_t)), c))
         else:
             parts = [(flat_t[[c]], flat_e[[c]], flat_back[[c]], c) for c in range(n_clocks)]

@@ -8,8 +8,9 @@ switch's trigger ``switch_latency`` ahead of its stage when dispatch is predicti
 Objectives: ``energy`` (chip, default) and ``core-energy`` (exact, certified), ``power`` (mean chip
 power, Dinkelbach), ``paper`` (eq. 17's score, best frontier plan; the GA searches with it too).
 Energies in the schedule are operator energies (idle gaps cost the same at every clock);
-``lower_bound_energy_j`` and ``gap_pct`` are on the objective's rail. Not yet modelled: the latency
-a reactive dispatch cannot hide (clock-pair dependent; the simulator measures it).
+``lower_bound_energy_j`` and ``gap_pct`` are on the objective's rail. The latency
+a reactive dispatch cannot hide is charged: the stage's first ``switch_latency`` at the
+previous clock (``StageTables.lag_s``).
 """
 
 from __future__ import annotations
@@ -76,6 +77,10 @@ def plan_schedule(
     started = _time.perf_counter()
     st = _stages(models, inputs, objective, interval_ms)
     freqs, time_us, starts, tables = st.freqs, st.time_us, st.starts, st.tables
+    if dispatch == "reactive":
+        # a switch issued when its stage starts lands switch_latency later: the DP charges the
+        # stage's first switch_latency at the previous clock
+        tables = StageTables(tables.time_s, tables.energy_j, lag_s=switch_latency_ms * 1e-3)
     chip_j, core_j, stage_class = st.chip_j, st.core_j, st.stage_class
     top = len(freqs) - 1
     # Idle gaps take the same time at every clock: they enter the budget, not the choice.
