@@ -7,9 +7,13 @@ so callers may catch either (``except ValueError`` keeps working).
 from __future__ import annotations
 
 __all__ = [
+    "ActuatorError",
+    "DeviceNotFoundError",
     "InputFormatError",
     "NotFittedError",
+    "NotSupportedError",
     "OpdvfsError",
+    "PermissionDeniedError",
     "ProfileFormatError",
     "ScheduleFormatError",
     "ValidationError",
@@ -68,3 +72,19 @@ class ScheduleFormatError(InputFormatError):
 
 class NotFittedError(OpdvfsError, AttributeError):
     """A model was used before ``fit`` was called."""
+
+
+class ActuatorError(OpdvfsError, RuntimeError):
+    """A clock could not be read or set on the device."""
+
+
+class PermissionDeniedError(ActuatorError, PermissionError):
+    """The process lacks the privilege to change clocks (the message says how to get it)."""
+
+
+class NotSupportedError(ActuatorError, NotImplementedError):
+    """The device or driver does not support the requested clock operation."""
+
+
+class DeviceNotFoundError(ActuatorError, LookupError):
+    """No device matches the requested index or UUID (or no driver is present)."""

@@ -1,0 +1,7 @@
+"""Actuators: the small interface to a device's clock, and its implementations."""
+
+from opdvfs.runtime.actuators.base import Actuator, ClockGuard
+from opdvfs.runtime.actuators.dry_run import DryRunActuator
+from opdvfs.runtime.actuators.nvml import NvmlActuator
+
+__all__ = ["Actuator", "ClockGuard", "DryRunActuator", "NvmlActuator"]

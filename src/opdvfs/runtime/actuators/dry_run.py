@@ -1,0 +1,85 @@
+"""An actuator that changes nothing and records every call (one JSON line each, if logging)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from opdvfs.runtime.actuators.base import Actuator
+
+__all__ = ["DryRunActuator"]
+
+
+class DryRunActuator(Actuator):
+    """Pretend to set clocks; keep ``calls`` and optionally append them to a JSON-lines log.
+
+    Each record is ``{"kind": "set"|"restore", "iteration", "op_index", "freq_mhz", "t_s"}``;
+    the executor sets ``iteration`` and ``op_index`` through :meth:`at` before each call.
+    """
+
+    def __init__(
+        self,
+        freqs_mhz: Sequence[float],
+        *,
+        log: str | os.PathLike[str] | None = None,
+        power_w: float = 0.0,
+    ) -> None:
+        self._freqs = tuple(sorted(float(f) for f in freqs_mhz))
+        self._power_w = power_w
+        self._lock = threading.Lock()
+        self._where: tuple[int | None, int | None] = (None, None)
+        self._log: TextIO | None = Path(log).open("a", encoding="utf-8") if log else None  # noqa: SIM115
+        self.calls: list[dict[str, Any]] = []
+        self.current_mhz: float | None = None
+
+    def at(self, iteration: int | None, op_index: int | None) -> None:
+        """Tell the actuator where in the program the next call happens."""
+        self._where = (iteration, op_index)
+
+    def _record(self, kind: str, freq: float | None) -> None:
+        iteration, op_index = self._where
+        entry = {
+            "kind": kind,
+            "iteration": iteration,
+            "op_index": op_index,
+            "freq_mhz": freq,
+            "t_s": time.time(),
+        }
+        with self._lock:
+            self.calls.append(entry)
+            if self._log is not None:
+                self._log.write(json.dumps(entry) + "\n")
+                self._log.flush()
+
+    def supported_freqs_mhz(self) -> Sequence[float]:
+        """Return the clocks given at construction."""
+        return self._freqs
+
+    def set_freq_mhz(self, freq_mhz: float) -> None:
+        """Record a clock change (only when the clock actually changes)."""
+        if freq_mhz not in self._freqs:
+            raise ValueError(f"{freq_mhz:g} MHz is not a supported clock")
+        if freq_mhz == self.current_mhz:
+            return
+        self.current_mhz = float(freq_mhz)
+        self._record("set", float(freq_mhz))
+
+    def reset(self) -> None:
+        """Record the restore of the default clock management."""
+        self.current_mhz = None
+        self._record("restore", None)
+
+    def read_power_w(self) -> float:
+        """Return the constant given at construction (nothing is measured)."""
+        return self._power_w
+
+    def close(self) -> None:
+        """Close the log file."""
+        if self._log is not None:
+            self._log.close()
+            self._log = None

@@ -1,0 +1,120 @@
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+from unittest import mock
+
+import pytest
+
+pynvml = pytest.importorskip("pynvml")
+
+from opdvfs.exceptions import (  # noqa: E402
+    DeviceNotFoundError,
+    NotSupportedError,
+    PermissionDeniedError,
+)
+from opdvfs.runtime.actuators import ClockGuard, DryRunActuator, NvmlActuator  # noqa: E402
+from opdvfs.runtime.actuators import nvml as nvml_module  # noqa: E402
+
+CLOCKS = [1410, 1395, 1380, 1005, 210]
+
+
+@pytest.fixture
+def fake_nvml():
+    """pynvml where it is looked up, autospecced: the real module's signatures and errors."""
+    with mock.patch.object(nvml_module, "pynvml", autospec=True) as fake:
+        fake.NVMLError = pynvml.NVMLError
+        fake.nvmlDeviceGetHandleByIndex.return_value = "handle0"
+        fake.nvmlDeviceGetHandleByUUID.return_value = "handle-uuid"
+        fake.nvmlDeviceGetSupportedMemoryClocks.return_value = [1593, 1215]
+        fake.nvmlDeviceGetSupportedGraphicsClocks.return_value = CLOCKS
+        fake.nvmlDeviceGetPowerUsage.return_value = 312_500
+        yield fake
+
+
+def test_nvml_locks_min_equals_max_and_only_on_change(fake_nvml):
+    act = NvmlActuator()
+    assert act.supported_freqs_mhz() == (210.0, 1005.0, 1380.0, 1395.0, 1410.0)
+    fake_nvml.nvmlDeviceGetSupportedGraphicsClocks.assert_called_once_with("handle0", 1593)
+    act.set_freq_mhz(1005.0)
+    act.set_freq_mhz(1005.0)
+    act.set_freq_mhz(1410.0)
+    calls = fake_nvml.nvmlDeviceSetGpuLockedClocks.call_args_list
+    assert calls == [mock.call("handle0", 1005, 1005), mock.call("handle0", 1410, 1410)]
+    act.reset()
+    fake_nvml.nvmlDeviceResetGpuLockedClocks.assert_called_once_with("handle0")
+    assert act.read_power_w() == pytest.approx(312.5)
+    with pytest.raises(ValueError, match="1000 MHz is not a supported clock"):
+        act.set_freq_mhz(1000.0)
+
+
+def test_nvml_device_by_uuid(fake_nvml):
+    NvmlActuator(uuid="GPU-123")
+    fake_nvml.nvmlDeviceGetHandleByUUID.assert_called_once_with("GPU-123")
+
+
+@pytest.mark.parametrize(
+    ("code", "error", "needle"),
+    [
+        (pynvml.NVML_ERROR_NO_PERMISSION, PermissionDeniedError, "needs root"),
+        (pynvml.NVML_ERROR_NOT_SUPPORTED, NotSupportedError, "Volta or newer"),
+        (pynvml.NVML_ERROR_NOT_FOUND, DeviceNotFoundError, "no such GPU"),
+    ],
+)
+def test_nvml_errors_are_translated_with_advice(fake_nvml, code, error, needle):
+    act = NvmlActuator()
+    fake_nvml.nvmlDeviceSetGpuLockedClocks.side_effect = pynvml.NVMLError(code)
+    with pytest.raises(error, match=needle):
+        act.set_freq_mhz(1005.0)
+
+
+def test_nvml_without_a_driver(fake_nvml):
+    fake_nvml.nvmlInit.side_effect = pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    with pytest.raises(DeviceNotFoundError, match="no NVIDIA driver"):
+        NvmlActuator()
+
+
+def test_guard_restores_on_exception():
+    act = DryRunActuator([1000.0, 1800.0])
+
+    def crashing_training() -> None:
+        with ClockGuard(act):
+            act.set_freq_mhz(1000.0)
+            raise RuntimeError("training crashed")
+
+    with pytest.raises(RuntimeError, match="training crashed"):
+        crashing_training()
+    assert [c["kind"] for c in act.calls] == ["set", "restore"]
+
+
+def test_guard_restores_once_and_puts_handlers_back():
+    act = DryRunActuator([1000.0, 1800.0])
+    before = signal.getsignal(signal.SIGTERM)
+    with ClockGuard(act) as guard:
+        act.set_freq_mhz(1800.0)
+        guard.restore()
+    assert [c["kind"] for c in act.calls] == ["set", "restore"]
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_guard_restores_when_the_process_is_signalled(tmp_path, sig):
+    log = tmp_path / "calls.jsonl"
+    script = textwrap.dedent(f"""
+        import os, signal, time
+        from opdvfs.runtime.actuators import ClockGuard, DryRunActuator
+        act = DryRunActuator([1000.0, 1800.0], log={str(log)!r})
+        with ClockGuard(act):
+            act.set_freq_mhz(1000.0)
+            os.kill(os.getpid(), {int(sig)})
+            time.sleep(5)
+            act.set_freq_mhz(1800.0)  # never reached
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode != 0
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [c["kind"] for c in calls] == ["set", "restore"]
+    assert calls[0]["freq_mhz"] == 1000.0
