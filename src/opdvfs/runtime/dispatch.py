@@ -1,0 +1,231 @@
+"""Operator-boundary hooks for PyTorch: record a workload, or apply a schedule (needs torch).
+
+Both are ``TorchDispatchMode``s: they see every aten operator below autograd -- forward and
+backward, on every thread autograd uses -- without a change to the user's code. An iteration ends
+at each optimizer step (PyTorch's global optimizer step hook) or at :meth:`mark_iteration`.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
+
+from opdvfs.plan.schedule import Schedule, op_signature
+from opdvfs.runtime.actuators.base import Actuator
+from opdvfs.workloads.workload import Workload
+
+__all__ = ["ScheduleExecutor", "WorkloadRecorder"]
+
+_COMM = ("c10d", "all_reduce", "allreduce", "all_gather", "reduce_scatter", "broadcast")
+#: Namespaces of the operators counted: aten compute and the collectives. Others (profiler::
+#: record_function markers, which straddle the optimizer step hook) are not operators of the
+#: sequence and would shift it between the first and later iterations.
+_COUNTED = ("aten::", "c10d::", "_c10d_functional::")
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, list | tuple):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+def _shapes(value: Any) -> list[Any]:
+    if isinstance(value, torch.Tensor):
+        return [list(value.shape)]
+    if isinstance(value, list | tuple):
+        return [s for v in value for s in _shapes(v)]
+    return []
+
+
+class _IterationMode(TorchDispatchMode):
+    """Counts aten ops; iterations end at optimizer steps or :meth:`mark_iteration`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.iteration = 0
+        self.op_index = 0
+        self._lock = threading.Lock()
+        self._hook: Any = None
+
+    def __enter__(self) -> Any:
+        self._hook = register_optimizer_step_post_hook(lambda *_: self.mark_iteration())
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+        super().__exit__(*exc)
+
+    def mark_iteration(self) -> None:
+        """End the current iteration (called at each optimizer step)."""
+        with self._lock:
+            self.end_iteration(self.op_index)
+            self.iteration += 1
+            self.op_index = 0
+
+    def end_iteration(self, n_ops: int) -> None:
+        """Handle the end of an iteration of ``n_ops`` operators (subclasses override)."""
+
+
+class WorkloadRecorder(_IterationMode):
+    """Record each iteration's aten operator sequence with shapes, FLOPs and bytes.
+
+    After the run, :meth:`workload` returns the last complete iteration as a ``Workload`` (the
+    first is usually a warm-up with one-off allocations).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._current: list[dict[str, Any]] = []
+        self.iterations: list[list[dict[str, Any]]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func._schema.name
+        if not name.startswith(_COUNTED):
+            return out
+        packet = func._overloadpacket
+        flops = 0
+        if packet in flop_registry:
+            try:
+                flops = int(flop_registry[packet](*args, **kwargs, out_val=out))
+            except Exception:  # a FLOP formula that rejects these arguments counts 0
+                flops = 0
+        with self._lock:
+            self._current.append(
+                {
+                    "name": name,
+                    "type": name.split("::")[-1],
+                    "stream": "comm" if any(c in name for c in _COMM) else "compute",
+                    "flops": float(flops),
+                    "bytes_loaded": float(_nbytes(args) + _nbytes(list(kwargs.values()))),
+                    "bytes_stored": float(_nbytes(out)),
+                    "shapes": str(_shapes(args)),
+                }
+            )
+            self.op_index += 1
+        return out
+
+    def end_iteration(self, n_ops: int) -> None:
+        """Keep the finished iteration's operators."""
+        self.iterations.append(self._current)
+        self._current = []
+
+    def workload(self, name: str = "captured") -> Workload:
+        """Return the last complete iteration as a Workload."""
+        if not self.iterations:
+            raise ValueError("no complete iteration recorded (no optimizer step was seen)")
+        ops = pd.DataFrame(self.iterations[-1])
+        meta = {
+            "source": "opdvfs capture",
+            "iterations_seen": len(self.iterations),
+            "op_signature": op_signature(ops["name"]),
+        }
+        return Workload(ops, name=name, meta=meta)
+
+
+class ScheduleExecutor(_IterationMode):
+    """Apply a schedule at operator boundaries: issue each switch when its trigger op dispatches.
+
+    On the CPU the switch is issued immediately (a marker); the op sequence is checked against
+    ``names`` (the captured workload's, when given) and the schedule's op count. On a mismatch
+    the clock goes to the maximum for the rest of that iteration and a warning is raised (once);
+    the next iteration starts in step again -- the first iteration of a run often differs (an
+    optimizer creating its state) -- but after ``max_diverged`` diverging iterations in a row the
+    schedule is abandoned for the run.
+    """
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        actuator: Actuator,
+        *,
+        names: Sequence[str] | None = None,
+        max_diverged: int = 2,
+    ) -> None:
+        super().__init__()
+        self.schedule = schedule
+        self.actuator = actuator
+        self.names = list(names) if names is not None else None
+        if self.names is not None and len(self.names) != schedule.n_ops:
+            raise ValueError(f"schedule plans {schedule.n_ops} ops, names give {len(self.names)}")
+        self._switch_at = {s.trigger_op: s.freq_mhz for s in schedule.switches}
+        self.max_diverged = max_diverged
+        self.diverged_iterations: list[int] = []
+        self._off = False  # not applying for the rest of this iteration
+        self._streak = 0
+        self._gave_up = False
+        self._warned = False
+
+    @property
+    def diverged(self) -> bool:
+        """Whether any iteration failed to match the schedule."""
+        return bool(self.diverged_iterations)
+
+    @property
+    def abandoned(self) -> bool:
+        """Whether the schedule was given up for the rest of the run."""
+        return self._gave_up or self._streak >= self.max_diverged
+
+    def _where(self) -> None:
+        at = getattr(self.actuator, "at", None)
+        if at is not None:
+            at(self.iteration, self.op_index)
+
+    def _diverge(self, why: str) -> None:
+        self._off = True
+        if not self.diverged_iterations or self.diverged_iterations[-1] != self.iteration:
+            self.diverged_iterations.append(self.iteration)
+            self._streak += 1
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"opdvfs: {why}; falling back to the maximum clock", stacklevel=3)
+        self._where()
+        self.actuator.set_freq_mhz(max(self.actuator.supported_freqs_mhz()))
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if not func._schema.name.startswith(_COUNTED):
+            return func(*args, **(kwargs or {}))
+        with self._lock:
+            i = self.op_index
+            if not self._off and not self.abandoned:
+                name = func._schema.name
+                if i >= self.schedule.n_ops:
+                    self._diverge(
+                        f"iteration {self.iteration} has more than the "
+                        f"{self.schedule.n_ops} ops the schedule plans"
+                    )
+                elif self.names is not None and self.names[i] != name:
+                    self._diverge(
+                        f"op {i} of iteration {self.iteration} is {name}, the "
+                        f"schedule expects {self.names[i]}"
+                    )
+                elif i in self._switch_at:
+                    self._where()
+                    self.actuator.set_freq_mhz(self._switch_at[i])
+            self.op_index += 1
+        return func(*args, **(kwargs or {}))
+
+    def end_iteration(self, n_ops: int) -> None:
+        """Check the finished iteration ran the planned number of ops; re-arm for the next."""
+        if not self._off and not self.abandoned and n_ops != self.schedule.n_ops:
+            self._diverge(
+                f"iteration {self.iteration} ran {n_ops} ops, the schedule plans "
+                f"{self.schedule.n_ops}"
+            )
+        if self._streak >= self.max_diverged:
+            self._gave_up = True
+        elif not self._off:
+            self._streak = 0  # a clean iteration ends a diverging streak
+        self._off = False

@@ -1,0 +1,100 @@
+"""Capture a tiny GPT's workload, plan it on the simulator, run it under the executor (CPU)."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from opdvfs import Schedule  # noqa: E402
+from opdvfs.devices.presets import get_preset  # noqa: E402
+from opdvfs.runtime.actuators import ClockGuard, DryRunActuator  # noqa: E402
+from opdvfs.runtime.dispatch import ScheduleExecutor, WorkloadRecorder  # noqa: E402
+from opdvfs.sim import SimulatedDevice  # noqa: E402
+
+from tiny_gpt import TinyGPT  # noqa: E402
+
+A100 = get_preset("a100-like")
+
+
+def train(steps: int, mode=None, seed: int = 0) -> None:
+    torch.manual_seed(seed)
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randint(0, 64, (steps, 2, 17))
+
+    def loop() -> None:
+        for i in range(steps):
+            logits = model(data[i, :, :-1])
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, 64), data[i, :, 1:].reshape(-1)
+            )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+    if mode is None:
+        loop()
+    else:
+        with mode:
+            loop()
+
+
+@pytest.fixture(scope="module")
+def captured():
+    recorder = WorkloadRecorder()
+    train(3, recorder)
+    return recorder.workload("tinygpt")
+
+
+def test_capture_records_the_aten_sequence_with_work(captured):
+    ops = captured.ops
+    assert len(ops) > 300
+    assert {"aten::mm", "aten::native_layer_norm"} & set(ops["name"])
+    mm = ops[ops["name"].isin(["aten::mm", "aten::addmm", "aten::bmm"])]
+    assert (mm["flops"] > 0).all()
+    assert (ops["bytes_loaded"] >= 0).all() and ops["bytes_stored"].sum() > 0
+    assert captured.meta["iterations_seen"] == 3
+
+
+def test_executor_applies_the_planned_switches_every_iteration(tmp_path, captured):
+    n = len(captured)
+    # the captured workload runs on the simulator (profile -> plan would pick these stages)
+    profile = SimulatedDevice(A100.spec, A100.twin).profile(captured, [1005.0, 1410.0])
+    assert profile.n_ops == n
+    plan = Schedule.from_stage_freqs(
+        [0, n // 3, 2 * n // 3], [1410.0, 1005.0, 1410.0], n_ops=n, target=0.05, solver="manual"
+    )
+    log = tmp_path / "calls.jsonl"
+    act = DryRunActuator(A100.spec.freqs_mhz, log=log)
+    executor = ScheduleExecutor(plan, act, names=captured.ops["name"].tolist())
+    with ClockGuard(act), pytest.warns(UserWarning, match="falling back to the maximum clock"):
+        train(4, executor)
+    # the first iteration differs (AdamW creates its state): it falls back, the rest match
+    assert executor.diverged_iterations == [0] and not executor.abandoned
+    sets = [(c["iteration"], c["op_index"], c["freq_mhz"]) for c in act.calls if c["kind"] == "set"]
+    steady = [s for s in sets if s[0] >= 1]
+    expected = []
+    for it in (1, 2, 3):
+        expected += [(it, 0, 1410.0)] if it == 1 else []
+        expected += [(it, n // 3, 1005.0), (it, 2 * n // 3, 1410.0)]
+    assert [s for s in steady if s != (1, 0, 1410.0)] == [
+        e for e in expected if e != (1, 0, 1410.0)
+    ]
+    assert act.calls[-1]["kind"] == "restore"
+    assert log.read_text().count('"restore"') == 1
+
+
+def test_wrong_model_falls_back_to_the_maximum_clock(captured):
+    n = len(captured)
+    names = captured.ops["name"].tolist()
+    names[n // 2] = "aten::not_this_op"
+    plan = Schedule.from_stage_freqs(
+        [0, n // 4], [1005.0, 1005.0 + 0], n_ops=n, target=0.05, solver="manual"
+    )
+    act = DryRunActuator(A100.spec.freqs_mhz)
+    executor = ScheduleExecutor(plan, act, names=names)
+    with pytest.warns(UserWarning, match="falling back to the maximum clock"):
+        train(4, executor)
+    assert executor.abandoned  # every iteration diverges: given up after two
+    assert act.current_mhz == max(A100.spec.freqs_mhz)
+    assert np.isclose(act.calls[-1]["freq_mhz"], 1410.0)
