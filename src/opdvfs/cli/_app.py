@@ -1,0 +1,208 @@
+"""Shared pieces of the command line: the typer app, error reporting, common options.
+
+Every command reports bad input as one line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from opdvfs import __version__
+from opdvfs.devices.presets import get_preset
+from opdvfs.exceptions import OpdvfsError
+from opdvfs.io import FORMATS, read_profile
+from opdvfs.models.perf import FORMS
+from opdvfs.profile import Profile
+from opdvfs.sim.twin import SimulatedDevice
+
+app = typer.Typer(
+    name="opdvfs",
+    help="Per-operator DVFS: profile, model, plan and apply core-clock schedules.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+
+# Tables get 120 columns when the output is not a terminal (pipes, CI logs), not rich's 80.
+stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 120)
+
+
+stderr = Console(stderr=True, soft_wrap=True)
+
+
+P = ParamSpec("P")
+
+
+R = TypeVar("R")
+
+
+class UsageError(OpdvfsError, ValueError):
+    """A command-line value is malformed (exit status 2)."""
+
+
+def _fail(message: str) -> typer.Exit:
+    stderr.print(f"opdvfs: error: {message}", markup=False, highlight=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
+def _reports_errors(func: Callable[P, R]) -> Callable[P, R]:
+    """Turn opdvfs errors into one stderr line and exit status 2."""
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except OpdvfsError as exc:
+            raise _fail(str(exc)) from None
+
+    return wrapper
+
+
+def parse_clocks(
+    text: str, available_mhz: Sequence[float] | np.ndarray | None = None
+) -> list[float]:
+    """Parse a clock list such as ``1000,1400,1800`` or ``min,mid,max`` (MHz).
+
+    The words ``min``, ``mid`` and ``max`` need ``available_mhz`` (the device's or profile's
+    clocks); ``mid`` is the available clock nearest the middle of the range.
+    """
+    clocks: list[float] = []
+    grid = np.asarray(sorted(available_mhz)) if available_mhz is not None else None
+    for item in (t.strip() for t in text.split(",")):
+        if item.lower() in ("min", "mid", "max"):
+            if grid is None or grid.size == 0:
+                raise UsageError(f"clock {item!r}: words need a device or profile clock list")
+            middle = grid[np.argmin(np.abs(grid - (grid[0] + grid[-1]) / 2))]
+            clocks.append(float({"min": grid[0], "mid": middle, "max": grid[-1]}[item.lower()]))
+            continue
+        try:
+            value = float(item)
+        except ValueError:
+            raise UsageError(
+                f"clock {item!r}: expected a number of MHz or min, mid, max (e.g. 1000,1800)"
+            ) from None
+        if not np.isfinite(value) or value <= 0:
+            raise UsageError(f"clock {item!r}: expected a positive number of MHz")
+        clocks.append(value)
+    return clocks
+
+
+def _load(sources: Sequence[Path], fmt: str | None, freq_mhz: str | None) -> Profile:
+    clocks = parse_clocks(freq_mhz) if freq_mhz else None
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=True,
+        disable=not stderr.is_terminal,
+    ) as progress:
+        progress.add_task(f"reading {len(sources)} file(s)", total=None)
+        return read_profile(list(sources), format=fmt, freqs_mhz=clocks)
+
+
+FormatOption = Annotated[
+    str | None,
+    typer.Option(
+        "--format", "-f", help=f"Input format: {', '.join(FORMATS)} (detected if omitted)."
+    ),
+]
+
+
+FreqOption = Annotated[
+    str | None,
+    typer.Option(
+        "--freq-mhz",
+        help="Core clock of each input (MHz), for formats that do not record it; one value or "
+        "one per file.",
+    ),
+]
+
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        stdout.print(f"opdvfs {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
+    ] = False,
+) -> None:
+    """Per-operator DVFS: profile, model, plan and apply core-clock schedules."""
+
+
+def _write_profile(
+    profile: Profile, out: Path, as_json: bool, describe: Callable[[dict[str, Any]], str]
+) -> None:
+    """Write a profile atomically, then print its summary as JSON or one line (+ drops)."""
+    profile.write(out)
+    summary = profile.summary()
+    if as_json:
+        print(json.dumps({"out": str(out), **summary}))
+        return
+    stdout.print(f"wrote {out}: {describe(summary)}", highlight=False)
+    for reason, count in summary["rows_dropped"].items():
+        stdout.print(f"  dropped {count} rows: {reason}", highlight=False)
+
+
+def _ratio(value: float, reference: float) -> str:
+    return f"{value / reference:.3f}x" if reference else "n/a"
+
+
+DeviceOption = Annotated[
+    str, typer.Option("--device", "-d", help="Device preset (see `opdvfs devices`).")
+]
+
+
+WorkloadOption = Annotated[
+    str,
+    typer.Option("--workload", "-w", help="Workload name (see `opdvfs workloads`) or file."),
+]
+
+
+SeedOption = Annotated[int, typer.Option("--seed", help="Seed of the simulator's noise.")]
+
+
+def _simulator(device: str, seed: int) -> SimulatedDevice:
+    preset = get_preset(device)
+    return SimulatedDevice(preset.spec, preset.twin, seed=seed)
+
+
+validate_app = typer.Typer(
+    help="Score models on clocks they were not fitted on.", no_args_is_help=True
+)
+
+
+app.add_typer(validate_app, name="validate")
+
+
+FormOption = Annotated[
+    str,
+    typer.Option(
+        "--form",
+        help=f"Model form: auto, {', '.join(FORMS)} (auto: best for the "
+        "number of training clocks).",
+    ),
+]
+
+
+def _train_clocks(text: str | None, profile: Profile) -> list[float] | None:
+    return None if text is None else parse_clocks(text, profile.freqs_mhz)

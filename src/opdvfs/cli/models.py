@@ -1,0 +1,179 @@
+"""Commands on models: fit, validate perf, validate power."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from opdvfs.cli._app import (
+    FormatOption,
+    FormOption,
+    FreqOption,
+    JsonOption,
+    UsageError,
+    _load,
+    _reports_errors,
+    _simulator,
+    _train_clocks,
+    app,
+    stderr,
+    stdout,
+    validate_app,
+)
+from opdvfs.devices.presets import PRESETS, get_preset
+from opdvfs.exceptions import ValidationError
+from opdvfs.models.bundle import ModelBundle
+from opdvfs.models.perf import PerfModel
+from opdvfs.models.power import PowerModel
+from opdvfs.models.validation import validate_perf, validate_power
+
+
+@app.command()
+@_reports_errors
+def fit(
+    profile_path: Annotated[Path, typer.Argument(metavar="PROFILE", help="Profile or raw file.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Models file to write (JSON).")],
+    form: FormOption = "auto",
+    train_freqs: Annotated[
+        str | None, typer.Option("--train-freqs", help="Clocks to fit on (default: all).")
+    ] = None,
+    fmt: FormatOption = None,
+    freq_mhz: FreqOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Fit per-operator performance (and, with power data, power) models on a profile."""
+    profile = _load([profile_path], fmt, freq_mhz)
+    train = _train_clocks(train_freqs, profile)
+    perf = PerfModel(form=form).fit(profile, train)
+    power = None
+    has_power = {"core_power_w", "chip_power_w"} & set(profile.ops.columns)
+    if has_power or profile.samples is not None:
+        device = profile.meta.get("device")
+        spec = get_preset(device).spec if device in PRESETS else None
+        try:
+            power = PowerModel().fit(profile, train, device=spec)
+        except ValidationError as exc:
+            stderr.print(f"opdvfs: note: no power model ({exc.detail})", highlight=False)
+    ModelBundle(perf, power).write(out)
+    payload = {
+        "out": str(out),
+        "form": perf.form_,
+        "operators": len(perf.op_ids_),
+        "train_freqs_mhz": perf.train_freqs_mhz_.tolist(),
+        "flagged_ops": int((perf.violation_ != 0).sum()),
+        "median_train_residual_pct": float(np.nanmedian(perf.residual_) * 100),
+        "power_model": None if power is None else power.rail_,
+    }
+    if as_json:
+        print(json.dumps(payload))
+        return
+    power_text = "no power model" if power is None else f"power model on the {power.rail_} rail"
+    stdout.print(
+        f"wrote {out}: {payload['form']} for {payload['operators']} operators on "
+        f"{', '.join(f'{f:g}' for f in payload['train_freqs_mhz'])} MHz, {power_text}; "
+        f"{payload['flagged_ops']} operators flagged (points break the cycle physics)",
+        highlight=False,
+    )
+
+
+@validate_app.command("perf")
+@_reports_errors
+def validate_perf_command(
+    profile_path: Annotated[Path, typer.Argument(metavar="PROFILE", help="Profile or raw file.")],
+    train_freqs: Annotated[
+        str, typer.Option("--train-freqs", help="Clocks to fit on: MHz and/or min, mid, max.")
+    ],
+    form: FormOption = "auto",
+    min_us: Annotated[
+        float, typer.Option("--min-us", help="Exclude ops shorter than this (paper: 20 us).")
+    ] = 20.0,
+    fmt: FormatOption = None,
+    freq_mhz: FreqOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Fit on the training clocks, predict every other clock, report the error."""
+    profile = _load([profile_path], fmt, freq_mhz)
+    result = validate_perf(
+        profile, _train_clocks(train_freqs, profile) or [], form=form, min_us=min_us
+    )
+    if as_json:
+        print(json.dumps(result))
+        return
+    stdout.print(
+        f"{result['form']} fitted on {', '.join(f'{f:g}' for f in result['train_freqs_mhz'])} "
+        f"MHz, scored on {len(result['test_freqs_mhz'])} other clocks: mean |error| "
+        f"{result['mape_pct']:.2f}% (paper, Func2 on Ascend: 1.96%), median "
+        f"{result['median_pct']:.2f}%, within 5%: {result['within5_pct']:.1f}%, within 10%: "
+        f"{result['within10_pct']:.1f}% over {result['n_points']} points; excluded "
+        f"{result['excluded_ops']} ops < {min_us:g} us ({result['excluded_time_pct']:.1f}% of "
+        f"time); {result['flagged_ops']} ops flagged",
+        highlight=False,
+    )
+
+
+@validate_app.command("power")
+@_reports_errors
+def validate_power_command(
+    profile_path: Annotated[Path, typer.Argument(metavar="PROFILE", help="Profile or raw file.")],
+    train_freqs: Annotated[
+        str, typer.Option("--train-freqs", help="Clocks to fit on: MHz and/or min, mid, max.")
+    ],
+    no_temperature: Annotated[
+        bool, typer.Option("--no-temperature", help="Drop the gamma dT V term.")
+    ] = False,
+    device: Annotated[
+        str | None,
+        typer.Option("--device", "-d", help="Device preset whose V-f curve to use."),
+    ] = None,
+    calibrate: Annotated[
+        bool,
+        typer.Option(
+            "--calibrate",
+            help="Take the paper's idle and cool-down runs on the "
+            "simulated --device (gamma, beta, theta from them).",
+        ),
+    ] = False,
+    window_ms: Annotated[
+        float | None,
+        typer.Option("--window-ms", help="Sensor averaging window, for sample-only profiles."),
+    ] = None,
+    fmt: FormatOption = None,
+    freq_mhz: FreqOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Fit power models on the training clocks, predict every other clock, report the error."""
+    if calibrate and device is None:
+        raise UsageError("--calibrate needs --device (the simulated device to measure)")
+    profile = _load([profile_path], fmt, freq_mhz)
+    # The V-f curve comes from --device, else from the device the profile says it ran on.
+    device = device or (
+        profile.meta.get("device") if profile.meta.get("device") in PRESETS else None
+    )
+    spec = get_preset(device).spec if device else None
+    calibration = _simulator(device, 0).calibration_runs() if calibrate and device else None
+    result = validate_power(
+        profile,
+        _train_clocks(train_freqs, profile) or [],
+        temperature=not no_temperature,
+        device=spec,
+        calibration=calibration,
+        window_ms=window_ms,
+    )
+    if as_json:
+        print(json.dumps(result))
+        return
+    stdout.print(
+        f"{result['rail']} power fitted on "
+        f"{', '.join(f'{f:g}' for f in result['train_freqs_mhz'])} MHz, scored on "
+        f"{len(result['test_freqs_mhz'])} other clocks: mean |error| {result['mape_pct']:.2f}% "
+        f"(paper: 4.62%), without the temperature term {result['mape_no_temperature_pct']:.2f}% "
+        f"(paper: 4.97%); within 1/5/10%: {result['within1_pct']:.1f}/"
+        f"{result['within5_pct']:.1f}/{result['within10_pct']:.1f}% of {result['n_points']} "
+        f"points; temperature term {result['temperature_share_pct']:.1f}% of power, "
+        f"{result['iterations']} fixed-point iterations",
+        highlight=False,
+    )

@@ -1,0 +1,148 @@
+"""Commands on the simulated accelerator: profile, simulate, devices, workloads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import Progress
+from rich.table import Table
+
+from opdvfs.cli._app import (
+    DeviceOption,
+    JsonOption,
+    SeedOption,
+    UsageError,
+    WorkloadOption,
+    _reports_errors,
+    _simulator,
+    _write_profile,
+    app,
+    parse_clocks,
+    stderr,
+    stdout,
+)
+from opdvfs.devices.presets import PRESETS
+from opdvfs.plan.schedule import Schedule
+from opdvfs.workloads.library import BUILDERS, load_workload
+
+
+@app.command()
+@_reports_errors
+def profile(
+    device: DeviceOption,
+    workload: WorkloadOption,
+    freqs: Annotated[
+        str, typer.Option("--freqs", help="Clocks to profile: MHz and/or min, mid, max.")
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Profile to write (Parquet).")],
+    iterations: Annotated[int, typer.Option("--iterations", "-n", min=1)] = 1,
+    seed: SeedOption = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """Profile a workload on a simulated device at several clocks (results are simulated)."""
+    sim = _simulator(device, seed)
+    work = load_workload(workload)
+    clocks = parse_clocks(freqs, sim.spec.freqs_mhz)
+    with Progress(console=stderr, transient=True, disable=not stderr.is_terminal) as progress:
+        task = progress.add_task(f"profiling {work.name} on {device}", total=len(clocks))
+        result = sim.profile(
+            work, clocks, iterations=iterations, on_clock=lambda _: progress.advance(task)
+        )
+    _write_profile(
+        result,
+        out,
+        as_json,
+        lambda s: (
+            f"{s['operators']} operators x {s['clocks']} clocks x {iterations} "
+            f"iteration(s) on {device} (simulated)"
+        ),
+    )
+
+
+@app.command()
+@_reports_errors
+def simulate(
+    device: DeviceOption,
+    workload: WorkloadOption,
+    schedule: Annotated[
+        Path | None, typer.Argument(help="Schedule to apply; omit to run at --freq-mhz.")
+    ] = None,
+    freq_mhz: Annotated[
+        str | None, typer.Option("--freq-mhz", help="Static clock without a schedule (max).")
+    ] = None,
+    iterations: Annotated[int, typer.Option("--iterations", "-n", min=1)] = 3,
+    seed: SeedOption = 0,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="RunResult JSON.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Run a workload on a simulated device under a schedule and measure it (RunResult)."""
+    sim = _simulator(device, seed)
+    work = load_workload(workload)
+    plan = Schedule.read(schedule) if schedule is not None else None
+    if plan is not None and freq_mhz is not None:
+        raise UsageError("give a SCHEDULE or --freq-mhz, not both")
+    clock = parse_clocks(freq_mhz, sim.spec.freqs_mhz)[0] if freq_mhz else None
+    label = str(schedule) if schedule is not None else None
+    result, _ = sim.run(work, plan, freq_mhz=clock, iterations=iterations, label=label)
+    if out is not None:
+        result.write(out)
+    if as_json:
+        print(result.model_dump_json(exclude={"timeline"}))
+        return
+    stdout.print(
+        f"{work.name} on {device} (simulated), {iterations} iteration(s): "
+        f"{result.iteration_time_s:.4f} s/iteration, chip {result.chip_power_w:.1f} W / "
+        f"{result.chip_energy_j:.2f} J, core {result.core_power_w:.1f} W / "
+        f"{result.core_energy_j:.2f} J, {result.switches} switches/iteration",
+        highlight=False,
+    )
+
+
+@app.command()
+def devices(as_json: JsonOption = False) -> None:
+    """List the device presets."""
+    if as_json:
+        print(json.dumps({k: p.spec.model_dump(mode="json") for k, p in PRESETS.items()}))
+        return
+    table = Table(title="device presets (simulated)")
+    for name in ("device", "clocks MHz", "steps", "switch ms", "sensor ms", "about"):
+        table.add_column(name)
+    for name, preset in PRESETS.items():
+        spec = preset.spec
+        table.add_row(
+            name,
+            f"{spec.min_freq_mhz:g}-{spec.max_freq_mhz:g}",
+            str(len(spec.freqs_mhz)),
+            f"{spec.switch_latency_ms:g}",
+            f"{spec.power_sample_period_ms:g}",
+            preset.description,
+        )
+    stdout.print(table)
+
+
+@app.command()
+def workloads(as_json: JsonOption = False) -> None:
+    """List the built-in workloads."""
+    rows = []
+    for name, build in BUILDERS.items():
+        work = build()
+        rows.append(
+            {
+                "workload": name,
+                "operators": len(work),
+                "tflops": work.total_flops / 1e12,
+                "description": work.meta.get("description", ""),
+            }
+        )
+    if as_json:
+        print(json.dumps(rows))
+        return
+    table = Table(title="workloads (one iteration)")
+    for name in ("workload", "operators", "TFLOP", "description"):
+        table.add_column(name)
+    for r in rows:
+        table.add_row(r["workload"], str(r["operators"]), f"{r['tflops']:.3g}", r["description"])
+    stdout.print(table)
