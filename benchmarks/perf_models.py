@@ -90,7 +90,7 @@ def speed() -> pd.DataFrame:
     rows = []
     for form in FORMS:
         t0 = time.perf_counter()
-        fit_times(form, f, t, 1.0)
+        fit_times(form, f, t)
         dt = time.perf_counter() - t0
         rows.append({"form": form, "ops": n, "seconds": dt, "ops_per_s": n / dt})
     m = 500

@@ -11,7 +11,6 @@ generations), seed 0.
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from opdvfs.devices.presets import get_preset
@@ -45,14 +44,7 @@ def main() -> None:
                 PerfModel().fit(profile),
                 PowerModel().fit(profile, [1000, 1800], device=preset.spec),
             )
-            ops = w.ops
-            inputs = PlanInputs(
-                np.asarray(preset.spec.freqs_mhz),
-                ops["stream"].to_numpy(),
-                ops["gap_before_us"].to_numpy(),
-                device=preset.spec.name,
-                workload=name,
-            )
+            inputs = PlanInputs.from_workload(w, preset.spec.freqs_mhz, device=preset.spec.name)
             base, _ = dev.run(w)
             cache[name] = (w, models, inputs, base)
         w, models, inputs, base = cache[name]

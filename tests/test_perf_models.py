@@ -54,7 +54,7 @@ def truth(form: str, n: int = 40, seed: int = 0) -> tuple[np.ndarray, np.ndarray
 def test_each_form_recovers_its_own_curves(form):
     _, times = truth(form)
     train = [0, 2, 4]
-    coef = fit_times(form, F_GHZ[train], times[:, train], F_GHZ[0])
+    coef = fit_times(form, F_GHZ[train], times[:, train])
     pred = predict_times(form, coef, F_GHZ, F_GHZ[train])
     np.testing.assert_allclose(pred, times, rtol=2e-6)
 
@@ -66,14 +66,14 @@ def test_pwl_is_exact_on_convex_piecewise_linear_cycles():
     cycles = np.maximum(a * dense, c) + d * dense
     times = (cycles / dense)[None, :]
     knots = [0, 3, 8]  # 1.0, 1.3 (the breakpoint), 1.8 GHz
-    coef = fit_times("pwl", dense[knots], times[:, knots], 1.0)
+    coef = fit_times("pwl", dense[knots], times[:, knots])
     np.testing.assert_allclose(predict_times("pwl", coef, dense, dense[knots]), times, rtol=1e-12)
 
 
 def test_func2_two_points_is_the_papers_closed_form():
     f1, f2 = 1.0, 1.8
     t1, t2 = np.array([300.0, 120.0]), np.array([180.0, 100.0])
-    coef = fit_times("func2", np.array([f1, f2]), np.c_[t1, t2], f1)
+    coef = fit_times("func2", np.array([f1, f2]), np.c_[t1, t2])
     # paper notes: a = (T1 f1 - T2 f2) / (f1^2 - f2^2), c = T1 f1 - a f1^2
     a = (t1 * f1 - t2 * f2) / (f1**2 - f2**2)
     c = t1 * f1 - a * f1**2
@@ -83,7 +83,7 @@ def test_func2_two_points_is_the_papers_closed_form():
 def test_func1_matches_an_unconstrained_per_op_solve_when_feasible():
     _, times = truth("func1", n=30, seed=4)
     noisy = times * np.random.default_rng(1).lognormal(0, 0.002, times.shape)
-    coef = fit_times("func1", F_GHZ, noisy, F_GHZ[0])
+    coef = fit_times("func1", F_GHZ, noisy)
     design = np.stack([F_GHZ, np.ones(5), 1 / F_GHZ], axis=1)
     for i in range(30):
         w = 1 / noisy[i]
@@ -97,7 +97,7 @@ def test_constraints_keep_cycles_convex_and_coefficients_nonnegative():
     times = rng.uniform(50, 500, (200, 5))  # arbitrary data, much of it unphysical
     # func1: a >= 0 (convex cycles) and c >= 0; b is free
     for form, cols in (("func1", [0, 2]), ("func2", [0, 1]), ("func3", [0, 1, 2])):
-        coef = fit_times(form, F_GHZ, times, F_GHZ[0])
+        coef = fit_times(form, F_GHZ, times)
         assert (np.nan_to_num(coef[:, cols]) >= -1e-9).all(), form
 
 

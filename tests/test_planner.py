@@ -69,14 +69,7 @@ def bert_models():
     models = ModelBundle(
         PerfModel().fit(profile), PowerModel().fit(profile, [1000, 1800], device=ASCEND.spec)
     )
-    ops = w.ops
-    inputs = PlanInputs(
-        np.asarray(ASCEND.spec.freqs_mhz),
-        ops["stream"].to_numpy(),
-        ops["gap_before_us"].to_numpy(),
-        device=ASCEND.spec.name,
-        workload="bert",
-    )
+    inputs = PlanInputs.from_workload(w, ASCEND.spec.freqs_mhz, device=ASCEND.spec.name)
     return dev, w, models, inputs
 
 

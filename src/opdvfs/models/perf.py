@@ -100,7 +100,7 @@ def _relative_sse(pred: np.ndarray, t_us: np.ndarray) -> np.ndarray:
     return np.nansum(err**2, axis=1) + np.where(np.isfinite(pred).all(axis=1), 0.0, np.inf)
 
 
-def fit_times(form: str, f_ghz: np.ndarray, t_us: np.ndarray, f_lo_ghz: float) -> np.ndarray:
+def fit_times(form: str, f_ghz: np.ndarray, t_us: np.ndarray) -> np.ndarray:
     """Fit ``form`` to every operator's times at the training clocks, vectorised.
 
     Parameters
@@ -111,8 +111,6 @@ def fit_times(form: str, f_ghz: np.ndarray, t_us: np.ndarray, f_lo_ghz: float) -
         Training clocks, shape (k,), ascending.
     t_us
         Times, shape (n_ops, k); NaN where an op was not measured.
-    f_lo_ghz
-        Lowest clock the model will be used at: ``func1``'s cycles must not decrease above it.
 
     Returns
     -------
@@ -312,8 +310,7 @@ class PerfModel(JsonFile):
         names = profile.ops.drop_duplicates("op").set_index("op")["name"]
         self.names_ = names.loc[op_ids].to_numpy()
         self.train_freqs_mhz_ = train
-        self.f_lo_mhz_ = float(min(freqs.min(), train.min()))
-        self.coef_ = fit_times(form, f_ghz, t_train, self.f_lo_mhz_ / 1e3)
+        self.coef_ = fit_times(form, f_ghz, t_train)
         fitted = predict_times(form, self.coef_, f_ghz, f_ghz)
         with np.errstate(invalid="ignore", divide="ignore"):
             self.residual_ = np.sqrt(np.nanmean((fitted / t_train - 1.0) ** 2, axis=1))
@@ -347,7 +344,6 @@ class PerfModel(JsonFile):
             "version": 1,
             "form": self.form_,
             "train_freqs_mhz": self.train_freqs_mhz_.tolist(),
-            "f_lo_mhz": self.f_lo_mhz_,
             "op_ids": self.op_ids_.tolist(),
             "names": self.names_.tolist(),
             "coef": _json_floats(self.coef_),
@@ -364,7 +360,6 @@ class PerfModel(JsonFile):
             model = cls(form=doc["form"])
             model.form_ = doc["form"]
             model.train_freqs_mhz_ = np.asarray(doc["train_freqs_mhz"], dtype=float)
-            model.f_lo_mhz_ = float(doc["f_lo_mhz"])
             model.op_ids_ = np.asarray(doc["op_ids"], dtype=np.int64)
             model.names_ = np.asarray(doc["names"], dtype=object)
             model.coef_ = np.asarray(doc["coef"], dtype=float).reshape(len(model.op_ids_), -1)

@@ -236,7 +236,7 @@ class PowerModel(JsonFile):
         paper's procedure is followed: ``gamma`` from the cool-down, ``beta, theta`` from idle at
         two clocks, then ``alpha_i`` per op (eq. 14); otherwise ``gamma, theta`` are fitted jointly.
         """
-        rows = self._power_rows(profile, window_ms)
+        rows = self.power_rows(profile, window_ms)
         clocks = np.unique(rows["freq_mhz"])
         train = clocks if train_freqs_mhz is None else np.sort(np.asarray(train_freqs_mhz, float))
         for f in train:
@@ -292,7 +292,8 @@ class PowerModel(JsonFile):
         self.train_freqs_mhz_ = train
         return self
 
-    def _power_rows(self, profile: Profile, window_ms: float | None) -> pd.DataFrame:
+    def power_rows(self, profile: Profile, window_ms: float | None = None) -> pd.DataFrame:
+        """Profile rows with per-op power: measured, or attributed from the sensor windows."""
         ops = profile.ops
         if "core_power_w" in ops or "chip_power_w" in ops:
             cols = [c for c in ("core_power_w", "chip_power_w") if c in ops]

@@ -118,7 +118,7 @@ def validate_power(
         )
 
     model = fit(temperature)
-    rows = model._power_rows(profile, window_ms)  # the rows it was fitted on
+    rows = model.power_rows(profile, window_ms)  # the rows it was fitted on
     table = rows.pivot_table(
         index="op", columns="freq_mhz", values=f"{model.rail_}_power_w", aggfunc="median"
     ).reindex(model.op_ids_)

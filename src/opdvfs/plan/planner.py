@@ -16,6 +16,7 @@ previous clock (``StageTables.lag_s``).
 from __future__ import annotations
 
 import time as _time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,6 +36,7 @@ from opdvfs.plan.dp import (
 from opdvfs.plan.ga import genetic_plan
 from opdvfs.plan.schedule import Schedule, op_signature
 from opdvfs.plan.segment import segment
+from opdvfs.workloads.workload import Workload
 
 __all__ = ["PlanInputs", "plan_frontier", "plan_schedule"]
 
@@ -53,6 +55,20 @@ class PlanInputs:
     #: LOW/HIGH per op from the profiler's pipeline ratios (paper Fig. 12), when it gives them;
     #: otherwise the fitted sensitivity decides.
     classes: np.ndarray | None = None
+
+    @classmethod
+    def from_workload(
+        cls, workload: Workload, freqs_mhz: Sequence[float], *, device: str | None = None
+    ) -> PlanInputs:
+        """Streams and idle gaps from a workload, planned over ``freqs_mhz``."""
+        ops = workload.ops
+        return cls(
+            np.asarray(freqs_mhz, dtype=float),
+            ops["stream"].to_numpy(),
+            ops["gap_before_us"].to_numpy(dtype=float),
+            device=device,
+            workload=workload.name,
+        )
 
 
 def plan_schedule(
@@ -113,11 +129,10 @@ def plan_schedule(
     rows = np.arange(len(starts))
     chip_stage = np.add.reduceat(chip_j, starts, axis=0)
     core_stage = np.add.reduceat(core_j, starts, axis=0)
-    result_clock = clock
     names = models.perf.names_.tolist()
     return Schedule.from_stage_freqs(
         starts,
-        freqs[result_clock],
+        freqs[clock],
         n_ops=len(names),
         lead_ops=lead,
         target=target,
@@ -132,9 +147,9 @@ def plan_schedule(
         baseline_time_s=baseline_s,
         predicted_time_s=plan_time + gaps_s,
         baseline_energy_j=float(chip_stage[:, top].sum()),
-        predicted_energy_j=float(chip_stage[rows, result_clock].sum()),
+        predicted_energy_j=float(chip_stage[rows, clock].sum()),
         baseline_core_energy_j=float(core_stage[:, top].sum()),
-        predicted_core_energy_j=float(core_stage[rows, result_clock].sum()),
+        predicted_core_energy_j=float(core_stage[rows, clock].sum()),
         lower_bound_energy_j=lower,
         gap_pct=gap,
         plan_seconds=_time.perf_counter() - started,

@@ -25,8 +25,6 @@ from opdvfs.sim.params import TwinParams
 from opdvfs.sim.physics import (
     CUBE,
     VECTOR,
-    OpArrays,
-    Timing,
     activity,
     core_power_w,
     op_arrays,
@@ -114,11 +112,6 @@ class SimulatedDevice:
                 field="freq_mhz",
             )
         return idx
-
-    def timing(self, workload: Workload) -> tuple[OpArrays, Timing]:
-        """Clean time and unit busy shares of every op at every supported clock."""
-        ops = op_arrays(workload.ops)
-        return ops, op_timing(ops, self._clocks, self.params)
 
     # ----------------------------------------------------------------------------- core run
     def _simulate(
