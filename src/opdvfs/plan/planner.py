@@ -38,7 +38,7 @@ from opdvfs.plan.schedule import Schedule, op_signature
 from opdvfs.plan.segment import segment
 from opdvfs.workloads.workload import Workload
 
-__all__ = ["PlanInputs", "plan_frontier", "plan_schedule"]
+__all__ = ["PlanInputs", "plan_frontier", "plan_grouped", "plan_schedule"]
 
 Objective = Literal["energy", "core-energy", "power", "paper"]
 
@@ -55,6 +55,8 @@ class PlanInputs:
     #: LOW/HIGH per op from the profiler's pipeline ratios (paper Fig. 12), when it gives them;
     #: otherwise the fitted sensitivity decides.
     classes: np.ndarray | None = None
+    #: Training phase per op (forward / backward / optimizer / other), for per-phase plans.
+    phases: np.ndarray | None = None
 
     @classmethod
     def from_workload(
@@ -68,6 +70,7 @@ class PlanInputs:
             ops["gap_before_us"].to_numpy(dtype=float),
             device=device,
             workload=workload.name,
+            phases=ops["phase"].to_numpy(),
         )
 
 
@@ -123,9 +126,12 @@ def plan_schedule(
             raise ValueError(f"no plan fits a {target:.1%} slowdown")
         clock, plan_time = result.clock, result.time_s
         lower, gap = result.lower_bound_j, result.gap_pct
-    lead = _lead_ops(starts, time_us[:, top] + inputs.gap_us, switch_latency_ms * 1e3)
+    # lead measured in the planned run's own time: ops before a switch run at their own clock
+    per_op = np.repeat(clock, np.diff(np.r_[starts, len(time_us)]))
+    planned_us = time_us[np.arange(len(time_us)), per_op] + inputs.gap_us
+    lead, delay = _lead_ops(starts, planned_us, switch_latency_ms * 1e3)
     if dispatch == "reactive":
-        lead = np.zeros_like(lead)
+        lead, delay = np.zeros_like(lead), np.zeros_like(delay)
     rows = np.arange(len(starts))
     chip_stage = np.add.reduceat(chip_j, starts, axis=0)
     core_stage = np.add.reduceat(core_j, starts, axis=0)
@@ -135,6 +141,7 @@ def plan_schedule(
         freqs[clock],
         n_ops=len(names),
         lead_ops=lead,
+        delay_us=delay,
         target=target,
         objective=objective,
         solver=solver,
@@ -180,15 +187,21 @@ class _Staged:
         )
 
 
-def _stages(models: ModelBundle, inputs: PlanInputs, objective: str, interval_ms: float) -> _Staged:
-    """Per-op tables at the device clocks, the classes, the stages and the stage tables."""
+def _op_tables(
+    models: ModelBundle, inputs: PlanInputs
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Clocks (ascending) and per-op predicted time (us), chip and core energy (J) at each."""
     if models.power is None:
         raise ValueError("the models hold no power model: profile with power to plan energy")
     freqs = np.sort(np.asarray(inputs.freqs_mhz, dtype=float))
     time_us = models.perf.predict(freqs)
     power = models.power.predict(freqs)
-    chip_j = power["chip_w"] * time_us * 1e-6
-    core_j = power["core_w"] * time_us * 1e-6
+    return freqs, time_us, power["chip_w"] * time_us * 1e-6, power["core_w"] * time_us * 1e-6
+
+
+def _stages(models: ModelBundle, inputs: PlanInputs, objective: str, interval_ms: float) -> _Staged:
+    """Per-op tables at the device clocks, the classes, the stages and the stage tables."""
+    freqs, time_us, chip_j, core_j = _op_tables(models, inputs)
     top = len(freqs) - 1
     if inputs.classes is not None:
         classes = inputs.classes
@@ -232,8 +245,85 @@ def plan_frontier(
     )
 
 
-def _lead_ops(starts: np.ndarray, duration_us: np.ndarray, latency_us: float) -> np.ndarray:
-    """Ops before each stage start at which to issue its switch so it lands on time."""
-    begin = np.r_[0.0, np.cumsum(duration_us)[:-1]]  # op start times at the top clock
-    trigger = np.searchsorted(begin, begin[starts] - latency_us, side="left")
-    return starts - trigger
+def _lead_ops(
+    starts: np.ndarray, duration_us: np.ndarray, latency_us: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Trigger of each stage's switch (ops before its start) and the delay after it (us).
+
+    The switch is issued ``latency_us`` before its stage begins in the planned run: from the
+    last op boundary before that moment, after a delay, so it lands on time even when the
+    moment falls inside a long op (a bubble's ``Recv``, a long matmul).
+    """
+    begin = np.r_[0.0, np.cumsum(duration_us)[:-1]]  # op start times in the planned run
+    want = np.maximum(begin[starts] - latency_us, 0.0)
+    trigger = np.minimum(np.searchsorted(begin, want, side="right") - 1, starts)
+    return starts - trigger, want - begin[trigger]
+
+
+def plan_grouped(
+    models: ModelBundle,
+    inputs: PlanInputs,
+    groups: np.ndarray | None,
+    *,
+    target: float,
+    objective: Objective = "energy",
+    switch_latency_ms: float = 1.0,
+) -> Schedule:
+    """Best plan that runs every op of a group at one clock: the coarse baselines.
+
+    ``groups=None`` is one static clock for the whole iteration; ``inputs.phases`` gives the
+    per-phase plan (one clock for all forward ops, one for backward, one for the optimizer).
+    Every combination of clocks is evaluated at once (``n_clocks ** n_groups`` of them, so a
+    handful of groups), which makes the answer exact for the models.
+    """
+    started = _time.perf_counter()
+    freqs, time_us, chip_j, core_j = _op_tables(models, inputs)
+    energy = core_j if objective == "core-energy" else chip_j
+    n_ops, n_clocks = time_us.shape
+    labels, member = np.unique(
+        np.zeros(n_ops, dtype=int) if groups is None else np.asarray(groups), return_inverse=True
+    )
+    if len(labels) > 4:
+        raise ValueError(f"{len(labels)} groups: plan_grouped enumerates clocks^groups, keep <= 4")
+    group_t = np.zeros((len(labels), n_clocks))
+    group_e = np.zeros((len(labels), n_clocks))
+    np.add.at(group_t, member, time_us)
+    np.add.at(group_e, member, energy)
+    # every combination of one clock per group: (n_clocks ** n_groups, n_groups)
+    combos = np.stack(
+        np.meshgrid(*[np.arange(n_clocks)] * len(labels), indexing="ij"), axis=-1
+    ).reshape(-1, len(labels))
+    rows = np.arange(len(labels))
+    gaps_s = float(inputs.gap_us.sum() * 1e-6)
+    top = n_clocks - 1
+    total_t = group_t[rows, combos].sum(axis=1) * 1e-6
+    total_e = group_e[rows, combos].sum(axis=1)
+    baseline_s = float(group_t[:, top].sum()) * 1e-6 + gaps_s
+    fits = total_t + gaps_s <= (1.0 + target) * baseline_s * (1 + 1e-12)
+    best = int(np.flatnonzero(fits)[np.argmin(total_e[fits])])  # all-top always fits
+    per_op = combos[best][member]
+    starts = np.flatnonzero(np.r_[True, per_op[1:] != per_op[:-1]])
+    planned_us = time_us[np.arange(n_ops), per_op] + inputs.gap_us
+    lead, delay = _lead_ops(starts, planned_us, switch_latency_ms * 1e3)
+    names = models.perf.names_.tolist()
+    return Schedule.from_stage_freqs(
+        starts,
+        freqs[per_op[starts]],
+        n_ops=n_ops,
+        lead_ops=lead,
+        delay_us=delay,
+        target=target,
+        objective=objective,
+        solver="static" if groups is None else "per-group",
+        switch_latency_ms=switch_latency_ms,
+        device=inputs.device,
+        workload=inputs.workload,
+        op_signature=op_signature(names),
+        baseline_time_s=baseline_s,
+        predicted_time_s=float(total_t[best]) + gaps_s,
+        baseline_energy_j=float(chip_j[:, top].sum()),
+        predicted_energy_j=float(chip_j[np.arange(n_ops), per_op].sum()),
+        baseline_core_energy_j=float(core_j[:, top].sum()),
+        predicted_core_energy_j=float(core_j[np.arange(n_ops), per_op].sum()),
+        plan_seconds=_time.perf_counter() - started,
+    )

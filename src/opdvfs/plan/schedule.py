@@ -52,11 +52,16 @@ class Stage(FrozenModel):
 
 
 class Switch(FrozenModel):
-    """One clock change: issued at ``trigger_op``, to be in effect from stage ``stage``."""
+    """One clock change: issued at ``trigger_op``, to be in effect from stage ``stage``.
+
+    ``delay_us`` after the trigger op starts, the request is issued (0: at once), so that a
+    switch whose latency does not fall on an op boundary still lands when its stage begins.
+    """
 
     trigger_op: NonNegativeInt
     stage: NonNegativeInt
     freq_mhz: PositiveFloat
+    delay_us: NonNegativeFloat = 0.0
 
 
 class Schedule(FrozenModel):
@@ -154,6 +159,7 @@ class Schedule(FrozenModel):
         *,
         n_ops: int,
         lead_ops: np.ndarray | list[int] | None = None,
+        delay_us: np.ndarray | list[float] | None = None,
         **fields: object,
     ) -> Schedule:
         """Build a schedule from stage start positions and per-stage clocks.
@@ -169,6 +175,9 @@ class Schedule(FrozenModel):
         lead_ops
             For each stage, how many operators before its first op the switch is issued
             (predictive dispatch); 0 by default. Clipped so triggers stay ordered.
+        delay_us
+            For each stage, how long after its trigger op starts the switch is issued; 0 by
+            default.
         fields
             Other :class:`Schedule` fields (``target``, ``solver``, predictions ...).
         """
@@ -182,10 +191,13 @@ class Schedule(FrozenModel):
         change = np.flatnonzero(np.r_[True, freqs[1:] != freqs[:-1]])
         lead = np.zeros(len(starts), dtype=int) if lead_ops is None else np.asarray(lead_ops)
         triggers = np.maximum(starts[change] - lead[change], 0)
-        triggers = np.maximum.accumulate(triggers)
+        ordered = np.maximum.accumulate(triggers)
+        delay = np.zeros(len(starts)) if delay_us is None else np.asarray(delay_us, dtype=float)
+        # a trigger moved later to keep the order issues at once
+        delays = np.where(ordered == triggers, delay[change], 0.0)
         switches = tuple(
-            Switch(trigger_op=int(t), stage=int(s), freq_mhz=float(freqs[s]))
-            for t, s in zip(triggers, change, strict=True)
+            Switch(trigger_op=int(t), stage=int(s), freq_mhz=float(freqs[s]), delay_us=float(d))
+            for t, s, d in zip(ordered, change, delays, strict=True)
         )
         return cls.model_validate(
             {"n_ops": n_ops, "stages": stages, "switches": switches, **fields}

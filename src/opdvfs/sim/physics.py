@@ -72,6 +72,7 @@ class OpArrays:
     dependent: np.ndarray
     efficiency: np.ndarray
     activity: np.ndarray
+    wait_us: np.ndarray
 
     def __len__(self) -> int:
         return len(self.flops)
@@ -97,6 +98,9 @@ def op_arrays(ops: pd.DataFrame) -> OpArrays:
         activity=(
             ops["activity"] if "activity" in ops else pd.Series(1.0, index=ops.index)
         ).to_numpy(dtype=float),
+        wait_us=(ops["wait_us"] if "wait_us" in ops else pd.Series(0.0, index=ops.index)).to_numpy(
+            dtype=float
+        ),
     )
 
 
@@ -165,7 +169,9 @@ def op_timing(ops: OpArrays, freqs_mhz: np.ndarray, p: TwinParams) -> Timing:
     time_us = cycles / f * 1e6 + p.launch_overhead_us
     # Collectives run on their own engine and links; fixed ops on the AI CPU / host: neither
     # depends on the core clock.
-    comm_us = p.comm_latency_us + moved / (p.comm_link_gbs * 1e3)
+    # A collective or point-to-point op first waits for its peer (a pipeline bubble shows up as
+    # a long Recv), then moves its bytes.
+    comm_us = p.comm_latency_us + moved / (p.comm_link_gbs * 1e3) + ops.wait_us
     fixed_us = p.launch_overhead_us + moved / 1e4 + ops.flops / 1e4
     off_core = ops.unit >= COMM
     time_us = np.where((ops.unit == COMM)[:, None], comm_us[:, None], time_us)

@@ -1,6 +1,7 @@
 """When each operator starts and ends, and at which clock(s) it runs, given clock switches.
 
-A clock request issued when the trigger operator starts lands ``latency_us`` later; an operator
+A clock request is issued ``delay_us`` after its trigger operator starts (0: as it starts) and
+lands ``latency_us`` later; an operator
 in flight at that moment runs the rest of its work at the new clock. Between events every step is
 a vectorised cumulative sum, so a run costs O(n_ops + n_switches), not a Python loop over ops.
 """
@@ -76,6 +77,7 @@ def execute(
     gap_us: np.ndarray | None = None,
     host_us: np.ndarray | None = None,
     start_us: float = 0.0,
+    delay_us: np.ndarray | None = None,
 ) -> Execution:
     """Run ops with durations ``dur_us[i, clock]`` under a list of clock switches.
 
@@ -97,6 +99,9 @@ def execute(
         inference), shape (n_ops,), or None.
     start_us
         Time the first op may start.
+    delay_us
+        Time from each trigger op's start to issuing its switch, shape (n_switches,), or None.
+        Landings keep their order (a request never overtakes an earlier one).
     """
     n = dur_us.shape[0]
     gap = np.zeros(n) if gap_us is None else np.asarray(gap_us, dtype=float)
@@ -106,14 +111,16 @@ def execute(
     frac_a = np.ones(n)
     events: list[SwitchEvent] = []
     pending: deque[tuple[float, int]] = deque()
+    delay = None if delay_us is None else np.asarray(delay_us, dtype=float)
     cur, i, t, k = int(initial_clock), 0, float(start_us), 0
     n_sw = len(triggers)
     while i < n:
         stop = int(triggers[k]) if k < n_sw else n
         if stop <= i:  # issue switch k as op i starts
             s_i = max(t + gap[i], host_us[i] if host_us is not None else -np.inf)
-            land = s_i + latency_us
-            events.append(SwitchEvent(int(triggers[k]), int(clocks[k]), s_i, land))
+            issue = s_i + (delay[k] if delay is not None else 0.0)
+            land = max(issue + latency_us, pending[-1][0] if pending else -np.inf)
+            events.append(SwitchEvent(int(triggers[k]), int(clocks[k]), issue, land))
             pending.append((land, int(clocks[k])))
             k += 1
             continue
@@ -155,6 +162,7 @@ def execute_loop(
     latency_us: float,
     gap_us: np.ndarray | None = None,
     host_us: np.ndarray | None = None,
+    delay_us: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Op-by-op reference of :func:`execute`: the same semantics, a readable Python loop.
 
@@ -170,7 +178,8 @@ def execute_loop(
     for i in range(n):
         s = max(t + gap[i], host[i])
         while k < len(triggers) and triggers[k] == i:
-            pending.append((s + latency_us, int(clocks[k])))
+            land = s + (0.0 if delay_us is None else delay_us[k]) + latency_us
+            pending.append((max(land, pending[-1][0]) if pending else land, int(clocks[k])))
             k += 1
         while pending and pending[0][0] <= s:
             cur = pending.popleft()[1]

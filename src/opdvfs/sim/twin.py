@@ -125,6 +125,7 @@ class SimulatedDevice:
         latency_us: float,
         rng: np.random.Generator,
         start_temp_c: float | None = None,
+        delay_us: np.ndarray | None = None,
     ) -> SimRun:
         p = self.params
         # Only the clocks this run can use: a static run costs one column, not the whole list.
@@ -139,7 +140,9 @@ class SimulatedDevice:
         op = np.tile(np.arange(n), iterations)
         mult = np.exp(rng.normal(0.0, p.noise_rel, total))
         jitter = np.abs(rng.normal(0.0, p.jitter_us, total))
-        dur = timing.time_us[op] * mult[:, None] + jitter[:, None]
+        # the peer wait is the other ranks' time, not this op's: no measurement noise on it
+        wait = arrays.wait_us[op][:, None]
+        dur = (timing.time_us[op] - wait) * mult[:, None] + wait + jitter[:, None]
         gap = np.tile(workload.ops["gap_before_us"].to_numpy(dtype=float), iterations)
         host = None
         dispatch_us = workload.ops["host_us"].to_numpy(dtype=float)
@@ -156,6 +159,7 @@ class SimulatedDevice:
             latency_us=latency_us,
             gap_us=gap,
             host_us=host,
+            delay_us=delay_us,
         )
         act = activity(arrays, timing, p)
         uncore = uncore_power_w(arrays, timing.time_us, p)
@@ -375,6 +379,7 @@ class SimulatedDevice:
                 )
             sw_idx = self.clock_index([s.freq_mhz for s in schedule.switches])
             sw_op = np.array([s.trigger_op for s in schedule.switches])
+            delays = np.tile([s.delay_us for s in schedule.switches], iterations)
             triggers = (sw_op[None, :] + n * np.arange(iterations)[:, None]).ravel()
             clocks = np.tile(sw_idx, iterations)
             initial = top
@@ -383,6 +388,7 @@ class SimulatedDevice:
             f = self._clocks[top] if freq_mhz is None else freq_mhz
             initial = int(self.clock_index([f])[0])
             triggers = clocks = np.empty(0, dtype=int)
+            delays = np.empty(0)
             stages = [(0, n - 1, float(self._clocks[initial]))]
         rng = np.random.default_rng([self.seed, 7])
         sim = self._simulate(
@@ -392,6 +398,7 @@ class SimulatedDevice:
             triggers=triggers,
             clocks=clocks,
             latency_us=latency_us,
+            delay_us=delays,
             rng=rng,
         )
         seq = np.r_[initial, [e.clock for e in sim.execution.switches]]

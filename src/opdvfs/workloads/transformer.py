@@ -8,10 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from opdvfs.workloads._oplist import Op, OpList, backward_of, to_frame
 from opdvfs.workloads.workload import Workload
 
-__all__ = ["TransformerConfig", "llama2_decode", "transformer_training"]
+__all__ = [
+    "TransformerConfig",
+    "llama2_decode",
+    "one_f_one_b",
+    "pipeline_waits_us",
+    "transformer_training",
+]
 
 B = 2  # bytes per element (BF16 / FP16)
 
@@ -207,28 +215,97 @@ def _optimizer(c: TransformerConfig) -> list[Op]:
     return o.ops
 
 
+#: Peers' nominal rates (a 910B-like device at its top clock), to size the pipeline bubble:
+#: the waits are the other stages' work, which this device's clock does not change.
+_PEER_TFLOPS = 300.0
+_PEER_MEM_GBS = 1600.0
+_PEER_LINK_GBS = 150.0
+
+
+def _nominal_us(ops: list[Op]) -> float:
+    """Roofline time of an op list on a peer: compute or memory bound per op, links for comm."""
+    total = 0.0
+    for op in ops:
+        moved = op["bytes_loaded"] + op["bytes_stored"]
+        if op["stream"] == "comm":
+            total += moved / (_PEER_LINK_GBS * 1e3)
+        else:
+            total += max(op["flops"] / (_PEER_TFLOPS * 1e6), moved / (_PEER_MEM_GBS * 1e3))
+    return total
+
+
+def one_f_one_b(pp: int, microbatches: int, stage: int) -> list[tuple[str, int]]:
+    """Return the 1F1B order of passes on ``stage``: warm-up forwards, alternate F/B, drain."""
+    warm = min(pp - stage - 1, microbatches)
+    order = [("F", mb) for mb in range(warm)]
+    for mb in range(warm, microbatches):
+        order += [("F", mb), ("B", mb - warm)]
+    order += [("B", mb) for mb in range(microbatches - warm, microbatches)]
+    return order
+
+
+def pipeline_waits_us(pp: int, microbatches: int, fwd_us: float, bwd_us: float) -> np.ndarray:
+    """Wait before every pass of every stage of a 1F1B pipeline, shape (pp, 2 * microbatches).
+
+    Every stage runs a forward in ``fwd_us`` and a backward in ``bwd_us``; a forward needs the
+    previous stage's forward of that microbatch, a backward the next stage's backward. In steady
+    state every stage repeats with stage 0's period, so a stage's first wait also covers the
+    time it sat idle at the end of the previous iteration. Each stage idles
+    ``(pp - 1) * (fwd_us + bwd_us)`` per iteration in all.
+    """
+    orders = [one_f_one_b(pp, microbatches, s) for s in range(pp)]
+    done: dict[tuple[str, int, int], float] = {}
+    start = np.zeros((pp, 2 * microbatches))
+    free = [0.0] * pp
+    nxt = [0] * pp
+    while any(nxt[s] < len(orders[s]) for s in range(pp)):
+        for s in range(pp):
+            while nxt[s] < len(orders[s]):
+                kind, mb = orders[s][nxt[s]]
+                dep = (kind, mb, s - 1) if kind == "F" else (kind, mb, s + 1)
+                ready = 0.0 if not 0 <= dep[2] < pp else done.get(dep)
+                if ready is None:
+                    break  # the peer has not produced it yet
+                begin = max(free[s], ready)
+                start[s, nxt[s]] = begin
+                free[s] = begin + (fwd_us if kind == "F" else bwd_us)
+                done[(kind, mb, s)] = free[s]
+                nxt[s] += 1
+    ends = np.array(free)
+    prev_end = np.concatenate([(ends - ends[0])[:, None], start[:, 1:] * 0], axis=1)
+    for s in range(pp):
+        for k, (kind, _) in enumerate(orders[s][:-1]):
+            prev_end[s, k + 1] = start[s, k] + (fwd_us if kind == "F" else bwd_us)
+    return start - prev_end
+
+
 def transformer_training(c: TransformerConfig, *, description: str) -> Workload:
     """One training iteration: 1F1B pipeline schedule over microbatches, then the optimizer.
 
-    With ``pp`` stages, the device first runs ``pp - stage - 1`` warm-up forwards, then
-    alternates one forward and one backward, then drains the backwards; the pipeline bubble is
-    an idle gap before the first op, sized at ``stage`` forward passes at a nominal 150 TFLOP/s.
+    With ``pp`` stages, the device runs ``pp - stage - 1`` warm-up forwards, then alternates one
+    forward and one backward, then drains the backwards. The pipeline bubble is where a stage
+    waits for its peers: the wait of the ``Recv`` that opens the pass (``wait_us``), sized by a
+    1F1B timeline of every stage at nominal peer rates (:func:`pipeline_waits_us`).
     """
     passes = [_microbatch(c, mb) for mb in range(c.microbatches)]
-    warm = min(c.pp - c.stage - 1, c.microbatches) if c.pp > 1 else 0
-    order: list[Op] = []
-    for mb in range(warm):
-        order += passes[mb][0]
-    for mb in range(warm, c.microbatches):
-        order += passes[mb][0]
-        order += passes[mb - warm][1]
-    for mb in range(c.microbatches - warm, c.microbatches):
-        order += passes[mb][1]
-    order += _optimizer(c)
-    frame = to_frame(order)
-    fwd_flops = sum(op["flops"] for op in passes[0][0])
-    frame.loc[0, "gap_before_us"] = c.stage * fwd_flops / 150e12 * 1e6
-    frame["gap_before_us"] = frame["gap_before_us"].fillna(0.0)
+    order = one_f_one_b(c.pp, c.microbatches, c.stage) if c.pp > 1 else None
+    if order is None:
+        order = [(k, mb) for mb in range(c.microbatches) for k in ("F", "B")]
+        waits = np.zeros(len(order))
+    else:
+        fwd_us, bwd_us = _nominal_us(passes[0][0]), _nominal_us(passes[0][1])
+        waits = pipeline_waits_us(c.pp, c.microbatches, fwd_us, bwd_us)[c.stage]
+    ops: list[Op] = []
+    for (kind, mb), wait in zip(order, waits, strict=True):
+        body = passes[mb][0 if kind == "F" else 1]
+        if wait > 0:
+            if body[0]["type"] != "Recv":  # a pass waits on the message that opens it
+                raise AssertionError(f"pass {kind}{mb} waits {wait:.0f} us but opens with no Recv")
+            body = [{**body[0], "wait_us": float(wait)}, *body[1:]]
+        ops += body
+    ops += _optimizer(c)
+    frame = to_frame(ops)
+    frame["wait_us"] = frame["wait_us"].fillna(0.0) if "wait_us" in frame else 0.0
     weight_params = c.layers * c.layer_params
     if c.vocab and c.stage == c.pp - 1:
         weight_params += c.hidden * c.vocab // c.tp
@@ -237,6 +314,7 @@ def transformer_training(c: TransformerConfig, *, description: str) -> Workload:
         "config": c.__dict__,
         "weight_params_on_device": weight_params,
         "tokens_per_iteration": c.tokens * c.microbatches,
+        "pipeline_wait_us": float(np.sum(waits)),
     }
     return Workload(frame, name=c.name, meta=meta)
 

@@ -80,6 +80,15 @@ WORKLOAD_COLUMNS = TableSchema(
             description="host time to dispatch the op (us); binds when the host is the bottleneck",
         ),
         Column(
+            "wait_us",
+            "float",
+            required=False,
+            default=0.0,
+            min_value=0.0,
+            description="time a communication op waits for its peer (pipeline bubble), us; "
+            "independent of this device's clock",
+        ),
+        Column(
             "gap_before_us",
             "float",
             required=False,
