@@ -22,19 +22,11 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $@ $(VENV)/.installed-run
 
-# Until `opdvfs demo` lands (issue #7) the demo runs the pipeline step by step on the simulated
-# Ascend-like NPU: profile GPT-3 at three clocks, summarise, fit, plan a 2% slowdown budget,
-# run the plan and the top clock and a static low clock for comparison; then import a bundled
-# real A100 profile.
+# The whole pipeline on the simulated Ascend-like NPU: profile GPT-3 at three clocks, fit, plan
+# a 2% slowdown budget, execute it, measure; a report with figures lands in $(DEMO_OUT). Then
+# import a bundled real A100 profile (Perseus, SOSP'24) to show the importers on real data.
 demo: $(VENV)/.installed-run
-	@mkdir -p $(DEMO_OUT)
-	$(BIN)/opdvfs profile --device ascend-910b-like --workload gpt3 --freqs 1000,1400,1800 --out $(DEMO_OUT)/gpt3.parquet
-	$(BIN)/opdvfs info $(DEMO_OUT)/gpt3.parquet
-	$(BIN)/opdvfs fit $(DEMO_OUT)/gpt3.parquet --out $(DEMO_OUT)/models.json
-	$(BIN)/opdvfs plan $(DEMO_OUT)/gpt3.parquet --target 0.02 --objective core-energy --out $(DEMO_OUT)/schedule.json
-	$(BIN)/opdvfs simulate $(DEMO_OUT)/schedule.json --device ascend-910b-like --workload gpt3
-	$(BIN)/opdvfs simulate --device ascend-910b-like --workload gpt3 --freq-mhz 1800
-	$(BIN)/opdvfs simulate --device ascend-910b-like --workload gpt3 --freq-mhz 1300
+	$(BIN)/opdvfs demo --workload gpt3 --device ascend-910b-like --target 0.02 --out $(DEMO_OUT)
 	$(BIN)/opdvfs import "$$($(BIN)/python -m opdvfs.datasets perseus-gpt3-175b-a100)" --out $(DEMO_OUT)/perseus-a100.parquet
 	$(BIN)/opdvfs info $(DEMO_OUT)/perseus-a100.parquet
 

@@ -212,3 +212,17 @@ def test_workload_read_errors(tmp_path):
     )
     with pytest.raises(InputFormatError, match="row 1, column 'name'"):
         Workload.read(path)
+
+
+def test_atomic_outputs_get_the_usual_file_mode(tmp_path):
+    import os
+    import stat
+
+    from opdvfs._files import write_text_atomic
+
+    old = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "out.txt", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "out.txt").stat().st_mode) == 0o644

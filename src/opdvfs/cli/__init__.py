@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import sys
 
-from opdvfs.cli import data, models, plan, runtime, sim  # noqa: F401 - registers the commands
+from opdvfs.cli import (  # noqa: F401 - registers the commands
+    data,
+    evaluate,
+    models,
+    plan,
+    runtime,
+    sim,
+)
 from opdvfs.cli._app import UsageError, app, parse_clocks, stderr
 
 __all__ = ["UsageError", "app", "main", "parse_clocks"]

@@ -17,13 +17,19 @@ from opdvfs.exceptions import ValidationError
 from opdvfs.models.perf import PerfModel
 from opdvfs.profile import Profile
 
-__all__ = ["error_summary", "validate_perf", "validate_power"]
+__all__ = ["error_summary", "relative_errors_pct", "validate_perf", "validate_power"]
+
+
+def relative_errors_pct(pred: np.ndarray, actual: np.ndarray) -> np.ndarray:
+    """``|pred / actual - 1| * 100`` over the finite pairs with a positive actual value."""
+    pred, actual = np.asarray(pred, dtype=float), np.asarray(actual, dtype=float)
+    ok = np.isfinite(pred) & np.isfinite(actual) & (actual > 0)
+    return np.abs(pred[ok] / actual[ok] - 1.0) * 100.0
 
 
 def error_summary(pred: np.ndarray, actual: np.ndarray) -> dict[str, float | int]:
     """Mean / median |error| % and shares within 5% and 10%, over finite pairs."""
-    ok = np.isfinite(pred) & np.isfinite(actual) & (actual > 0)
-    err = np.abs(pred[ok] / actual[ok] - 1.0) * 100.0
+    err = relative_errors_pct(pred, actual)
     if err.size == 0:
         return {
             "n_points": 0,

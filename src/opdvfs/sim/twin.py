@@ -67,6 +67,8 @@ class SimRun:
     ld_busy: np.ndarray
     st_busy: np.ndarray
     unit: np.ndarray
+    #: Clock each op instance started at (MHz).
+    freq_mhz: np.ndarray
 
     @property
     def iteration_time_s(self) -> float:
@@ -216,6 +218,7 @@ class SimulatedDevice:
             ld_busy=timing.ld_busy[op, ca],
             st_busy=timing.st_busy[op, ca],
             unit=arrays.unit[op],
+            freq_mhz=f_used[ca],
         )
 
     def _interval_power(

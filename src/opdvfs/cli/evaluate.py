@@ -1,0 +1,214 @@
+"""End-to-end commands on the simulator: demo, evaluate, report."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Literal, cast
+
+import typer
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from opdvfs._files import read_json, write_text_atomic
+from opdvfs.cli._app import (
+    DeviceOption,
+    JsonOption,
+    SeedOption,
+    UsageError,
+    _reports_errors,
+    app,
+    stderr,
+    stdout,
+)
+from opdvfs.exceptions import InputFormatError
+from opdvfs.experiments.bench import Outcome
+from opdvfs.experiments.suites import SuiteResult, run_demo, run_paper_suite
+from opdvfs.report.markdown import render
+
+_OBJECTIVES = ("energy", "core-energy", "power", "paper")
+_RESULTS = "results.json"
+_REPORT = "report.md"
+
+
+def _objective(text: str) -> Literal["energy", "core-energy", "power", "paper"]:
+    if text not in _OBJECTIVES:
+        raise UsageError(f"--objective {text!r}: expected one of {', '.join(_OBJECTIVES)}")
+    return cast(Literal["energy", "core-energy", "power", "paper"], text)
+
+
+def _steps(total: int):
+    """Return a progress bar over the suite's steps (stderr; hidden when not a terminal)."""
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=True,
+        disable=not stderr.is_terminal,
+    )
+    task = progress.add_task("starting", total=total)
+
+    def step(description: str) -> None:
+        progress.update(task, description=description, advance=1)
+
+    return progress, step
+
+
+def _write_report(out: Path, result: SuiteResult, figures: list[tuple[str, str]]) -> Path:
+    write_text_atomic(out / _RESULTS, result.model_dump_json(indent=2) + "\n")
+    report = out / _REPORT
+    write_text_atomic(report, render(result, figures))
+    return report
+
+
+def _summary_table(rows: list[Outcome], title: str) -> Table:
+    table = Table(title=title)
+    for name in (
+        "plan",
+        "iter. base -> DVFS (s)",
+        "perf loss",
+        "chip W",
+        "core W",
+        "chip E saved",
+        "core E saved",
+        "pred. chip E",
+        "switches",
+    ):
+        table.add_column(name)
+    for o in rows:
+        table.add_row(
+            f"{o.workload} {o.label}",
+            f"{o.iteration_time_base_s:.4g} -> {o.iteration_time_s:.4g}",
+            f"{o.perf_loss_pct:.2f}%",
+            f"{o.chip_power_base_w:.1f} -> {o.chip_power_w:.1f}",
+            f"{o.core_power_base_w:.1f} -> {o.core_power_w:.1f}",
+            f"{o.chip_energy_saving_pct:+.2f}%",
+            f"{o.core_energy_saving_pct:+.2f}%",
+            f"{o.predicted_chip_energy_saving_pct or 0:+.2f}%",
+            str(o.switches),
+        )
+    return table
+
+
+def _print_goals(result: SuiteResult) -> None:
+    for g in result.goals:
+        mark = "met" if g.met else "NOT met"
+        stdout.print(f"  [{mark}] {g.goal}: {g.detail}", highlight=False, markup=False)
+
+
+@app.command()
+@_reports_errors
+def demo(
+    workload: Annotated[
+        str, typer.Option("--workload", "-w", help="Workload (see `opdvfs workloads`).")
+    ] = "gpt3",
+    device: DeviceOption = "ascend-910b-like",
+    target: Annotated[
+        float, typer.Option("--target", min=0.0, help="Allowed slowdown (0.02 = 2%).")
+    ] = 0.02,
+    objective: Annotated[
+        str, typer.Option("--objective", help="energy (chip), core-energy, power or paper.")
+    ] = "core-energy",
+    out: Annotated[Path, typer.Option("--out", "-o", help="Report folder.")] = Path("demo-out"),
+    seed: SeedOption = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """Profile, fit, plan and execute one workload on the simulator; measure and report."""
+    started = time.perf_counter()
+    progress, step = _steps(5)
+    with progress:
+        result, data = run_demo(
+            workload, device, target=target, objective=_objective(objective), seed=seed, step=step
+        )
+        from opdvfs.report.plots import plot_error_cdf, plot_savings, plot_timeline
+
+        plot_timeline(
+            data.timeline,
+            out / "timeline.png",
+            f"{workload} on {device} (simulated): the {target:.0%} plan as executed",
+        )
+        plot_savings(data.sweep, data.static, out / "savings.png")
+        plot_error_cdf(
+            {"time": data.perf_errors_pct, "core power": data.power_errors_pct},
+            out / "model_error_cdf.png",
+            "model error on held-out clocks",
+        )
+        if data.schedule is not None:
+            data.schedule.write(out / "schedule.json")
+    result = result.model_copy(update={"seconds": time.perf_counter() - started})
+    figures = [
+        ("timeline.png", "Core clock over one iteration, above the operator classes"),
+        ("savings.png", "Measured energy saved vs measured slowdown"),
+        ("model_error_cdf.png", "Model error on held-out clocks"),
+    ]
+    report = _write_report(out, result, figures)
+    main = result.sections["plan"][0]
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "perf_loss_pct": main.perf_loss_pct,
+                    "core_power_saving_pct": main.core_power_saving_pct,
+                    "chip_power_saving_pct": main.chip_power_saving_pct,
+                    "core_energy_saving_pct": main.core_energy_saving_pct,
+                    "chip_energy_saving_pct": main.chip_energy_saving_pct,
+                    "predicted_perf_loss_pct": main.predicted_perf_loss_pct,
+                    "predicted_chip_energy_saving_pct": main.predicted_chip_energy_saving_pct,
+                    "switches": main.switches,
+                    "report": str(report),
+                }
+            )
+        )
+        return
+    stdout.print(_summary_table(result.sections["plan"] + result.sections["static"], "measured"))
+    _print_goals(result)
+    stdout.print(f"wrote {report} (+ figures) in {result.seconds:.1f} s", highlight=False)
+
+
+@app.command()
+@_reports_errors
+def evaluate(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Report folder.")],
+    suite: Annotated[str, typer.Option("--suite", help="Which suite (paper).")] = "paper",
+    device: DeviceOption = "ascend-910b-like",
+    objective: Annotated[
+        str, typer.Option("--objective", help="energy (chip), core-energy, power or paper.")
+    ] = "core-energy",
+    seed: SeedOption = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """Paper Table 3 and ablations, measured on the simulator beside the paper's numbers."""
+    if suite != "paper":
+        raise UsageError(f"--suite {suite!r}: expected paper")
+    started = time.perf_counter()
+    progress, step = _steps(9)
+    with progress:
+        result = run_paper_suite(device, objective=_objective(objective), seed=seed, step=step)
+    result = result.model_copy(update={"seconds": time.perf_counter() - started})
+    report = _write_report(out, result, [])
+    if as_json:
+        print(json.dumps({"report": str(report), **result.model_dump(mode="json")}))
+        return
+    for key in ("table3", "ablations", "baselines", "inference"):
+        stdout.print(_summary_table(result.sections[key], key))
+    _print_goals(result)
+    stdout.print(f"wrote {report} in {result.seconds:.1f} s", highlight=False)
+
+
+@app.command()
+@_reports_errors
+def report(
+    folder: Annotated[Path, typer.Argument(help="A folder written by demo or evaluate.")],
+) -> None:
+    """Re-render a report folder's report.md from its results.json."""
+    source = folder / _RESULTS
+    doc = read_json(source)
+    try:
+        result = SuiteResult.model_validate(doc)
+    except ValueError as exc:
+        raise InputFormatError(f"{source}: not an opdvfs results file ({exc})") from None
+    figures = [(p.name, p.stem.replace("_", " ")) for p in sorted(folder.glob("*.png"))]
+    path = _write_report(folder, result, figures)
+    stdout.print(f"wrote {path}", highlight=False)

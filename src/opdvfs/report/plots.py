@@ -1,0 +1,98 @@
+"""The report's figures (matplotlib, Agg): clock timeline, savings vs target, model error CDF.
+
+Each function draws one figure and writes it atomically as PNG.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+
+from opdvfs._files import atomic_path
+from opdvfs.experiments.bench import Outcome
+
+__all__ = ["plot_error_cdf", "plot_savings", "plot_timeline"]
+
+
+def _save(fig: plt.Figure, path: str | os.PathLike[str]) -> None:
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+
+
+def plot_timeline(
+    timeline: dict[str, np.ndarray], path: str | os.PathLike[str], title: str
+) -> None:
+    """Clock over one iteration, above a band of operator classes (sensitive / not)."""
+    start, end = timeline["start_s"], timeline["end_s"]
+    fig, (ax_f, ax_c) = plt.subplots(
+        2, 1, figsize=(10, 3.6), sharex=True, height_ratios=(4, 1), constrained_layout=True
+    )
+    ax_f.step(start, timeline["freq_mhz"], where="post", lw=0.8, color="tab:blue")
+    ax_f.set(ylabel="core clock (MHz)", title=title)
+    ax_f.grid(alpha=0.3)
+    for high, color, name in ((True, "tab:red", "clock-sensitive"), (False, "tab:green", "not")):
+        sel = timeline["high"] == high
+        spans = list(zip(start[sel], (end - start)[sel], strict=True))
+        ax_c.broken_barh(spans, (0, 1), facecolors=color, label=name, linewidth=0)
+    ax_c.set(yticks=[], xlabel="time in the iteration (s)")
+    ax_c.legend(loc="upper right", fontsize=7, ncols=2)
+    _save(fig, path)
+
+
+def plot_savings(
+    sweep: Sequence[Outcome], static: Sequence[Outcome], path: str | os.PathLike[str]
+) -> None:
+    """Measured energy saved vs measured slowdown: per-operator plans and static clocks."""
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), constrained_layout=True)
+    for ax, rail in zip(axes, ("core", "chip"), strict=True):
+        key = f"{rail}_energy_saving_pct"
+        ax.plot(
+            [o.perf_loss_pct for o in sweep],
+            [getattr(o, key) for o in sweep],
+            "o-",
+            label="per-operator plan (targets)",
+        )
+        ax.plot(
+            [o.perf_loss_pct for o in static],
+            [getattr(o, key) for o in static],
+            "s--",
+            color="tab:gray",
+            label="static clocks",
+        )
+        ax.plot(
+            [o.target_pct for o in sweep],
+            [getattr(o, key) for o in sweep],
+            "x",
+            color="tab:red",
+            label="(at its target)",
+        )
+        ax.axhline(0, color="black", lw=0.5)
+        ax.set(xlabel="measured slowdown (%)", ylabel=f"{rail} energy saved (%)", title=rail)
+        ax.set_xlim(-0.5, max(12.0, max(o.target_pct for o in sweep) + 1))
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    _save(fig, path)
+
+
+def plot_error_cdf(errors: dict[str, np.ndarray], path: str | os.PathLike[str], title: str) -> None:
+    """Cumulative share of (op, clock) points within each |error| (held-out clocks)."""
+    fig, ax = plt.subplots(figsize=(5, 3.4), constrained_layout=True)
+    for name, err in errors.items():
+        if err.size == 0:
+            continue
+        x = np.sort(err)
+        ax.plot(x, np.arange(1, x.size + 1) / x.size * 100, label=f"{name} (mean {x.mean():.2f}%)")
+    for mark in (5, 10):
+        ax.axvline(mark, color="gray", lw=0.5, ls=":")
+    ax.set(xlabel="|prediction error| (%)", ylabel="share of points (%)", title=title)
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)

@@ -1,0 +1,115 @@
+"""End to end on the simulator: demo, evaluate, report (issue 7)."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from opdvfs.cli import app
+from opdvfs.experiments import measure, prepare, run_paper_suite
+from opdvfs.experiments.suites import _planned
+
+DEMO_KEYS = {
+    "perf_loss_pct",
+    "core_power_saving_pct",
+    "chip_power_saving_pct",
+    "core_energy_saving_pct",
+    "chip_energy_saving_pct",
+    "predicted_perf_loss_pct",
+    "predicted_chip_energy_saving_pct",
+    "switches",
+}
+
+
+@pytest.fixture(scope="module")
+def bert_bench():
+    return prepare("bert", "ascend-910b-like")
+
+
+def test_measured_outcome_is_against_the_measured_top_clock(bert_bench):
+    top, _ = measure(bert_bench, None, "top", target=0.02)
+    assert top.perf_loss_pct == pytest.approx(0.0, abs=1e-9)
+    assert top.core_energy_saving_pct == pytest.approx(0.0, abs=1e-9)
+    low, _ = measure(bert_bench, None, "low", target=0.02, freq_mhz=1000.0)
+    assert low.perf_loss_pct > 10  # bert's matmuls follow the clock
+    assert low.core_power_saving_pct > 0
+
+
+def test_planned_run_meets_the_budget_and_its_prediction(bert_bench):
+    outcome, _, schedule = _planned(bert_bench, 0.02, "core-energy", "plan")
+    assert outcome.perf_loss_pct <= 2.0 + 1e-9 or outcome.budget_scale < 1
+    assert outcome.perf_loss_pct <= 2.05
+    assert outcome.core_energy_saving_pct > 2.0
+    # the twin also counts the change into the first stage (from the top clock, or the wrap)
+    assert outcome.switches in (schedule.n_switches, schedule.n_switches + 1)
+    assert outcome.predicted_chip_energy_saving_pct == pytest.approx(
+        outcome.chip_energy_saving_pct, abs=1.0
+    )
+
+
+def test_late_switches_cost_time_the_plan_did_not_expect(bert_bench):
+    outcome, _, schedule = _planned(bert_bench, 0.02, "core-energy", "plan")
+    late = bert_bench.with_latency(bert_bench.device.spec.switch_latency_ms + 14.0)
+    delayed, _ = measure(bert_bench, schedule, "late", target=0.02, device=late)
+    assert delayed.perf_loss_pct > outcome.perf_loss_pct
+
+
+def test_paper_suite_rows_and_goals():
+    result = run_paper_suite()
+    table = result.sections["table3"]
+    assert [(o.workload, o.target_pct) for o in table] == [
+        ("gpt3", 2.0),
+        ("gpt3", 4.0),
+        ("gpt3", 6.0),
+        ("gpt3", 8.0),
+        ("gpt3", 10.0),
+        ("bert", 2.0),
+        ("resnet50", 2.0),
+        ("resnet152", 2.0),
+    ]
+    gpt3 = [o for o in table if o.workload == "gpt3"]
+    # a looser budget saves more core energy
+    savings = [o.core_energy_saving_pct for o in gpt3]
+    assert savings == sorted(savings)
+    labels = [o.label for o in result.sections["ablations"]]
+    assert "switch lands 14 ms late" in labels and "15 ms switch, reactive" in labels
+    goals = {g.goal: g for g in result.goals}
+    assert len(goals) == 4
+    beats = next(g for g in result.goals if g.goal.startswith("per-operator plan beats"))
+    assert beats.met, beats.detail
+    host = result.sections["inference"]
+    assert all(o.perf_loss_pct < 0.5 for o in host)  # host-bound: the clock barely matters
+    assert host[1].core_energy_saving_pct > host[0].core_energy_saving_pct
+
+
+def test_demo_cli_json_report_and_rerender(tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "demo"
+    res = runner.invoke(
+        app, ["demo", "--workload", "bert", "--out", str(out), "--json"], catch_exceptions=False
+    )
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout)
+    assert DEMO_KEYS <= set(payload)
+    assert payload["perf_loss_pct"] <= 2.05
+    for name in ("report.md", "results.json", "schedule.json", "timeline.png", "savings.png"):
+        assert (out / name).stat().st_size > 0
+    assert (out / "model_error_cdf.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (out / "report.md").read_text()
+    assert "per-operator plan" in text and "simulated" in text
+    (out / "report.md").unlink()
+    res = runner.invoke(app, ["report", str(out)])
+    assert res.exit_code == 0, res.output
+    assert (out / "report.md").read_text().startswith("# opdvfs demo report")
+
+
+def test_report_of_a_folder_without_results_is_one_error_line(tmp_path):
+    res = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert res.exit_code == 2
+    assert "results.json" in res.output and "Traceback" not in res.output
+
+
+def test_demo_rejects_a_bad_objective(tmp_path):
+    res = CliRunner().invoke(app, ["demo", "--objective", "speed", "--out", str(tmp_path)])
+    assert res.exit_code == 2
+    assert "--objective" in res.output
