@@ -138,7 +138,9 @@ class WorkloadRecorder(_IterationMode):
 class ScheduleExecutor(_IterationMode):
     """Apply a schedule at operator boundaries: issue each switch when its trigger op dispatches.
 
-    On the CPU the switch is issued immediately (a marker); the op sequence is checked against
+    On the CPU the switch is issued immediately (a marker), ignoring its ``delay_us``: it lands up
+    to that much early, never late (a delayed issue needs the worker thread, not built yet, which
+    must also be cancelled before the clock is restored). The op sequence is checked against
     ``names`` (the captured workload's, when given) and the schedule's op count. On a mismatch
     the clock goes to the maximum for the rest of that iteration and a warning is raised (once);
     the next iteration starts in step again -- the first iteration of a run often differs (an
