@@ -124,3 +124,187 @@ def test_capture_profile_plan_run(tmp_path):
         ]
         assert got[-2:] == [(n // 3, 1000.0), (2 * n // 3, 1800.0)]
         assert all(op in (0, n // 3, 2 * n // 3) for op, _ in got)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny GPT script, its captured workload and a 3-stage schedule for it."""
+    tmp = tmp_path_factory.mktemp("tiny")
+    script = tmp / "train.py"
+    script.write_text(TRAIN.format(tests=str(Path(__file__).parent)))
+    workload = tmp / "captured.json"
+    res = CliRunner().invoke(
+        app, ["capture", "--out", str(workload), "--", "python", str(script), "3"]
+    )
+    assert res.exit_code == 0, res.output
+    n = len(json.loads(workload.read_text())["ops"]["name"])
+    schedule = tmp / "s.json"
+    Schedule.from_stage_freqs(
+        [0, n // 3, 2 * n // 3],
+        [1800.0, 1000.0, 1800.0],
+        n_ops=n,
+        target=0.1,
+        solver="manual",
+        device="ascend-910b-like",
+    ).write(schedule)
+    return script, workload, schedule, n
+
+
+def test_run_on_the_twin_measures_the_switches_as_issued(tiny, tmp_path):
+    script, workload, schedule, _ = tiny
+    with pytest.warns(UserWarning, match="falling back"):
+        res = CliRunner().invoke(
+            app,
+            [
+                "run",
+                str(schedule),
+                "--actuator",
+                "twin",
+                "--device",
+                "ascend-910b-like",
+                "--workload",
+                str(workload),
+                "--",
+                "python",
+                str(script),
+                "3",
+            ],
+        )
+    assert res.exit_code == 0, res.output
+    assert "on the twin (ascend-910b-like, simulated)" in res.stdout
+    # a third of the iteration at 1000 MHz: the tiny ops are launch-bound on the simulated NPU,
+    # so no slower, but the core rail is cheaper
+    line = next(x for x in res.stdout.splitlines() if "on the twin" in x)
+    time_change = float(line.split("take ")[1].split("%")[0])
+    core_change = float(line.split("chip energy, ")[1].split("%")[0])
+    assert abs(time_change) < 1.0 and core_change < 0
+
+
+def test_twin_actuator_replays_issued_switches_as_a_schedule():
+    from opdvfs.devices.presets import get_preset
+    from opdvfs.runtime.actuators import TwinActuator
+    from opdvfs.sim import SimulatedDevice
+
+    preset = get_preset("ascend-910b-like")
+    act = TwinActuator(SimulatedDevice(preset.spec, preset.twin))
+    for iteration, op, freq in [(0, 0, 1800.0), (0, 5, 1000.0), (1, 5, 1400.0), (1, 8, 1800.0)]:
+        act.at(iteration, op)
+        act.set_freq_mhz(freq)
+    plan = act.issued_schedule(10)
+    # iteration 1 starts at the clock iteration 0 ended on (1000), then the two switches
+    assert [(s.first_op, s.freq_mhz) for s in plan.stages] == [
+        (0, 1000.0),
+        (5, 1400.0),
+        (8, 1800.0),
+    ]
+
+
+def test_ascend_actuator_logs_requests_and_reads_through_dcmi(tmp_path):
+    import ctypes
+
+    from opdvfs.exceptions import DeviceNotFoundError
+    from opdvfs.runtime.actuators import AscendActuator
+
+    class FakeDcmi:
+        def dcmi_get_device_frequency(self, card, device, kind, out):
+            assert kind == 7  # AI Core current
+            ctypes.cast(out, ctypes.POINTER(ctypes.c_uint)).contents.value = 1800
+            return 0
+
+        def dcmi_get_device_power_info(self, card, device, out):
+            ctypes.cast(out, ctypes.POINTER(ctypes.c_int)).contents.value = 2531  # 0.1 W
+            return 0
+
+    log = tmp_path / "ascend.jsonl"
+    act = AscendActuator([1000.0, 1800.0], log=log, dcmi=FakeDcmi())
+    with pytest.warns(UserWarning, match="no public AI Core clock setter"):
+        act.set_freq_mhz(1000.0)
+    act.close()
+    assert json.loads(log.read_text())["freq_mhz"] == 1000.0
+    assert act.read_freq_mhz() == 1800.0  # the request changed nothing
+    assert act.read_power_w() == pytest.approx(253.1)
+    import ctypes.util
+
+    if ctypes.util.find_library("dcmi") is None and not Path("/usr/local/dcmi").exists():
+        with pytest.raises(DeviceNotFoundError, match=r"libdcmi\.so not found"):
+            AscendActuator([1000.0, 1800.0]).read_power_w()
+
+
+DDP_TRAIN = textwrap.dedent("""
+    import sys
+    import torch
+    import torch.distributed as dist
+    sys.path.insert(0, {tests!r})
+    from tiny_gpt import TinyGPT
+
+    dist.init_process_group("gloo")
+    steps = int(sys.argv[1])
+    torch.manual_seed(0)
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randint(0, 64, (steps, 2, 17))
+    for i in range(steps):
+        logits = model(data[i, :, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), data[i, :, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+def test_torchrun_rank0_schedule_reaches_rank1(tiny, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    _, _, schedule, n = tiny
+    script = tmp_path / "train_ddp.py"
+    script.write_text(DDP_TRAIN.format(tests=str(Path(__file__).parent)))
+    log = tmp_path / "calls.jsonl"
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--standalone",
+            "-m",
+            "opdvfs",
+            "run",
+            str(schedule),
+            "--actuator",
+            "dry-run",
+            "--device",
+            "ascend-910b-like",
+            "--log-file",  # torchrun takes --log as an abbreviation of its --log-dir
+            str(log),
+            "--",
+            "python",
+            str(script),
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in (0, 1):
+        calls = [
+            json.loads(x)
+            for x in (tmp_path / f"calls.rank{rank}.jsonl").read_text().split("\n")
+            if x
+        ]
+        assert calls[-1]["kind"] == "restore"
+        steady = [
+            (c["op_index"], c["freq_mhz"])
+            for c in calls
+            if c["kind"] == "set" and c["iteration"] == 2
+        ]
+        # rank 1 never read the file: its switches are rank 0's plan
+        assert steady[-2:] == [(n // 3, 1000.0), (2 * n // 3, 1800.0)], (rank, calls)

@@ -98,3 +98,58 @@ def test_wrong_model_falls_back_to_the_maximum_clock(captured):
     assert executor.abandoned  # every iteration diverges: given up after two
     assert act.current_mhz == max(A100.spec.freqs_mhz)
     assert np.isclose(act.calls[-1]["freq_mhz"], 1410.0)
+
+
+def test_delayed_switches_are_issued_by_the_worker_after_their_delay(captured):
+    import time
+
+    n = len(captured)
+    base = Schedule.from_stage_freqs(
+        [0, n // 2], [1410.0, 1005.0], n_ops=n, target=0.05, solver="manual"
+    )
+    doc = base.model_dump()
+    doc["switches"][1]["delay_us"] = 5_000.0  # 5 ms after the trigger op is dispatched
+    plan = Schedule.model_validate(doc)
+    act = DryRunActuator(A100.spec.freqs_mhz)
+    executor = ScheduleExecutor(plan, act)
+    assert executor._issuer is not None
+    submitted: dict[tuple[int, int], float] = {}
+    issued: dict[tuple[int, int], float] = {}
+    real_submit, real_set = executor._issuer.submit, act.set_freq_mhz
+
+    def submit(marker, delay_s, freq, iteration, op_index):
+        submitted[(iteration, op_index)] = time.monotonic()
+        real_submit(marker, delay_s, freq, iteration, op_index)
+
+    def timed_set(freq: float) -> None:
+        issued[act._where] = time.monotonic()  # where the worker says the switch belongs
+        real_set(freq)
+
+    executor._issuer.submit = submit  # type: ignore[method-assign]
+    act.set_freq_mhz = timed_set  # type: ignore[method-assign]
+    with ClockGuard(act), pytest.warns(UserWarning, match="falling back"):
+        train(4, executor)
+    # logged at the trigger op, issued by the worker no sooner than the delay after dispatch
+    for it in (1, 2):
+        assert issued[(it, n // 2)] - submitted[(it, n // 2)] >= 0.005
+        assert issued[(it, 0)] >= submitted[(it, 0)]
+    sets = [(c["iteration"], c["op_index"]) for c in act.calls if c["kind"] == "set"]
+    assert sets == sorted(sets)  # in order
+    assert act.calls[-1]["kind"] == "restore"
+
+
+def test_pending_switches_are_dropped_before_the_clock_is_restored(captured):
+    n = len(captured)
+    base = Schedule.from_stage_freqs(
+        [0, n // 2], [1410.0, 1005.0], n_ops=n, target=0.05, solver="manual"
+    )
+    doc = base.model_dump()
+    doc["switches"][1]["delay_us"] = 30e6  # 30 s: still pending when the program ends
+    plan = Schedule.model_validate(doc)
+    act = DryRunActuator(A100.spec.freqs_mhz)
+    executor = ScheduleExecutor(plan, act)
+    with ClockGuard(act), pytest.warns(UserWarning, match="falling back"):
+        train(3, executor)
+    assert executor._issuer is not None and not executor._issuer._thread.is_alive()
+    assert all(c["freq_mhz"] != 1005.0 for c in act.calls)  # never issued
+    assert act.calls[-1]["kind"] == "restore"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -66,49 +68,131 @@ def capture(
     )
 
 
+def _actuator(kind: str, plan: Schedule | None, device: str | None, log: Path | None) -> Actuator:
+    """Return the actuator named on the command line."""
+    from opdvfs.runtime.actuators import (
+        AscendActuator,
+        DryRunActuator,
+        NvmlActuator,
+        TwinActuator,
+    )
+
+    name = device or (plan.device if plan is not None else None)
+    if kind == "nvml":
+        return NvmlActuator()
+    if kind == "twin":
+        if name not in PRESETS:
+            raise UsageError("--actuator twin needs --device, a simulated preset")
+        preset = get_preset(name)
+        from opdvfs.sim.twin import SimulatedDevice
+
+        return TwinActuator(SimulatedDevice(preset.spec, preset.twin), log=log)
+    if kind in ("dry-run", "ascend"):
+        if name in PRESETS:
+            freqs = get_preset(name).spec.freqs_mhz
+        elif kind == "ascend":
+            freqs = get_preset("ascend-910b-like").spec.freqs_mhz
+        elif plan is not None:
+            freqs = tuple(sorted({s.freq_mhz for s in plan.stages}))
+        else:
+            raise UsageError("give --device (the clocks a dry run accepts)")
+        if kind == "ascend":
+            return AscendActuator(freqs, log=log)
+        return DryRunActuator(freqs, log=log)
+    raise UsageError(f"--actuator {kind!r}: expected nvml, ascend, dry-run or twin")
+
+
+def _share_when_the_group_exists(executor: Any, plan: Schedule | None) -> Callable[[], None]:
+    """Under torchrun: once the script creates its process group, rank 0's plan goes to all.
+
+    Returns the function that undoes the hook.
+    """
+    import torch.distributed as dist
+
+    from opdvfs.runtime.distributed import broadcast_schedule
+
+    original = dist.init_process_group
+
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        executor.use_schedule(broadcast_schedule(plan))
+        return out
+
+    dist.init_process_group = init_process_group
+
+    def undo() -> None:
+        dist.init_process_group = original
+
+    return undo
+
+
 @app.command(context_settings=_SCRIPT)
 @_reports_errors
 def run(
     ctx: typer.Context,
     schedule_path: Annotated[Path, typer.Argument(metavar="SCHEDULE", help="Schedule (JSON).")],
-    actuator: Annotated[str, typer.Option("--actuator", help="nvml or dry-run.")] = "dry-run",
-    log: Annotated[Path | None, typer.Option("--log", help="JSON lines of actuator calls.")] = None,
+    actuator: Annotated[
+        str, typer.Option("--actuator", help="nvml, ascend (log only), dry-run or twin.")
+    ] = "dry-run",
+    log: Annotated[
+        Path | None, typer.Option("--log", "--log-file", help="JSON lines of actuator calls.")
+    ] = None,
     workload: Annotated[
-        str | None, typer.Option("--workload", "-w", help="Captured workload: checks op names.")
+        str | None,
+        typer.Option("--workload", "-w", help="Captured workload (op names; twin: simulated)."),
     ] = None,
     device: Annotated[
-        str | None, typer.Option("--device", "-d", help="Preset whose clocks a dry run uses.")
+        str | None, typer.Option("--device", "-d", help="Preset (dry-run clocks; the twin).")
     ] = None,
 ) -> None:
-    """Run a PyTorch script unchanged under a schedule (clocks restored however it ends)."""
-    from opdvfs.runtime.actuators import ClockGuard, DryRunActuator, NvmlActuator
+    """Run a PyTorch script unchanged under a schedule (clocks restored however it ends).
+
+    Under torchrun (WORLD_SIZE > 1) rank 0 reads SCHEDULE and, when the script creates its
+    process group, sends it to every rank; other ranks need not have the file. ``--log``
+    then writes one file per rank (``calls.rank1.jsonl``).
+    """
+    from opdvfs.runtime.actuators import ClockGuard, TwinActuator
     from opdvfs.runtime.dispatch import ScheduleExecutor
 
-    plan = Schedule.read(schedule_path)
-    names = load_workload(workload).ops["name"].tolist() if workload else None
-    act: Actuator
-    if actuator == "nvml":
-        act = NvmlActuator()
-    elif actuator == "dry-run":
-        name = device or plan.device
-        freqs = (
-            get_preset(name).spec.freqs_mhz
-            if name in PRESETS
-            else sorted({s.freq_mhz for s in plan.stages})
-        )
-        act = DryRunActuator(freqs, log=log)
-    else:
-        raise UsageError(f"--actuator {actuator!r}: expected nvml or dry-run")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    # ranks other than 0 take rank 0's plan (they need not have the file)
+    plan = Schedule.read(schedule_path) if rank == 0 else None
+    if log is not None and world > 1:
+        log = log.with_name(f"{log.stem}.rank{rank}{log.suffix}")  # one log per rank
+    work = load_workload(workload) if workload else None
+    names = work.ops["name"].tolist() if work is not None else None
+    act = _actuator(actuator, plan, device, log)
+    if actuator == "twin" and work is None:
+        raise UsageError("--actuator twin needs --workload (the captured workload to simulate)")
     executor = ScheduleExecutor(plan, act, names=names)
+    undo = _share_when_the_group_exists(executor, plan) if world > 1 else (lambda: None)
     try:
         with ClockGuard(act), executor:
             _run_script(list(ctx.args))
     finally:
+        undo()
         close = getattr(act, "close", None)
         if close is not None:
             close()
+    if executor.schedule is None:
+        stdout.print(
+            f"rank {rank}: the script never created a process group, so no schedule arrived "
+            "from rank 0 and nothing was applied",
+            highlight=False,
+        )
     stdout.print(
         f"ran {executor.iteration} iterations; diverged in {len(executor.diverged_iterations)}"
         + (", schedule abandoned" if executor.abandoned else ""),
         highlight=False,
     )
+    if isinstance(act, TwinActuator) and work is not None:
+        issued, top = act.measure(work)
+        stdout.print(
+            f"on the twin ({act.device.spec.name}, simulated): the switches as issued take "
+            f"{issued.iteration_time_s / top.iteration_time_s - 1:+.2%} time, "
+            f"{issued.chip_energy_j / top.chip_energy_j - 1:+.2%} chip energy, "
+            f"{(issued.core_energy_j or 0) / (top.core_energy_j or 1) - 1:+.2%} core energy "
+            f"vs the top clock ({issued.switches} switches/iteration)",
+            highlight=False,
+        )

@@ -18,8 +18,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from opdvfs.plan.schedule import Schedule, op_signature
+from opdvfs.plan.schedule import Schedule, Switch, op_signature
 from opdvfs.runtime.actuators.base import Actuator
+from opdvfs.runtime.issuer import Marker, SwitchIssuer, immediate_marker
 from opdvfs.workloads.workload import Workload
 
 __all__ = ["ScheduleExecutor", "WorkloadRecorder"]
@@ -138,9 +139,12 @@ class WorkloadRecorder(_IterationMode):
 class ScheduleExecutor(_IterationMode):
     """Apply a schedule at operator boundaries: issue each switch when its trigger op dispatches.
 
-    On the CPU the switch is issued immediately (a marker), ignoring its ``delay_us``: it lands up
-    to that much early, never late (a delayed issue needs the worker thread, not built yet, which
-    must also be cancelled before the clock is restored). The op sequence is checked against
+    At a trigger op the executor marks the point -- a CUDA event on the current stream when CUDA
+    is available, an immediate marker on the CPU -- and a worker thread
+    (:class:`~opdvfs.runtime.issuer.SwitchIssuer`) waits for it, then the switch's ``delay_us``,
+    then calls the actuator. A CPU switch without delay is issued at once, on the dispatching
+    thread. Pending switches are dropped on divergence and on exit, before the clock is restored.
+    The op sequence is checked against
     ``names`` (the captured workload's, when given) and the schedule's op count. On a mismatch
     the clock goes to the maximum for the rest of that iteration and a warning is raised (once);
     the next iteration starts in step again -- the first iteration of a run often differs (an
@@ -150,25 +154,47 @@ class ScheduleExecutor(_IterationMode):
 
     def __init__(
         self,
-        schedule: Schedule,
+        schedule: Schedule | None,
         actuator: Actuator,
         *,
         names: Sequence[str] | None = None,
         max_diverged: int = 2,
     ) -> None:
         super().__init__()
-        self.schedule = schedule
         self.actuator = actuator
         self.names = list(names) if names is not None else None
-        if self.names is not None and len(self.names) != schedule.n_ops:
-            raise ValueError(f"schedule plans {schedule.n_ops} ops, names give {len(self.names)}")
-        self._switch_at = {s.trigger_op: s.freq_mhz for s in schedule.switches}
+        self.schedule: Schedule | None = None
+        self._switch_at: dict[int, list[Switch]] = {}
+        self._cuda = torch.cuda.is_available()
+        self._issuer: SwitchIssuer | None = None
+        self.errors: list[BaseException] = []
         self.max_diverged = max_diverged
         self.diverged_iterations: list[int] = []
         self._off = False  # not applying for the rest of this iteration
         self._streak = 0
         self._gave_up = False
         self._warned = False
+        if schedule is not None:
+            self.use_schedule(schedule)
+
+    def use_schedule(self, schedule: Schedule) -> None:
+        """Apply ``schedule`` from the next iteration on (``None`` at construction: wait for it).
+
+        Under ``torchrun`` the ranks other than 0 start without one and receive rank 0's once
+        the process group exists (:func:`~opdvfs.runtime.distributed.broadcast_schedule`).
+        """
+        if self.names is not None and len(self.names) != schedule.n_ops:
+            raise ValueError(f"schedule plans {schedule.n_ops} ops, names give {len(self.names)}")
+        switch_at: dict[int, list[Switch]] = {}
+        for sw in schedule.switches:
+            switch_at.setdefault(sw.trigger_op, []).append(sw)
+        with self._lock:
+            if self._issuer is None and (
+                self._cuda or any(sw.delay_us > 0 for sw in schedule.switches)
+            ):
+                self._issuer = SwitchIssuer(self.actuator, on_error=self._issue_failed)
+            self.schedule, self._switch_at = schedule, switch_at
+            self._off = self.op_index > 0  # mid-iteration: start at the next one
 
     @property
     def diverged(self) -> bool:
@@ -185,7 +211,34 @@ class ScheduleExecutor(_IterationMode):
         if at is not None:
             at(self.iteration, self.op_index)
 
+    def _issue_failed(self, exc: BaseException) -> None:
+        self.errors.append(exc)
+        warnings.warn(f"opdvfs: a clock switch failed: {exc}", stacklevel=2)
+
+    def _trigger(self, switches: list[Switch]) -> None:
+        """Issue (or hand to the worker) the switches triggered by the op being dispatched."""
+        if self._issuer is None:  # CPU, no delays: at once, on this thread
+            self._where()
+            self.actuator.set_freq_mhz(switches[-1].freq_mhz)
+            return
+        marker: Marker = immediate_marker()
+        if self._cuda:
+            event = torch.cuda.Event()
+            event.record()  # on the current stream: fires when the trigger op is reached
+            marker = event
+        for sw in switches:
+            self._issuer.submit(
+                marker, sw.delay_us * 1e-6, sw.freq_mhz, self.iteration, self.op_index
+            )
+
+    def __exit__(self, *exc: object) -> None:
+        if self._issuer is not None:
+            self._issuer.close()  # nothing may land after this: the clock is restored next
+        super().__exit__(*exc)
+
     def _diverge(self, why: str) -> None:
+        if self._issuer is not None:
+            self._issuer.cancel()
         self._off = True
         if not self.diverged_iterations or self.diverged_iterations[-1] != self.iteration:
             self.diverged_iterations.append(self.iteration)
@@ -201,7 +254,7 @@ class ScheduleExecutor(_IterationMode):
             return func(*args, **(kwargs or {}))
         with self._lock:
             i = self.op_index
-            if not self._off and not self.abandoned:
+            if self.schedule is not None and not self._off and not self.abandoned:
                 name = func._schema.name
                 if i >= self.schedule.n_ops:
                     self._diverge(
@@ -214,13 +267,14 @@ class ScheduleExecutor(_IterationMode):
                         f"schedule expects {self.names[i]}"
                     )
                 elif i in self._switch_at:
-                    self._where()
-                    self.actuator.set_freq_mhz(self._switch_at[i])
+                    self._trigger(self._switch_at[i])
             self.op_index += 1
         return func(*args, **(kwargs or {}))
 
     def end_iteration(self, n_ops: int) -> None:
         """Check the finished iteration ran the planned number of ops; re-arm for the next."""
+        if self.schedule is None:
+            return
         if not self._off and not self.abandoned and n_ops != self.schedule.n_ops:
             self._diverge(
                 f"iteration {self.iteration} ran {n_ops} ops, the schedule plans "

@@ -33,7 +33,10 @@ class DryRunActuator(Actuator):
         self._power_w = power_w
         self._lock = threading.Lock()
         self._where: tuple[int | None, int | None] = (None, None)
-        self._log: TextIO | None = Path(log).open("a", encoding="utf-8") if log else None  # noqa: SIM115
+        self._log: TextIO | None = None
+        if log:
+            Path(log).parent.mkdir(parents=True, exist_ok=True)
+            self._log = Path(log).open("a", encoding="utf-8")  # noqa: SIM115
         self.calls: list[dict[str, Any]] = []
         self.current_mhz: float | None = None
 
