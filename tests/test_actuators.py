@@ -118,3 +118,55 @@ def test_guard_restores_when_the_process_is_signalled(tmp_path, sig):
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert [c["kind"] for c in calls] == ["set", "restore"]
     assert calls[0]["freq_mhz"] == 1000.0
+
+
+def test_nvml_sampler_reads_units_on_the_unix_clock(monkeypatch):
+    import sys
+    import time
+    import types
+
+    from opdvfs.runtime.sampler import NvmlSampler
+
+    fake = types.ModuleType("pynvml")
+
+    class NVMLError(Exception):
+        pass
+
+    calls: list[str] = []
+    fake.NVMLError = NVMLError
+    fake.NVML_CLOCK_SM = 1
+    fake.NVML_TEMPERATURE_GPU = 0
+    fake.nvmlInit = lambda: calls.append("init")
+    fake.nvmlShutdown = lambda: calls.append("shutdown")
+    fake.nvmlDeviceGetHandleByIndex = lambda i: ("gpu", i)
+    fake.nvmlDeviceGetPowerUsage = lambda h: 250_500  # mW
+    fake.nvmlDeviceGetTemperature = lambda h, kind: 61
+    fake.nvmlDeviceGetClockInfo = lambda h, kind: 1410
+    fake.nvmlDeviceGetTotalEnergyConsumption = lambda h: 1_234_000  # mJ
+    # nothing that sets: the sampler must not need any setter
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    before = time.time()
+    with NvmlSampler(interval_ms=1.0) as sampler:
+        time.sleep(0.03)
+    smp = sampler.samples
+    assert len(smp) >= 3 and calls == ["init", "shutdown"]
+    assert smp["power_w"].iloc[0] == 250.5 and smp["energy_j"].iloc[0] == 1234.0
+    assert smp["freq_mhz"].iloc[0] == 1410.0 and smp["temp_c"].iloc[0] == 61.0
+    assert before <= smp["t_s"].iloc[0] <= time.time()
+
+
+def test_nvml_sampler_without_a_gpu_is_one_clear_error():
+    pytest.importorskip("pynvml")
+    from opdvfs.exceptions import DeviceNotFoundError
+    from opdvfs.runtime.sampler import NvmlSampler
+
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has an NVIDIA driver")
+    except pynvml.NVMLError:
+        pass
+    with pytest.raises(DeviceNotFoundError, match="no NVIDIA GPU"):
+        NvmlSampler()

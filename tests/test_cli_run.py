@@ -308,3 +308,63 @@ def test_torchrun_rank0_schedule_reaches_rank1(tiny, tmp_path):
         ]
         # rank 1 never read the file: its switches are rank 0's plan
         assert steady[-2:] == [(n // 3, 1000.0), (2 * n // 3, 1800.0)], (rank, calls)
+
+
+def test_capture_with_profile_measures_each_iteration(tiny, tmp_path):
+    import numpy as np
+
+    from opdvfs.profile import Profile
+
+    script, _, _, n = tiny
+    workload, profile = tmp_path / "w.json", tmp_path / "p.parquet"
+    res = CliRunner().invoke(
+        app,
+        [
+            "capture",
+            "--out",
+            str(workload),
+            "--profile",
+            str(profile),
+            "--freq-mhz",
+            "2100",
+            "--",
+            "python",
+            str(script),
+            "4",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    measured = Profile.read(profile)
+    assert measured.freqs_mhz.tolist() == [2100.0]
+    # one profile iteration per optimizer step (the first, with AdamW's state, may be dropped)
+    assert measured.n_iterations >= 3
+    # the trace's outermost aten ops are not quite the dispatch mode's (composites vs their
+    # decompositions below autograd): close, not equal
+    assert 0.8 * n <= measured.n_ops <= 1.2 * n
+    ops = measured.ops.sort_values(["iteration", "op"])
+    wall = ops["wall_s"].to_numpy()
+    assert np.all(np.diff(wall) >= 0)  # on the Unix clock, in order (samples line up with it)
+    import time
+
+    assert abs(wall[-1] - time.time()) < 600
+    assert measured.samples is None or measured.samples.empty  # no GPU, no NVML samples
+
+
+def test_capture_profile_on_the_cpu_needs_the_clock(tiny, tmp_path):
+    script, _, _, _ = tiny
+    res = CliRunner().invoke(
+        app,
+        [
+            "capture",
+            "--out",
+            str(tmp_path / "w.json"),
+            "--profile",
+            str(tmp_path / "p.parquet"),
+            "--",
+            "python",
+            str(script),
+            "2",
+        ],
+    )
+    assert res.exit_code == 2
+    assert "--freq-mhz" in res.output and not (tmp_path / "p.parquet").exists()

@@ -49,13 +49,34 @@ def capture(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", "-o", help="Workload to write (JSON/Parquet).")],
     name: Annotated[str, typer.Option("--name", help="Workload name.")] = "captured",
+    profile_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--profile",
+            help="Also measure a Profile (torch.profiler; on a GPU kernels + NVML power).",
+        ),
+    ] = None,
+    freq_mhz: Annotated[
+        float | None,
+        typer.Option("--freq-mhz", help="Core clock the run is at (default: NVML's SM clock)."),
+    ] = None,
 ) -> None:
     """Run a PyTorch script unchanged and record one iteration's operators as a Workload."""
     from opdvfs.runtime.dispatch import WorkloadRecorder
 
     recorder = WorkloadRecorder()
-    with recorder:
-        _run_script(list(ctx.args))
+    measured = None
+    if profile_out is not None:
+        from opdvfs.runtime.profiling import profile_run
+
+        def run() -> None:
+            with recorder:
+                _run_script(list(ctx.args))
+
+        measured = profile_run(run, freq_mhz=freq_mhz)
+    else:
+        with recorder:
+            _run_script(list(ctx.args))
     try:
         work = recorder.workload(name)
     except ValueError as exc:
@@ -66,6 +87,15 @@ def capture(
         f"({work.meta['iterations_seen']} iterations seen)",
         highlight=False,
     )
+    if measured is not None and profile_out is not None:
+        measured.write(profile_out)
+        summary = measured.summary()
+        stdout.print(
+            f"wrote {profile_out}: {summary['operators']} operators x "
+            f"{summary['iterations']} iterations at {measured.freqs_mhz[0]:g} MHz, "
+            f"{0 if measured.samples is None else len(measured.samples)} power samples",
+            highlight=False,
+        )
 
 
 def _actuator(kind: str, plan: Schedule | None, device: str | None, log: Path | None) -> Actuator:

@@ -255,7 +255,14 @@ def read(path: Path, *, freq_mhz: float | None = None) -> Profile:
         "device_start_us"
     ].transform("min")
     ops["freq_mhz"] = clock
-    frame = ops[["iteration", "op", "name", "stream", "freq_mhz", "time_us", "start_us", "kernels"]]
+    columns = ["iteration", "op", "name", "stream", "freq_mhz", "time_us", "start_us", "kernels"]
+    base_ns = doc.get("baseTimeNanoseconds")
+    if isinstance(base_ns, int | float):
+        # Kineto's ts are microseconds after baseTimeNanoseconds (Unix epoch), device events
+        # synchronised to the host clock: wall_s lines ops up with time.time() sensor samples
+        ops["wall_s"] = base_ns * 1e-9 + ops["device_start_us"] * 1e-6
+        columns.append("wall_s")
+    frame = ops[columns]
     props = doc.get("deviceProperties")
     device = None
     if isinstance(props, list) and props and isinstance(props[0], dict):

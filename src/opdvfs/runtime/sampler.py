@@ -1,0 +1,96 @@
+"""Power-sensor samples while a program runs: NVML read on a background thread (read-only).
+
+:class:`NvmlSampler` reads board power, GPU temperature, SM clock and the total-energy counter
+every ``interval_ms`` on the ``time.time()`` clock, the clock a torch.profiler trace's
+``baseTimeNanoseconds`` is on, so the samples line up with the trace's operators (``wall_s``).
+It never sets anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from types import TracebackType
+from typing import Any, Self
+
+import pandas as pd
+
+from opdvfs.exceptions import DeviceNotFoundError
+
+__all__ = ["NvmlSampler"]
+
+
+class NvmlSampler:
+    """Sample one GPU through NVML until the ``with`` block ends; :attr:`samples` then holds them.
+
+    Parameters
+    ----------
+    index
+        NVML device index (default 0).
+    interval_ms
+        Time between reads; NVML's own power average is over 100 ms to 1 s, so 10-50 ms
+        resolves its steps without flooding the driver.
+    """
+
+    def __init__(self, *, index: int = 0, interval_ms: float = 20.0) -> None:
+        try:
+            import pynvml
+        except ImportError:
+            raise DeviceNotFoundError(
+                "sampling GPU power needs nvidia-ml-py: pip install 'opdvfs[nvidia]'"
+            ) from None
+        try:
+            pynvml.nvmlInit()
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        except pynvml.NVMLError as exc:
+            raise DeviceNotFoundError(f"no NVIDIA GPU to sample ({exc})") from None
+        self._nvml: Any = pynvml
+        self.interval_s = interval_ms / 1e3
+        self._rows: list[tuple[float, float, float, float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="opdvfs-nvml", daemon=True)
+
+    def read_freq_mhz(self) -> float:
+        """Return the current SM clock (MHz)."""
+        return float(self._nvml.nvmlDeviceGetClockInfo(self._handle, self._nvml.NVML_CLOCK_SM))
+
+    def _read(self) -> tuple[float, float, float, float, float]:
+        nv, h = self._nvml, self._handle
+        return (
+            time.time(),
+            nv.nvmlDeviceGetPowerUsage(h) / 1e3,  # mW -> W
+            float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+            float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+            nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1e3,  # mJ -> J
+        )
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(self._nvml.NVMLError):  # a failed read: skip the sample
+                self._rows.append(self._read())
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+        self._nvml.nvmlShutdown()
+
+    @property
+    def samples(self) -> pd.DataFrame:
+        """Return the samples: ``t_s`` (Unix), ``power_w``, ``temp_c``, ``freq_mhz``, ``energy_j``.
+
+        Units as in a Profile's samples (W, degC, MHz, J).
+        """
+        return pd.DataFrame(
+            self._rows, columns=["t_s", "power_w", "temp_c", "freq_mhz", "energy_j"]
+        )
