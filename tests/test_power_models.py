@@ -10,6 +10,7 @@ from opdvfs.cli import app
 from opdvfs.devices.presets import get_preset
 from opdvfs.devices.spec import VoltageCurve
 from opdvfs.models.attribution import attribute_class_power, class_time_in_windows
+from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel, fit_core_power, fit_voltage_curve, solve_temperature
 from opdvfs.models.validation import validate_power
 from opdvfs.sim import SimulatedDevice
@@ -46,6 +47,37 @@ def test_fixed_effects_fit_recovers_the_papers_coefficients():
     np.testing.assert_allclose(a, alpha, rtol=1e-8)
     assert g == pytest.approx(0.2, rel=1e-8)
     assert t == pytest.approx(4.0, rel=1e-8)
+
+
+def test_shared_coefficients_are_solved_with_their_bounds_not_clipped():
+    """theta = 0 on the boundary: clipping an unconstrained solve kept gamma's excess (a bug
+    that made a 3-clock fit predict +200% core energy at 1000 MHz on resnet152)."""
+    alpha = np.random.default_rng(2).uniform(5, 40, 200)
+    # temperatures nearly proportional to V: the unconstrained solve trades theta for gamma
+    freqs = np.array([1000.0, 1400, 1800])
+    x, volt, dtemp, power, op = synthetic_rows(
+        alpha, 0.25, 0.0, freqs, 40 * VF.voltage_v(freqs), seed=3
+    )
+    power = power + np.random.default_rng(4).normal(0, 0.3, len(power))
+    a, g, t = fit_core_power(x, volt, dtemp, power, op, 200)
+    assert t >= 0 and g >= 0
+    assert g == pytest.approx(0.25, abs=0.05)
+    assert (a > 0).all()
+    np.testing.assert_allclose(a, alpha, rtol=0.1)
+
+
+def test_three_clock_fit_predicts_the_measured_direction():
+    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin, seed=0)
+    w = BUILDERS["resnet152"]()
+    model = PowerModel().fit(dev.profile(w, [1000, 1400, 1800]), device=ASCEND.spec)
+    assert (model.alpha_ > 0).all()
+    low, _ = dev.run(w, freq_mhz=1000.0)
+    top, _ = dev.run(w)
+    measured = low.core_energy_j / top.core_energy_j
+    perf = PerfModel().fit(dev.profile(w, [1000, 1400, 1800]))
+    t = perf.predict([1000.0, 1800.0])
+    e = (model.predict([1000.0, 1800.0])["core_w"] * t).sum(axis=0)
+    assert e[0] / e[1] == pytest.approx(measured, abs=0.05)
 
 
 def test_fixed_point_converges_in_few_iterations():

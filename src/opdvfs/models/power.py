@@ -32,6 +32,7 @@ from typing import Any, Literal, Self
 
 import numpy as np
 import pandas as pd
+import scipy.optimize
 
 from opdvfs._files import JsonFile
 from opdvfs.devices.spec import DeviceSpec, VoltageCurve
@@ -116,8 +117,9 @@ def fit_core_power(
     cols = [volt * dtemp, volt] if dtemp is not None else [volt]
     design = np.stack([within(c) for c in cols], axis=1)
     target = within(power)
-    coef, *_ = np.linalg.lstsq(design, target, rcond=None)
-    coef = np.maximum(coef, 0.0)  # leakage grows with T; theta V is a positive static power
+    # leakage grows with T and theta V is a positive static power: solve with both >= 0 (an
+    # unconstrained solve then clipped keeps the other coefficient's compensating excess)
+    coef, _ = scipy.optimize.nnls(design, target)
     gamma, theta = (float(coef[0]), float(coef[1])) if dtemp is not None else (0.0, float(coef[0]))
     rest = power - theta * volt - (gamma * volt * dtemp if dtemp is not None else 0.0)
     alpha = np.bincount(op, x * rest, minlength=n_ops) / safe
