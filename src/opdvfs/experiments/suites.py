@@ -117,21 +117,23 @@ def _planned(
     device: SimulatedDevice | None = None,
     **options: Any,
 ) -> tuple[Outcome, SimRun, Schedule]:
-    """Plan, execute, and if the run came out slower than the target, re-plan once.
+    """Plan, execute, and while the run comes out slower than the target, re-plan (<= 3 times).
 
-    The correction maps the planned slowdown onto the measured one (the models' bias at the
+    Each correction maps the planned slowdown onto the measured one (the models' bias at the
     top clock and at the clocks chosen) and shrinks the budget by that ratio, as a user would
-    after a first measured iteration. The outcome records the factor (``budget_scale``).
+    after a measured iteration. The outcome records the final factor (``budget_scale``).
     """
+    scale = 1.0
     schedule = _plan(bench, target, objective, **options)
     outcome, run = measure(bench, schedule, label, target=target, device=device)
-    predicted = outcome.predicted_perf_loss_pct or 0.0
-    if outcome.perf_loss_pct > outcome.target_pct and predicted > 0:
-        scale = predicted / outcome.perf_loss_pct
+    for _ in range(3):
+        predicted = outcome.predicted_perf_loss_pct or 0.0
+        if outcome.perf_loss_pct <= outcome.target_pct or predicted <= 0:
+            break
+        scale *= predicted / outcome.perf_loss_pct
         schedule = _plan(bench, target * scale, objective, **options)
         outcome, run = measure(bench, schedule, label, target=target, device=device)
-        outcome = outcome.model_copy(update={"budget_scale": scale})
-    return outcome, run, schedule
+    return outcome.model_copy(update={"budget_scale": scale}), run, schedule
 
 
 def _timeline(bench: Bench, run: SimRun) -> dict[str, np.ndarray]:
