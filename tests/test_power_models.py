@@ -247,3 +247,33 @@ def test_model_bundle_round_trip(tmp_path, bert_profile):
     (tmp_path / "bad.json").write_text('{"format": "opdvfs.models"}')
     with pytest.raises(Exception, match="field 'perf': missing"):
         ModelBundle.read(tmp_path / "bad.json")
+
+
+def test_chip_rail_fits_a_per_op_uncore_constant_jointly():
+    """Board power = alpha_i f V^2 + u_i (memory power differs per kernel): two clocks pin the
+    line, a third is predicted exactly (the old fit put u_i into alpha_i through the origin)."""
+    rng = np.random.default_rng(5)
+    n = 40
+    alpha, u = rng.uniform(50, 200, n), rng.uniform(20, 120, n)
+    freqs = np.array([705.0, 1087.0, 1380.0])
+    op = np.repeat(np.arange(n), len(freqs))
+    f = np.tile(freqs, n)
+    volt = VF.voltage_v(f)
+    rows = pd.DataFrame(
+        {
+            "iteration": 0,
+            "op": op,
+            "name": [f"k{i}" for i in op],
+            "type": "Kernel",
+            "stream": "compute",
+            "freq_mhz": f,
+            "time_us": 100.0,
+            "chip_power_w": alpha[op] * f / 1e3 * volt**2 + u[op],
+        }
+    )
+    model = PowerModel(voltage=VF, temperature=False).fit(Profile(rows), [705.0, 1380.0])
+    assert model.rail_ == "chip" and model.theta_ == 0.0
+    np.testing.assert_allclose(model.alpha_, alpha, rtol=1e-9)
+    np.testing.assert_allclose(model.uncore_w_, u, rtol=1e-9)
+    mid = rows[rows["freq_mhz"] == 1087.0]["chip_power_w"].to_numpy()
+    np.testing.assert_allclose(model.predict([1087.0])["chip_w"][:, 0], mid, rtol=1e-9)

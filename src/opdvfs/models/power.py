@@ -89,8 +89,16 @@ def fit_core_power(
     power: np.ndarray,
     op: np.ndarray,
     n_ops: int,
+    *,
+    intercept: bool = False,
 ) -> tuple[np.ndarray, float, float]:
     """Fit ``P = alpha_op x + gamma dT V + theta V`` over all rows (eq. 11, beta in alpha).
+
+    With ``intercept=True`` each op also gets a constant ``u_op`` (fitted jointly, returned by
+    the caller as the mean residual): the chip rail's memory/uncore power, which differs per
+    kernel and does not scale with the core clock. ``theta V`` then competes with it and is
+    only identified through ``V``'s variation; with two clocks per op the op's line goes
+    through both points.
 
     Parameters
     ----------
@@ -107,22 +115,35 @@ def fit_core_power(
     gamma, theta : float
         Shared coefficients; ``gamma`` is 0 without temperature, and both are >= 0.
     """
-    sxx = np.bincount(op, x * x, minlength=n_ops)
+    count = np.maximum(np.bincount(op, minlength=n_ops), 1)
+
+    def demean(col: np.ndarray) -> np.ndarray:
+        if not intercept:
+            return col
+        return col - (np.bincount(op, col, minlength=n_ops) / count)[op]
+
+    xd = demean(x)
+    sxx = np.bincount(op, xd * xd, minlength=n_ops)
     safe = np.where(sxx > 0, sxx, 1.0)
 
     def within(col: np.ndarray) -> np.ndarray:
         """Residual of ``col`` after regressing it on x within each op (alpha eliminated)."""
-        return col - x * (np.bincount(op, x * col, minlength=n_ops) / safe)[op]
+        col = demean(col)
+        return col - xd * (np.bincount(op, xd * col, minlength=n_ops) / safe)[op]
 
     cols = [volt * dtemp, volt] if dtemp is not None else [volt]
     design = np.stack([within(c) for c in cols], axis=1)
+    # a shared term that the per-op terms already span (two clocks per op, with intercepts:
+    # V is then a line in x within every op) is not identified: leave it out, not fit noise
+    scale = np.linalg.norm(np.stack(cols, axis=1), axis=0)
+    design[:, np.linalg.norm(design, axis=0) <= 1e-9 * np.maximum(scale, 1e-300)] = 0.0
     target = within(power)
     # leakage grows with T and theta V is a positive static power: solve with both >= 0 (an
     # unconstrained solve then clipped keeps the other coefficient's compensating excess)
     coef, _ = scipy.optimize.nnls(design, target)
     gamma, theta = (float(coef[0]), float(coef[1])) if dtemp is not None else (0.0, float(coef[0]))
-    rest = power - theta * volt - (gamma * volt * dtemp if dtemp is not None else 0.0)
-    alpha = np.bincount(op, x * rest, minlength=n_ops) / safe
+    rest = demean(power - theta * volt - (gamma * volt * dtemp if dtemp is not None else 0.0))
+    alpha = np.bincount(op, xd * rest, minlength=n_ops) / safe
     return alpha, gamma, theta
 
 
@@ -281,8 +302,11 @@ class PowerModel(JsonFile):
                 x, volt, dtemp, target, op, n_ops
             )
         else:
-            # chip only: alpha_i f V^2 + u_i per op (+ gamma dT V); u_i stands in for theta V
-            self.alpha_, self.gamma_, _ = fit_core_power(x, volt, dtemp, target, op, n_ops)
+            # chip only: alpha_i f V^2 + u_i per op (+ gamma dT V), fitted jointly; u_i is the
+            # kernel's memory/uncore power and stands in for theta V
+            self.alpha_, self.gamma_, _ = fit_core_power(
+                x, volt, dtemp, target, op, n_ops, intercept=True
+            )
             self.theta_ = 0.0
         model = self._core(op, x, volt, dtemp)
         measured = rows["chip_power_w"].to_numpy(dtype=float) if "chip_power_w" in rows else model
