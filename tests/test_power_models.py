@@ -277,3 +277,35 @@ def test_chip_rail_fits_a_per_op_uncore_constant_jointly():
     np.testing.assert_allclose(model.uncore_w_, u, rtol=1e-9)
     mid = rows[rows["freq_mhz"] == 1087.0]["chip_power_w"].to_numpy()
     np.testing.assert_allclose(model.predict([1087.0])["chip_w"][:, 0], mid, rtol=1e-9)
+
+
+def test_chip_rail_from_three_clocks_gives_each_kernel_its_static_term(tmp_path):
+    rng = np.random.default_rng(6)
+    n = 30
+    alpha, theta, u = rng.uniform(50, 200, n), rng.uniform(-40, 40, n), rng.uniform(60, 120, n)
+    freqs = np.array([705.0, 1087.0, 1237.0, 1380.0])  # V moves above the 1300 MHz knee
+    curve = VoltageCurve(knee_mhz=1000, flat_v=0.71, slope_v_per_mhz=2.5e-4)
+    op = np.repeat(np.arange(n), len(freqs))
+    f = np.tile(freqs, n)
+    volt = curve.voltage_v(f)
+    power = alpha[op] * f / 1e3 * volt**2 + theta[op] * volt + u[op]
+    rows = pd.DataFrame(
+        {
+            "iteration": 0,
+            "op": op,
+            "name": [f"k{i}" for i in op],
+            "type": "Kernel",
+            "stream": "compute",
+            "freq_mhz": f,
+            "time_us": 100.0,
+            "chip_power_w": power,
+        }
+    )
+    model = PowerModel(voltage=curve, temperature=False).fit(Profile(rows), [705, 1087, 1380])
+    np.testing.assert_allclose(model.alpha_, alpha, rtol=1e-6)
+    held = rows["freq_mhz"] == 1237.0
+    np.testing.assert_allclose(
+        model.predict([1237.0])["chip_w"][:, 0], power[held.to_numpy()], rtol=1e-9
+    )
+    again = PowerModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    np.testing.assert_allclose(again.predict([1237.0])["chip_w"], model.predict([1237.0])["chip_w"])

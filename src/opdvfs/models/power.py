@@ -286,6 +286,7 @@ class PowerModel(JsonFile):
         self.ambient_c_, self.k_c_per_w_ = self._thermal_fit(rows, calibration)
         dtemp = rows["temp_c"].to_numpy(dtype=float) - self.ambient_c_ if use_t else None
         self.beta_ = 0.0
+        self.theta_op_ = np.zeros(n_ops)
         if self.rail_ == "core" and calibration is not None:
             # the paper's procedure: gamma from the cool-down, beta and theta from idle (eq. 12),
             # then alpha per op from what is left (eqs. 13-14)
@@ -308,6 +309,10 @@ class PowerModel(JsonFile):
                 x, volt, dtemp, target, op, n_ops, intercept=True
             )
             self.theta_ = 0.0
+            if dtemp is None and np.ptp(self.voltage_.voltage_v(train)) > 0 and len(train) >= 3:
+                # three clocks or more, the voltage moving among them: each kernel gets its own
+                # V-proportional static term too (its power is not one f V^2 shape plus a constant)
+                self.alpha_, self.theta_op_ = _per_op_static(x, volt, target, op, n_ops)
         model = self._core(op, x, volt, dtemp)
         measured = rows["chip_power_w"].to_numpy(dtype=float) if "chip_power_w" in rows else model
         self.uncore_w_ = _mean_by(op, measured - model, n_ops)
@@ -398,7 +403,7 @@ class PowerModel(JsonFile):
         self, op: np.ndarray, x: np.ndarray, volt: np.ndarray, dtemp: np.ndarray | None
     ) -> np.ndarray:
         """Core-rail power, eq. (11) (``alpha_`` includes ``beta``)."""
-        out = self.alpha_[op] * x + self.theta_ * volt
+        out = self.alpha_[op] * x + (self.theta_ + self.theta_op_[op]) * volt
         return out + (self.gamma_ * volt * dtemp if dtemp is not None else 0.0)
 
     # ----------------------------------------------------------------------------- predict
@@ -463,6 +468,7 @@ class PowerModel(JsonFile):
             "train_freqs_mhz": self.train_freqs_mhz_.tolist(),
             "op_ids": self.op_ids_.tolist(),
             "alpha": self.alpha_.tolist(),
+            "theta_op": self.theta_op_.tolist(),
             "uncore_w": self.uncore_w_.tolist(),
             "time_weight": self.time_weight_.tolist(),
         }
@@ -483,11 +489,37 @@ class PowerModel(JsonFile):
             model.train_freqs_mhz_ = np.asarray(doc["train_freqs_mhz"], dtype=float)
             model.op_ids_ = np.asarray(doc["op_ids"], dtype=np.int64)
             model.alpha_ = np.asarray(doc["alpha"], dtype=float)
+            model.theta_op_ = np.asarray(doc.get("theta_op", np.zeros(len(model.alpha_))), float)
             model.uncore_w_ = np.asarray(doc["uncore_w"], dtype=float)
             model.time_weight_ = np.asarray(doc["time_weight"], dtype=float)
         except (KeyError, TypeError, ValueError) as exc:
             raise InputFormatError(f"{source}: malformed power model ({exc})") from None
         return model
+
+
+def _per_op_static(
+    x: np.ndarray, volt: np.ndarray, power: np.ndarray, op: np.ndarray, n_ops: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-op least squares ``P = u + theta V + alpha x``: (alpha, theta) per op, all at once.
+
+    The 3x3 normal equations of every op are built with ``bincount`` and solved as one batch;
+    an op whose points do not pin three parameters keeps theta = 0 and the two-parameter line.
+    """
+    basis = np.stack([np.ones_like(x), volt, x], axis=1)
+    gram = np.zeros((n_ops, 3, 3))
+    rhs = np.zeros((n_ops, 3))
+    for a in range(3):
+        rhs[:, a] = np.bincount(op, basis[:, a] * power, minlength=n_ops)
+        for b in range(3):
+            gram[:, a, b] = np.bincount(op, basis[:, a] * basis[:, b], minlength=n_ops)
+    ok = np.linalg.cond(gram) < 1e12
+    coef = np.zeros((n_ops, 3))
+    coef[ok] = np.linalg.solve(gram[ok], rhs[ok][..., None])[..., 0]
+    # the two-parameter line (u + alpha x) where three are not identified
+    two = gram[:, [0, 2]][:, :, [0, 2]]
+    fallback = np.linalg.solve(two[~ok] + 1e-300 * np.eye(2), rhs[~ok][:, [0, 2], None])[..., 0]
+    coef[~ok, 2] = fallback[:, 1]
+    return coef[:, 2], coef[:, 1]
 
 
 def _mean_by(op: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
