@@ -177,9 +177,9 @@ def run(
 ) -> None:
     """Run a PyTorch script unchanged under a schedule (clocks restored however it ends).
 
-    Under torchrun (WORLD_SIZE > 1) rank 0 reads SCHEDULE and, when the script creates its
-    process group, sends it to every rank; other ranks need not have the file. ``--log``
-    then writes one file per rank (``calls.rank1.jsonl``).
+    Under torchrun, rank 0 reads SCHEDULE and sends it on when the script makes its group.
+
+    With torchrun, give --log-file: one log per rank (calls.rank1.jsonl).
     """
     from opdvfs.runtime.actuators import ClockGuard, TwinActuator
     from opdvfs.runtime.dispatch import ScheduleExecutor
