@@ -19,7 +19,7 @@ TRAIN = textwrap.dedent("""
     import torch
     sys.path.insert(0, {tests!r})
     from tiny_gpt import TinyGPT
-
+    {setup}
     steps = int(sys.argv[1])
     torch.manual_seed(0)
     model = TinyGPT()
@@ -31,12 +31,18 @@ TRAIN = textwrap.dedent("""
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+    {teardown}
 """)
 
 
+def train_script(path: Path, *, setup: str = "", teardown: str = "") -> Path:
+    """Write the tiny GPT training script (optionally with process-group setup) to ``path``."""
+    path.write_text(TRAIN.format(tests=str(Path(__file__).parent), setup=setup, teardown=teardown))
+    return path
+
+
 def test_capture_profile_plan_run(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(TRAIN.format(tests=str(Path(__file__).parent)))
+    script = train_script(tmp_path / "train.py")
     runner = CliRunner()
     workload = tmp_path / "captured.json"
     res = runner.invoke(app, ["capture", "--out", str(workload), "--", "python", str(script), "3"])
@@ -130,8 +136,7 @@ def test_capture_profile_plan_run(tmp_path):
 def tiny(tmp_path_factory):
     """The tiny GPT script, its captured workload and a 3-stage schedule for it."""
     tmp = tmp_path_factory.mktemp("tiny")
-    script = tmp / "train.py"
-    script.write_text(TRAIN.format(tests=str(Path(__file__).parent)))
+    script = train_script(tmp / "train.py")
     workload = tmp / "captured.json"
     res = CliRunner().invoke(
         app, ["capture", "--out", str(workload), "--", "python", str(script), "3"]
@@ -230,38 +235,17 @@ def test_ascend_actuator_logs_requests_and_reads_through_dcmi(tmp_path):
             AscendActuator([1000.0, 1800.0]).read_power_w()
 
 
-DDP_TRAIN = textwrap.dedent("""
-    import sys
-    import torch
-    import torch.distributed as dist
-    sys.path.insert(0, {tests!r})
-    from tiny_gpt import TinyGPT
-
-    dist.init_process_group("gloo")
-    steps = int(sys.argv[1])
-    torch.manual_seed(0)
-    model = TinyGPT()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    data = torch.randint(0, 64, (steps, 2, 17))
-    for i in range(steps):
-        logits = model(data[i, :, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), data[i, :, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    dist.barrier()
-    dist.destroy_process_group()
-""")
-
-
 def test_torchrun_rank0_schedule_reaches_rank1(tiny, tmp_path):
     import os
     import subprocess
     import sys
 
     _, _, schedule, n = tiny
-    script = tmp_path / "train_ddp.py"
-    script.write_text(DDP_TRAIN.format(tests=str(Path(__file__).parent)))
+    script = train_script(
+        tmp_path / "train_ddp.py",
+        setup='import torch.distributed as dist; dist.init_process_group("gloo")',
+        teardown="dist.barrier(); dist.destroy_process_group()",
+    )
     log = tmp_path / "calls.jsonl"
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(

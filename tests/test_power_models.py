@@ -249,6 +249,22 @@ def test_model_bundle_round_trip(tmp_path, bert_profile):
         ModelBundle.read(tmp_path / "bad.json")
 
 
+def kernel_rows(op: np.ndarray, freq_mhz: np.ndarray, chip_power_w: np.ndarray) -> pd.DataFrame:
+    """Profile rows of GPU kernels with board power only (the chip rail)."""
+    return pd.DataFrame(
+        {
+            "iteration": 0,
+            "op": op,
+            "name": [f"k{i}" for i in op],
+            "type": "Kernel",
+            "stream": "compute",
+            "freq_mhz": freq_mhz,
+            "time_us": 100.0,
+            "chip_power_w": chip_power_w,
+        }
+    )
+
+
 def test_chip_rail_fits_a_per_op_uncore_constant_jointly():
     """Board power = alpha_i f V^2 + u_i (memory power differs per kernel): two clocks pin the
     line, a third is predicted exactly (the old fit put u_i into alpha_i through the origin)."""
@@ -259,18 +275,7 @@ def test_chip_rail_fits_a_per_op_uncore_constant_jointly():
     op = np.repeat(np.arange(n), len(freqs))
     f = np.tile(freqs, n)
     volt = VF.voltage_v(f)
-    rows = pd.DataFrame(
-        {
-            "iteration": 0,
-            "op": op,
-            "name": [f"k{i}" for i in op],
-            "type": "Kernel",
-            "stream": "compute",
-            "freq_mhz": f,
-            "time_us": 100.0,
-            "chip_power_w": alpha[op] * f / 1e3 * volt**2 + u[op],
-        }
-    )
+    rows = kernel_rows(op, f, alpha[op] * f / 1e3 * volt**2 + u[op])
     model = PowerModel(voltage=VF, temperature=False).fit(Profile(rows), [705.0, 1380.0])
     assert model.rail_ == "chip" and model.theta_ == 0.0
     np.testing.assert_allclose(model.alpha_, alpha, rtol=1e-9)
@@ -289,18 +294,7 @@ def test_chip_rail_from_three_clocks_gives_each_kernel_its_static_term(tmp_path)
     f = np.tile(freqs, n)
     volt = curve.voltage_v(f)
     power = alpha[op] * f / 1e3 * volt**2 + theta[op] * volt + u[op]
-    rows = pd.DataFrame(
-        {
-            "iteration": 0,
-            "op": op,
-            "name": [f"k{i}" for i in op],
-            "type": "Kernel",
-            "stream": "compute",
-            "freq_mhz": f,
-            "time_us": 100.0,
-            "chip_power_w": power,
-        }
-    )
+    rows = kernel_rows(op, f, power)
     model = PowerModel(voltage=curve, temperature=False).fit(Profile(rows), [705, 1087, 1380])
     np.testing.assert_allclose(model.alpha_, alpha, rtol=1e-6)
     held = rows["freq_mhz"] == 1237.0

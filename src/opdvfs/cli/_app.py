@@ -99,16 +99,21 @@ def parse_clocks(
     return clocks
 
 
-def _load(sources: Sequence[Path], fmt: str | None, freq_mhz: str | None) -> Profile:
-    clocks = parse_clocks(freq_mhz) if freq_mhz else None
-    with Progress(
+def spinner() -> Progress:
+    """Return a transient spinner with the elapsed time on stderr (hidden off a terminal)."""
+    return Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
         TimeElapsedColumn(),
         console=stderr,
         transient=True,
         disable=not stderr.is_terminal,
-    ) as progress:
+    )
+
+
+def _load(sources: Sequence[Path], fmt: str | None, freq_mhz: str | None) -> Profile:
+    clocks = parse_clocks(freq_mhz) if freq_mhz else None
+    with spinner() as progress:
         progress.add_task(f"reading {len(sources)} file(s)", total=None)
         return read_profile(list(sources), format=fmt, freqs_mhz=clocks)
 

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated, Literal, cast
 
 import typer
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from opdvfs._files import read_json, write_text_atomic
@@ -19,7 +18,7 @@ from opdvfs.cli._app import (
     UsageError,
     _reports_errors,
     app,
-    stderr,
+    spinner,
     stdout,
 )
 from opdvfs.exceptions import InputFormatError
@@ -40,14 +39,7 @@ def _objective(text: str) -> Literal["energy", "core-energy", "power", "paper"]:
 
 def _steps(total: int):
     """Return a progress bar over the suite's steps (stderr; hidden when not a terminal)."""
-    progress = Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        TimeElapsedColumn(),
-        console=stderr,
-        transient=True,
-        disable=not stderr.is_terminal,
-    )
+    progress = spinner()
     task = progress.add_task("starting", total=total)
 
     def step(description: str) -> None:
