@@ -56,31 +56,80 @@ def _write_report(out: Path, result: SuiteResult, figures: list[tuple[str, str]]
 
 
 def _summary_table(rows: list[Outcome], title: str) -> Table:
-    table = Table(title=title)
-    for name in (
-        "plan",
-        "iter. base -> DVFS (s)",
-        "perf loss",
-        "chip W",
-        "core W",
-        "chip E saved",
-        "core E saved",
-        "pred. chip E",
-        "switches",
-    ):
-        table.add_column(name)
+    """Return one row per outcome: measured change vs the top clock (report.md has base -> DVFS)."""
+    table = Table(title=title, title_justify="left")
+    for name in ("plan", "perf loss", "chip P", "core P", "chip E", "core E", "pred. chip E", "sw"):
+        table.add_column(name, justify="left" if name == "plan" else "right")
     for o in rows:
         table.add_row(
             f"{o.workload} {o.label}",
-            f"{o.iteration_time_base_s:.4g} -> {o.iteration_time_s:.4g}",
             f"{o.perf_loss_pct:.2f}%",
-            f"{o.chip_power_base_w:.1f} -> {o.chip_power_w:.1f}",
-            f"{o.core_power_base_w:.1f} -> {o.core_power_w:.1f}",
-            f"{o.chip_energy_saving_pct:+.2f}%",
-            f"{o.core_energy_saving_pct:+.2f}%",
-            f"{o.predicted_chip_energy_saving_pct or 0:+.2f}%",
+            f"{-o.chip_power_saving_pct:+.2f}%",
+            f"{-o.core_power_saving_pct:+.2f}%",
+            f"{-o.chip_energy_saving_pct:+.2f}%",
+            f"{-o.core_energy_saving_pct:+.2f}%",
+            f"{-(o.predicted_chip_energy_saving_pct or 0.0):+.2f}%",
             str(o.switches),
         )
+    return table
+
+
+def _paper_style(main: Outcome, static: Outcome | None, title: str) -> Table:
+    """Return the paper's Table 3 layout for one plan: base -> DVFS, energy beside power."""
+    table = Table(title=title, title_justify="left")
+    for name in ("", "top clock", "per-operator plan", "predicted"):
+        table.add_column(name, justify="left" if not name else "right")
+    if static is not None:
+        table.add_column(f"best {static.label}", justify="right")
+
+    def change(base: float, value: float) -> str:
+        return f"{value:.4g} ({value / base - 1:+.2%})" if base else f"{value:.4g}"
+
+    def energy(o: Outcome, rail: str) -> float:
+        return getattr(o, f"{rail}_power_w") * o.iteration_time_s
+
+    base_chip = main.chip_power_base_w * main.iteration_time_base_s
+    base_core = main.core_power_base_w * main.iteration_time_base_s
+    rows = [
+        (
+            "iteration time (s)",
+            f"{main.iteration_time_base_s:.4g}",
+            change(main.iteration_time_base_s, main.iteration_time_s),
+            f"{main.predicted_perf_loss_pct or 0:+.2f}%",
+            static and change(main.iteration_time_base_s, static.iteration_time_s),
+        ),
+        (
+            "chip power (W)",
+            f"{main.chip_power_base_w:.1f}",
+            change(main.chip_power_base_w, main.chip_power_w),
+            "",
+            static and change(main.chip_power_base_w, static.chip_power_w),
+        ),
+        (
+            "core power (W)",
+            f"{main.core_power_base_w:.1f}",
+            change(main.core_power_base_w, main.core_power_w),
+            "",
+            static and change(main.core_power_base_w, static.core_power_w),
+        ),
+        (
+            "chip energy (J)",
+            f"{base_chip:.1f}",
+            change(base_chip, energy(main, "chip")),
+            f"{-(main.predicted_chip_energy_saving_pct or 0):+.2f}%",
+            static and change(base_chip, energy(static, "chip")),
+        ),
+        (
+            "core energy (J)",
+            f"{base_core:.1f}",
+            change(base_core, energy(main, "core")),
+            f"{-(main.predicted_core_energy_saving_pct or 0):+.2f}%",
+            static and change(base_core, energy(static, "core")),
+        ),
+        ("switches / iteration", "0", str(main.switches), "", static and str(static.switches)),
+    ]
+    for row in rows:
+        table.add_row(*(row if static is not None else row[:-1]))
     return table
 
 
@@ -154,7 +203,15 @@ def demo(
             )
         )
         return
-    stdout.print(_summary_table(result.sections["plan"] + result.sections["static"], "measured"))
+    static = result.sections["static"][0] if result.sections["static"] else None
+    stdout.print(
+        _paper_style(
+            main,
+            static,
+            f"{workload} on {device} (simulated), {target:.0%} target, objective {objective}: "
+            "measured",
+        )
+    )
     _print_goals(result)
     stdout.print(f"wrote {report} (+ figures) in {result.seconds:.1f} s", highlight=False)
 
@@ -184,7 +241,7 @@ def evaluate(
         print(json.dumps({"report": str(report), **result.model_dump(mode="json")}))
         return
     for key in ("table3", "ablations", "baselines", "inference"):
-        stdout.print(_summary_table(result.sections[key], key))
+        stdout.print(_summary_table(result.sections[key], f"{key}: change vs the top clock"))
     _print_goals(result)
     stdout.print(f"wrote {report} in {result.seconds:.1f} s", highlight=False)
 
