@@ -305,6 +305,11 @@ def run_paper_suite(
     ablations.append(
         measure(gpt3, reference_plan, "switch lands 14 ms late", target=target, device=late)[0]
     )
+    # ... and what is left of the saving once the budget is met again despite the late switches
+    late_met = _planned(
+        gpt3, target, objective, "switch lands 14 ms late, budget re-met", device=late
+    )[0]
+    ablations.append(late_met)
     for interval in (100.0, 1000.0):
         label = f"interval {interval:g} ms"
         ablations.append(_planned(gpt3, target, objective, label, interval_ms=interval)[0])
@@ -359,6 +364,9 @@ def run_paper_suite(
     keep_reactive = _objective_saving(switch15[1], objective) / max(
         _objective_saving(reference, objective), 1e-9
     )
+    keep_late = _objective_saving(late_met, objective) / max(
+        _objective_saving(reference, objective), 1e-9
+    )
     # the late-switch row is the failure the predictive dispatch exists to avoid: not planned
     planned_rows = table + ablations[2:] + [per_phase] + inference[1:]
     goals = [
@@ -368,7 +376,8 @@ def run_paper_suite(
         Goal(
             goal="15 ms switch: predictive keeps >= 80% of the 1 ms saving",
             met=keep >= 0.8,
-            detail=f"predictive keeps {keep:.0%}, reactive {keep_reactive:.0%} "
+            detail=f"predictive keeps {keep:.0%}, reactive {keep_reactive:.0%}; the 1 ms plan "
+            f"with switches 14 ms late keeps {keep_late:.0%} once re-planned to the budget "
             "(paper, 14 ms late: 46% of the AICore power saving)",
         ),
     ]

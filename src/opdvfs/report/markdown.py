@@ -11,6 +11,7 @@ __all__ = ["outcome_table", "render"]
 
 _ABLATION_KEYS = {
     "switch lands 14 ms late": "late-14ms",
+    "switch lands 14 ms late, budget re-met": "late-14ms",
     "interval 100 ms": "fai-100ms",
     "interval 1000 ms": "fai-1s",
 }
