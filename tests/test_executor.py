@@ -153,3 +153,21 @@ def test_pending_switches_are_dropped_before_the_clock_is_restored(captured):
     assert executor._issuer is not None and not executor._issuer._thread.is_alive()
     assert all(c["freq_mhz"] != 1005.0 for c in act.calls)  # never issued
     assert act.calls[-1]["kind"] == "restore"
+
+
+def test_previous_iteration_switches_fire_at_the_end_of_the_iteration_before(captured):
+    n = len(captured)
+    plan = Schedule.from_stage_freqs(
+        [0, n // 2], [1005.0, 1410.0], n_ops=n, lead_ops=[5, 0], target=0.05, solver="manual"
+    )
+    assert plan.switches[0].previous_iteration and plan.switches[0].trigger_op == n - 5
+    act = DryRunActuator(A100.spec.freqs_mhz)
+    with ClockGuard(act), pytest.warns(UserWarning, match="falling back"):
+        train(4, ScheduleExecutor(plan, act))
+    sets = [(c["iteration"], c["op_index"], c["freq_mhz"]) for c in act.calls if c["kind"] == "set"]
+    assert sets[0] == (0, 0, 1005.0)  # no iteration before the first: issued at its op 0
+    # iteration 0 diverges (AdamW's state); from iteration 1 on, stage 0 of the next iteration
+    # is switched 5 ops before this one ends
+    for it in (1, 2):
+        assert (it, n - 5, 1005.0) in sets
+    assert (2, n // 2, 1410.0) in sets

@@ -226,3 +226,29 @@ def test_atomic_outputs_get_the_usual_file_mode(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "out.txt").stat().st_mode) == 0o644
+
+
+def test_a_lead_beyond_the_stage_reaches_into_the_previous_iteration():
+    plan = Schedule.from_stage_freqs(
+        [0, 3, 6], [1000.0, 1800.0, 1400.0], n_ops=10, lead_ops=[2, 4, 1], target=0.02, solver="t"
+    )
+    first, second, third = plan.switches
+    assert first.previous_iteration and first.trigger_op == 8  # 10 + 0 - 2
+    assert second.previous_iteration and second.trigger_op == 9  # 10 + 3 - 4
+    assert not third.previous_iteration and third.trigger_op == 5
+    round_trip = Schedule.from_json(plan.to_json())
+    assert round_trip == plan
+
+
+def test_previous_iteration_switches_must_come_first_and_after_the_last_trigger():
+    ok = Schedule.from_stage_freqs(
+        [0, 3, 6], [1000.0, 1800.0, 1400.0], n_ops=10, lead_ops=[2, 0, 1], target=0.0, solver="t"
+    )
+    doc = ok.model_dump()
+    doc["switches"][2]["previous_iteration"] = True  # after a regular one: not a prefix
+    with pytest.raises(ScheduleFormatError, match="must come first"):
+        Schedule.from_json(json.dumps(doc))
+    doc = ok.model_dump()
+    doc["switches"][0]["trigger_op"] = 2  # before the iteration's last regular trigger (5)
+    with pytest.raises(ScheduleFormatError, match="previous iteration"):
+        Schedule.from_json(json.dumps(doc))

@@ -252,12 +252,20 @@ def _lead_ops(
 
     The switch is issued ``latency_us`` before its stage begins in the planned run: from the
     last op boundary before that moment, after a delay, so it lands on time even when the
-    moment falls inside a long op (a bubble's ``Recv``, a long matmul).
+    moment falls inside a long op (a bubble's ``Recv``, a long matmul). A stage that begins
+    less than ``latency_us`` into the iteration is triggered in the previous iteration (a lead
+    beyond its first op; training repeats its iterations).
     """
+    n = len(duration_us)
     begin = np.r_[0.0, np.cumsum(duration_us)[:-1]]  # op start times in the planned run
-    want = np.maximum(begin[starts] - latency_us, 0.0)
-    trigger = np.minimum(np.searchsorted(begin, want, side="right") - 1, starts)
-    return starts - trigger, want - begin[trigger]
+    total = float(np.sum(duration_us))
+    want = begin[starts] - latency_us
+    back = want < 0
+    want = np.maximum(np.where(back, want + total, want), 0.0)
+    trigger = np.searchsorted(begin, want, side="right") - 1
+    trigger = np.where(back, trigger, np.minimum(trigger, starts))
+    lead = np.where(back, starts + n - trigger, starts - trigger)
+    return lead, want - begin[trigger]
 
 
 def plan_grouped(

@@ -56,12 +56,16 @@ class Switch(FrozenModel):
 
     ``delay_us`` after the trigger op starts, the request is issued (0: at once), so that a
     switch whose latency does not fall on an op boundary still lands when its stage begins.
+    With ``previous_iteration`` the trigger op is one of the *previous* iteration (training
+    repeats its iterations): a stage that begins less than the switch latency into the
+    iteration is still served on time. In the first iteration such a switch is issued at op 0.
     """
 
     trigger_op: NonNegativeInt
     stage: NonNegativeInt
     freq_mhz: PositiveFloat
     delay_us: NonNegativeFloat = 0.0
+    previous_iteration: bool = False
 
 
 class Schedule(FrozenModel):
@@ -135,6 +139,13 @@ class Schedule(FrozenModel):
                 f"switches serve stages {got}; expected one for stage 0 and for every stage whose "
                 f"clock changes: {changes}"
             )
+        wrapped = [sw.previous_iteration for sw in self.switches]
+        n_wrapped = wrapped.index(False) if False in wrapped else len(wrapped)
+        if any(wrapped[n_wrapped:]):
+            raise ValueError(
+                "switches issued in the previous iteration must come first (the iteration's "
+                "earliest stages)"
+            )
         prev_trigger = 0
         for k, sw in enumerate(self.switches):
             stage = self.stages[sw.stage]
@@ -143,10 +154,20 @@ class Schedule(FrozenModel):
                     f"switches[{k}] sets {sw.freq_mhz:g} MHz but stage {sw.stage} runs at "
                     f"{stage.freq_mhz:g} MHz"
                 )
+            if k < n_wrapped:
+                continue
             if sw.trigger_op > stage.first_op or sw.trigger_op < prev_trigger:
                 raise ValueError(
                     f"switches[{k}].trigger_op {sw.trigger_op} must be between the previous "
                     f"trigger ({prev_trigger}) and stage {sw.stage}'s first op ({stage.first_op})"
+                )
+            prev_trigger = sw.trigger_op
+        for k, sw in enumerate(self.switches[:n_wrapped]):
+            # issued after every switch of the previous iteration, in order, within it
+            if not prev_trigger <= sw.trigger_op < self.n_ops:
+                raise ValueError(
+                    f"switches[{k}] (previous iteration) trigger_op {sw.trigger_op} must be "
+                    f"between the last trigger of the iteration ({prev_trigger}) and n_ops - 1"
                 )
             prev_trigger = sw.trigger_op
         return self
@@ -174,7 +195,9 @@ class Schedule(FrozenModel):
             Operators per iteration.
         lead_ops
             For each stage, how many operators before its first op the switch is issued
-            (predictive dispatch); 0 by default. Clipped so triggers stay ordered.
+            (predictive dispatch); 0 by default. A lead beyond the stage's first op reaches
+            into the previous iteration (``Switch.previous_iteration``); triggers are clipped so
+            that they stay ordered.
         delay_us
             For each stage, how long after its trigger op starts the switch is issued; 0 by
             default.
@@ -190,14 +213,25 @@ class Schedule(FrozenModel):
         )
         change = np.flatnonzero(np.r_[True, freqs[1:] != freqs[:-1]])
         lead = np.zeros(len(starts), dtype=int) if lead_ops is None else np.asarray(lead_ops)
-        triggers = np.maximum(starts[change] - lead[change], 0)
-        ordered = np.maximum.accumulate(triggers)
+        raw = starts[change] - lead[change]
+        wrap = np.logical_and.accumulate(raw < 0)  # only the earliest stages reach back
+        triggers = np.where(wrap, raw + n_ops, np.maximum(raw, 0))
+        ordered = triggers.copy()
+        ordered[~wrap] = np.maximum.accumulate(triggers[~wrap]) if (~wrap).any() else []
+        last = int(ordered[~wrap][-1]) if (~wrap).any() else 0
+        ordered[wrap] = np.maximum.accumulate(np.maximum(triggers[wrap], last))
         delay = np.zeros(len(starts)) if delay_us is None else np.asarray(delay_us, dtype=float)
         # a trigger moved later to keep the order issues at once
         delays = np.where(ordered == triggers, delay[change], 0.0)
         switches = tuple(
-            Switch(trigger_op=int(t), stage=int(s), freq_mhz=float(freqs[s]), delay_us=float(d))
-            for t, s, d in zip(ordered, change, delays, strict=True)
+            Switch(
+                trigger_op=int(t),
+                stage=int(s),
+                freq_mhz=float(freqs[s]),
+                delay_us=float(d),
+                previous_iteration=bool(w),
+            )
+            for t, s, d, w in zip(ordered, change, delays, wrap, strict=True)
         )
         return cls.model_validate(
             {"n_ops": n_ops, "stages": stages, "switches": switches, **fields}

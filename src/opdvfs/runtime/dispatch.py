@@ -165,6 +165,7 @@ class ScheduleExecutor(_IterationMode):
         self.names = list(names) if names is not None else None
         self.schedule: Schedule | None = None
         self._switch_at: dict[int, list[Switch]] = {}
+        self._first: list[Switch] = []  # previous-iteration switches: issued at op 0 of iteration 0
         self._cuda = torch.cuda.is_available()
         self._issuer: SwitchIssuer | None = None
         self.errors: list[BaseException] = []
@@ -188,12 +189,16 @@ class ScheduleExecutor(_IterationMode):
         switch_at: dict[int, list[Switch]] = {}
         for sw in schedule.switches:
             switch_at.setdefault(sw.trigger_op, []).append(sw)
+        # at one op, this iteration's switches before those for the next one (its first stages)
+        for switches in switch_at.values():
+            switches.sort(key=lambda sw: sw.previous_iteration)
+        first = [sw for sw in schedule.switches if sw.previous_iteration]
         with self._lock:
             if self._issuer is None and (
                 self._cuda or any(sw.delay_us > 0 for sw in schedule.switches)
             ):
                 self._issuer = SwitchIssuer(self.actuator, on_error=self._issue_failed)
-            self.schedule, self._switch_at = schedule, switch_at
+            self.schedule, self._switch_at, self._first = schedule, switch_at, first
             self._off = self.op_index > 0  # mid-iteration: start at the next one
 
     @property
@@ -266,8 +271,13 @@ class ScheduleExecutor(_IterationMode):
                         f"op {i} of iteration {self.iteration} is {name}, the "
                         f"schedule expects {self.names[i]}"
                     )
-                elif i in self._switch_at:
-                    self._trigger(self._switch_at[i])
+                else:
+                    if i == 0 and self.iteration == 0 and self._first:
+                        # no previous iteration issued these: set the first stages' clock now
+                        now = [sw.model_copy(update={"delay_us": 0.0}) for sw in self._first]
+                        self._trigger(now)
+                    if i in self._switch_at:
+                        self._trigger(self._switch_at[i])
             self.op_index += 1
         return func(*args, **(kwargs or {}))
 

@@ -380,11 +380,7 @@ class SimulatedDevice:
                     f"schedule plans {schedule.n_ops} ops but workload {workload.name!r} has {n}",
                     field="n_ops",
                 )
-            sw_idx = self.clock_index([s.freq_mhz for s in schedule.switches])
-            sw_op = np.array([s.trigger_op for s in schedule.switches])
-            delays = np.tile([s.delay_us for s in schedule.switches], iterations)
-            triggers = (sw_op[None, :] + n * np.arange(iterations)[:, None]).ravel()
-            clocks = np.tile(sw_idx, iterations)
+            triggers, clocks, delays = self._switch_times(schedule, n, iterations)
             initial = top
             stages = [(s.first_op, s.last_op, s.freq_mhz) for s in schedule.stages]
         else:
@@ -439,6 +435,28 @@ class SimulatedDevice:
             timeline=timeline,
         )
         return result, sim
+
+    def _switch_times(
+        self, schedule: Schedule, n: int, iterations: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Global trigger op, clock index and delay of every switch over the run, in order.
+
+        A ``previous_iteration`` switch of iteration ``k`` fires in iteration ``k - 1`` (in the
+        first iteration, at op 0 with no delay).
+        """
+        sw = schedule.switches
+        clock = self.clock_index([s.freq_mhz for s in sw])
+        op = np.array([s.trigger_op for s in sw])
+        delay = np.array([s.delay_us for s in sw])
+        back = np.array([s.previous_iteration for s in sw])
+        k = np.arange(iterations)[:, None]
+        trig = op[None, :] + n * (k - back[None, :])
+        first = (k == 0) & back[None, :]
+        trig = np.where(first, 0, trig)
+        wait = np.where(first, 0.0, delay[None, :])
+        # in time order: by trigger op, then by the stage they serve (iteration-major)
+        order = np.lexsort((np.arange(trig.size), trig.ravel()))
+        return trig.ravel()[order], np.tile(clock, iterations)[order], wait.ravel()[order]
 
     # ----------------------------------------------------------------------------- calibration
     def calibration_runs(
