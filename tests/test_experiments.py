@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from opdvfs.cli import app
 from opdvfs.experiments import measure, prepare, run_paper_suite
-from opdvfs.experiments.suites import _planned
+from opdvfs.experiments.suites import plan_and_measure
 
 DEMO_KEYS = {
     "perf_loss_pct",
@@ -36,7 +36,7 @@ def test_measured_outcome_is_against_the_measured_top_clock(bert_bench):
 
 
 def test_planned_run_meets_the_budget_and_its_prediction(bert_bench):
-    outcome, _, schedule = _planned(bert_bench, 0.02, "core-energy", "plan")
+    outcome, _, schedule = plan_and_measure(bert_bench, 0.02, "core-energy", "plan")
     assert outcome.perf_loss_pct <= 2.0 + 1e-9 or outcome.budget_scale < 1
     assert outcome.perf_loss_pct <= 2.05
     assert outcome.core_energy_saving_pct > 2.0
@@ -48,7 +48,7 @@ def test_planned_run_meets_the_budget_and_its_prediction(bert_bench):
 
 
 def test_late_switches_cost_time_the_plan_did_not_expect(bert_bench):
-    outcome, _, schedule = _planned(bert_bench, 0.02, "core-energy", "plan")
+    outcome, _, schedule = plan_and_measure(bert_bench, 0.02, "core-energy", "plan")
     late = bert_bench.with_latency(bert_bench.device.spec.switch_latency_ms + 14.0)
     delayed, _ = measure(bert_bench, schedule, "late", target=0.02, device=late)
     assert delayed.perf_loss_pct > outcome.perf_loss_pct

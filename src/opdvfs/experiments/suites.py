@@ -28,6 +28,7 @@ __all__ = [
     "DemoData",
     "Goal",
     "SuiteResult",
+    "plan_and_measure",
     "run_demo",
     "run_paper_suite",
 ]
@@ -108,7 +109,7 @@ def _plan(bench: Bench, target: float, objective: Objective, **options: Any) -> 
     )
 
 
-def _planned(
+def plan_and_measure(
     bench: Bench,
     target: float,
     objective: Objective,
@@ -184,11 +185,11 @@ def run_demo(
     step(f"profiling {workload} on {device} at the training clocks and fitting")
     bench = prepare(workload, device, seed=seed)
     step(f"planning a {target:.0%} budget and executing it")
-    main, run, schedule = _planned(bench, target, objective, "per-operator plan")
+    main, run, schedule = plan_and_measure(bench, target, objective, "per-operator plan")
     data = DemoData(timeline=_timeline(bench, run), schedule=schedule)
     step("sweeping targets")
     for t in sweep_targets:
-        data.sweep.append(_planned(bench, t, objective, f"{t:.0%}")[0])
+        data.sweep.append(plan_and_measure(bench, t, objective, f"{t:.0%}")[0])
     step("sweeping static clocks")
     for f in bench.device.spec.freqs_mhz:
         data.static.append(measure(bench, None, f"static {f:g} MHz", target=target, freq_mhz=f)[0])
@@ -291,7 +292,7 @@ def run_paper_suite(
         step(f"Table 3: {workload}")
         bench = benches[workload] = prepare(workload, device, seed=seed)
         for t in targets:
-            outcome, _, plan = _planned(bench, t, objective, f"{t:.0%}")
+            outcome, _, plan = plan_and_measure(bench, t, objective, f"{t:.0%}")
             table.append(outcome)
             if workload == "gpt3" and t == 0.02:
                 reference_plan = plan
@@ -306,18 +307,18 @@ def run_paper_suite(
         measure(gpt3, reference_plan, "switch lands 14 ms late", target=target, device=late)[0]
     )
     # ... and what is left of the saving once the budget is met again despite the late switches
-    late_met = _planned(
+    late_met = plan_and_measure(
         gpt3, target, objective, "switch lands 14 ms late, budget re-met", device=late
     )[0]
     ablations.append(late_met)
     for interval in (100.0, 1000.0):
         label = f"interval {interval:g} ms"
-        ablations.append(_planned(gpt3, target, objective, label, interval_ms=interval)[0])
+        ablations.append(plan_and_measure(gpt3, target, objective, label, interval_ms=interval)[0])
     step("ablations: a 15 ms switch, predictive vs reactive")
     slow = gpt3.with_latency(15.0)
     switch15 = []
     for dispatch in ("predictive", "reactive"):
-        outcome, _, _ = _planned(
+        outcome, _, _ = plan_and_measure(
             gpt3,
             target,
             objective,
@@ -356,7 +357,7 @@ def run_paper_suite(
     llama = prepare("llama2-infer", device, seed=seed)
     inference = [
         measure(llama, None, "uniform 1300 MHz", target=target, freq_mhz=1300.0)[0],
-        _planned(llama, target, objective, "planned (2%)")[0],
+        plan_and_measure(llama, target, objective, "planned (2%)")[0],
     ]
     keep = _objective_saving(switch15[0], objective) / max(
         _objective_saving(reference, objective), 1e-9
