@@ -49,6 +49,12 @@ def test_nvml_locks_min_equals_max_and_only_on_change(fake_nvml):
         act.set_freq_mhz(1000.0)
 
 
+def test_nvml_energy_counter_in_joules(fake_nvml):
+    fake_nvml.nvmlDeviceGetTotalEnergyConsumption.return_value = 123_456_789  # mJ
+    assert NvmlActuator().read_energy_j() == pytest.approx(123_456.789)
+    fake_nvml.nvmlDeviceSetGpuLockedClocks.assert_not_called()  # reading never sets
+
+
 def test_nvml_device_by_uuid(fake_nvml):
     NvmlActuator(uuid="GPU-123")
     fake_nvml.nvmlDeviceGetHandleByUUID.assert_called_once_with("GPU-123")

@@ -122,6 +122,7 @@ def test_capture_profile_plan_run(tmp_path):
     # only the first iteration diverges (AdamW creates its state there); the steady ones hold
     # exactly the planned clock changes at the planned trigger ops
     assert "ran 4 iterations; diverged in 1" in res.stdout
+    assert "iterations after the first:" in res.stdout and " J each" not in res.stdout  # dry run
     for it in (1, 2, 3):
         got = [
             (c["op_index"], c["freq_mhz"])

@@ -171,3 +171,25 @@ def test_previous_iteration_switches_fire_at_the_end_of_the_iteration_before(cap
     for it in (1, 2):
         assert (it, n - 5, 1005.0) in sets
     assert (2, n // 2, 1410.0) in sets
+
+
+def test_executor_measures_each_iteration_with_the_energy_counter(captured):
+    class Counting(DryRunActuator):
+        """A dry run whose device 'uses' 2 J per counter read: a stand-in for NVML's counter."""
+
+        joules = 0.0
+
+        def read_energy_j(self) -> float:
+            self.joules += 2.0
+            return self.joules
+
+    n = len(captured)
+    plan = Schedule.from_stage_freqs([0], [1410.0], n_ops=n, target=0.0, solver="manual")
+    act = Counting(A100.spec.freqs_mhz)
+    executor = ScheduleExecutor(plan, act)
+    with ClockGuard(act), pytest.warns(UserWarning, match="falling back"):
+        train(5, executor)
+    steady = executor.per_iteration()
+    assert steady["iterations"] == 3  # ends of iterations 1..4: three iterations between
+    assert steady["energy_j"] == pytest.approx(2.0)
+    assert steady["time_s"] > 0

@@ -205,6 +205,17 @@ def run(
         close = getattr(act, "close", None)
         if close is not None:
             close()
+    steady = executor.per_iteration()
+    if steady["time_s"] is not None:
+        stdout.print(
+            f"iterations after the first: {steady['time_s']:.4f} s each (host clock)"
+            + (
+                f", {steady['energy_j']:.2f} J each (the device's energy counter)"
+                if steady["energy_j"] is not None
+                else ""
+            ),
+            highlight=False,
+        )
     if executor.schedule is None:
         stdout.print(
             f"rank {rank}: the script never created a process group, so no schedule arrived "

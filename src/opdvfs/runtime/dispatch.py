@@ -8,10 +8,12 @@ at each optimizer step (PyTorch's global optimizer step hook) or at :meth:`mark_
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -57,6 +59,8 @@ class _IterationMode(TorchDispatchMode):
         self.op_index = 0
         self._lock = threading.Lock()
         self._hook: Any = None
+        #: ``time.perf_counter()`` at the end of each iteration (the optimizer step, host side).
+        self.iteration_ends_s: list[float] = []
 
     def __enter__(self) -> Any:
         self._hook = register_optimizer_step_post_hook(lambda *_: self.mark_iteration())
@@ -70,6 +74,7 @@ class _IterationMode(TorchDispatchMode):
     def mark_iteration(self) -> None:
         """End the current iteration (called at each optimizer step)."""
         with self._lock:
+            self.iteration_ends_s.append(time.perf_counter())
             self.end_iteration(self.op_index)
             self.iteration += 1
             self.op_index = 0
@@ -169,6 +174,8 @@ class ScheduleExecutor(_IterationMode):
         self._cuda = torch.cuda.is_available()
         self._issuer: SwitchIssuer | None = None
         self.errors: list[BaseException] = []
+        #: The actuator's energy counter at each iteration end (J), when it has one (NVML).
+        self.iteration_energy_j: list[float] = []
         self.max_diverged = max_diverged
         self.diverged_iterations: list[int] = []
         self._off = False  # not applying for the rest of this iteration
@@ -200,6 +207,23 @@ class ScheduleExecutor(_IterationMode):
                 self._issuer = SwitchIssuer(self.actuator, on_error=self._issue_failed)
             self.schedule, self._switch_at, self._first = schedule, switch_at, first
             self._off = self.op_index > 0  # mid-iteration: start at the next one
+
+    def per_iteration(self, skip: int = 1) -> dict[str, float | None]:
+        """Mean wall time (s) and energy (J, when measured) per iteration after the first ``skip``.
+
+        Times are taken on the host at each optimizer step: with asynchronous CUDA work they
+        average out over many iterations, not one.
+        """
+        ends = np.asarray(self.iteration_ends_s[skip:], dtype=float)
+        energy = np.asarray(self.iteration_energy_j[skip:], dtype=float)
+        n = len(ends) - 1
+        if n < 1:
+            return {"iterations": 0, "time_s": None, "energy_j": None}
+        return {
+            "iterations": n,
+            "time_s": float((ends[-1] - ends[0]) / n),
+            "energy_j": float((energy[-1] - energy[0]) / n) if len(energy) == n + 1 else None,
+        }
 
     @property
     def diverged(self) -> bool:
@@ -283,6 +307,12 @@ class ScheduleExecutor(_IterationMode):
 
     def end_iteration(self, n_ops: int) -> None:
         """Check the finished iteration ran the planned number of ops; re-arm for the next."""
+        read_energy = getattr(self.actuator, "read_energy_j", None)
+        if read_energy is not None:
+            try:
+                self.iteration_energy_j.append(float(read_energy()))
+            except Exception:  # a failed read leaves a gap, never breaks the program
+                self.iteration_energy_j.append(float("nan"))
         if self.schedule is None:
             return
         if not self._off and not self.abandoned and n_ops != self.schedule.n_ops:

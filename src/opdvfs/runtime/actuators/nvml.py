@@ -107,6 +107,13 @@ class NvmlActuator(Actuator):
         except self._nvml.NVMLError as exc:
             raise _translate(exc, "read the power") from None
 
+    def read_energy_j(self) -> float:
+        """Energy the GPU has used since the driver loaded (J; NVML's counter is in mJ)."""
+        try:
+            return float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)) / 1e3
+        except self._nvml.NVMLError as exc:
+            raise _translate(exc, "read the energy counter") from None
+
     def close(self) -> None:
         """Shut NVML down (the clock is not touched)."""
         self._nvml.nvmlShutdown()
