@@ -235,8 +235,18 @@ def evaluate(
     progress, step = _steps(9)
     with progress:
         result = run_paper_suite(device, objective=_objective(objective), seed=seed, step=step)
+    from opdvfs.experiments.suites import PAPER_TABLE3
+    from opdvfs.report.plots import plot_paper_comparison
+
+    table = result.sections["table3"]
+    plot_paper_comparison(
+        table,
+        [PAPER_TABLE3.get((o.workload, round(o.target_pct))) for o in table],
+        out / "table3.png",
+    )
     result = result.model_copy(update={"seconds": time.perf_counter() - started})
-    report = _write_report(out, result, [])
+    figures = [("table3.png", "Table 3: power and energy saved, simulated, beside the paper")]
+    report = _write_report(out, result, figures)
     if as_json:
         print(json.dumps({"report": str(report), **result.model_dump(mode="json")}))
         return

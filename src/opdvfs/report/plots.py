@@ -17,7 +17,7 @@ import numpy as np
 from opdvfs._files import atomic_path
 from opdvfs.experiments.bench import Outcome
 
-__all__ = ["plot_error_cdf", "plot_savings", "plot_timeline"]
+__all__ = ["plot_error_cdf", "plot_paper_comparison", "plot_savings", "plot_timeline"]
 
 
 def _save(fig: plt.Figure, path: str | os.PathLike[str]) -> None:
@@ -95,4 +95,26 @@ def plot_error_cdf(errors: dict[str, np.ndarray], path: str | os.PathLike[str], 
     ax.set_xscale("symlog", linthresh=1.0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def plot_paper_comparison(
+    rows: Sequence[Outcome], paper: Sequence[dict[str, float] | None], path: str | os.PathLike[str]
+) -> None:
+    """Power saved per Table 3 row, measured on the simulator beside the paper's figure."""
+    labels = [f"{o.workload}\n{o.target_pct:g}%" for o in rows]
+    x = np.arange(len(rows))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), constrained_layout=True, sharey=False)
+    for ax, (rail, key) in zip(axes, (("core", "core_power"), ("chip", "soc_power")), strict=True):
+        ours = [getattr(o, f"{rail}_power_saving_pct") for o in rows]
+        theirs = [p[key] if p else np.nan for p in paper]
+        energy = [getattr(o, f"{rail}_energy_saving_pct") for o in rows]
+        ax.bar(x - 0.27, ours, 0.27, label="opdvfs, power (simulated)")
+        ax.bar(x, energy, 0.27, label="opdvfs, energy (simulated)")
+        ax.bar(x + 0.27, theirs, 0.27, label="paper, power (910B)", color="tab:gray")
+        ax.axhline(0, color="black", lw=0.5)
+        ax.set_xticks(x, labels, fontsize=8)
+        ax.set(ylabel=f"{rail} saved (%)", title=f"{'AICore' if rail == 'core' else 'SoC'} rail")
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=7)
     _save(fig, path)
