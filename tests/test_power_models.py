@@ -303,3 +303,15 @@ def test_chip_rail_from_three_clocks_gives_each_kernel_its_static_term(tmp_path)
     )
     again = PowerModel.from_dict(json.loads(json.dumps(model.to_dict())))
     np.testing.assert_allclose(again.predict([1237.0])["chip_w"], model.predict([1237.0])["chip_w"])
+
+
+def test_a_class_no_window_saw_gets_the_windows_mean_power():
+    # two classes in the first second (sampled), a third only after the last complete window
+    start = np.r_[np.arange(0, 1.0, 0.01), 1.0]
+    dur = np.r_[np.full(100, 0.01), 0.02]
+    kind = np.append(np.where(np.arange(100) % 2 == 0, "mm", "gelu"), "adamw")
+    rows = pd.DataFrame({"wall_s": start, "time_us": dur * 1e6, "type": kind, "freq_mhz": 1410.0})
+    samples = pd.DataFrame({"t_s": np.arange(0.1, 1.01, 0.1), "power_w": 250.0})
+    cls = attribute_class_power(rows, samples, window_s=0.1).set_index("type")["power_w"]
+    assert np.isfinite(cls).all()
+    assert cls["adamw"] == pytest.approx(250.0)

@@ -96,7 +96,9 @@ def attribute_class_power(
     -------
     DataFrame
         Columns ``freq_mhz, type, power_w`` (and the idle power as type ``"(idle)"``), plus
-        ``windows`` (samples used) and ``residual_pct`` (RMS error of the window energies).
+        ``windows`` (samples used) and ``residual_pct`` (RMS error of the window energies). A
+        class no complete window saw gets the windows' mean power; with no window at all at a
+        clock, every class is NaN there.
     """
     out = []
     classes, cls = np.unique(rows["type"].to_numpy(dtype=str), return_inverse=True)
@@ -115,6 +117,9 @@ def attribute_class_power(
         power = np.full(design.shape[1], np.nan)
         if len(energy):
             power[seen] = ridge_nnls(design[:, seen], energy)
+            # a class that ran in no complete window (an iteration's tail, say) gets the mean
+            # power of the windows: the only thing the sensor says about it
+            power[~seen] = energy.sum() / (len(energy) * window_s)
         fitted = design[:, seen] @ power[seen] if len(energy) else np.empty(0)
         resid = (
             float(np.sqrt(np.mean((fitted / energy - 1.0) ** 2)) * 100) if len(energy) else np.nan
