@@ -133,3 +133,12 @@ def test_evaluate_cli_writes_the_report_and_its_figure(tmp_path):
     report = (tmp_path / "eval" / "report.md").read_text()
     assert "[15.27%]" in report  # the paper's GPT-3 2% AICore figure beside ours
     assert (tmp_path / "eval" / "table3.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_gpu_like_device_with_a_coarse_sensor_plans_from_attributed_power():
+    bench = prepare("bert", "a100-like")  # 100 ms NVML-like windows: power only from samples
+    assert "chip_power_w" not in bench.profile.ops and bench.profile.n_iterations > 1
+    outcome, _, _ = plan_and_measure(bench, 0.02, "energy", "plan")
+    assert outcome.perf_loss_pct <= 2.05
+    assert outcome.predicted_chip_energy_saving_pct is not None
+    assert abs(outcome.predicted_chip_energy_saving_pct - outcome.chip_energy_saving_pct) <= 1.5
