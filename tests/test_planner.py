@@ -219,3 +219,51 @@ def test_every_objective_plans_within_the_budget(bert_models, objective):
     assert schedule.objective == objective
     assert schedule.predicted_time_s <= 1.05 * schedule.baseline_time_s * (1 + 1e-9)
     assert (schedule.gap_pct is None) == (objective == "paper")
+
+
+def test_cli_plan_budget_scale_plans_for_a_smaller_slowdown(tmp_path, bert_models):
+    dev, w, _, _ = bert_models
+    path = tmp_path / "bert.parquet"
+    dev.profile(w, [1000, 1400, 1800]).write(path)
+    runner = CliRunner()
+    got = {}
+    for scale in ("1", "0.5"):
+        out = tmp_path / f"s{scale}.json"
+        res = runner.invoke(
+            app,
+            [
+                "plan",
+                str(path),
+                "--target",
+                "0.04",
+                "--objective",
+                "core-energy",
+                "--budget-scale",
+                scale,
+                "--out",
+                str(out),
+                "--json",
+            ],
+        )
+        assert res.exit_code == 0, res.output
+        got[scale] = json.loads(res.stdout)
+
+    def loss(p):
+        return p["predicted_time_s"] / p["baseline_time_s"] - 1
+
+    assert loss(got["0.5"]) <= 0.02 + 1e-9 < loss(got["1"]) + 1e-9
+    assert got["0.5"]["target"] == pytest.approx(0.02)
+    res = runner.invoke(
+        app,
+        [
+            "plan",
+            str(path),
+            "--target",
+            "0.04",
+            "--budget-scale",
+            "2",
+            "--out",
+            str(tmp_path / "x.json"),
+        ],
+    )
+    assert res.exit_code == 2

@@ -112,6 +112,16 @@ def plan(
         Path | None,
         typer.Option("--frontier", help="Also write the whole time-energy frontier (CSV)."),
     ] = None,
+    budget_scale: Annotated[
+        float,
+        typer.Option(
+            "--budget-scale",
+            min=0.0,
+            max=1.0,
+            help="Plan for target x this (after a run measured slower than planned: "
+            "predicted / measured slowdown).",
+        ),
+    ] = 1.0,
     as_json: JsonOption = False,
 ) -> None:
     """Plan per-stage clocks that save the most energy within a slowdown budget."""
@@ -141,7 +151,7 @@ def plan(
         schedule = plan_schedule(
             doc,
             inputs,
-            target=target,
+            target=target * budget_scale,
             objective=cast(Literal["energy", "core-energy", "power", "paper"], objective),
             interval_ms=interval_ms,
             switch_latency_ms=latency,
