@@ -24,17 +24,23 @@ from opdvfs.workloads.library import load_workload
 _SCRIPT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-def _run_script(argv: list[str]) -> None:
-    """Run ``python script.py ARGS`` (or ``script.py ARGS``) in this process, as __main__."""
-    import runpy
-
+def _script_argv(argv: list[str]) -> list[str]:
+    """``python script.py ARGS`` or ``script.py ARGS`` -> ``[script.py, ARGS...]``, checked."""
     if argv and Path(argv[0]).name.startswith("python"):
         argv = argv[1:]
     if not argv:
         raise UsageError("give the program after --, e.g. -- python train.py")
+    if not Path(argv[0]).is_file():
+        raise UsageError(f"{argv[0]}: no such script")
+    return argv
+
+
+def _run_script(argv: list[str]) -> None:
+    """Run ``python script.py ARGS`` (or ``script.py ARGS``) in this process, as __main__."""
+    import runpy
+
+    argv = _script_argv(argv)
     script = Path(argv[0])
-    if not script.is_file():
-        raise UsageError(f"{script}: no such script")
     saved = sys.argv
     sys.argv = [str(script), *argv[1:]]
     try:
@@ -58,11 +64,15 @@ def capture(
     ] = None,
     freq_mhz: Annotated[
         float | None,
-        typer.Option("--freq-mhz", help="Core clock the run is at (default: NVML's SM clock)."),
+        typer.Option(
+            "--freq-mhz", min=1.0, help="Core clock the run is at (default: NVML's SM clock)."
+        ),
     ] = None,
 ) -> None:
     """Run a PyTorch script unchanged and record one iteration's operators as a Workload."""
     from opdvfs.runtime.dispatch import WorkloadRecorder
+
+    _script_argv(list(ctx.args))  # a missing script is an error before anything starts
 
     recorder = WorkloadRecorder()
     measured = None
@@ -184,6 +194,7 @@ def run(
     from opdvfs.runtime.actuators import ClockGuard, TwinActuator
     from opdvfs.runtime.dispatch import ScheduleExecutor
 
+    _script_argv(list(ctx.args))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     # ranks other than 0 take rank 0's plan (they need not have the file)
