@@ -176,3 +176,25 @@ def test_nvml_sampler_without_a_gpu_is_one_clear_error():
         pass
     with pytest.raises(DeviceNotFoundError, match="no NVIDIA GPU"):
         NvmlSampler()
+
+
+def test_sampled_power_is_the_energy_counters_mean_over_each_interval():
+    pytest.importorskip("torch")
+    import pandas as pd
+
+    from opdvfs.runtime.profiling import _window_power
+
+    smp = pd.DataFrame(
+        {
+            "t_s": [10.0, 10.1, 10.3, 10.4],
+            "power_w": [300.0, 300.0, 300.0, 300.0],  # NVML's 1 s average: flat
+            "temp_c": 60.0,
+            "freq_mhz": 1980.0,
+            "energy_j": [1000.0, 1020.0, 1080.0, 1100.0],
+        }
+    )
+    got = _window_power(smp)
+    assert got["t_s"].tolist() == [10.1, 10.3, 10.4]
+    assert got["power_w"].tolist() == pytest.approx([200.0, 300.0, 200.0])
+    broken = smp.assign(energy_j=[1000.0, 990.0, 1080.0, 1100.0])  # a counter reset
+    assert _window_power(broken).equals(broken)

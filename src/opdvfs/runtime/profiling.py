@@ -4,7 +4,8 @@
 closes a ``ProfilerStep`` span (PyTorch's global optimizer-step hook calls ``prof.step()``), so
 the trace imports as one profile iteration per training step; on a GPU the kernels are traced
 and an :class:`~opdvfs.runtime.sampler.NvmlSampler` records power, temperature, SM clock and the
-energy counter on the trace's clock. Nothing is set on the device.
+energy counter on the trace's clock; each sample's power becomes the counter's mean over its
+interval, the window the power model's attribution uses. Nothing is set on the device.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -76,6 +79,24 @@ def profile_run(
                 hook.remove()
         prof.export_chrome_trace(str(trace))
         measured = torch_trace.read(trace, freq_mhz=freq_mhz)
-    samples = sampler.samples if sampler is not None else None
     meta = {**measured.meta, "format": "opdvfs capture", "sources": ["opdvfs capture"]}
+    samples = None
+    if sampler is not None:
+        samples = _window_power(sampler.samples)
+        meta["sensor"] = {"period_ms": interval_ms, "window_ms": interval_ms}
     return Profile(measured.ops, samples, meta=meta)
+
+
+def _window_power(samples: pd.DataFrame) -> pd.DataFrame:
+    """Replace each sample's power by the energy counter's mean power since the previous one.
+
+    NVML's power reading is a 1 s average on Ampere and newer (except GA100), too coarse to
+    attribute operators with; the total-energy counter is exact, so its difference over each
+    sampling interval is that interval's energy (the window the attribution then uses).
+    """
+    t = samples["t_s"].to_numpy(dtype=float)
+    e = samples["energy_j"].to_numpy(dtype=float)
+    if len(t) < 2 or not np.all(np.isfinite(e)) or np.any(np.diff(e) < 0):
+        return samples  # no usable counter: keep the readings
+    power = np.diff(e) / np.maximum(np.diff(t), 1e-9)
+    return samples.iloc[1:].assign(power_w=power).reset_index(drop=True)
