@@ -319,6 +319,7 @@ def solve(
     rounds: int = 8,
     exact: bool | None = None,
     max_states: int = 200_000,
+    repair: bool = True,
 ) -> PlanResult:
     """Minimise energy within ``budget_s``; return the plan, its dual bound and certified gap.
 
@@ -336,6 +337,9 @@ def solve(
         Close a remaining gap with the exact Pareto programme (abandoned past ``max_states``
         states per stage, keeping the certified Lagrangian plan). Default: only for small
         problems (stages x clocks <= 4000), where it is fast.
+    repair
+        Spend the budget the Lagrangian plan leaves unused with a greedy fill
+        (:func:`_greedy_fill`) before the exact programme; off only to measure its effect.
     """
     plan, energy, bound, lam = _lagrangian(tables, budget_s, tol, rounds)
     if plan is None:
@@ -351,7 +355,7 @@ def solve(
             budget_s,
         )
     status: Status = "optimal" if energy - bound <= tol * abs(energy) else "feasible"
-    if status == "feasible":
+    if status == "feasible" and repair:
         plan = _greedy_fill(tables, budget_s, plan)
         _, energy, _ = tables.evaluate(plan)
         if energy - bound <= tol * abs(energy):
