@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Literal, cast
 
@@ -23,7 +24,7 @@ from opdvfs.cli._app import (
 )
 from opdvfs.exceptions import InputFormatError
 from opdvfs.experiments.bench import Outcome
-from opdvfs.experiments.suites import SuiteResult, run_demo, run_paper_suite
+from opdvfs.experiments.suites import SuiteResult, paper_figures, run_demo, run_paper_suite
 from opdvfs.report.markdown import render
 
 _OBJECTIVES = ("energy", "core-energy", "power", "paper")
@@ -85,51 +86,44 @@ def _paper_style(main: Outcome, static: Outcome | None, title: str) -> Table:
     def change(base: float, value: float) -> str:
         return f"{value:.4g} ({value / base - 1:+.2%})" if base else f"{value:.4g}"
 
-    def energy(o: Outcome, rail: str) -> float:
-        return getattr(o, f"{rail}_power_w") * o.iteration_time_s
+    def chip_j(o: Outcome) -> float:
+        return o.chip_power_w * o.iteration_time_s
 
-    base_chip = main.chip_power_base_w * main.iteration_time_base_s
-    base_core = main.core_power_base_w * main.iteration_time_base_s
-    rows = [
+    def core_j(o: Outcome) -> float:
+        return o.core_power_w * o.iteration_time_s
+
+    base_s = main.iteration_time_base_s
+    # quantity, its value in an outcome, at the top clock, the plan's prediction, base format
+    quantities: list[tuple[str, Callable[[Outcome], float], float, str, str]] = [
         (
             "iteration time (s)",
-            f"{main.iteration_time_base_s:.4g}",
-            change(main.iteration_time_base_s, main.iteration_time_s),
+            lambda o: o.iteration_time_s,
+            base_s,
             f"{main.predicted_perf_loss_pct or 0:+.2f}%",
-            static and change(main.iteration_time_base_s, static.iteration_time_s),
+            "{:.4g}",
         ),
-        (
-            "chip power (W)",
-            f"{main.chip_power_base_w:.1f}",
-            change(main.chip_power_base_w, main.chip_power_w),
-            "",
-            static and change(main.chip_power_base_w, static.chip_power_w),
-        ),
-        (
-            "core power (W)",
-            f"{main.core_power_base_w:.1f}",
-            change(main.core_power_base_w, main.core_power_w),
-            "",
-            static and change(main.core_power_base_w, static.core_power_w),
-        ),
+        ("chip power (W)", lambda o: o.chip_power_w, main.chip_power_base_w, "", "{:.1f}"),
+        ("core power (W)", lambda o: o.core_power_w, main.core_power_base_w, "", "{:.1f}"),
         (
             "chip energy (J)",
-            f"{base_chip:.1f}",
-            change(base_chip, energy(main, "chip")),
+            chip_j,
+            main.chip_power_base_w * base_s,
             f"{-(main.predicted_chip_energy_saving_pct or 0):+.2f}%",
-            static and change(base_chip, energy(static, "chip")),
+            "{:.1f}",
         ),
         (
             "core energy (J)",
-            f"{base_core:.1f}",
-            change(base_core, energy(main, "core")),
+            core_j,
+            main.core_power_base_w * base_s,
             f"{-(main.predicted_core_energy_saving_pct or 0):+.2f}%",
-            static and change(base_core, energy(static, "core")),
+            "{:.1f}",
         ),
-        ("switches / iteration", "0", str(main.switches), "", static and str(static.switches)),
     ]
-    for row in rows:
-        table.add_row(*(row if static is not None else row[:-1]))
+    for label, value, base, predicted, fmt in quantities:
+        cells = [label, fmt.format(base), change(base, value(main)), predicted]
+        table.add_row(*cells, *([change(base, value(static))] if static is not None else []))
+    switches = [str(static.switches)] if static is not None else []
+    table.add_row("switches / iteration", "0", str(main.switches), "", *switches)
     return table
 
 
@@ -235,13 +229,12 @@ def evaluate(
     progress, step = _steps(9)
     with progress:
         result = run_paper_suite(device, objective=_objective(objective), seed=seed, step=step)
-    from opdvfs.experiments.suites import PAPER_TABLE3
     from opdvfs.report.plots import plot_paper_comparison
 
     table = result.sections["table3"]
     plot_paper_comparison(
         table,
-        [PAPER_TABLE3.get((o.workload, round(o.target_pct))) for o in table],
+        [paper_figures(o) for o in table],
         out / "table3.png",
     )
     result = result.model_copy(update={"seconds": time.perf_counter() - started})

@@ -75,18 +75,18 @@ def capture(
     _script_argv(list(ctx.args))  # a missing script is an error before anything starts
 
     recorder = WorkloadRecorder()
+
+    def run() -> None:
+        with recorder:
+            _run_script(list(ctx.args))
+
     measured = None
     if profile_out is not None:
         from opdvfs.runtime.profiling import profile_run
 
-        def run() -> None:
-            with recorder:
-                _run_script(list(ctx.args))
-
         measured = profile_run(run, freq_mhz=freq_mhz)
     else:
-        with recorder:
-            _run_script(list(ctx.args))
+        run()
     try:
         work = recorder.workload(name)
     except ValueError as exc:

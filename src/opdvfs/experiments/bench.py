@@ -63,14 +63,13 @@ def prepare(
     grid = np.asarray(preset.spec.freqs_mhz)
     # the training clocks the device has (nearest supported ones for other presets)
     train = sorted({float(grid[np.argmin(np.abs(grid - f))]) for f in train_freqs_mhz})
+    baseline, _ = sim.run(work, iterations=iterations, label="top clock")
     # enough iterations per clock for a coarse (NVML-like) sensor to give >= 40 windows
-    one, _ = sim.run(work, iterations=1)
     window_s = max(preset.spec.power_sample_period_ms, preset.twin.power_window_ms) * 1e-3
-    repeats = int(np.clip(np.ceil(40 * window_s / one.iteration_time_s), 1, 200))
+    repeats = int(np.clip(np.ceil(40 * window_s / baseline.iteration_time_s), 1, 200))
     profile = sim.profile(work, train, iterations=repeats)
     models = ModelBundle(PerfModel().fit(profile), PowerModel().fit(profile, device=preset.spec))
     inputs = PlanInputs.from_workload(work, preset.spec.freqs_mhz, device=preset.spec.name)
-    baseline, _ = sim.run(work, iterations=iterations, label="top clock")
     return Bench(device, sim, work, profile, models, inputs, baseline, iterations)
 
 

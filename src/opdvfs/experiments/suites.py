@@ -28,6 +28,7 @@ __all__ = [
     "DemoData",
     "Goal",
     "SuiteResult",
+    "paper_figures",
     "plan_and_measure",
     "run_demo",
     "run_paper_suite",
@@ -55,6 +56,25 @@ PAPER_ABLATIONS: dict[str, dict[str, float]] = {
     "fai-100ms": {"perf_loss": 1.74, "soc_power": 3.60, "core_power": 9.30},
     "fai-1s": {"perf_loss": 1.97, "soc_power": 3.48, "core_power": 10.09},
 }
+
+
+_ABLATION_KEYS = {
+    "switch lands 14 ms late": "late-14ms",
+    "switch lands 14 ms late, budget re-met": "late-14ms",
+    "interval 100 ms": "fai-100ms",
+    "interval 1000 ms": "fai-1s",
+}
+
+
+def paper_figures(o: Outcome) -> dict[str, float] | None:
+    """Return the paper's figures for the same row (Table 3 or Fig. 18), if it reports one."""
+    if o.label.startswith("reference"):
+        return PAPER_ABLATIONS["reference"]
+    if o.label in _ABLATION_KEYS:
+        return PAPER_ABLATIONS[_ABLATION_KEYS[o.label]]
+    if o.label.endswith("%"):
+        return PAPER_TABLE3.get((o.workload, round(o.target_pct)))
+    return None
 
 
 class Goal(FrozenModel):
@@ -359,15 +379,12 @@ def run_paper_suite(
         measure(llama, None, "uniform 1300 MHz", target=target, freq_mhz=1300.0)[0],
         plan_and_measure(llama, target, objective, "planned (2%)")[0],
     ]
-    keep = _objective_saving(switch15[0], objective) / max(
-        _objective_saving(reference, objective), 1e-9
-    )
-    keep_reactive = _objective_saving(switch15[1], objective) / max(
-        _objective_saving(reference, objective), 1e-9
-    )
-    keep_late = _objective_saving(late_met, objective) / max(
-        _objective_saving(reference, objective), 1e-9
-    )
+
+    def kept(o: Outcome) -> float:
+        """Share of the reference plan's saving that ``o`` keeps."""
+        return _objective_saving(o, objective) / max(_objective_saving(reference, objective), 1e-9)
+
+    keep, keep_reactive, keep_late = kept(switch15[0]), kept(switch15[1]), kept(late_met)
     # the late-switch row is the failure the predictive dispatch exists to avoid: not planned
     planned_rows = table + ablations[2:] + [per_phase] + inference[1:]
     goals = [

@@ -126,40 +126,73 @@ def plan_schedule(
             raise ValueError(f"no plan fits a {target:.1%} slowdown")
         clock, plan_time = result.clock, result.time_s
         lower, gap = result.lower_bound_j, result.gap_pct
-    # lead measured in the planned run's own time: ops before a switch run at their own clock
-    per_op = np.repeat(clock, np.diff(np.r_[starts, len(time_us)]))
-    planned_us = time_us[np.arange(len(time_us)), per_op] + inputs.gap_us
-    lead, delay = _lead_ops(starts, planned_us, switch_latency_ms * 1e3)
-    if dispatch == "reactive":
-        lead, delay = np.zeros_like(lead), np.zeros_like(delay)
-    rows = np.arange(len(starts))
-    chip_stage = np.add.reduceat(chip_j, starts, axis=0)
-    core_stage = np.add.reduceat(core_j, starts, axis=0)
-    names = models.perf.names_.tolist()
-    return Schedule.from_stage_freqs(
+    return _schedule(
+        models,
+        inputs,
         starts,
-        freqs[clock],
-        n_ops=len(names),
-        lead_ops=lead,
-        delay_us=delay,
+        clock,
+        (freqs, time_us, chip_j, core_j),
+        predictive=dispatch == "predictive",
+        switch_latency_ms=switch_latency_ms,
+        baseline_time_s=baseline_s,
+        predicted_time_s=plan_time + gaps_s,
+        started=started,
         target=target,
         objective=objective,
         solver=solver,
         dispatch=dispatch,
-        switch_latency_ms=switch_latency_ms,
         interval_ms=interval_ms,
+        lower_bound_energy_j=lower,
+        gap_pct=gap,
+    )
+
+
+def _schedule(
+    models: ModelBundle,
+    inputs: PlanInputs,
+    starts: np.ndarray,
+    stage_clock: np.ndarray,
+    op_tables: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    *,
+    predictive: bool,
+    switch_latency_ms: float,
+    baseline_time_s: float,
+    predicted_time_s: float,
+    started: float,
+    **fields: object,
+) -> Schedule:
+    """Build the Schedule of a plan (a clock per stage) with its switch leads and predictions.
+
+    Leads are measured in the planned run's own op times (ops before a switch run at their own
+    clock); energies are the ops' at the planned and at the top clock.
+    """
+    freqs, time_us, chip_j, core_j = op_tables
+    ops = np.arange(len(time_us))
+    per_op = np.repeat(stage_clock, np.diff(np.r_[starts, len(time_us)]))
+    planned_us = time_us[ops, per_op] + inputs.gap_us
+    lead, delay = _lead_ops(starts, planned_us, switch_latency_ms * 1e3)
+    if not predictive:
+        lead, delay = np.zeros_like(lead), np.zeros_like(delay)
+    top = len(freqs) - 1
+    names = models.perf.names_.tolist()
+    return Schedule.from_stage_freqs(
+        starts,
+        freqs[stage_clock],
+        n_ops=len(names),
+        lead_ops=lead,
+        delay_us=delay,
+        switch_latency_ms=switch_latency_ms,
         device=inputs.device,
         workload=inputs.workload,
         op_signature=op_signature(names),
-        baseline_time_s=baseline_s,
-        predicted_time_s=plan_time + gaps_s,
-        baseline_energy_j=float(chip_stage[:, top].sum()),
-        predicted_energy_j=float(chip_stage[rows, clock].sum()),
-        baseline_core_energy_j=float(core_stage[:, top].sum()),
-        predicted_core_energy_j=float(core_stage[rows, clock].sum()),
-        lower_bound_energy_j=lower,
-        gap_pct=gap,
+        baseline_time_s=baseline_time_s,
+        predicted_time_s=predicted_time_s,
+        baseline_energy_j=float(chip_j[:, top].sum()),
+        predicted_energy_j=float(chip_j[ops, per_op].sum()),
+        baseline_core_energy_j=float(core_j[:, top].sum()),
+        predicted_core_energy_j=float(core_j[ops, per_op].sum()),
         plan_seconds=_time.perf_counter() - started,
+        **fields,
     )
 
 
@@ -172,19 +205,6 @@ class _Staged:
     starts: np.ndarray
     stage_class: np.ndarray
     tables: StageTables
-
-    def __iter__(self):  # unpacking, in field order
-        return iter(
-            (
-                self.freqs,
-                self.time_us,
-                self.chip_j,
-                self.core_j,
-                self.starts,
-                self.stage_class,
-                self.tables,
-            )
-        )
 
 
 def _op_tables(
@@ -311,27 +331,18 @@ def plan_grouped(
     best = int(np.flatnonzero(fits)[np.argmin(total_e[fits])])  # all-top always fits
     per_op = combos[best][member]
     starts = np.flatnonzero(np.r_[True, per_op[1:] != per_op[:-1]])
-    planned_us = time_us[np.arange(n_ops), per_op] + inputs.gap_us
-    lead, delay = _lead_ops(starts, planned_us, switch_latency_ms * 1e3)
-    names = models.perf.names_.tolist()
-    return Schedule.from_stage_freqs(
+    return _schedule(
+        models,
+        inputs,
         starts,
-        freqs[per_op[starts]],
-        n_ops=n_ops,
-        lead_ops=lead,
-        delay_us=delay,
+        per_op[starts],
+        (freqs, time_us, chip_j, core_j),
+        predictive=True,
+        switch_latency_ms=switch_latency_ms,
+        baseline_time_s=baseline_s,
+        predicted_time_s=float(total_t[best]) + gaps_s,
+        started=started,
         target=target,
         objective=objective,
         solver="static" if groups is None else "per-group",
-        switch_latency_ms=switch_latency_ms,
-        device=inputs.device,
-        workload=inputs.workload,
-        op_signature=op_signature(names),
-        baseline_time_s=baseline_s,
-        predicted_time_s=float(total_t[best]) + gaps_s,
-        baseline_energy_j=float(chip_j[:, top].sum()),
-        predicted_energy_j=float(chip_j[np.arange(n_ops), per_op].sum()),
-        baseline_core_energy_j=float(core_j[:, top].sum()),
-        predicted_core_energy_j=float(core_j[np.arange(n_ops), per_op].sum()),
-        plan_seconds=_time.perf_counter() - started,
     )

@@ -216,10 +216,9 @@ class Schedule(FrozenModel):
         raw = starts[change] - lead[change]
         wrap = np.logical_and.accumulate(raw < 0)  # only the earliest stages reach back
         triggers = np.where(wrap, raw + n_ops, np.maximum(raw, 0))
-        ordered = triggers.copy()
-        ordered[~wrap] = np.maximum.accumulate(triggers[~wrap]) if (~wrap).any() else []
-        last = int(ordered[~wrap][-1]) if (~wrap).any() else 0
-        ordered[wrap] = np.maximum.accumulate(np.maximum(triggers[wrap], last))
+        # in time order the wrapped prefix fires after the rest (in the previous iteration's tail)
+        k = int(wrap.sum())
+        ordered = np.roll(np.maximum.accumulate(np.roll(triggers, -k)), k)
         delay = np.zeros(len(starts)) if delay_us is None else np.asarray(delay_us, dtype=float)
         # a trigger moved later to keep the order issues at once
         delays = np.where(ordered == triggers, delay[change], 0.0)

@@ -5,16 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from opdvfs.experiments.bench import Outcome
-from opdvfs.experiments.suites import PAPER_ABLATIONS, PAPER_TABLE3, SuiteResult
+from opdvfs.experiments.suites import SuiteResult, paper_figures
 
 __all__ = ["outcome_table", "render"]
-
-_ABLATION_KEYS = {
-    "switch lands 14 ms late": "late-14ms",
-    "switch lands 14 ms late, budget re-met": "late-14ms",
-    "interval 100 ms": "fai-100ms",
-    "interval 1000 ms": "fai-1s",
-}
 
 
 def _pct(value: float | None) -> str:
@@ -40,7 +33,7 @@ def outcome_table(rows: Sequence[Outcome], *, paper: bool = False) -> str:
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for o in rows:
-        ref = _paper_row(o) if paper else None
+        ref = paper_figures(o) if paper else None
 
         def cell(mine: str, key: str, ref: dict[str, float] | None = ref) -> str:
             return mine + (f" [{ref[key]:.2f}%]" if ref else "")
@@ -66,16 +59,6 @@ def outcome_table(rows: Sequence[Outcome], *, paper: bool = False) -> str:
             + " |"
         )
     return "\n".join(lines)
-
-
-def _paper_row(o: Outcome) -> dict[str, float] | None:
-    if o.label.startswith("reference"):
-        return PAPER_ABLATIONS["reference"]
-    if o.label in _ABLATION_KEYS:
-        return PAPER_ABLATIONS[_ABLATION_KEYS[o.label]]
-    if o.label.endswith("%"):
-        return PAPER_TABLE3.get((o.workload, round(o.target_pct)))
-    return None
 
 
 _TITLES = {

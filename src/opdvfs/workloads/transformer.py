@@ -256,6 +256,7 @@ def pipeline_waits_us(pp: int, microbatches: int, fwd_us: float, bwd_us: float) 
     orders = [one_f_one_b(pp, microbatches, s) for s in range(pp)]
     done: dict[tuple[str, int, int], float] = {}
     start = np.zeros((pp, 2 * microbatches))
+    end = np.zeros_like(start)
     free = [0.0] * pp
     nxt = [0] * pp
     while any(nxt[s] < len(orders[s]) for s in range(pp)):
@@ -268,14 +269,11 @@ def pipeline_waits_us(pp: int, microbatches: int, fwd_us: float, bwd_us: float) 
                     break  # the peer has not produced it yet
                 begin = max(free[s], ready)
                 start[s, nxt[s]] = begin
-                free[s] = begin + (fwd_us if kind == "F" else bwd_us)
+                free[s] = end[s, nxt[s]] = begin + (fwd_us if kind == "F" else bwd_us)
                 done[(kind, mb, s)] = free[s]
                 nxt[s] += 1
-    ends = np.array(free)
-    prev_end = np.concatenate([(ends - ends[0])[:, None], start[:, 1:] * 0], axis=1)
-    for s in range(pp):
-        for k, (kind, _) in enumerate(orders[s][:-1]):
-            prev_end[s, k + 1] = start[s, k] + (fwd_us if kind == "F" else bwd_us)
+    # a stage's first pass follows its previous iteration's last, shifted by stage 0's period
+    prev_end = np.c_[end[:, -1] - end[0, -1], end[:, :-1]]
     return start - prev_end
 
 
