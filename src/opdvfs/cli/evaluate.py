@@ -226,7 +226,7 @@ def evaluate(
     if suite != "paper":
         raise UsageError(f"--suite {suite!r}: expected paper")
     started = time.perf_counter()
-    progress, step = _steps(9)
+    progress, step = _steps(10)
     with progress:
         result = run_paper_suite(device, objective=_objective(objective), seed=seed, step=step)
     from opdvfs.report.plots import plot_paper_comparison
@@ -243,7 +243,7 @@ def evaluate(
     if as_json:
         print(json.dumps({"report": str(report), **result.model_dump(mode="json")}))
         return
-    for key in ("table3", "ablations", "baselines", "inference"):
+    for key in result.sections:
         stdout.print(_summary_table(result.sections[key], f"{key}: change vs the top clock"))
     _print_goals(result)
     stdout.print(f"wrote {report} in {result.seconds:.1f} s", highlight=False)
