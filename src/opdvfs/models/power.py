@@ -82,6 +82,72 @@ _FIXED_POINT_TOL_C = 0.01
 _FIXED_POINT_MAX = 50
 
 
+def fit_fixed_effects(
+    per_op: np.ndarray,
+    shared: np.ndarray,
+    target: np.ndarray,
+    op: np.ndarray,
+    n_ops: int,
+    *,
+    weight: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares ``target = per_op . c_op + shared . s`` with ``s >= 0``, all ops at once.
+
+    The per-op coefficients are eliminated exactly (each op's rows are projected off the span
+    of its own columns: batched ``k x k`` normal equations built with ``bincount``), the shared
+    ones solved by NNLS on what is left, then the per-op ones recovered. A shared column that
+    the per-op columns already span (e.g. two clocks per op and two per-op columns) is not
+    identified by the data: it is left out (coefficient 0) instead of fitting noise.
+
+    Parameters
+    ----------
+    per_op
+        Columns with a coefficient per operator, shape (rows, k).
+    shared
+        Columns with one coefficient for every operator, shape (rows, s); s may be 0.
+    target
+        Measured values, shape (rows,).
+    op
+        Operator index of each row, in ``[0, n_ops)``.
+    weight
+        Row weights (e.g. ``1 / target**2`` for relative errors); default 1.
+
+    Returns
+    -------
+    per_op_coef : ndarray, shape (n_ops, k)
+        Min-norm where an op's rows do not pin all k (fewer distinct points than columns).
+    shared_coef : ndarray, shape (s,)
+    """
+    root = np.sqrt(weight) if weight is not None else np.ones(len(target))
+    b = per_op * root[:, None]
+    k = b.shape[1]
+    gram = np.empty((n_ops, k, k))
+    for i in range(k):
+        for j in range(i, k):
+            gram[:, i, j] = gram[:, j, i] = np.bincount(op, b[:, i] * b[:, j], minlength=n_ops)
+    # relative cutoff: the columns' scales differ by orders of magnitude (W vs W us)
+    scale = np.sqrt(np.einsum("nii->ni", gram)) + 1e-300
+    inv = np.linalg.pinv(gram / scale[:, :, None] / scale[:, None, :], rcond=1e-10)
+    inv = inv / scale[:, :, None] / scale[:, None, :]
+
+    def per_op_fit(col: np.ndarray) -> np.ndarray:
+        rhs = np.stack([np.bincount(op, b[:, i] * col, minlength=n_ops) for i in range(k)], 1)
+        return np.einsum("nij,nj->ni", inv, rhs)
+
+    def within(col: np.ndarray) -> np.ndarray:
+        return col - np.einsum("rk,rk->r", b, per_op_fit(col)[op])
+
+    y = target * root
+    cols = shared * root[:, None]
+    design = np.stack([within(c) for c in cols.T], axis=1) if cols.shape[1] else cols
+    norm = np.linalg.norm(cols, axis=0)
+    design[:, np.linalg.norm(design, axis=0) <= 1e-9 * np.maximum(norm, 1e-300)] = 0.0
+    shared_coef = (
+        scipy.optimize.nnls(design, within(y))[0] if cols.shape[1] else np.zeros(0)
+    )
+    return per_op_fit(y - cols @ shared_coef), shared_coef
+
+
 def fit_core_power(
     x: np.ndarray,
     volt: np.ndarray,
@@ -113,38 +179,15 @@ def fit_core_power(
     -------
     alpha : ndarray, shape (n_ops,)
     gamma, theta : float
-        Shared coefficients; ``gamma`` is 0 without temperature, and both are >= 0.
+        Shared coefficients; ``gamma`` is 0 without temperature, and both are >= 0 (leakage
+        grows with T and ``theta V`` is a positive static power: an unconstrained solve then
+        clipped kept the other coefficient's compensating excess).
     """
-    count = np.maximum(np.bincount(op, minlength=n_ops), 1)
-
-    def demean(col: np.ndarray) -> np.ndarray:
-        if not intercept:
-            return col
-        return col - (np.bincount(op, col, minlength=n_ops) / count)[op]
-
-    xd = demean(x)
-    sxx = np.bincount(op, xd * xd, minlength=n_ops)
-    safe = np.where(sxx > 0, sxx, 1.0)
-
-    def within(col: np.ndarray) -> np.ndarray:
-        """Residual of ``col`` after regressing it on x within each op (alpha eliminated)."""
-        col = demean(col)
-        return col - xd * (np.bincount(op, xd * col, minlength=n_ops) / safe)[op]
-
-    cols = [volt * dtemp, volt] if dtemp is not None else [volt]
-    design = np.stack([within(c) for c in cols], axis=1)
-    # a shared term that the per-op terms already span (two clocks per op, with intercepts:
-    # V is then a line in x within every op) is not identified: leave it out, not fit noise
-    scale = np.linalg.norm(np.stack(cols, axis=1), axis=0)
-    design[:, np.linalg.norm(design, axis=0) <= 1e-9 * np.maximum(scale, 1e-300)] = 0.0
-    target = within(power)
-    # leakage grows with T and theta V is a positive static power: solve with both >= 0 (an
-    # unconstrained solve then clipped keeps the other coefficient's compensating excess)
-    coef, _ = scipy.optimize.nnls(design, target)
-    gamma, theta = (float(coef[0]), float(coef[1])) if dtemp is not None else (0.0, float(coef[0]))
-    rest = demean(power - theta * volt - (gamma * volt * dtemp if dtemp is not None else 0.0))
-    alpha = np.bincount(op, xd * rest, minlength=n_ops) / safe
-    return alpha, gamma, theta
+    per_op = np.stack([x, np.ones_like(x)] if intercept else [x], axis=1)
+    shared = np.stack([volt * dtemp, volt] if dtemp is not None else [volt], axis=1)
+    coef, shared_coef = fit_fixed_effects(per_op, shared, power, op, n_ops)
+    gamma, theta = (shared_coef[0], shared_coef[1]) if dtemp is not None else (0.0, shared_coef[0])
+    return coef[:, 0], float(gamma), float(theta)
 
 
 def fit_voltage_curve(
