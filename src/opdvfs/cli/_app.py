@@ -118,6 +118,27 @@ def _load(sources: Sequence[Path], fmt: str | None, freq_mhz: str | None) -> Pro
         return read_profile(list(sources), format=fmt, freqs_mhz=clocks)
 
 
+DynamicOption = Annotated[
+    str,
+    typer.Option(
+        "--dynamic",
+        help="Power form: clock (the paper's alpha f V^2) or throughput (each op's energy per "
+        "launch over its time at the clock).",
+    ),
+]
+
+
+CharacteriseOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--characterise",
+        metavar="PROFILE",
+        help="Benchmark kernels run at 3+ clocks on the same device: the V-f curve and idle "
+        "power are fitted on them (throughput form) and used for this profile.",
+    ),
+]
+
+
 FormatOption = Annotated[
     str | None,
     typer.Option(

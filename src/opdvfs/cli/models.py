@@ -10,6 +10,8 @@ import numpy as np
 import typer
 
 from opdvfs.cli._app import (
+    CharacteriseOption,
+    DynamicOption,
     FormatOption,
     FormOption,
     FreqOption,
@@ -25,10 +27,17 @@ from opdvfs.cli._app import (
     validate_app,
 )
 from opdvfs.devices.presets import PRESETS, get_preset
+from opdvfs.devices.spec import VoltageCurve
 from opdvfs.exceptions import ValidationError
 from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import PerfModel
-from opdvfs.models.power import PowerModel
+from opdvfs.models.power import (
+    DYNAMIC_FORMS,
+    Dynamic,
+    PowerCalibration,
+    PowerModel,
+    characterise_device,
+)
 from opdvfs.models.validation import validate_perf, validate_power
 
 
@@ -41,6 +50,8 @@ def fit(
     train_freqs: Annotated[
         str | None, typer.Option("--train-freqs", help="Clocks to fit on (default: all).")
     ] = None,
+    dynamic: DynamicOption = "clock",
+    characterise: CharacteriseOption = None,
     fmt: FormatOption = None,
     freq_mhz: FreqOption = None,
     as_json: JsonOption = False,
@@ -49,13 +60,16 @@ def fit(
     profile = _load([profile_path], fmt, freq_mhz)
     train = _train_clocks(train_freqs, profile)
     perf = PerfModel(form=form).fit(profile, train)
+    voltage, calibration = _characterised(characterise)
     power = None
     has_power = {"core_power_w", "chip_power_w"} & set(profile.ops.columns)
     if has_power or profile.samples is not None:
         device = profile.meta.get("device")
         spec = get_preset(device).spec if device in PRESETS else None
         try:
-            power = PowerModel().fit(profile, train, device=spec)
+            power = PowerModel(voltage=voltage, dynamic=_dynamic(dynamic)).fit(
+                profile, train, device=spec, calibration=calibration
+            )
         except ValidationError as exc:
             stderr.print(f"opdvfs: note: no power model ({exc.detail})", highlight=False)
     ModelBundle(perf, power).write(out)
@@ -141,6 +155,16 @@ def validate_power_command(
         float | None,
         typer.Option("--window-ms", help="Sensor averaging window, for sample-only profiles."),
     ] = None,
+    dynamic: DynamicOption = "clock",
+    measured_times: Annotated[
+        bool,
+        typer.Option(
+            "--measured-times",
+            help="Throughput form: take the ops' measured times at the held-out clocks "
+            "(scores the power model alone) instead of the performance model's.",
+        ),
+    ] = False,
+    characterise: CharacteriseOption = None,
     fmt: FormatOption = None,
     freq_mhz: FreqOption = None,
     as_json: JsonOption = False,
@@ -148,13 +172,17 @@ def validate_power_command(
     """Fit power models on the training clocks, predict every other clock, report the error."""
     if calibrate and device is None:
         raise UsageError("--calibrate needs --device (the simulated device to measure)")
+    if calibrate and characterise is not None:
+        raise UsageError("--calibrate and --characterise both give idle power: pass one")
     profile = _load([profile_path], fmt, freq_mhz)
+    voltage, calibration = _characterised(characterise)
     # The V-f curve comes from --device, else from the device the profile says it ran on.
     device = device or (
         profile.meta.get("device") if profile.meta.get("device") in PRESETS else None
     )
     spec = get_preset(device).spec if device else None
-    calibration = _simulator(device, 0).calibration_runs() if calibrate and device else None
+    if calibrate and device:
+        calibration = _simulator(device, 0).calibration_runs()
     result = validate_power(
         profile,
         _train_clocks(train_freqs, profile) or [],
@@ -162,6 +190,9 @@ def validate_power_command(
         device=spec,
         calibration=calibration,
         window_ms=window_ms,
+        dynamic=_dynamic(dynamic),
+        measured_times=measured_times,
+        voltage=voltage,
     )
     if as_json:
         print(json.dumps(result))
@@ -174,6 +205,20 @@ def validate_power_command(
         f"(paper: 4.97%); within 1/5/10%: {result['within1_pct']:.1f}/"
         f"{result['within5_pct']:.1f}/{result['within10_pct']:.1f}% of {result['n_points']} "
         f"points; temperature term {result['temperature_share_pct']:.1f}% of power, "
+        f"{result['dynamic']} form (held-out times: {result['times']}), "
         f"{result['iterations']} fixed-point iterations",
         highlight=False,
     )
+
+
+def _dynamic(text: str) -> Dynamic:
+    if text not in DYNAMIC_FORMS:
+        raise UsageError(f"--dynamic: expected one of {', '.join(DYNAMIC_FORMS)}, got {text!r}")
+    return "throughput" if text == "throughput" else "clock"
+
+
+def _characterised(path: Path | None) -> tuple[VoltageCurve | None, PowerCalibration | None]:
+    """Fit the V-f curve and idle power on a benchmark profile (``--characterise``)."""
+    if path is None:
+        return None, None
+    return characterise_device(_load([path], None, None))

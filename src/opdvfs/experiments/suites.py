@@ -187,7 +187,7 @@ def _model_errors(bench: Bench, held_out_mhz: Sequence[float]) -> tuple[np.ndarr
     if "core_power_w" not in ops or bench.models.power is None:
         return perf, np.empty(0)
     actual_p = ops["core_power_w"].to_numpy().reshape(len(clocks), n).T
-    pred_p = bench.models.power.predict(clocks)["core_w"]
+    pred_p = bench.models.power.predict(clocks, time_us=pred_t)["core_w"]
     return perf, relative_errors_pct(pred_p[long_enough], actual_p[long_enough])
 
 

@@ -22,6 +22,18 @@ with ``alpha_i`` per operator instance, ``beta f V^2 + theta V`` the idle power 
   (``thermal="op"``, the paper's per-op use) or the workload's time-weighted mean power
   (``thermal="workload"``, default: a chip's temperature follows its average power over seconds,
   far longer than one operator). The iteration count is kept (paper: <= 4).
+
+``dynamic="throughput"`` replaces the per-op ``alpha_i f V^2`` by the op's energy per launch
+spent at its own pace: ``(e_i V^2 + m_i) / t_i(f)``, with ``t_i(f)`` the op's time at ``f``
+(measured at the training clocks, from the performance model elsewhere), ``e_i`` its switching
+energy per V^2 and ``m_i`` the energy of its memory traffic (chip rail only), plus the idle power
+``beta f V^2 + theta V`` of eq. (12). For a compute-bound op, ``t = cycles / f`` and this is
+the paper's model with ``alpha_i = e_i / cycles``; a memory-bound op's time hardly moves with
+the clock, so its dynamic power scales with ``V^2`` alone and its memory power not at all (the
+simulator's and a GPU board's uncore power is energy per byte over time). With two clocks per op
+the idle terms are not identified from the op's own points: they come from idle runs
+(``PowerCalibration.idle``), from a device characterisation (:func:`characterise_device`, e.g.
+on micro-benchmarks at every clock) or, with 3+ clocks, from the joint fit.
 """
 
 from __future__ import annotations
@@ -43,12 +55,16 @@ from opdvfs.profile import Profile
 __all__ = [
     "PowerCalibration",
     "PowerModel",
+    "characterise_device",
     "fit_core_power",
+    "fit_fixed_effects",
     "fit_voltage_curve",
     "solve_temperature",
 ]
 
 Thermal = Literal["workload", "op"]
+Dynamic = Literal["clock", "throughput"]
+DYNAMIC_FORMS: tuple[str, ...] = ("clock", "throughput")
 
 
 @dataclass(frozen=True)
@@ -58,19 +74,22 @@ class PowerCalibration:
     Attributes
     ----------
     idle
-        One row per clock: ``freq_mhz``, ``core_power_w``, ``chip_power_w``, ``temp_c``
-        (steady state with nothing running).
+        One row per clock: ``freq_mhz`` and the rail's power, ``core_power_w`` and/or
+        ``chip_power_w``, optionally ``temp_c`` (steady state with nothing running).
     cooldown
         Samples while the idle chip cools after a load, at one clock: ``freq_mhz``,
-        ``core_power_w``, ``temp_c``. ``dP/dT = gamma V`` there (paper §5.2).
+        ``core_power_w``, ``temp_c``. ``dP/dT = gamma V`` there (paper §5.2). None: no trace
+        (``gamma`` is then fitted jointly, or the temperature term left out).
     """
 
     idle: pd.DataFrame
-    cooldown: pd.DataFrame
+    cooldown: pd.DataFrame | None = None
 
     def gamma(self, voltage: VoltageCurve) -> float:
         """Leakage slope ``gamma`` (W per K per V) from the cool-down samples."""
         cool = self.cooldown
+        if cool is None:
+            raise ValidationError("the calibration has no cool-down trace", field="cooldown")
         volt = float(voltage.voltage_v(float(cool["freq_mhz"].iloc[0])))
         slope = np.polyfit(cool["temp_c"].to_numpy(float), cool["core_power_w"].to_numpy(float), 1)[
             0
@@ -142,9 +161,7 @@ def fit_fixed_effects(
     design = np.stack([within(c) for c in cols.T], axis=1) if cols.shape[1] else cols
     norm = np.linalg.norm(cols, axis=0)
     design[:, np.linalg.norm(design, axis=0) <= 1e-9 * np.maximum(norm, 1e-300)] = 0.0
-    shared_coef = (
-        scipy.optimize.nnls(design, within(y))[0] if cols.shape[1] else np.zeros(0)
-    )
+    shared_coef = scipy.optimize.nnls(design, within(y))[0] if cols.shape[1] else np.zeros(0)
     return per_op_fit(y - cols @ shared_coef), shared_coef
 
 
@@ -224,6 +241,70 @@ def fit_voltage_curve(
     return VoltageCurve(knee_mhz=best[1], flat_v=1.0, slope_v_per_mhz=best[2])
 
 
+def characterise_device(
+    profile: Profile, *, knees: int = 28, slopes: int = 31
+) -> tuple[VoltageCurve, PowerCalibration]:
+    """Fit a device's V-f curve and idle power on benchmark kernels run at 3+ clocks.
+
+    Fits the throughput form ``P = beta f V^2 + theta V + (e_i V^2 + m_i) / t_i(f)`` (module
+    docstring; the chip rail, or the core rail where measured, without ``m_i``) to every kernel
+    at every clock, with the kernels' measured times. The V-f curve (flat below a knee, linear
+    above, relative to 1 V) is the one on a knee x slope grid with the least relative squared
+    error, each candidate one vectorised fixed-effects solve. The result stands in for the
+    firmware's V-f table and the paper's idle runs (eq. 12) on a device that gives neither:
+
+        vf, cal = characterise_device(micro_benchmarks)
+        PowerModel(voltage=vf, dynamic="throughput").fit(app, [f_lo, f_hi], calibration=cal)
+
+    Returns
+    -------
+    voltage : VoltageCurve
+    calibration : PowerCalibration
+        Its ``idle`` table holds the idle power ``beta f V^2 + theta V`` the fit implies at the
+        profile's clocks (no cool-down trace).
+    """
+    ops = profile.ops
+    rail = "core" if "core_power_w" in ops else "chip"
+    column = f"{rail}_power_w"
+    if column not in ops:
+        raise ValidationError(
+            "characterising a device needs measured power per kernel", field="chip_power_w"
+        )
+    rows = ops.dropna(subset=[column])
+    clocks = np.unique(rows["freq_mhz"].to_numpy(dtype=float))
+    if len(clocks) < 3:
+        raise ValidationError(
+            f"characterising a device needs 3 or more clocks, the profile has {len(clocks)}",
+            field="freq_mhz",
+        )
+    op_ids, op = np.unique(rows["op"].to_numpy(), return_inverse=True)
+    f = rows["freq_mhz"].to_numpy(dtype=float)
+    power = rows[column].to_numpy(dtype=float)
+    inv_t = 1.0 / rows["time_us"].to_numpy(dtype=float)
+    weight = 1.0 / power**2
+
+    def solve(curve: VoltageCurve) -> tuple[float, np.ndarray]:
+        volt = curve.voltage_v(f)
+        per_op = np.stack([volt**2 * inv_t] + ([inv_t] if rail == "chip" else []), axis=1)
+        shared = np.stack([f / 1e3 * volt**2, volt], axis=1)
+        coef, idle = fit_fixed_effects(per_op, shared, power, op, len(op_ids), weight=weight)
+        resid = power - np.einsum("rk,rk->r", per_op, coef[op]) - shared @ idle
+        return float(weight @ resid**2), idle
+
+    best: tuple[float, VoltageCurve, np.ndarray] | None = None
+    for knee in np.linspace(clocks[0], clocks[-1], knees):
+        for slope in np.linspace(0.0, 3.0 / clocks[0], slopes):
+            curve = VoltageCurve(knee_mhz=float(knee), flat_v=1.0, slope_v_per_mhz=float(slope))
+            sse, idle = solve(curve)
+            if best is None or sse < best[0]:
+                best = (sse, curve, idle)
+    assert best is not None
+    _, curve, (beta, theta) = best
+    volt = curve.voltage_v(clocks)
+    idle_w = beta * clocks / 1e3 * volt**2 + theta * volt
+    return curve, PowerCalibration(idle=pd.DataFrame({"freq_mhz": clocks, column: idle_w}))
+
+
 def solve_temperature(
     chip_w_at: Any, ambient_c: float, k_c_per_w: float, n: int
 ) -> tuple[np.ndarray, int]:
@@ -256,11 +337,20 @@ class PowerModel(JsonFile):
         Whether to model ``gamma dT V`` (the paper reports 4.62% with it, 4.97% without).
     thermal
         ``"workload"`` (default) or ``"op"``: whose power sets the temperature at a new clock.
+    dynamic
+        ``"clock"`` (default, the paper's ``alpha_i f V^2``) or ``"throughput"``: each op's
+        dynamic power is its energy per launch over its time at the clock (module docstring);
+        :meth:`predict` then needs the ops' times.
 
     Attributes
     ----------
     alpha_ : ndarray, shape (n_ops,)
-        Per-op activity coefficient of the core rail (W per GHz V^2; includes beta).
+        Per-op activity coefficient of the core rail (W per GHz V^2; includes beta; beta
+        alone for every op in the throughput form).
+    core_uj_per_v2_, uncore_uj_ : ndarray, shape (n_ops,)
+        Throughput form: the op's switching energy per launch per V^2 (uJ/V^2) and its energy
+        per launch that does not scale with the core voltage (uJ; chip rail only). Zero in
+        the clock form.
     gamma_, theta_ : float
         Core-rail temperature and static coefficients.
     beta_ : float
@@ -279,10 +369,12 @@ class PowerModel(JsonFile):
         voltage: VoltageCurve | None = None,
         temperature: bool = True,
         thermal: Thermal = "workload",
+        dynamic: Dynamic = "clock",
     ) -> None:
         self.voltage = voltage
         self.temperature = temperature
         self.thermal = thermal
+        self.dynamic = dynamic
 
     # ----------------------------------------------------------------------------- fit
     def fit(
@@ -301,7 +393,14 @@ class PowerModel(JsonFile):
         default from the profile's metadata). With a ``calibration`` (core rail only), the
         paper's procedure is followed: ``gamma`` from the cool-down, ``beta, theta`` from idle at
         two clocks, then ``alpha_i`` per op (eq. 14); otherwise ``gamma, theta`` are fitted jointly.
+        The throughput form takes the idle terms from the calibration's idle runs when given.
         """
+        if self.dynamic not in DYNAMIC_FORMS:
+            raise ValidationError(
+                f"unknown dynamic form {self.dynamic!r}; expected one of "
+                f"{', '.join(DYNAMIC_FORMS)}",
+                field="dynamic",
+            )
         rows = self.power_rows(profile, window_ms)
         clocks = np.unique(rows["freq_mhz"])
         train = clocks if train_freqs_mhz is None else np.sort(np.asarray(train_freqs_mhz, float))
@@ -330,7 +429,13 @@ class PowerModel(JsonFile):
         dtemp = rows["temp_c"].to_numpy(dtype=float) - self.ambient_c_ if use_t else None
         self.beta_ = 0.0
         self.theta_op_ = np.zeros(n_ops)
-        if self.rail_ == "core" and calibration is not None:
+        self.core_uj_per_v2_ = np.zeros(n_ops)
+        self.uncore_uj_ = np.zeros(n_ops)
+        inv_t = None
+        if self.dynamic == "throughput":
+            inv_t = 1.0 / rows["time_us"].to_numpy(dtype=float)
+            self._fit_throughput(op, n_ops, x, volt, dtemp, inv_t, target, calibration)
+        elif self.rail_ == "core" and calibration is not None:
             # the paper's procedure: gamma from the cool-down, beta and theta from idle (eq. 12),
             # then alpha per op from what is left (eqs. 13-14)
             self.gamma_ = calibration.gamma(self.voltage_) if use_t else 0.0
@@ -356,7 +461,7 @@ class PowerModel(JsonFile):
                 # three clocks or more, the voltage moving among them: each kernel gets its own
                 # V-proportional static term too (its power is not one f V^2 shape plus a constant)
                 self.alpha_, self.theta_op_ = _per_op_static(x, volt, target, op, n_ops)
-        model = self._core(op, x, volt, dtemp)
+        model = self._core(op, x, volt, dtemp, inv_t)
         measured = rows["chip_power_w"].to_numpy(dtype=float) if "chip_power_w" in rows else model
         self.uncore_w_ = _mean_by(op, measured - model, n_ops)
         self.use_temperature_ = bool(use_t)
@@ -365,6 +470,49 @@ class PowerModel(JsonFile):
         self.time_weight_ = times.reindex(op_ids).fillna(0.0).to_numpy(dtype=float)
         self.train_freqs_mhz_ = train
         return self
+
+    def _fit_throughput(
+        self,
+        op: np.ndarray,
+        n_ops: int,
+        x: np.ndarray,
+        volt: np.ndarray,
+        dtemp: np.ndarray | None,
+        inv_t: np.ndarray,
+        target: np.ndarray,
+        calibration: PowerCalibration | None,
+    ) -> None:
+        """Per-op energies per launch; idle ``beta, theta`` from the calibration or jointly."""
+        per_op = [volt**2 * inv_t] + ([inv_t] if self.rail_ == "chip" else [])
+        shared: list[np.ndarray] = []
+        self.gamma_ = 0.0
+        if dtemp is not None and calibration is not None and calibration.cooldown is not None:
+            self.gamma_ = calibration.gamma(self.voltage_)
+            target = target - self.gamma_ * volt * dtemp
+        elif dtemp is not None:
+            shared.append(volt * dtemp)
+        if calibration is not None:
+            self.beta_, self.theta_ = self._idle_fit(calibration)
+            target = target - self.beta_ * x - self.theta_ * volt
+        else:
+            shared += [x, volt]
+        coef, shared_coef = fit_fixed_effects(
+            np.stack(per_op, axis=1),
+            np.stack(shared, axis=1) if shared else np.zeros((len(x), 0)),
+            target,
+            op,
+            n_ops,
+            weight=1.0 / np.maximum(np.abs(target), 1e-9) ** 2,  # relative errors
+        )
+        fitted = iter(shared_coef)
+        if dtemp is not None and not self.gamma_:
+            self.gamma_ = float(next(fitted))
+        if calibration is None:
+            self.beta_, self.theta_ = float(next(fitted)), float(next(fitted))
+        self.alpha_ = np.full(n_ops, self.beta_)  # the idle f V^2 term, as in every op
+        self.core_uj_per_v2_ = coef[:, 0]
+        if self.rail_ == "chip":
+            self.uncore_uj_ = coef[:, 1]
 
     def power_rows(self, profile: Profile, window_ms: float | None = None) -> pd.DataFrame:
         """Profile rows with per-op power: measured, or attributed from the sensor windows."""
@@ -410,14 +558,22 @@ class PowerModel(JsonFile):
         return VoltageCurve(knee_mhz=float(train[-1]), flat_v=1.0, slope_v_per_mhz=0.0)
 
     def _idle_fit(self, cal: PowerCalibration) -> tuple[float, float]:
-        """``beta, theta`` from idle core power at two clocks (eq. 12), leakage rise removed."""
+        """``beta, theta`` from idle power at two clocks or more (eq. 12), leakage rise removed."""
         idle = cal.idle.sort_values("freq_mhz")
+        column = f"{self.rail_}_power_w"
+        if column not in idle or len(idle) < 2:
+            raise ValidationError(
+                f"the calibration's idle runs need {column} at two clocks or more",
+                field="calibration.idle",
+            )
         f = idle["freq_mhz"].to_numpy(float)
         volt = self.voltage_.voltage_v(f)
-        rise = (idle["temp_c"].to_numpy(float) - self.ambient_c_) * volt * self.gamma_
+        rise = 0.0
+        if self.gamma_ and "temp_c" in idle:
+            rise = (idle["temp_c"].to_numpy(float) - self.ambient_c_) * volt * self.gamma_
         design = np.stack([f / 1e3 * volt**2, volt], axis=1)
-        coef, *_ = np.linalg.lstsq(design, idle["core_power_w"].to_numpy(float) - rise, rcond=None)
-        return float(max(coef[0], 0.0)), float(max(coef[1], 0.0))
+        coef = scipy.optimize.nnls(design, idle[column].to_numpy(float) - rise)[0]
+        return float(coef[0]), float(coef[1])
 
     @staticmethod
     def _thermal_fit(
@@ -434,7 +590,7 @@ class PowerModel(JsonFile):
             t=("temp_c", "mean"), pt=("_pt", "sum"), time=("time_us", "sum")
         )
         runs = pd.DataFrame({"t": sums["t"], "p": sums["pt"] / sums["time"]})
-        if cal is not None:
+        if cal is not None and {"temp_c", "chip_power_w"} <= set(cal.idle.columns):
             idle = pd.DataFrame({"t": cal.idle["temp_c"], "p": cal.idle["chip_power_w"]})
             runs = pd.concat([runs, idle], ignore_index=True)
         if len(runs) < 2 or np.ptp(runs["p"]) < 1e-6:
@@ -443,10 +599,17 @@ class PowerModel(JsonFile):
         return float(t0), float(max(k, 0.0))
 
     def _core(
-        self, op: np.ndarray, x: np.ndarray, volt: np.ndarray, dtemp: np.ndarray | None
+        self,
+        op: np.ndarray,
+        x: np.ndarray,
+        volt: np.ndarray,
+        dtemp: np.ndarray | None,
+        inv_t: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Core-rail power, eq. (11) (``alpha_`` includes ``beta``)."""
+        """Core-rail power, eq. (11) (``alpha_`` includes ``beta``), plus the throughput term."""
         out = self.alpha_[op] * x + (self.theta_ + self.theta_op_[op]) * volt
+        if inv_t is not None:
+            out = out + (self.core_uj_per_v2_[op] * volt**2 + self.uncore_uj_[op]) * inv_t
         return out + (self.gamma_ * volt * dtemp if dtemp is not None else 0.0)
 
     # ----------------------------------------------------------------------------- predict
@@ -454,8 +617,18 @@ class PowerModel(JsonFile):
         if not hasattr(self, "alpha_"):
             raise NotFittedError("this PowerModel is not fitted yet; call fit(profile) first")
 
-    def predict(self, freqs_mhz: Sequence[float] | np.ndarray) -> dict[str, np.ndarray]:
+    def predict(
+        self, freqs_mhz: Sequence[float] | np.ndarray, time_us: np.ndarray | None = None
+    ) -> dict[str, np.ndarray]:
         """Predicted power of every op at each clock, with the temperature solved per clock.
+
+        Parameters
+        ----------
+        freqs_mhz
+            Clocks to predict at.
+        time_us
+            Each op's time at each clock, shape (n_ops, n_freqs) (e.g. ``PerfModel.predict``);
+            needed by the throughput form, ignored by the clock form.
 
         Returns
         -------
@@ -471,13 +644,15 @@ class PowerModel(JsonFile):
         steps = np.zeros(len(freqs), dtype=int)
         weight = self.time_weight_ / max(self.time_weight_.sum(), 1e-300)
         ops = np.arange(n)
+        inv_t = self._inverse_times(time_us, n, len(freqs))
         for j, f in enumerate(freqs):
             volt = float(self.voltage_.voltage_v(f))
             x = np.full(n, f / 1e3 * volt**2)
             vv = np.full(n, volt)
+            it = None if inv_t is None else inv_t[:, j]
 
-            def chip_at(dt: np.ndarray, x=x, vv=vv) -> np.ndarray:
-                p = self._core(ops, x, vv, dt if self.use_temperature_ else None)
+            def chip_at(dt: np.ndarray, x=x, vv=vv, it=it) -> np.ndarray:
+                p = self._core(ops, x, vv, dt if self.use_temperature_ else None, it)
                 p = p + self.uncore_w_
                 return np.asarray(weight @ p) if self.thermal == "workload" else p
 
@@ -485,12 +660,29 @@ class PowerModel(JsonFile):
                 dtemp, steps[j] = solve_temperature(chip_at, self.ambient_c_, self.k_c_per_w_, n)
             else:
                 dtemp = np.zeros(n)
-            core[:, j] = self._core(ops, x, vv, dtemp if self.use_temperature_ else None)
+            core[:, j] = self._core(ops, x, vv, dtemp if self.use_temperature_ else None, it)
             temps[:, j] = self.ambient_c_ + dtemp
         chip = core + self.uncore_w_[:, None]
         if self.rail_ == "chip":
             core, chip = chip, chip
         return {"core_w": core, "chip_w": chip, "temp_c": temps, "iterations": steps}
+
+    def _inverse_times(self, time_us: np.ndarray | None, n: int, k: int) -> np.ndarray | None:
+        if self.dynamic != "throughput":
+            return None
+        if time_us is None:
+            raise ValidationError(
+                "the throughput power form needs each op's time at the clocks (time_us, e.g. "
+                "from PerfModel.predict)",
+                field="time_us",
+            )
+        time_us = np.asarray(time_us, dtype=float)
+        if time_us.shape != (n, k):
+            raise ValidationError(
+                f"time_us has shape {time_us.shape}, expected ({n}, {k}): ops x clocks",
+                field="time_us",
+            )
+        return 1.0 / time_us
 
     # ----------------------------------------------------------------------------- files
     def to_dict(self) -> dict[str, Any]:
@@ -502,6 +694,7 @@ class PowerModel(JsonFile):
             "rail": self.rail_,
             "temperature": self.use_temperature_,
             "thermal": self.thermal,
+            "dynamic": self.dynamic,
             "voltage": self.voltage_.model_dump(),
             "gamma": self.gamma_,
             "theta": self.theta_,
@@ -512,6 +705,8 @@ class PowerModel(JsonFile):
             "op_ids": self.op_ids_.tolist(),
             "alpha": self.alpha_.tolist(),
             "theta_op": self.theta_op_.tolist(),
+            "core_uj_per_v2": self.core_uj_per_v2_.tolist(),
+            "uncore_uj": self.uncore_uj_.tolist(),
             "uncore_w": self.uncore_w_.tolist(),
             "time_weight": self.time_weight_.tolist(),
         }
@@ -522,7 +717,13 @@ class PowerModel(JsonFile):
         if not isinstance(doc, dict) or doc.get("format") != "opdvfs.power-model":
             raise InputFormatError(f'{source}: expected "format": "opdvfs.power-model"')
         try:
-            model = cls(temperature=bool(doc["temperature"]), thermal=doc["thermal"])
+            model = cls(
+                temperature=bool(doc["temperature"]),
+                thermal=doc["thermal"],
+                dynamic=doc.get("dynamic", "clock"),
+            )
+            if model.dynamic not in DYNAMIC_FORMS:
+                raise ValueError(f"unknown dynamic form {model.dynamic!r}")
             model.rail_ = str(doc["rail"])
             model.use_temperature_ = bool(doc["temperature"])
             model.voltage_ = VoltageCurve.model_validate(doc["voltage"])
@@ -532,7 +733,10 @@ class PowerModel(JsonFile):
             model.train_freqs_mhz_ = np.asarray(doc["train_freqs_mhz"], dtype=float)
             model.op_ids_ = np.asarray(doc["op_ids"], dtype=np.int64)
             model.alpha_ = np.asarray(doc["alpha"], dtype=float)
-            model.theta_op_ = np.asarray(doc.get("theta_op", np.zeros(len(model.alpha_))), float)
+            zeros = np.zeros(len(model.alpha_))
+            model.theta_op_ = np.asarray(doc.get("theta_op", zeros), float)
+            model.core_uj_per_v2_ = np.asarray(doc.get("core_uj_per_v2", zeros), float)
+            model.uncore_uj_ = np.asarray(doc.get("uncore_uj", zeros), float)
             model.uncore_w_ = np.asarray(doc["uncore_w"], dtype=float)
             model.time_weight_ = np.asarray(doc["time_weight"], dtype=float)
         except (KeyError, TypeError, ValueError) as exc:

@@ -215,7 +215,7 @@ def _op_tables(
         raise ValueError("the models hold no power model: profile with power to plan energy")
     freqs = np.sort(np.asarray(inputs.freqs_mhz, dtype=float))
     time_us = models.perf.predict(freqs)
-    power = models.power.predict(freqs)
+    power = models.power.predict(freqs, time_us=time_us)
     return freqs, time_us, power["chip_w"] * time_us * 1e-6, power["core_w"] * time_us * 1e-6
 
 
