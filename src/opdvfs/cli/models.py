@@ -205,7 +205,8 @@ def validate_power_command(
         f"(paper: 4.97%); within 1/5/10%: {result['within1_pct']:.1f}/"
         f"{result['within5_pct']:.1f}/{result['within10_pct']:.1f}% of {result['n_points']} "
         f"points; temperature term {result['temperature_share_pct']:.1f}% of power, "
-        f"{result['dynamic']} form (held-out times: {result['times']}), "
+        f"{result['dynamic']} form"
+        f"{f' (held-out times: ' + result['times'] + ')' if result['times'] else ''}, "
         f"{result['iterations']} fixed-point iterations",
         highlight=False,
     )

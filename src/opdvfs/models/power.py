@@ -23,15 +23,17 @@ with ``alpha_i`` per operator instance, ``beta f V^2 + theta V`` the idle power 
   (``thermal="workload"``, default: a chip's temperature follows its average power over seconds,
   far longer than one operator). The iteration count is kept (paper: <= 4).
 
-``dynamic="throughput"`` replaces the per-op ``alpha_i f V^2`` by the op's energy per launch
-spent at its own pace: ``(e_i V^2 + m_i) / t_i(f)``, with ``t_i(f)`` the op's time at ``f``
-(measured at the training clocks, from the performance model elsewhere), ``e_i`` its switching
-energy per V^2 and ``m_i`` the energy of its memory traffic (chip rail only), plus the idle power
-``beta f V^2 + theta V`` of eq. (12). For a compute-bound op, ``t = cycles / f`` and this is
-the paper's model with ``alpha_i = e_i / cycles``; a memory-bound op's time hardly moves with
-the clock, so its dynamic power scales with ``V^2`` alone and its memory power not at all (the
-simulator's and a GPU board's uncore power is energy per byte over time). With two clocks per op
-the idle terms are not identified from the op's own points: they come from idle runs
+``dynamic="throughput"`` adds the op's energy per launch spent at its own pace,
+``e_i V^2 / t_i(f)``, with ``t_i(f)`` the op's time at ``f`` (measured at the training clocks,
+from the performance model elsewhere) and ``e_i`` its switching energy per V^2. For a
+compute-bound op ``t = cycles / f`` and the term is the paper's ``alpha_i f V^2`` with
+``alpha_i = e_i / cycles``; a memory-bound op's time hardly moves with the clock, so its busy
+units' power scales with ``V^2`` alone. The second per-op term is, on the core rail, the
+paper's ``alpha_i f V^2`` (what an op switches every cycle, busy or not), and on the chip/board
+rail ``m_i / t_i(f)``, the energy of the op's memory traffic over its time (a GPU board's and
+the simulator's uncore power is energy per byte over time, not clock-scaled). Both with the idle
+power ``beta f V^2 + theta V`` of eq. (12). Two per-op terms take two clocks; the idle terms are
+then not identified from an op's own points: they come from idle runs
 (``PowerCalibration.idle``), from a device characterisation (:func:`characterise_device`, e.g.
 on micro-benchmarks at every clock) or, with 3+ clocks, from the joint fit.
 """
@@ -246,9 +248,9 @@ def characterise_device(
 ) -> tuple[VoltageCurve, PowerCalibration]:
     """Fit a device's V-f curve and idle power on benchmark kernels run at 3+ clocks.
 
-    Fits the throughput form ``P = beta f V^2 + theta V + (e_i V^2 + m_i) / t_i(f)`` (module
-    docstring; the chip rail, or the core rail where measured, without ``m_i``) to every kernel
-    at every clock, with the kernels' measured times. The V-f curve (flat below a knee, linear
+    Fits the throughput form (module docstring; ``P = beta f V^2 + theta V + (e_i V^2 + m_i)
+    / t_i(f)`` on the chip rail, ``m_i / t_i`` replaced by ``alpha_i f V^2`` on the core rail
+    where measured) to every kernel at every clock, with the kernels' measured times. The V-f curve (flat below a knee, linear
     above, relative to 1 V) is the one on a knee x slope grid with the least relative squared
     error, each candidate one vectorised fixed-effects solve. The result stands in for the
     firmware's V-f table and the paper's idle runs (eq. 12) on a device that gives neither:
@@ -285,7 +287,7 @@ def characterise_device(
 
     def solve(curve: VoltageCurve) -> tuple[float, np.ndarray]:
         volt = curve.voltage_v(f)
-        per_op = np.stack([volt**2 * inv_t] + ([inv_t] if rail == "chip" else []), axis=1)
+        per_op = np.stack([volt**2 * inv_t, inv_t if rail == "chip" else f / 1e3 * volt**2], 1)
         shared = np.stack([f / 1e3 * volt**2, volt], axis=1)
         coef, idle = fit_fixed_effects(per_op, shared, power, op, len(op_ids), weight=weight)
         resid = power - np.einsum("rk,rk->r", per_op, coef[op]) - shared @ idle
@@ -338,19 +340,18 @@ class PowerModel(JsonFile):
     thermal
         ``"workload"`` (default) or ``"op"``: whose power sets the temperature at a new clock.
     dynamic
-        ``"clock"`` (default, the paper's ``alpha_i f V^2``) or ``"throughput"``: each op's
-        dynamic power is its energy per launch over its time at the clock (module docstring);
-        :meth:`predict` then needs the ops' times.
+        ``"clock"`` (default, the paper's ``alpha_i f V^2``) or ``"throughput"``: plus each
+        op's energy per launch over its time at the clock (module docstring); :meth:`predict`
+        then needs the ops' times.
 
     Attributes
     ----------
     alpha_ : ndarray, shape (n_ops,)
         Per-op activity coefficient of the core rail (W per GHz V^2; includes beta; beta
-        alone for every op in the throughput form).
+        alone for every op in the throughput form on the chip rail).
     core_uj_per_v2_, uncore_uj_ : ndarray, shape (n_ops,)
-        Throughput form: the op's switching energy per launch per V^2 (uJ/V^2) and its energy
-        per launch that does not scale with the core voltage (uJ; chip rail only). Zero in
-        the clock form.
+        Throughput form: the op's switching energy per launch per V^2 (uJ/V^2) and, on the
+        chip rail, its memory energy per launch (uJ). Zero in the clock form.
     gamma_, theta_ : float
         Core-rail temperature and static coefficients.
     beta_ : float
@@ -483,7 +484,7 @@ class PowerModel(JsonFile):
         calibration: PowerCalibration | None,
     ) -> None:
         """Per-op energies per launch; idle ``beta, theta`` from the calibration or jointly."""
-        per_op = [volt**2 * inv_t] + ([inv_t] if self.rail_ == "chip" else [])
+        per_op = [volt**2 * inv_t] + ([inv_t] if self.rail_ == "chip" else [x])
         shared: list[np.ndarray] = []
         self.gamma_ = 0.0
         if dtemp is not None and calibration is not None and calibration.cooldown is not None:
@@ -513,6 +514,8 @@ class PowerModel(JsonFile):
         self.core_uj_per_v2_ = coef[:, 0]
         if self.rail_ == "chip":
             self.uncore_uj_ = coef[:, 1]
+        else:
+            self.alpha_ = self.alpha_ + coef[:, 1]
 
     def power_rows(self, profile: Profile, window_ms: float | None = None) -> pd.DataFrame:
         """Profile rows with per-op power: measured, or attributed from the sensor windows."""

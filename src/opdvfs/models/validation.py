@@ -171,7 +171,7 @@ def validate_power(
         "mape_no_temperature_pct": error_summary(plain, actual)["mape_pct"],
         "rail": model.rail_,
         "dynamic": model.dynamic,
-        "times": "measured" if measured_times else "perf model",
+        "times": None if dynamic == "clock" else "measured" if measured_times else "perf model",
         "temperature_share_pct": float(np.nanmean(share) * 100) if model.use_temperature_ else 0.0,
         "iterations": int(pred["iterations"].max()),
         "train_freqs_mhz": train.tolist(),
