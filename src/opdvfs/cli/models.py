@@ -206,7 +206,7 @@ def validate_power_command(
         f"{result['within5_pct']:.1f}/{result['within10_pct']:.1f}% of {result['n_points']} "
         f"points; temperature term {result['temperature_share_pct']:.1f}% of power, "
         f"{result['dynamic']} form"
-        f"{f' (held-out times: ' + result['times'] + ')' if result['times'] else ''}, "
+        f"{' (held-out times: ' + result['times'] + ')' if result['times'] else ''}, "
         f"{result['iterations']} fixed-point iterations",
         highlight=False,
     )
