@@ -252,8 +252,9 @@ def characterise_device(
     / t_i(f)`` on the chip rail, ``m_i / t_i`` replaced by ``alpha_i f V^2`` on the core rail
     where measured) to every kernel at every clock, with the kernels' measured times. The V-f
     curve (flat below a knee, linear above, relative to 1 V) is the one on a knee x slope grid
-    with the least relative squared error, each candidate one vectorised fixed-effects solve. The result stands in for the
-    firmware's V-f table and the paper's idle runs (eq. 12) on a device that gives neither:
+    with the least relative squared error, each candidate one vectorised fixed-effects solve.
+    The result stands in for the firmware's V-f table and the paper's idle runs (eq. 12) on a
+    device that gives neither:
 
         vf, cal = characterise_device(micro_benchmarks)
         PowerModel(voltage=vf, dynamic="throughput").fit(app, [f_lo, f_hi], calibration=cal)
