@@ -11,7 +11,15 @@ from opdvfs.devices.presets import get_preset
 from opdvfs.devices.spec import VoltageCurve
 from opdvfs.models.attribution import attribute_class_power, class_time_in_windows
 from opdvfs.models.perf import PerfModel
-from opdvfs.models.power import PowerModel, fit_core_power, fit_voltage_curve, solve_temperature
+from opdvfs.models.power import (
+    PowerCalibration,
+    PowerModel,
+    characterise_device,
+    fit_core_power,
+    fit_fixed_effects,
+    fit_voltage_curve,
+    solve_temperature,
+)
 from opdvfs.models.validation import validate_power
 from opdvfs.sim import SimulatedDevice
 from opdvfs.workloads.library import BUILDERS
@@ -315,3 +323,128 @@ def test_a_class_no_window_saw_gets_the_windows_mean_power():
     cls = attribute_class_power(rows, samples, window_s=0.1).set_index("type")["power_w"]
     assert np.isfinite(cls).all()
     assert cls["adamw"] == pytest.approx(250.0)
+
+
+# --------------------------------------------------------------------------- throughput form
+THROUGHPUT_VF = VoltageCurve(knee_mhz=1000, flat_v=0.71, slope_v_per_mhz=2.5e-4)
+IDLE_BETA_W, IDLE_THETA_W = 30.0, 20.0
+
+
+def throughput_kernels(n: int, freqs: np.ndarray, seed: int = 7) -> tuple[pd.DataFrame, dict]:
+    """Kernels whose board power is idle + (e V^2 + m) / t, with t = max(cycles / f, memory)."""
+    rng = np.random.default_rng(seed)
+    cycles = rng.uniform(2e5, 2e6, n)  # kcycles... times in us at f in MHz: cycles / f
+    memory_us = cycles / rng.uniform(500, 2500, n)  # roughly half the kernels memory-bound
+    e_uj, m_uj = rng.uniform(2e4, 2e5, n), rng.uniform(0, 1e5, n)
+    op = np.repeat(np.arange(n), len(freqs))
+    f = np.tile(freqs, n)
+    time_us = np.maximum(cycles[op] / f, memory_us[op])
+    volt = THROUGHPUT_VF.voltage_v(f)
+    idle = IDLE_BETA_W * f / 1e3 * volt**2 + IDLE_THETA_W * volt
+    power = idle + (e_uj[op] * volt**2 + m_uj[op]) / time_us
+    rows = kernel_rows(op, f, power).assign(time_us=time_us)
+    return rows, {"e": e_uj, "m": m_uj, "memory_bound": memory_us > cycles / freqs[-1]}
+
+
+def idle_calibration(freqs) -> PowerCalibration:
+    freqs = np.asarray(freqs, dtype=float)
+    volt = THROUGHPUT_VF.voltage_v(freqs)
+    idle = IDLE_BETA_W * freqs / 1e3 * volt**2 + IDLE_THETA_W * volt
+    return PowerCalibration(idle=pd.DataFrame({"freq_mhz": freqs, "chip_power_w": idle}))
+
+
+def test_fixed_effects_solver_recovers_per_op_and_shared_terms():
+    rng = np.random.default_rng(8)
+    n, k = 50, 4
+    op = np.repeat(np.arange(n), k)
+    per_op = rng.uniform(0.5, 2.0, (n * k, 2))
+    shared = rng.uniform(0.5, 2.0, (n * k, 2))
+    c, s = rng.uniform(1, 5, (n, 2)), np.array([3.0, 0.5])
+    target = (per_op * c[op]).sum(1) + shared @ s
+    coef, shared_coef = fit_fixed_effects(per_op, shared, target, op, n, weight=1 / target**2)
+    np.testing.assert_allclose(coef, c, rtol=1e-8)
+    np.testing.assert_allclose(shared_coef, s, rtol=1e-8)
+    # two rows per op, two per-op columns: each op is fitted exactly and the shared terms are
+    # not identified, so they are left out rather than fitted to noise
+    two = np.isin(np.arange(n * k) % k, [0, 1])
+    coef, shared_coef = fit_fixed_effects(per_op[two], shared[two], target[two], op[two], n)
+    np.testing.assert_array_equal(shared_coef, 0.0)
+    np.testing.assert_allclose((per_op[two] * coef[op[two]]).sum(1), target[two], rtol=1e-9)
+
+
+def test_throughput_form_predicts_memory_bound_kernels_from_two_clocks():
+    freqs = np.array([705.0, 900.0, 1087.0, 1237.0, 1380.0])
+    rows, truth = throughput_kernels(60, freqs)
+    profile = Profile(rows)
+    train = [705.0, 1380.0]
+    model = PowerModel(voltage=THROUGHPUT_VF, dynamic="throughput", temperature=False).fit(
+        profile, train, calibration=idle_calibration([705.0, 1380.0])
+    )
+    assert (model.beta_, model.theta_) == pytest.approx((IDLE_BETA_W, IDLE_THETA_W))
+    np.testing.assert_allclose(model.core_uj_per_v2_, truth["e"], rtol=1e-6)
+    np.testing.assert_allclose(model.uncore_uj_, truth["m"], rtol=1e-6, atol=1e-3)
+    test = np.array([900.0, 1087.0, 1237.0])
+    _, clocks, time_us = profile.time_matrix_us()
+    held_times = time_us[:, np.isin(clocks, test)]
+    actual = rows.pivot_table(index="op", columns="freq_mhz", values="chip_power_w")[test]
+    pred = model.predict(test, time_us=held_times)["chip_w"]
+    np.testing.assert_allclose(pred, actual.to_numpy(), rtol=1e-6)
+    # the paper's clock form through the same two points misses the memory-bound kernels
+    clock = PowerModel(voltage=THROUGHPUT_VF, temperature=False).fit(profile, train)
+    miss = np.abs(clock.predict(test)["chip_w"] / actual.to_numpy() - 1)
+    assert miss[truth["memory_bound"]].mean() > 0.01
+    with pytest.raises(ValidationError, match="needs each op's time"):
+        model.predict(test)
+    with pytest.raises(ValidationError, match="expected \\(60, 3\\)"):
+        model.predict(test, time_us=held_times[:, :2])
+    again = PowerModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    np.testing.assert_allclose(again.predict(test, time_us=held_times)["chip_w"], pred)
+
+
+def test_characterise_device_recovers_the_voltage_curve_and_idle_power():
+    freqs = np.array([705.0, 802.0, 945.0, 1087.0, 1237.0, 1380.0])
+    rows, _ = throughput_kernels(80, freqs, seed=9)
+    # grid: knee in linspace(705, 1380, 28) holds 1005; flat 0.71 V -> relative slope 2.5e-4/0.71
+    curve, cal = characterise_device(Profile(rows), knees=28, slopes=31)
+    relative = THROUGHPUT_VF.voltage_v(freqs) / THROUGHPUT_VF.flat_v
+    np.testing.assert_allclose(curve.voltage_v(freqs), relative, rtol=0.03)
+    expected = idle_calibration(freqs).idle["chip_power_w"].to_numpy()
+    np.testing.assert_allclose(cal.idle["chip_power_w"].to_numpy(), expected, rtol=0.05)
+    with pytest.raises(ValidationError, match="3 or more clocks"):
+        characterise_device(Profile(rows[rows["freq_mhz"].isin([705.0, 1380.0])]))
+
+
+def test_cli_fit_and_validate_the_throughput_form(tmp_path):
+    freqs = np.array([705.0, 945.0, 1087.0, 1380.0])
+    rows, _ = throughput_kernels(30, freqs, seed=10)
+    app_path, micro_path = tmp_path / "app.parquet", tmp_path / "micro.parquet"
+    Profile(rows).write(app_path)
+    Profile(throughput_kernels(60, freqs, seed=11)[0]).write(micro_path)
+    base = ["validate", "power", str(app_path), "--train-freqs", "705,1380", "--json"]
+    res = CliRunner().invoke(
+        app, [*base, "--dynamic", "throughput", "--characterise", str(micro_path)]
+    )
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout)
+    assert payload["dynamic"] == "throughput" and payload["times"] == "perf model"
+    res = CliRunner().invoke(
+        app,
+        [*base, "--dynamic", "throughput", "--characterise", str(micro_path), "--measured-times"],
+    )
+    measured = json.loads(res.stdout)
+    assert measured["times"] == "measured"
+    assert measured["mape_pct"] < 1.0  # V-f on the characterisation grid's resolution
+    clock = json.loads(CliRunner().invoke(app, base).stdout)
+    assert clock["times"] is None and clock["mape_pct"] > measured["mape_pct"]
+    res = CliRunner().invoke(app, [*base, "--dynamic", "cubic"])
+    assert res.exit_code == 2 and "--dynamic: expected one of clock, throughput" in res.stderr
+    out = tmp_path / "models.json"
+    res = CliRunner().invoke(
+        app,
+        [
+            *("fit", str(app_path), "--train-freqs", "705,1380", "--out", str(out)),
+            *("--dynamic", "throughput", "--characterise", str(micro_path)),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["power"]["dynamic"] == "throughput"
