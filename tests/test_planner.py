@@ -87,6 +87,24 @@ def test_plan_meets_the_budget_when_executed(bert_models):
     assert predicted == pytest.approx(measured, abs=0.01)
 
 
+def test_plan_with_the_throughput_power_form(bert_models):
+    """The planner hands the power model its predicted times; the plan's energy holds up."""
+    dev, w, models, inputs = bert_models
+    profile = dev.profile(w, [1000, 1800])
+    power = PowerModel(dynamic="throughput").fit(
+        profile, device=ASCEND.spec, calibration=dev.calibration_runs()
+    )
+    schedule = plan_schedule(
+        ModelBundle(models.perf, power), inputs, target=0.02, objective="core-energy"
+    )
+    base, _ = dev.run(w)
+    planned, _ = dev.run(w, schedule)
+    predicted = schedule.predicted_core_energy_j / schedule.baseline_core_energy_j
+    measured = planned.core_energy_j / base.core_energy_j
+    assert measured < 0.97
+    assert predicted == pytest.approx(measured, abs=0.01)
+
+
 def test_predictive_dispatch_issues_switches_early(bert_models):
     _, _, models, inputs = bert_models
     early = plan_schedule(
