@@ -13,13 +13,13 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from opdvfs import Profile  # noqa: E402
-from opdvfs.io import read_profile  # noqa: E402
-from opdvfs.models.perf import PerfModel  # noqa: E402
-from opdvfs.models.power import PowerModel, characterise_device  # noqa: E402
+from opdvfs import Profile
+from opdvfs.io import read_profile
+from opdvfs.models.perf import PerfModel
+from opdvfs.models.power import PowerModel, characterise_device
 
 KERNELS = ("matrixMul/matrixMulCUDA", "vectorAdd/vectorAdd")
 TRAIN = [705.0, 1380.0]
@@ -30,6 +30,7 @@ root = parser.parse_args().root / "nv-dvfs-benchmark"
 
 
 def at_or_above_705(path: Path) -> Profile:
+    """Read a profile, keeping the clocks >= 705 MHz (the V100 slows oddly below)."""
     ops = read_profile(path).ops
     return Profile(ops[ops["freq_mhz"] >= 705])
 
