@@ -448,3 +448,16 @@ def test_cli_fit_and_validate_the_throughput_form(tmp_path):
     )
     assert res.exit_code == 0, res.output
     assert json.loads(out.read_text())["power"]["dynamic"] == "throughput"
+
+
+def test_clock_form_with_a_characterised_device_fits_gamma_jointly(bert_profile):
+    """A device characterisation has no cool-down trace: gamma is then fitted with alpha."""
+    _, profile = bert_profile
+    voltage, calibration = characterise_device(profile, knees=15, slopes=16)
+    assert calibration.cooldown is None
+    model = PowerModel(voltage=voltage).fit(profile, [1000, 1400, 1800], calibration=calibration)
+    assert model.use_temperature_ and model.gamma_ > 0
+    result = validate_power(profile, [1000, 1800], voltage=voltage, calibration=calibration)
+    assert result["mape_pct"] < 3.0
+    with pytest.raises(ValidationError, match="no cool-down trace"):
+        calibration.gamma(voltage)

@@ -439,15 +439,20 @@ class PowerModel(JsonFile):
             self._fit_throughput(op, n_ops, x, volt, dtemp, inv_t, target, calibration)
         elif self.rail_ == "core" and calibration is not None:
             # the paper's procedure: gamma from the cool-down, beta and theta from idle (eq. 12),
-            # then alpha per op from what is left (eqs. 13-14)
-            self.gamma_ = calibration.gamma(self.voltage_) if use_t else 0.0
+            # then alpha per op from what is left (eqs. 13-14); without a cool-down trace (a
+            # device characterisation) gamma is fitted jointly with alpha
+            cooled = dtemp is not None and calibration.cooldown is not None
+            self.gamma_ = calibration.gamma(self.voltage_) if cooled else 0.0
             self.beta_, self.theta_ = self._idle_fit(calibration)
             rest = target - self.theta_ * volt
-            rest = rest - (self.gamma_ * volt * dtemp if dtemp is not None else 0.0)
+            if dtemp is not None:
+                rest = rest - self.gamma_ * volt * dtemp
             # alpha_ carries beta too: both multiply f V^2 (beta_ is kept for reporting)
-            self.alpha_ = np.bincount(op, x * rest, minlength=n_ops) / np.maximum(
-                np.bincount(op, x * x, minlength=n_ops), 1e-300
-            )
+            joint_gamma = dtemp is not None and not cooled
+            shared = (volt * dtemp)[:, None] if joint_gamma else np.zeros((len(x), 0))
+            coef, fitted = fit_fixed_effects(x[:, None], shared, rest, op, n_ops)
+            self.alpha_ = coef[:, 0]
+            self.gamma_ = float(fitted[0]) if fitted.size else self.gamma_
         elif self.rail_ == "core":
             self.alpha_, self.gamma_, self.theta_ = fit_core_power(
                 x, volt, dtemp, target, op, n_ops
