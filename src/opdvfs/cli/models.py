@@ -22,6 +22,7 @@ from opdvfs.cli._app import (
     _simulator,
     _train_clocks,
     app,
+    spinner,
     stderr,
     stdout,
     validate_app,
@@ -222,4 +223,7 @@ def _characterised(path: Path | None) -> tuple[VoltageCurve | None, PowerCalibra
     """Fit the V-f curve and idle power on a benchmark profile (``--characterise``)."""
     if path is None:
         return None, None
-    return characterise_device(_load([path], None, None))
+    bench = _load([path], None, None)
+    with spinner() as progress:
+        progress.add_task(f"characterising the device on {path.name}", total=None)
+        return characterise_device(bench)
