@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, get_args
 
 import numpy as np
 import pandas as pd
@@ -66,7 +66,7 @@ __all__ = [
 
 Thermal = Literal["workload", "op"]
 Dynamic = Literal["clock", "throughput"]
-DYNAMIC_FORMS: tuple[str, ...] = ("clock", "throughput")
+DYNAMIC_FORMS: tuple[str, ...] = get_args(Dynamic)
 
 
 @dataclass(frozen=True)
