@@ -439,20 +439,16 @@ class PowerModel(JsonFile):
             self._fit_throughput(op, n_ops, x, volt, dtemp, inv_t, target, calibration)
         elif self.rail_ == "core" and calibration is not None:
             # the paper's procedure: gamma from the cool-down, beta and theta from idle (eq. 12),
-            # then alpha per op from what is left (eqs. 13-14); without a cool-down trace (a
-            # device characterisation) gamma is fitted jointly with alpha
-            cooled = dtemp is not None and calibration.cooldown is not None
-            self.gamma_ = calibration.gamma(self.voltage_) if cooled else 0.0
+            # then alpha per op from what is left (eqs. 13-14)
+            rest, leakage = self._leakage(calibration, volt, dtemp, target)
             self.beta_, self.theta_ = self._idle_fit(calibration)
-            rest = target - self.theta_ * volt
-            if dtemp is not None:
-                rest = rest - self.gamma_ * volt * dtemp
             # alpha_ carries beta too: both multiply f V^2 (beta_ is kept for reporting)
-            joint_gamma = dtemp is not None and not cooled
-            shared = (volt * dtemp)[:, None] if joint_gamma else np.zeros((len(x), 0))
-            coef, fitted = fit_fixed_effects(x[:, None], shared, rest, op, n_ops)
+            coef, fitted = fit_fixed_effects(
+                x[:, None], _columns(leakage, len(x)), rest - self.theta_ * volt, op, n_ops
+            )
             self.alpha_ = coef[:, 0]
-            self.gamma_ = float(fitted[0]) if fitted.size else self.gamma_
+            if leakage:
+                self.gamma_ = float(fitted[0])
         elif self.rail_ == "core":
             self.alpha_, self.gamma_, self.theta_ = fit_core_power(
                 x, volt, dtemp, target, op, n_ops
@@ -491,28 +487,23 @@ class PowerModel(JsonFile):
     ) -> None:
         """Per-op energies per launch; idle ``beta, theta`` from the calibration or jointly."""
         per_op = [volt**2 * inv_t] + ([inv_t] if self.rail_ == "chip" else [x])
-        shared: list[np.ndarray] = []
-        self.gamma_ = 0.0
-        if dtemp is not None and calibration is not None and calibration.cooldown is not None:
-            self.gamma_ = calibration.gamma(self.voltage_)
-            target = target - self.gamma_ * volt * dtemp
-        elif dtemp is not None:
-            shared.append(volt * dtemp)
+        target, shared = self._leakage(calibration, volt, dtemp, target)
+        joint_gamma = bool(shared)
         if calibration is not None:
             self.beta_, self.theta_ = self._idle_fit(calibration)
             target = target - self.beta_ * x - self.theta_ * volt
         else:
-            shared += [x, volt]
+            shared = [*shared, x, volt]
         coef, shared_coef = fit_fixed_effects(
             np.stack(per_op, axis=1),
-            np.stack(shared, axis=1) if shared else np.zeros((len(x), 0)),
+            _columns(shared, len(x)),
             target,
             op,
             n_ops,
             weight=1.0 / np.maximum(np.abs(target), 1e-9) ** 2,  # relative errors
         )
         fitted = iter(shared_coef)
-        if dtemp is not None and not self.gamma_:
+        if joint_gamma:
             self.gamma_ = float(next(fitted))
         if calibration is None:
             self.beta_, self.theta_ = float(next(fitted)), float(next(fitted))
@@ -522,6 +513,26 @@ class PowerModel(JsonFile):
             self.uncore_uj_ = coef[:, 1]
         else:
             self.alpha_ = self.alpha_ + coef[:, 1]
+
+    def _leakage(
+        self,
+        calibration: PowerCalibration | None,
+        volt: np.ndarray,
+        dtemp: np.ndarray | None,
+        target: np.ndarray,
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Set ``gamma_`` from a cool-down trace, or return the column to fit it jointly.
+
+        With a trace its term is taken off ``target``; without one (no calibration, or a device
+        characterisation) the ``V dT`` column is returned; no temperature: ``gamma_ = 0``.
+        """
+        self.gamma_ = 0.0
+        if dtemp is None:
+            return target, []
+        if calibration is not None and calibration.cooldown is not None:
+            self.gamma_ = calibration.gamma(self.voltage_)
+            return target - self.gamma_ * volt * dtemp, []
+        return target, [volt * dtemp]
 
     def power_rows(self, profile: Profile, window_ms: float | None = None) -> pd.DataFrame:
         """Profile rows with per-op power: measured, or attributed from the sensor windows."""
@@ -776,6 +787,11 @@ def _per_op_static(
     fallback = np.linalg.solve(two[~ok] + 1e-300 * np.eye(2), rhs[~ok][:, [0, 2], None])[..., 0]
     coef[~ok, 2] = fallback[:, 1]
     return coef[:, 2], coef[:, 1]
+
+
+def _columns(cols: list[np.ndarray], rows: int) -> np.ndarray:
+    """Stack columns into a (rows, len(cols)) design; (rows, 0) when there are none."""
+    return np.stack(cols, axis=1) if cols else np.zeros((rows, 0))
 
 
 def _mean_by(op: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:

@@ -145,10 +145,11 @@ def validate_power(
             field="train_freqs_mhz",
         )
     actual = table[test].to_numpy(dtype=float)
-    if measured_times:
+    time_us = None  # the clock form does not use the ops' times
+    if dynamic == "throughput" and measured_times:
         _, clocks, measured = profile.time_matrix_us()
         time_us = measured[:, [int(np.flatnonzero(np.isclose(clocks, f))[0]) for f in test]]
-    else:
+    elif dynamic == "throughput":
         time_us = PerfModel().fit(profile, train.tolist()).predict(test, model.op_ids_)
     pred = model.predict(test, time_us=time_us)
     rail = "core_w" if model.rail_ == "core" else "chip_w"
