@@ -136,16 +136,29 @@ def brute_force(tab: StageTables, budget: float):
     return plans, time, energy
 
 
+@pytest.mark.parametrize("lag_s", [0.0, 3e-4])
 @pytest.mark.parametrize("seed", range(4))
-def test_min_power_objective_matches_brute_force(seed):
+def test_min_power_objective_matches_brute_force(seed, lag_s):
+    """Within the budget, with reactive lag too (the shifted tables once dropped ``lag_s``)."""
+    from dataclasses import replace
+
     from opdvfs.plan.dp import solve_min_power
 
-    tab = random_tables(np.random.default_rng(200 + seed), 7, n_clocks=3)
+    tab = replace(random_tables(np.random.default_rng(200 + seed), 7, n_clocks=3), lag_s=lag_s)
     budget = tab.time_s[:, -1].sum() * 1.05
     _, time, energy = brute_force(tab, budget)
     ok = time <= budget
+    best_w = (energy[ok] / time[ok]).min()
     result = solve_min_power(tab, budget)
-    assert result.energy_j / result.time_s == pytest.approx((energy[ok] / time[ok]).min(), rel=1e-9)
+    assert result.time_s <= budget * (1 + 1e-12)
+    assert result.energy_j / result.time_s == pytest.approx(best_w, rel=1e-9)
+    # the certificate is on power: a valid bound, and the gap is its definition
+    assert result.lower_bound_j is None
+    assert result.lower_bound_power_w is not None
+    assert result.lower_bound_power_w <= best_w * (1 + 1e-9)
+    power_w = result.energy_j / result.time_s
+    assert result.gap_pct == pytest.approx((power_w - result.lower_bound_power_w) / power_w * 100)
+    assert result.status == "optimal" and result.gap_pct <= 1e-2
 
 
 def test_frontier_is_pareto_and_spans_both_ends():

@@ -230,13 +230,29 @@ def test_ga_never_beats_the_dp_lower_bound(bert_models):
     assert ga.predicted_core_energy_j >= exact.lower_bound_energy_j * (1 - 1e-9)
 
 
+@pytest.mark.parametrize("switch_latency_ms", [1.0, 15.0])
+@pytest.mark.parametrize("dispatch", ["predictive", "reactive"])
 @pytest.mark.parametrize("objective", ["energy", "core-energy", "power", "paper"])
-def test_every_objective_plans_within_the_budget(bert_models, objective):
+def test_every_objective_plans_within_the_budget(
+    bert_models, objective, dispatch, switch_latency_ms
+):
+    """Every objective x dispatch (power + reactive once planned as if switches were on time)."""
     _, _, models, inputs = bert_models
-    schedule = plan_schedule(models, inputs, target=0.05, objective=objective)
-    assert schedule.objective == objective
-    assert schedule.predicted_time_s <= 1.05 * schedule.baseline_time_s * (1 + 1e-9)
+    schedule = plan_schedule(
+        models,
+        inputs,
+        target=0.02,
+        objective=objective,
+        dispatch=dispatch,
+        switch_latency_ms=switch_latency_ms,
+    )
+    assert schedule.objective == objective and schedule.dispatch == dispatch
+    assert schedule.predicted_time_s <= 1.02 * schedule.baseline_time_s * (1 + 1e-9)
     assert (schedule.gap_pct is None) == (objective == "paper")
+    # a power plan bounds power, not energy
+    assert (schedule.lower_bound_power_w is not None) == (objective == "power")
+    if objective == "power":
+        assert schedule.lower_bound_energy_j is None
 
 
 def test_cli_plan_budget_scale_plans_for_a_smaller_slowdown(tmp_path, bert_models):

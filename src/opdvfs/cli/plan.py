@@ -172,6 +172,7 @@ def plan(
         "baseline_energy_j": schedule.baseline_energy_j,
         "predicted_energy_j": schedule.predicted_energy_j,
         "lower_bound_energy_j": schedule.lower_bound_energy_j,
+        "lower_bound_power_w": schedule.lower_bound_power_w,
         "gap_pct": schedule.gap_pct,
         "stages": len(schedule.stages),
         "switches": schedule.n_switches,
@@ -186,7 +187,8 @@ def plan(
         f"wrote {out}: {len(schedule.stages)} stages, {schedule.n_switches} switches; predicted "
         f"{pred_t / base_t - 1:+.2%} time, {pred_e / base_e - 1:+.2%} chip energy "
         + (
-            f"(certified within {schedule.gap_pct:.3f}% of optimal), "
+            f"(certified within {schedule.gap_pct:.3f}% of the optimal "
+            f"{'mean power' if schedule.objective == 'power' else 'energy'}), "
             if schedule.gap_pct is not None
             else "(no optimality certificate), "
         )

@@ -15,7 +15,7 @@ closes it, pruned by the Lagrangian plan's energy and by the cheapest possible r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -92,18 +92,21 @@ class PlanResult:
     """A plan with its certificate.
 
     ``gap_pct = (energy_j - lower_bound_j) / energy_j * 100``: no plan within the budget uses
-    less than ``lower_bound_j``, so the plan is at most ``gap_pct`` percent from optimal.
+    less than ``lower_bound_j``, so the plan is at most ``gap_pct`` percent from optimal. A
+    mean-power plan (:func:`solve_min_power`) bounds power instead: ``lower_bound_j`` is None,
+    ``lower_bound_power_w`` holds the bound and ``gap_pct`` is the gap in power.
     """
 
     clock: np.ndarray
     time_s: float
     energy_j: float
     switches: int
-    lower_bound_j: float
+    lower_bound_j: float | None
     gap_pct: float
     status: Status
     lam: float
     budget_s: float
+    lower_bound_power_w: float | None = None
 
 
 def viterbi(tables: StageTables, lam: float | np.ndarray) -> np.ndarray:
@@ -232,8 +235,13 @@ def _pareto_exact(
     """
     n_stages, n_clocks = tables.shape
     t_rest = np.r_[np.cumsum(tables.time_s.min(axis=1)[::-1])[::-1][1:], 0.0]
-    e_rest = np.r_[np.cumsum(tables.energy_j.min(axis=1)[::-1])[::-1][1:], 0.0]
+    # a switch may save energy in shifted tables (the power objective: e_sw - q t_sw < 0)
+    least_j = tables.energy_j.min(axis=1) + min(tables.switch_energy_j, 0.0)
+    e_rest = np.r_[np.cumsum(least_j[::-1])[::-1][1:], 0.0]
     slack = 1 + 1e-12
+    # an absolute slack on energy: shifted tables (the power objective) have optima near 0,
+    # where a relative one keeps not even the plan that set ``upper_j``
+    upper_j = upper_j + 1e-12 * max(abs(upper_j), float(np.abs(tables.energy_j).sum()))
     flat_t = tables.time_s[0].copy()
     flat_e = tables.energy_j[0].copy()
     flat_c = np.arange(n_clocks)
@@ -256,7 +264,7 @@ def _pareto_exact(
             parts = [(flat_t[[c]], flat_e[[c]], flat_back[[c]], c) for c in range(n_clocks)]
         kept = []
         for t, e, back, clock_id in parts:
-            ok = (t + t_rest[s] <= budget * slack) & (e + e_rest[s] <= upper_j * slack)
+            ok = (t + t_rest[s] <= budget * slack) & (e + e_rest[s] <= upper_j)
             t, e, back = _prune(t, e, back, ok)
             kept.append((t, e, back, np.full(len(t), clock_id)))
         flat_t = np.concatenate([k[0] for k in kept])
@@ -344,15 +352,15 @@ def solve(
     plan, energy, bound, lam = _lagrangian(tables, budget_s, tol, rounds)
     if plan is None:
         return PlanResult(
-            np.empty(0, dtype=np.int64),
-            np.inf,
-            np.inf,
-            0,
-            bound,
-            np.inf,
-            "infeasible",
-            lam,
-            budget_s,
+            clock=np.empty(0, dtype=np.int64),
+            time_s=np.inf,
+            energy_j=np.inf,
+            switches=0,
+            lower_bound_j=bound,
+            gap_pct=np.inf,
+            status="infeasible",
+            lam=lam,
+            budget_s=budget_s,
         )
     status: Status = "optimal" if energy - bound <= tol * abs(energy) else "feasible"
     if status == "feasible" and repair:
@@ -370,7 +378,17 @@ def solve(
             bound, status = energy, "optimal"
     t, e, switches = tables.evaluate(plan)
     gap = max(e - bound, 0.0) / e * 100 if e > 0 else 0.0
-    return PlanResult(plan, t, e, switches, float(bound), gap, status, lam, budget_s)
+    return PlanResult(
+        clock=plan,
+        time_s=t,
+        energy_j=e,
+        switches=switches,
+        lower_bound_j=float(bound),
+        gap_pct=gap,
+        status=status,
+        lam=lam,
+        budget_s=budget_s,
+    )
 
 
 def frontier_plans(tables: StageTables, points: int = 64) -> tuple[np.ndarray, np.ndarray]:
@@ -399,37 +417,57 @@ def solve_min_power(tables: StageTables, budget_s: float, *, iterations: int = 2
     """Minimise mean power ``E / T`` within the budget (Dinkelbach's method on ``E - q T``).
 
     Each step solves the energy problem with ``E' = E - q T`` (``q`` the current plan's power)
-    exactly as :func:`solve` does; ``q`` falls monotonically to the optimal power. The bound and
-    gap reported are those of the last energy subproblem.
+    exactly as :func:`solve` does; ``q`` falls monotonically to the optimal power. The shifted
+    tables keep every other field of ``tables`` (switch costs, the reactive lag).
+
+    The certificate is on power, not energy: the last subproblem's bound ``LB`` holds
+    ``E - q T >= LB`` for every plan within the budget, so ``E / T >= q + LB / T``; with
+    ``T <= budget_s`` when ``LB >= 0`` and ``T >= `` the fastest plan's time when ``LB < 0``,
+    that is a lower bound on the mean power of every feasible plan. The result's
+    ``lower_bound_j`` is None (no energy bound follows) and ``gap_pct`` is the power gap
+    ``(P - P_lb) / P * 100``, with ``lower_bound_power_w = P_lb``.
     """
     q = 0.0
     result = solve(tables, budget_s)
+    if result.status == "infeasible":
+        return result
+    q = result.energy_j / result.time_s
+    assert result.lower_bound_j is not None  # an energy solve always bounds energy
+    bound_w = _power_bound(tables, budget_s, 0.0, result.lower_bound_j)
     for _ in range(iterations):
-        if result.status == "infeasible":
-            return result
-        q_new = result.energy_j / result.time_s
-        if abs(q_new - q) <= 1e-9 * abs(q_new):
-            break
-        q = q_new
-        shifted = StageTables(
-            tables.time_s,
-            tables.energy_j - q * tables.time_s,
-            tables.switch_time_s,
-            tables.switch_energy_j - q * tables.switch_time_s,
+        shifted = replace(
+            tables,
+            energy_j=tables.energy_j - q * tables.time_s,
+            switch_energy_j=tables.switch_energy_j - q * tables.switch_time_s,
         )
         sub = solve(shifted, budget_s)
         if sub.status == "infeasible":
             break
         t, e, sw = tables.evaluate(sub.clock)
-        result = PlanResult(
-            sub.clock,
-            t,
-            e,
-            sw,
-            sub.lower_bound_j + q * t,
-            sub.gap_pct,
-            sub.status,
-            sub.lam,
-            budget_s,
-        )
-    return result
+        bound_w = max(bound_w, _power_bound(tables, budget_s, q, sub.lower_bound_j))
+        if e / t < result.energy_j / result.time_s:
+            result = replace(
+                result, clock=sub.clock, time_s=t, energy_j=e, switches=sw, lam=sub.lam
+            )
+        q_new = result.energy_j / result.time_s
+        if abs(q_new - q) <= 1e-9 * abs(q_new):
+            break
+        q = q_new
+    power_w = result.energy_j / result.time_s
+    bound_w = min(max(bound_w, 0.0), power_w)
+    gap = (power_w - bound_w) / power_w * 100 if power_w > 0 else 0.0
+    return replace(
+        result,
+        lower_bound_j=None,
+        lower_bound_power_w=bound_w,
+        gap_pct=gap,
+        status="optimal" if gap <= 1e-2 else "feasible",
+    )
+
+
+def _power_bound(tables: StageTables, budget_s: float, q: float, shifted_bound_j: float) -> float:
+    """Lower bound on ``E / T`` over plans within the budget, from ``min (E - q T) >= LB``."""
+    if shifted_bound_j >= 0:
+        return q + shifted_bound_j / budget_s
+    # no plan is faster than every stage at its fastest clock (switches and lag only add time)
+    return q + shifted_bound_j / float(tables.time_s.min(axis=1).sum())

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time as _time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -99,7 +99,7 @@ def plan_schedule(
     if dispatch == "reactive":
         # a switch issued when its stage starts lands switch_latency later: the DP charges the
         # stage's first switch_latency at the previous clock
-        tables = StageTables(tables.time_s, tables.energy_j, lag_s=switch_latency_ms * 1e-3)
+        tables = replace(tables, lag_s=switch_latency_ms * 1e-3)
     chip_j, core_j, stage_class = st.chip_j, st.core_j, st.stage_class
     top = len(freqs) - 1
     # Idle gaps take the same time at every clock: they enter the budget, not the choice.
@@ -107,6 +107,7 @@ def plan_schedule(
     baseline_s = float(tables.time_s[:, top].sum()) + gaps_s
     budget = (1.0 + target) * baseline_s - gaps_s
     lower: float | None
+    lower_w: float | None = None
     gap: float | None
     if solver == "ga":
         found = genetic_plan(tables, budget, stage_class, rng=np.random.default_rng(seed))
@@ -125,7 +126,7 @@ def plan_schedule(
         if result.status == "infeasible":
             raise ValueError(f"no plan fits a {target:.1%} slowdown")
         clock, plan_time = result.clock, result.time_s
-        lower, gap = result.lower_bound_j, result.gap_pct
+        lower, lower_w, gap = result.lower_bound_j, result.lower_bound_power_w, result.gap_pct
     return _schedule(
         models,
         inputs,
@@ -143,6 +144,7 @@ def plan_schedule(
         dispatch=dispatch,
         interval_ms=interval_ms,
         lower_bound_energy_j=lower,
+        lower_bound_power_w=lower_w,
         gap_pct=gap,
     )
 

@@ -85,7 +85,11 @@ class Schedule(FrozenModel):
     baseline_time_s, predicted_time_s, baseline_energy_j, predicted_energy_j
         Per iteration, at the maximum clock and under this schedule (chip energy).
     lower_bound_energy_j, gap_pct
-        Certified lower bound and optimality gap (exact solver); None for heuristics.
+        Certified lower bound and optimality gap (exact solver) on the objective's rail; None
+        for heuristics.
+    lower_bound_power_w
+        For the ``power`` objective, the certified lower bound on mean operator power (W) that
+        ``gap_pct`` refers to; ``lower_bound_energy_j`` is then None (no energy bound follows).
     """
 
     format: Literal["opdvfs.schedule"] = "opdvfs.schedule"
@@ -109,6 +113,7 @@ class Schedule(FrozenModel):
     baseline_core_energy_j: NonNegativeFloat | None = None
     predicted_core_energy_j: NonNegativeFloat | None = None
     lower_bound_energy_j: NonNegativeFloat | None = None
+    lower_bound_power_w: NonNegativeFloat | None = None
     gap_pct: NonNegativeFloat | None = None
     plan_seconds: NonNegativeFloat | None = None
 
