@@ -444,6 +444,7 @@ def solve_min_power(tables: StageTables, budget_s: float, *, iterations: int = 2
         if sub.status == "infeasible":
             break
         t, e, sw = tables.evaluate(sub.clock)
+        assert sub.lower_bound_j is not None
         bound_w = max(bound_w, _power_bound(tables, budget_s, q, sub.lower_bound_j))
         if e / t < result.energy_j / result.time_s:
             result = replace(
