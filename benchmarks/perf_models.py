@@ -26,7 +26,6 @@ from scipy.optimize import curve_fit
 
 from opdvfs import Profile
 from opdvfs.datasets import dataset_path
-from opdvfs.devices.presets import get_preset
 from opdvfs.io import read_profile
 from opdvfs.models.perf import FORMS, fit_times
 from opdvfs.models.validation import validate_perf
@@ -56,10 +55,10 @@ def datasets(root: Path) -> dict[str, Profile]:
         "perseus-bloom-a40",
     ):
         out[name.replace("perseus-", "Perseus ")] = read_profile(dataset_path(name))
-    preset = get_preset("ascend-910b-like")
-    sim = SimulatedDevice(preset.spec, preset.twin, seed=0)
+    sim = SimulatedDevice.from_preset("ascend-910b-like", seed=0)
+    spec = sim.spec
     for name in ("gpt3", "bert", "resnet50"):
-        out[f"sim {name} (ascend)"] = sim.profile(BUILDERS[name](), preset.spec.freqs_mhz)
+        out[f"sim {name} (ascend)"] = sim.profile(BUILDERS[name](), spec.freqs_mhz)
     return out
 
 

@@ -15,7 +15,6 @@ import time
 
 import pandas as pd
 
-from opdvfs.devices.presets import get_preset
 from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel
@@ -36,8 +35,8 @@ def saving(schedule, key: str) -> float:
 
 
 def main() -> None:
-    preset = get_preset("ascend-910b-like")
-    dev = SimulatedDevice(preset.spec, preset.twin)
+    dev = SimulatedDevice.from_preset("ascend-910b-like")
+    spec = dev.spec
     rows, cache = [], {}
     for name, target in CASES:
         if name not in cache:
@@ -45,9 +44,9 @@ def main() -> None:
             profile = dev.profile(w, [1000, 1400, 1800])
             models = ModelBundle(
                 PerfModel().fit(profile),
-                PowerModel().fit(profile, [1000, 1800], device=preset.spec),
+                PowerModel().fit(profile, [1000, 1800], device=spec),
             )
-            inputs = PlanInputs.from_workload(w, preset.spec.freqs_mhz, device=preset.spec.name)
+            inputs = PlanInputs.from_workload(w, spec.freqs_mhz, device=spec.name)
             base, _ = dev.run(w)
             cache[name] = (w, models, inputs, base)
         w, models, inputs, base = cache[name]
@@ -79,15 +78,15 @@ def main() -> None:
 
 def many_clocks() -> pd.DataFrame:
     """Chip-energy saving and time of each solver stage on an 81-clock GPU-like device."""
-    preset = get_preset("a100-like")
-    dev = SimulatedDevice(preset.spec, preset.twin)
+    dev = SimulatedDevice.from_preset("a100-like")
+    spec = dev.spec
     rows = []
     for name, iterations in (("bert", 40), ("gpt3", 1)):
         w = BUILDERS[name]()
         profile = dev.profile(w, [1005, 1200, 1410], iterations=iterations)
-        power = PowerModel().fit(profile, device=preset.spec)
+        power = PowerModel().fit(profile, device=spec)
         models = ModelBundle(PerfModel().fit(profile), power)
-        inputs = PlanInputs.from_workload(w, preset.spec.freqs_mhz, device=preset.spec.name)
+        inputs = PlanInputs.from_workload(w, spec.freqs_mhz, device=spec.name)
         tables = _stages(models, inputs, "energy", 5.0).tables
         top = tables.shape[1] - 1
         base_e = float(tables.energy_j[:, top].sum())

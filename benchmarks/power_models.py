@@ -32,12 +32,12 @@ import numpy as np
 import pandas as pd
 
 from opdvfs import Profile
-from opdvfs.devices.presets import get_preset
 from opdvfs.io import read_profile
 from opdvfs.models.attribution import attribute_class_power
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel, characterise_device, fit_voltage_curve
 from opdvfs.sim import SimulatedDevice
+from opdvfs.sim.presets import get_preset
 from opdvfs.workloads.library import BUILDERS
 
 
@@ -68,14 +68,14 @@ def quadratic_baseline(f: np.ndarray, p: np.ndarray, train: list[float], test: n
 
 
 def simulator_table() -> pd.DataFrame:
-    preset = get_preset("ascend-910b-like")
-    dev = SimulatedDevice(preset.spec, preset.twin, seed=0)
+    dev = SimulatedDevice.from_preset("ascend-910b-like", seed=0)
+    spec = dev.spec
     calibration = dev.calibration_runs()
     rows = []
     for name in ("gpt3", "bert", "resnet50", "vgg19"):
-        profile = dev.profile(BUILDERS[name](), preset.spec.freqs_mhz)
+        profile = dev.profile(BUILDERS[name](), spec.freqs_mhz)
         throughput = PowerModel(dynamic="throughput").fit(
-            profile, [1000, 1800], device=preset.spec, calibration=calibration
+            profile, [1000, 1800], device=spec, calibration=calibration
         )
         perf = PerfModel().fit(profile, [1000, 1800])
         for rail in ("core", "chip"):
@@ -87,19 +87,17 @@ def simulator_table() -> pd.DataFrame:
             def score(model: PowerModel, key=key, test=test, cols=cols, actual=actual) -> float:
                 return mape(model.predict(test)[key], actual[:, cols])
 
-            paper = PowerModel().fit(
-                profile, [1000, 1800], device=preset.spec, calibration=calibration
-            )
+            paper = PowerModel().fit(profile, [1000, 1800], device=spec, calibration=calibration)
             no_t = PowerModel(temperature=False).fit(
-                profile, [1000, 1800], device=preset.spec, calibration=calibration
+                profile, [1000, 1800], device=spec, calibration=calibration
             )
-            joint = PowerModel().fit(profile, [1000, 1800], device=preset.spec)
+            joint = PowerModel().fit(profile, [1000, 1800], device=spec)
             test3 = f[~np.isin(f, [1000, 1400, 1800])]
             pred = paper.predict(test)
             share = (
                 paper.gamma_
                 * (pred["temp_c"] - paper.ambient_c_)
-                * preset.spec.voltage.voltage_v(test)[None, :]
+                * spec.voltage.voltage_v(test)[None, :]
                 / pred["core_w"]
             )
             times = perf.predict(test)
@@ -135,7 +133,7 @@ def gpu_sensor_table() -> pd.DataFrame:
     for name, iterations in (("gpt3", 2), ("bert", 100), ("resnet50", 300)):
         w = BUILDERS[name]()
         clocks = [810.0, 1110.0, 1410.0]
-        coarse = SimulatedDevice(preset.spec, preset.twin).profile(w, clocks, iterations=iterations)
+        coarse = SimulatedDevice.from_preset("a100-like").profile(w, clocks, iterations=iterations)
         truth = SimulatedDevice(fine_spec, preset.twin).profile(w, clocks, iterations=iterations)
         ops, true_ops = coarse.ops, truth.ops
         top = ops["freq_mhz"] == 1410

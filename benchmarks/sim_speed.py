@@ -16,10 +16,10 @@ import time
 
 import numpy as np
 
-from opdvfs.devices.presets import get_preset
-from opdvfs.plan.schedule import Schedule
+from opdvfs.schedule import Schedule
 from opdvfs.sim import SimulatedDevice
 from opdvfs.sim.physics import op_arrays, op_timing
+from opdvfs.sim.presets import get_preset
 from opdvfs.sim.timeline import execute, execute_loop
 from opdvfs.workloads.library import BUILDERS
 

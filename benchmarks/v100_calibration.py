@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from opdvfs.devices.presets import get_preset
 from opdvfs.io import read_profile
 from opdvfs.sim.physics import activity, core_power_w, op_arrays, op_timing, uncore_power_w
+from opdvfs.sim.presets import get_preset
 
 FIT = (705.0, 1087.0, 1380.0)
 HELD_OUT = (802.0, 945.0, 1102.0, 1237.0)

@@ -187,12 +187,10 @@ def test_run_on_the_twin_measures_the_switches_as_issued(tiny, tmp_path):
 
 
 def test_twin_actuator_replays_issued_switches_as_a_schedule():
-    from opdvfs.devices.presets import get_preset
     from opdvfs.runtime.actuators import TwinActuator
     from opdvfs.sim import SimulatedDevice
 
-    preset = get_preset("ascend-910b-like")
-    act = TwinActuator(SimulatedDevice(preset.spec, preset.twin))
+    act = TwinActuator(SimulatedDevice.from_preset("ascend-910b-like"))
     for iteration, op, freq in [(0, 0, 1800.0), (0, 5, 1000.0), (1, 5, 1400.0), (1, 8, 1800.0)]:
         act.at(iteration, op)
         act.set_freq_mhz(freq)

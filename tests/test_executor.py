@@ -6,10 +6,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from opdvfs import Schedule  # noqa: E402
-from opdvfs.devices.presets import get_preset  # noqa: E402
 from opdvfs.runtime.actuators import ClockGuard, DryRunActuator  # noqa: E402
 from opdvfs.runtime.dispatch import ScheduleExecutor, WorkloadRecorder  # noqa: E402
 from opdvfs.sim import SimulatedDevice  # noqa: E402
+from opdvfs.sim.presets import get_preset  # noqa: E402
 
 from tiny_gpt import TinyGPT  # noqa: E402
 
@@ -59,7 +59,7 @@ def test_capture_records_the_aten_sequence_with_work(captured):
 def test_executor_applies_the_planned_switches_every_iteration(tmp_path, captured):
     n = len(captured)
     # the captured workload runs on the simulator (profile -> plan would pick these stages)
-    profile = SimulatedDevice(A100.spec, A100.twin).profile(captured, [1005.0, 1410.0])
+    profile = SimulatedDevice.from_preset("a100-like").profile(captured, [1005.0, 1410.0])
     assert profile.n_ops == n
     plan = Schedule.from_stage_freqs(
         [0, n // 3, 2 * n // 3], [1410.0, 1005.0, 1410.0], n_ops=n, target=0.05, solver="manual"

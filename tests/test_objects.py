@@ -16,7 +16,7 @@ from opdvfs import (
     VoltageCurve,
     Workload,
 )
-from opdvfs.plan.schedule import op_signature
+from opdvfs.schedule import op_signature
 
 ASCEND_CLOCKS = tuple(float(f) for f in range(1000, 1801, 100))
 

@@ -7,7 +7,6 @@ from typer.testing import CliRunner
 
 from opdvfs import Schedule
 from opdvfs.cli import app
-from opdvfs.devices.presets import get_preset
 from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel
@@ -15,6 +14,7 @@ from opdvfs.plan.classify import HIGH, LOW, classify_by_ratios, classify_by_sens
 from opdvfs.plan.planner import PlanInputs, plan_schedule
 from opdvfs.plan.segment import segment
 from opdvfs.sim import SimulatedDevice
+from opdvfs.sim.presets import get_preset
 from opdvfs.workloads.library import BUILDERS
 
 ASCEND = get_preset("ascend-910b-like")
@@ -63,7 +63,7 @@ def test_segment_respects_the_interval_and_keeps_long_runs():
 
 @pytest.fixture(scope="module")
 def bert_models():
-    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin)
+    dev = SimulatedDevice.from_preset("ascend-910b-like")
     w = BUILDERS["bert"]()
     profile = dev.profile(w, [1000, 1400, 1800])
     models = ModelBundle(
@@ -184,6 +184,7 @@ def test_cli_plan_then_simulate(tmp_path, bert_models):
         "baseline_energy_j",
         "predicted_energy_j",
         "lower_bound_energy_j",
+        "lower_bound_power_w",
         "gap_pct",
         "stages",
         "switches",

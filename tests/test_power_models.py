@@ -6,13 +6,12 @@ import pytest
 from typer.testing import CliRunner
 
 from opdvfs import NotFittedError, Profile, ValidationError
+from opdvfs.calibration import PowerCalibration
 from opdvfs.cli import app
-from opdvfs.devices.presets import get_preset
 from opdvfs.devices.spec import VoltageCurve
 from opdvfs.models.attribution import attribute_class_power, class_time_in_windows
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import (
-    PowerCalibration,
     PowerModel,
     characterise_device,
     fit_core_power,
@@ -22,6 +21,7 @@ from opdvfs.models.power import (
 )
 from opdvfs.models.validation import validate_power
 from opdvfs.sim import SimulatedDevice
+from opdvfs.sim.presets import get_preset
 from opdvfs.workloads.library import BUILDERS
 
 ASCEND = get_preset("ascend-910b-like")
@@ -30,7 +30,7 @@ VF = VoltageCurve(knee_mhz=1300, flat_v=0.75, slope_v_per_mhz=1.3e-4)
 
 @pytest.fixture(scope="module")
 def bert_profile():
-    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin, seed=0)
+    dev = SimulatedDevice.from_preset("ascend-910b-like", seed=0)
     return dev, dev.profile(BUILDERS["bert"](), ASCEND.spec.freqs_mhz)
 
 
@@ -75,7 +75,7 @@ def test_shared_coefficients_are_solved_with_their_bounds_not_clipped():
 
 
 def test_three_clock_fit_predicts_the_measured_direction():
-    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin, seed=0)
+    dev = SimulatedDevice.from_preset("ascend-910b-like", seed=0)
     w = BUILDERS["resnet152"]()
     model = PowerModel().fit(dev.profile(w, [1000, 1400, 1800]), device=ASCEND.spec)
     assert (model.alpha_ > 0).all()
@@ -191,7 +191,7 @@ def test_attribution_recovers_class_power_from_windows():
 def test_sample_only_gpu_profile_recovers_per_op_power():
     a100 = get_preset("a100-like")
     w = BUILDERS["gpt3"]()
-    coarse = SimulatedDevice(a100.spec, a100.twin).profile(w, [1410], iterations=2)
+    coarse = SimulatedDevice.from_preset("a100-like").profile(w, [1410], iterations=2)
     fine_spec = a100.spec.with_changes(power_sample_period_ms=1.0)
     truth = SimulatedDevice(fine_spec, a100.twin).profile(w, [1410], iterations=2).ops
     assert "chip_power_w" not in coarse.ops

@@ -3,9 +3,9 @@ import pandas as pd
 import pytest
 
 from opdvfs import Schedule, Workload
-from opdvfs.devices.presets import PRESETS, get_preset
 from opdvfs.sim import SimulatedDevice
 from opdvfs.sim.physics import FAMILIES, core_power_w, op_arrays, op_timing
+from opdvfs.sim.presets import PRESETS, get_preset
 from opdvfs.sim.thermal import rc_temperature
 from opdvfs.sim.timeline import execute, execute_loop
 from opdvfs.workloads.library import BUILDERS
@@ -169,7 +169,7 @@ def two_stage_workload(n=200):
 
 
 def test_switch_lands_exactly_latency_after_issue():
-    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin, seed=1)
+    dev = SimulatedDevice.from_preset("ascend-910b-like", seed=1)
     w = two_stage_workload()
     plan = Schedule.from_stage_freqs([0, 100], [1800, 1000], n_ops=200, target=0.05, solver="test")
     _, sim = dev.run(w, plan)
@@ -187,7 +187,7 @@ def test_switch_lands_exactly_latency_after_issue():
 
 
 def test_lower_clock_saves_core_energy_on_memory_bound_work():
-    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin)
+    dev = SimulatedDevice.from_preset("ascend-910b-like")
     # 2 FLOP per byte, like a BF16 GeLU: memory-bound
     w = one_op_workload(["Gelu"] * 100, [1.2e9] * 100, [3e8] * 100, [3e8] * 100)
     hi, _ = dev.run(w)
@@ -197,7 +197,7 @@ def test_lower_clock_saves_core_energy_on_memory_bound_work():
 
 
 def test_host_bound_inference_insensitive_to_clock():
-    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin)
+    dev = SimulatedDevice.from_preset("ascend-910b-like")
     w = BUILDERS["llama2-infer"]()
     hi, _ = dev.run(w)
     lo, _ = dev.run(w, freq_mhz=1300.0)
@@ -210,14 +210,20 @@ def test_host_bound_inference_insensitive_to_clock():
 # ------------------------------------------------------------------ profiles
 def test_same_seed_same_profile_other_seed_differs():
     w = two_stage_workload(50)
-    a = SimulatedDevice(ASCEND.spec, ASCEND.twin, seed=5).profile(w, [1000, 1800], iterations=2)
-    b = SimulatedDevice(ASCEND.spec, ASCEND.twin, seed=5).profile(w, [1000, 1800], iterations=2)
-    c = SimulatedDevice(ASCEND.spec, ASCEND.twin, seed=6).profile(w, [1000, 1800], iterations=2)
+    a = SimulatedDevice.from_preset("ascend-910b-like", seed=5).profile(
+        w, [1000, 1800], iterations=2
+    )
+    b = SimulatedDevice.from_preset("ascend-910b-like", seed=5).profile(
+        w, [1000, 1800], iterations=2
+    )
+    c = SimulatedDevice.from_preset("ascend-910b-like", seed=6).profile(
+        w, [1000, 1800], iterations=2
+    )
     assert a.equals(b)
     assert not np.allclose(a.ops["time_us"], c.ops["time_us"])
     # a clock's measurements do not depend on which other clocks are profiled (only the wall
     # clock does: the runs follow each other)
-    d = SimulatedDevice(ASCEND.spec, ASCEND.twin, seed=5).profile(w, [1800], iterations=2)
+    d = SimulatedDevice.from_preset("ascend-910b-like", seed=5).profile(w, [1800], iterations=2)
     pd.testing.assert_frame_equal(
         a.ops[a.ops["freq_mhz"] == 1800].drop(columns="wall_s").reset_index(drop=True),
         d.ops.drop(columns="wall_s").reset_index(drop=True),
@@ -225,7 +231,7 @@ def test_same_seed_same_profile_other_seed_differs():
 
 
 def test_small_ops_are_noisy_large_ops_are_not():
-    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin, seed=2)
+    dev = SimulatedDevice.from_preset("ascend-910b-like", seed=2)
     small = one_op_workload(["Add"] * 200, [1e4] * 200, [2e4] * 200, [2e4] * 200)
     large = one_op_workload(["MatMul"] * 200, [2e12] * 200, [8e7] * 200, [8e7] * 200)
     cv = {}
@@ -239,10 +245,9 @@ def test_small_ops_are_noisy_large_ops_are_not():
 
 def test_ascend_profile_has_power_and_ratios_nvidia_has_samples_only():
     w = two_stage_workload(30)
-    asc = SimulatedDevice(ASCEND.spec, ASCEND.twin).profile(w, ["1000", 1800])
+    asc = SimulatedDevice.from_preset("ascend-910b-like").profile(w, ["1000", 1800])
     assert {"core_power_w", "chip_power_w", "ratio_mac", "ratio_mte2"} <= set(asc.ops.columns)
-    a100 = get_preset("a100-like")
-    gpu = SimulatedDevice(a100.spec, a100.twin).profile(two_stage_workload(3000), [1410])
+    gpu = SimulatedDevice.from_preset("a100-like").profile(two_stage_workload(3000), [1410])
     assert "chip_power_w" not in gpu.ops.columns
     assert not any(c.startswith("ratio_") for c in gpu.ops.columns)
     smp = gpu.samples
@@ -251,7 +256,7 @@ def test_ascend_profile_has_power_and_ratios_nvidia_has_samples_only():
 
 
 def test_sensor_samples_integrate_to_run_energy():
-    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin)
+    dev = SimulatedDevice.from_preset("ascend-910b-like")
     result, sim = dev.run(BUILDERS["bert"](), iterations=2)
     smp = sim.samples
     # 1 ms windows tile the run: their mean power equals energy / time within the noise
@@ -261,18 +266,17 @@ def test_sensor_samples_integrate_to_run_energy():
 
 
 def test_unsupported_clock_is_an_error():
-    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin)
+    dev = SimulatedDevice.from_preset("ascend-910b-like")
     with pytest.raises(ValueError, match="1250 MHz is not a supported clock"):
         dev.profile(two_stage_workload(5), [1250])
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_presets_simulate_gpt3_like_block(name):
-    preset = PRESETS[name]
-    dev = SimulatedDevice(preset.spec, preset.twin)
+    dev = SimulatedDevice.from_preset(name)
     result, _ = dev.run(two_stage_workload(20), iterations=2)
     assert result.simulated
-    assert 0 < result.chip_power_w < 2 * (preset.spec.tdp_w or 1000)
+    assert 0 < result.chip_power_w < 2 * (dev.spec.tdp_w or 1000)
 
 
 def test_gpt3_on_ascend_matches_the_paper_scale():
@@ -281,7 +285,7 @@ def test_gpt3_on_ascend_matches_the_paper_scale():
     The stage also waits out the 1F1B bubble, (pp - 1) / (microbatches + pp - 1) = 7/39 of the
     iteration, with its core idle: that pulls the mean AICore power below the paper's 45.9 W.
     """
-    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin)
+    dev = SimulatedDevice.from_preset("ascend-910b-like")
     w = BUILDERS["gpt3"]()
     assert 17_000 < len(w) < 19_000
     prof = dev.profile(w, [1000, 1800])
@@ -295,7 +299,7 @@ def test_gpt3_on_ascend_matches_the_paper_scale():
 
 
 def test_activity_scales_dynamic_core_power_only():
-    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin)
+    dev = SimulatedDevice.from_preset("ascend-910b-like")
     base = one_op_workload(["MatMul"] * 50, [2e11] * 50, [4e7] * 50, [4e7] * 50)
     ops = base.ops.assign(activity=2.0)
     hot = Workload(ops, name="hot")
@@ -327,7 +331,7 @@ def test_pipeline_wait_is_clock_independent_time_in_the_recv():
     w = BUILDERS["gpt3"]()
     waiting = w.ops[w.ops["wait_us"] > 0]
     assert (waiting["type"] == "Recv").all() and len(waiting) > 1
-    dev = SimulatedDevice(ASCEND.spec, ASCEND.twin)
+    dev = SimulatedDevice.from_preset("ascend-910b-like")
     prof = dev.profile(w, [1000, 1800])
     rows = prof.ops.set_index(["freq_mhz", "op"])["time_us"]
     for op, wait in waiting["wait_us"].items():

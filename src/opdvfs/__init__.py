@@ -13,9 +13,9 @@ from opdvfs.exceptions import (
     ScheduleFormatError,
     ValidationError,
 )
-from opdvfs.plan.schedule import Schedule, Stage, Switch
 from opdvfs.profile import Profile
-from opdvfs.runtime.result import RunResult, StageRecord
+from opdvfs.result import RunResult, StageRecord
+from opdvfs.schedule import Schedule, Stage, Switch
 from opdvfs.workloads.workload import Workload
 
 __version__ = "0.1.0"

@@ -18,10 +18,8 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from opdvfs import __version__
-from opdvfs.devices.presets import get_preset
 from opdvfs.exceptions import OpdvfsError
 from opdvfs.io import FORMATS, read_profile
-from opdvfs.models.perf import FORMS
 from opdvfs.profile import Profile
 from opdvfs.sim.twin import SimulatedDevice
 
@@ -52,12 +50,12 @@ class UsageError(OpdvfsError, ValueError):
     """A command-line value is malformed (exit status 2)."""
 
 
-def _fail(message: str) -> typer.Exit:
+def fail(message: str) -> typer.Exit:
     stderr.print(f"opdvfs: error: {message}", markup=False, highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 
-def _reports_errors(func: Callable[P, R]) -> Callable[P, R]:
+def reports_errors(func: Callable[P, R]) -> Callable[P, R]:
     """Turn opdvfs errors into one stderr line and exit status 2."""
 
     @functools.wraps(func)
@@ -65,7 +63,7 @@ def _reports_errors(func: Callable[P, R]) -> Callable[P, R]:
         try:
             return func(*args, **kwargs)
         except OpdvfsError as exc:
-            raise _fail(str(exc)) from None
+            raise fail(str(exc)) from None
 
     return wrapper
 
@@ -111,32 +109,11 @@ def spinner() -> Progress:
     )
 
 
-def _load(sources: Sequence[Path], fmt: str | None, freq_mhz: str | None) -> Profile:
+def load_profile(sources: Sequence[Path], fmt: str | None, freq_mhz: str | None) -> Profile:
     clocks = parse_clocks(freq_mhz) if freq_mhz else None
     with spinner() as progress:
         progress.add_task(f"reading {len(sources)} file(s)", total=None)
         return read_profile(list(sources), format=fmt, freqs_mhz=clocks)
-
-
-DynamicOption = Annotated[
-    str,
-    typer.Option(
-        "--dynamic",
-        help="Power form: clock (the paper's alpha f V^2) or throughput (each op's energy per "
-        "launch over its time at the clock).",
-    ),
-]
-
-
-CharacteriseOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--characterise",
-        metavar="PROFILE",
-        help="Benchmark kernels run at 3+ clocks on the same device: the V-f curve and idle "
-        "power are fitted on them (throughput form) and used for this profile.",
-    ),
-]
 
 
 FormatOption = Annotated[
@@ -175,7 +152,7 @@ def _root(
     """Per-operator DVFS: profile, model, plan and apply core-clock schedules."""
 
 
-def _write_profile(
+def write_profile(
     profile: Profile, out: Path, as_json: bool, describe: Callable[[dict[str, Any]], str]
 ) -> None:
     """Write a profile atomically, then print its summary as JSON or one line (+ drops)."""
@@ -189,46 +166,17 @@ def _write_profile(
         stdout.print(f"  dropped {count} rows: {reason}", highlight=False)
 
 
-def _ratio(value: float, reference: float) -> str:
-    return f"{value / reference:.3f}x" if reference else "n/a"
-
-
 DeviceOption = Annotated[
     str, typer.Option("--device", "-d", help="Device preset (see `opdvfs devices`).")
-]
-
-
-WorkloadOption = Annotated[
-    str,
-    typer.Option("--workload", "-w", help="Workload name (see `opdvfs workloads`) or file."),
 ]
 
 
 SeedOption = Annotated[int, typer.Option("--seed", help="Seed of the simulator's noise.")]
 
 
-def _simulator(device: str, seed: int) -> SimulatedDevice:
-    preset = get_preset(device)
-    return SimulatedDevice(preset.spec, preset.twin, seed=seed)
+def simulator(device: str, seed: int) -> SimulatedDevice:
+    return SimulatedDevice.from_preset(device, seed=seed)
 
 
-validate_app = typer.Typer(
-    help="Score models on clocks they were not fitted on.", no_args_is_help=True
-)
-
-
-app.add_typer(validate_app, name="validate")
-
-
-FormOption = Annotated[
-    str,
-    typer.Option(
-        "--form",
-        help=f"Model form: auto, {', '.join(FORMS)} (auto: best for the "
-        "number of training clocks).",
-    ),
-]
-
-
-def _train_clocks(text: str | None, profile: Profile) -> list[float] | None:
+def train_clocks(text: str | None, profile: Profile) -> list[float] | None:
     return None if text is None else parse_clocks(text, profile.freqs_mhz)

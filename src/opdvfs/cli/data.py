@@ -14,21 +14,24 @@ from opdvfs.cli._app import (
     FormatOption,
     FreqOption,
     JsonOption,
-    _fail,
-    _load,
-    _ratio,
-    _reports_errors,
-    _write_profile,
     app,
+    fail,
+    load_profile,
+    reports_errors,
     stdout,
+    write_profile,
 )
 from opdvfs.io import FORMATS
-from opdvfs.plan.schedule import Schedule
 from opdvfs.profile import OP_COLUMNS, SAMPLE_COLUMNS
+from opdvfs.schedule import Schedule
+
+
+def _ratio(value: float, reference: float) -> str:
+    return f"{value / reference:.3f}x" if reference else "n/a"
 
 
 @app.command("import")
-@_reports_errors
+@reports_errors
 def import_(
     sources: Annotated[list[Path], typer.Argument(help="Measurement file(s), one per clock.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Profile to write (Parquet).")],
@@ -37,8 +40,8 @@ def import_(
     as_json: JsonOption = False,
 ) -> None:
     """Import measurements (CSV, torch traces, Ascend, Perseus, NV-DVFS) into a profile."""
-    _write_profile(
-        _load(sources, fmt, freq_mhz),
+    write_profile(
+        load_profile(sources, fmt, freq_mhz),
         out,
         as_json,
         lambda s: (
@@ -49,7 +52,7 @@ def import_(
 
 
 @app.command()
-@_reports_errors
+@reports_errors
 def info(
     profile_path: Annotated[Path, typer.Argument(metavar="PROFILE", help="Profile or raw file.")],
     fmt: FormatOption = None,
@@ -57,7 +60,7 @@ def info(
     as_json: JsonOption = False,
 ) -> None:
     """Summarise a profile: operators, clocks, time per clock, rows dropped and why."""
-    summary = _load([profile_path], fmt, freq_mhz).summary()
+    summary = load_profile([profile_path], fmt, freq_mhz).summary()
     if as_json:
         print(json.dumps(summary))
         return
@@ -128,7 +131,7 @@ def formats() -> None:
 
 def _schemas() -> dict[str, Callable[[], dict[str, Any]]]:
     from opdvfs.devices.spec import DeviceSpec
-    from opdvfs.runtime.result import RunResult
+    from opdvfs.result import RunResult
     from opdvfs.workloads.workload import WORKLOAD_COLUMNS
 
     return {
@@ -149,5 +152,5 @@ def schema(
     """Print the JSON Schema of a file format (e.g. opdvfs schema schedule)."""
     schemas = _schemas()
     if name not in schemas:
-        raise _fail(f"unknown schema {name!r}; expected one of {', '.join(schemas)}")
+        raise fail(f"unknown schema {name!r}; expected one of {', '.join(schemas)}")
     print(json.dumps(schemas[name](), indent=2))

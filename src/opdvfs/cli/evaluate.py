@@ -17,8 +17,8 @@ from opdvfs.cli._app import (
     JsonOption,
     SeedOption,
     UsageError,
-    _reports_errors,
     app,
+    reports_errors,
     spinner,
     stdout,
 )
@@ -134,7 +134,7 @@ def _print_goals(result: SuiteResult) -> None:
 
 
 @app.command()
-@_reports_errors
+@reports_errors
 def demo(
     workload: Annotated[
         str, typer.Option("--workload", "-w", help="Workload (see `opdvfs workloads`).")
@@ -211,7 +211,7 @@ def demo(
 
 
 @app.command()
-@_reports_errors
+@reports_errors
 def evaluate(
     out: Annotated[Path, typer.Option("--out", "-o", help="Report folder.")],
     suite: Annotated[str, typer.Option("--suite", help="Which suite (paper).")] = "paper",
@@ -250,7 +250,7 @@ def evaluate(
 
 
 @app.command()
-@_reports_errors
+@reports_errors
 def report(
     folder: Annotated[Path, typer.Argument(help="A folder written by demo or evaluate.")],
 ) -> None:

@@ -9,41 +9,75 @@ from typing import Annotated
 import numpy as np
 import typer
 
+from opdvfs.calibration import PowerCalibration
 from opdvfs.cli._app import (
-    CharacteriseOption,
-    DynamicOption,
     FormatOption,
-    FormOption,
     FreqOption,
     JsonOption,
     UsageError,
-    _load,
-    _reports_errors,
-    _simulator,
-    _train_clocks,
     app,
+    load_profile,
+    reports_errors,
+    simulator,
     spinner,
     stderr,
     stdout,
-    validate_app,
+    train_clocks,
 )
-from opdvfs.devices.presets import PRESETS, get_preset
 from opdvfs.devices.spec import VoltageCurve
 from opdvfs.exceptions import ValidationError
 from opdvfs.models.bundle import ModelBundle
-from opdvfs.models.perf import PerfModel
+from opdvfs.models.perf import FORMS, PerfModel
 from opdvfs.models.power import (
     DYNAMIC_FORMS,
     Dynamic,
-    PowerCalibration,
     PowerModel,
     characterise_device,
 )
 from opdvfs.models.validation import validate_perf, validate_power
+from opdvfs.sim.presets import get_preset, preset_spec
+
+DynamicOption = Annotated[
+    str,
+    typer.Option(
+        "--dynamic",
+        help="Power form: clock (the paper's alpha f V^2) or throughput (each op's energy per "
+        "launch over its time at the clock).",
+    ),
+]
+
+
+CharacteriseOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--characterise",
+        metavar="PROFILE",
+        help="Benchmark kernels run at 3+ clocks on the same device: the V-f curve and idle "
+        "power are fitted on them (throughput form) and used for this profile.",
+    ),
+]
+
+
+validate_app = typer.Typer(
+    help="Score models on clocks they were not fitted on.", no_args_is_help=True
+)
+
+
+app.add_typer(validate_app, name="validate")
+
+
+FormOption = Annotated[
+    str,
+    typer.Option(
+        "--form",
+        help=f"Model form: auto, {', '.join(FORMS)} (auto: best for the "
+        "number of training clocks).",
+    ),
+]
 
 
 @app.command()
-@_reports_errors
+@reports_errors
 def fit(
     profile_path: Annotated[Path, typer.Argument(metavar="PROFILE", help="Profile or raw file.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Models file to write (JSON).")],
@@ -58,15 +92,14 @@ def fit(
     as_json: JsonOption = False,
 ) -> None:
     """Fit per-operator performance (and, with power data, power) models on a profile."""
-    profile = _load([profile_path], fmt, freq_mhz)
-    train = _train_clocks(train_freqs, profile)
+    profile = load_profile([profile_path], fmt, freq_mhz)
+    train = train_clocks(train_freqs, profile)
     perf = PerfModel(form=form).fit(profile, train)
     voltage, calibration = _characterised(characterise)
     power = None
     has_power = {"core_power_w", "chip_power_w"} & set(profile.ops.columns)
     if has_power or profile.samples is not None:
-        device = profile.meta.get("device")
-        spec = get_preset(device).spec if device in PRESETS else None
+        spec = preset_spec(profile.meta.get("device"))
         try:
             power = PowerModel(voltage=voltage, dynamic=_dynamic(dynamic)).fit(
                 profile, train, device=spec, calibration=calibration
@@ -96,7 +129,7 @@ def fit(
 
 
 @validate_app.command("perf")
-@_reports_errors
+@reports_errors
 def validate_perf_command(
     profile_path: Annotated[Path, typer.Argument(metavar="PROFILE", help="Profile or raw file.")],
     train_freqs: Annotated[
@@ -111,9 +144,9 @@ def validate_perf_command(
     as_json: JsonOption = False,
 ) -> None:
     """Fit on the training clocks, predict every other clock, report the error."""
-    profile = _load([profile_path], fmt, freq_mhz)
+    profile = load_profile([profile_path], fmt, freq_mhz)
     result = validate_perf(
-        profile, _train_clocks(train_freqs, profile) or [], form=form, min_us=min_us
+        profile, train_clocks(train_freqs, profile) or [], form=form, min_us=min_us
     )
     if as_json:
         print(json.dumps(result))
@@ -131,7 +164,7 @@ def validate_perf_command(
 
 
 @validate_app.command("power")
-@_reports_errors
+@reports_errors
 def validate_power_command(
     profile_path: Annotated[Path, typer.Argument(metavar="PROFILE", help="Profile or raw file.")],
     train_freqs: Annotated[
@@ -175,18 +208,15 @@ def validate_power_command(
         raise UsageError("--calibrate needs --device (the simulated device to measure)")
     if calibrate and characterise is not None:
         raise UsageError("--calibrate and --characterise both give idle power: pass one")
-    profile = _load([profile_path], fmt, freq_mhz)
+    profile = load_profile([profile_path], fmt, freq_mhz)
     voltage, calibration = _characterised(characterise)
     # The V-f curve comes from --device, else from the device the profile says it ran on.
-    device = device or (
-        profile.meta.get("device") if profile.meta.get("device") in PRESETS else None
-    )
-    spec = get_preset(device).spec if device else None
+    spec = get_preset(device).spec if device else preset_spec(profile.meta.get("device"))
     if calibrate and device:
-        calibration = _simulator(device, 0).calibration_runs()
+        calibration = simulator(device, 0).calibration_runs()
     result = validate_power(
         profile,
-        _train_clocks(train_freqs, profile) or [],
+        train_clocks(train_freqs, profile) or [],
         temperature=not no_temperature,
         device=spec,
         calibration=calibration,
@@ -223,7 +253,7 @@ def _characterised(path: Path | None) -> tuple[VoltageCurve | None, PowerCalibra
     """Fit the V-f curve and idle power on a benchmark profile (``--characterise``)."""
     if path is None:
         return None, None
-    bench = _load([path], None, None)
+    bench = load_profile([path], None, None)
     with spinner() as progress:
         progress.add_task(f"characterising the device on {path.name}", total=None)
         return characterise_device(bench)

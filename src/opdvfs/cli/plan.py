@@ -13,19 +13,19 @@ from opdvfs._files import write_text_atomic
 from opdvfs.cli._app import (
     JsonOption,
     UsageError,
-    _load,
-    _reports_errors,
-    _train_clocks,
     app,
+    load_profile,
+    reports_errors,
     stdout,
+    train_clocks,
 )
-from opdvfs.devices.presets import PRESETS, get_preset
 from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel
 from opdvfs.plan.classify import classify_by_ratios
 from opdvfs.plan.planner import PlanInputs, plan_frontier, plan_schedule
 from opdvfs.profile import Profile
+from opdvfs.sim.presets import get_preset, preset_spec
 from opdvfs.workloads.library import load_workload
 
 
@@ -33,10 +33,12 @@ def _plan_inputs(
     profile: Profile | None, n_ops: int, device: str | None, workload: str | None
 ) -> PlanInputs:
     """Device clocks, streams and idle gaps for the planner, from whatever the user gave."""
-    meta_device = profile.meta.get("device") if profile is not None else None
-    name = device or (meta_device if meta_device in PRESETS else None)
-    if name is not None:
-        freqs = np.asarray(get_preset(name).spec.freqs_mhz)
+    spec = get_preset(device).spec if device else None
+    if spec is None and profile is not None:
+        spec = preset_spec(profile.meta.get("device"))
+    name = spec.name if spec is not None else None
+    if spec is not None:
+        freqs = np.asarray(spec.freqs_mhz)
     elif profile is not None:
         freqs = profile.freqs_mhz
     else:
@@ -70,7 +72,7 @@ def _plan_inputs(
 
 
 @app.command()
-@_reports_errors
+@reports_errors
 def plan(
     source: Annotated[
         Path,
@@ -136,10 +138,9 @@ def plan(
     if source.suffix == ".json":
         doc = ModelBundle.read(source)
     else:
-        profile = _load([source], None, None)
-        train = _train_clocks(train_freqs, profile)
-        meta_device = device or profile.meta.get("device")
-        spec = get_preset(meta_device).spec if meta_device in PRESETS else None
+        profile = load_profile([source], None, None)
+        train = train_clocks(train_freqs, profile)
+        spec = get_preset(device).spec if device else preset_spec(profile.meta.get("device"))
         doc = ModelBundle(
             PerfModel().fit(profile, train), PowerModel().fit(profile, train, device=spec)
         )

@@ -12,13 +12,13 @@ import typer
 
 from opdvfs.cli._app import (
     UsageError,
-    _reports_errors,
     app,
+    reports_errors,
     stdout,
 )
-from opdvfs.devices.presets import PRESETS, get_preset
-from opdvfs.plan.schedule import Schedule
 from opdvfs.runtime.actuators.base import Actuator
+from opdvfs.schedule import Schedule
+from opdvfs.sim.presets import PRESETS, get_preset
 from opdvfs.workloads.library import load_workload
 
 _SCRIPT = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -50,7 +50,7 @@ def _run_script(argv: list[str]) -> None:
 
 
 @app.command(context_settings=_SCRIPT)
-@_reports_errors
+@reports_errors
 def capture(
     ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", "-o", help="Workload to write (JSON/Parquet).")],
@@ -123,10 +123,9 @@ def _actuator(kind: str, plan: Schedule | None, device: str | None, log: Path | 
     if kind == "twin":
         if name not in PRESETS:
             raise UsageError("--actuator twin needs --device, a simulated preset")
-        preset = get_preset(name)
         from opdvfs.sim.twin import SimulatedDevice
 
-        return TwinActuator(SimulatedDevice(preset.spec, preset.twin), log=log)
+        return TwinActuator(SimulatedDevice.from_preset(name), log=log)
     if kind in ("dry-run", "ascend"):
         if name in PRESETS:
             freqs = get_preset(name).spec.freqs_mhz
@@ -167,7 +166,7 @@ def _share_when_the_group_exists(executor: Any, plan: Schedule | None) -> Callab
 
 
 @app.command(context_settings=_SCRIPT)
-@_reports_errors
+@reports_errors
 def run(
     ctx: typer.Context,
     schedule_path: Annotated[Path, typer.Argument(metavar="SCHEDULE", help="Schedule (JSON).")],

@@ -15,22 +15,26 @@ from opdvfs.cli._app import (
     JsonOption,
     SeedOption,
     UsageError,
-    WorkloadOption,
-    _reports_errors,
-    _simulator,
-    _write_profile,
     app,
     parse_clocks,
+    reports_errors,
+    simulator,
     stderr,
     stdout,
+    write_profile,
 )
-from opdvfs.devices.presets import PRESETS
-from opdvfs.plan.schedule import Schedule
+from opdvfs.schedule import Schedule
+from opdvfs.sim.presets import PRESETS
 from opdvfs.workloads.library import BUILDERS, load_workload
+
+WorkloadOption = Annotated[
+    str,
+    typer.Option("--workload", "-w", help="Workload name (see `opdvfs workloads`) or file."),
+]
 
 
 @app.command()
-@_reports_errors
+@reports_errors
 def profile(
     device: DeviceOption,
     workload: WorkloadOption,
@@ -43,7 +47,7 @@ def profile(
     as_json: JsonOption = False,
 ) -> None:
     """Profile a workload on a simulated device at several clocks (results are simulated)."""
-    sim = _simulator(device, seed)
+    sim = simulator(device, seed)
     work = load_workload(workload)
     clocks = parse_clocks(freqs, sim.spec.freqs_mhz)
     with Progress(console=stderr, transient=True, disable=not stderr.is_terminal) as progress:
@@ -51,7 +55,7 @@ def profile(
         result = sim.profile(
             work, clocks, iterations=iterations, on_clock=lambda _: progress.advance(task)
         )
-    _write_profile(
+    write_profile(
         result,
         out,
         as_json,
@@ -63,7 +67,7 @@ def profile(
 
 
 @app.command()
-@_reports_errors
+@reports_errors
 def simulate(
     device: DeviceOption,
     workload: WorkloadOption,
@@ -79,7 +83,7 @@ def simulate(
     as_json: JsonOption = False,
 ) -> None:
     """Run a workload on a simulated device under a schedule and measure it (RunResult)."""
-    sim = _simulator(device, seed)
+    sim = simulator(device, seed)
     work = load_workload(workload)
     plan = Schedule.read(schedule) if schedule is not None else None
     if plan is not None and freq_mhz is not None:

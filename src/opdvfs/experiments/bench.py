@@ -14,14 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from opdvfs._model import FrozenModel
-from opdvfs.devices.presets import get_preset
 from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel
 from opdvfs.plan.planner import PlanInputs
-from opdvfs.plan.schedule import Schedule
 from opdvfs.profile import Profile
-from opdvfs.runtime.result import RunResult
+from opdvfs.result import RunResult
+from opdvfs.schedule import Schedule
 from opdvfs.sim.twin import SimRun, SimulatedDevice
 from opdvfs.workloads.library import load_workload
 from opdvfs.workloads.workload import Workload
@@ -57,19 +56,19 @@ def prepare(
     seed: int = 0,
 ) -> Bench:
     """Profile ``workload`` at the training clocks, fit both models, measure the top clock."""
-    preset = get_preset(device)
-    sim = SimulatedDevice(preset.spec, preset.twin, seed=seed)
+    sim = SimulatedDevice.from_preset(device, seed=seed)
+    spec = sim.spec
     work = load_workload(workload) if isinstance(workload, str) else workload
-    grid = np.asarray(preset.spec.freqs_mhz)
+    grid = np.asarray(spec.freqs_mhz)
     # the training clocks the device has (nearest supported ones for other presets)
     train = sorted({float(grid[np.argmin(np.abs(grid - f))]) for f in train_freqs_mhz})
     baseline, _ = sim.run(work, iterations=iterations, label="top clock")
     # enough iterations per clock for a coarse (NVML-like) sensor to give >= 40 windows
-    window_s = max(preset.spec.power_sample_period_ms, preset.twin.power_window_ms) * 1e-3
+    window_s = max(spec.power_sample_period_ms, sim.params.power_window_ms) * 1e-3
     repeats = int(np.clip(np.ceil(40 * window_s / baseline.iteration_time_s), 1, 200))
     profile = sim.profile(work, train, iterations=repeats)
-    models = ModelBundle(PerfModel().fit(profile), PowerModel().fit(profile, device=preset.spec))
-    inputs = PlanInputs.from_workload(work, preset.spec.freqs_mhz, device=preset.spec.name)
+    models = ModelBundle(PerfModel().fit(profile), PowerModel().fit(profile, device=spec))
+    inputs = PlanInputs.from_workload(work, spec.freqs_mhz, device=spec.name)
     return Bench(device, sim, work, profile, models, inputs, baseline, iterations)
 
 

@@ -19,7 +19,7 @@ from opdvfs.experiments.bench import Bench, Outcome, measure, prepare
 from opdvfs.models.validation import relative_errors_pct
 from opdvfs.plan.classify import classify_by_sensitivity, sensitivity
 from opdvfs.plan.planner import plan_grouped, plan_schedule
-from opdvfs.plan.schedule import Schedule
+from opdvfs.schedule import Schedule
 from opdvfs.sim.twin import SimRun, SimulatedDevice
 
 __all__ = [

@@ -41,7 +41,6 @@ on micro-benchmarks at every clock) or, with 3+ clocks, from the joint fit.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, Self, get_args
 
 import numpy as np
@@ -49,13 +48,13 @@ import pandas as pd
 import scipy.optimize
 
 from opdvfs._files import JsonFile
+from opdvfs.calibration import PowerCalibration
 from opdvfs.devices.spec import DeviceSpec, VoltageCurve
 from opdvfs.exceptions import InputFormatError, NotFittedError, ValidationError
 from opdvfs.models.attribution import attribute_class_power
 from opdvfs.profile import Profile
 
 __all__ = [
-    "PowerCalibration",
     "PowerModel",
     "characterise_device",
     "fit_core_power",
@@ -67,36 +66,6 @@ __all__ = [
 Thermal = Literal["workload", "op"]
 Dynamic = Literal["clock", "throughput"]
 DYNAMIC_FORMS: tuple[str, ...] = get_args(Dynamic)
-
-
-@dataclass(frozen=True)
-class PowerCalibration:
-    """The paper's offline measurements (Fig. 11): idle power at two clocks and a cool-down.
-
-    Attributes
-    ----------
-    idle
-        One row per clock: ``freq_mhz`` and the rail's power, ``core_power_w`` and/or
-        ``chip_power_w``, optionally ``temp_c`` (steady state with nothing running).
-    cooldown
-        Samples while the idle chip cools after a load, at one clock: ``freq_mhz``,
-        ``core_power_w``, ``temp_c``. ``dP/dT = gamma V`` there (paper §5.2). None: no trace
-        (``gamma`` is then fitted jointly, or the temperature term left out).
-    """
-
-    idle: pd.DataFrame
-    cooldown: pd.DataFrame | None = None
-
-    def gamma(self, voltage: VoltageCurve) -> float:
-        """Leakage slope ``gamma`` (W per K per V) from the cool-down samples."""
-        cool = self.cooldown
-        if cool is None:
-            raise ValidationError("the calibration has no cool-down trace", field="cooldown")
-        volt = float(voltage.voltage_v(float(cool["freq_mhz"].iloc[0])))
-        slope = np.polyfit(cool["temp_c"].to_numpy(float), cool["core_power_w"].to_numpy(float), 1)[
-            0
-        ]
-        return max(float(slope) / volt, 0.0)
 
 
 _FIXED_POINT_TOL_C = 0.01

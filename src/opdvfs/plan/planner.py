@@ -34,8 +34,8 @@ from opdvfs.plan.dp import (
     stage_tables,
 )
 from opdvfs.plan.ga import genetic_plan
-from opdvfs.plan.schedule import Schedule, op_signature
 from opdvfs.plan.segment import segment
+from opdvfs.schedule import Schedule, op_signature
 from opdvfs.workloads.workload import Workload
 
 __all__ = ["PlanInputs", "plan_frontier", "plan_grouped", "plan_schedule"]

@@ -1,5 +1,5 @@
 """Running schedules: the ``RunResult`` data object (executor and actuators land here later)."""
 
-from opdvfs.runtime.result import RunResult, StageRecord
+from opdvfs.result import RunResult, StageRecord
 
 __all__ = ["RunResult", "StageRecord"]

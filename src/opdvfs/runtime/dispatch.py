@@ -20,9 +20,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-from opdvfs.plan.schedule import Schedule, Switch, op_signature
 from opdvfs.runtime.actuators.base import Actuator
 from opdvfs.runtime.issuer import Marker, SwitchIssuer, immediate_marker
+from opdvfs.schedule import Schedule, Switch, op_signature
 from opdvfs.workloads.workload import Workload
 
 __all__ = ["ScheduleExecutor", "WorkloadRecorder"]

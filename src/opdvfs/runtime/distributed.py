@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from opdvfs.plan.schedule import Schedule
+from opdvfs.schedule import Schedule
 
 __all__ = ["broadcast_schedule"]
 

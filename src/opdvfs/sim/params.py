@@ -2,7 +2,7 @@
 
 These constants are what the simulator knows and the models must *not* see: the models fit only
 the profiles the simulator produces. Every preset's numbers name their source in
-:mod:`opdvfs.devices.presets`.
+:mod:`opdvfs.sim.presets`.
 """
 
 from __future__ import annotations

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from opdvfs.calibration import PowerCalibration
 from opdvfs.devices.spec import DeviceSpec
 from opdvfs.exceptions import ValidationError
-from opdvfs.models.power import PowerCalibration
-from opdvfs.plan.schedule import Schedule
 from opdvfs.profile import Profile
-from opdvfs.runtime.result import RunResult, StageRecord
+from opdvfs.result import RunResult, StageRecord
+from opdvfs.schedule import Schedule
 from opdvfs.sim.params import TwinParams
 from opdvfs.sim.physics import (
     CUBE,
@@ -31,6 +31,7 @@ from opdvfs.sim.physics import (
     op_timing,
     uncore_power_w,
 )
+from opdvfs.sim.presets import get_preset
 from opdvfs.sim.sensors import sample_sensors
 from opdvfs.sim.thermal import rc_temperature
 from opdvfs.sim.timeline import Execution, execute
@@ -97,6 +98,18 @@ class SimulatedDevice:
         self.seed = seed
         self._clocks = np.asarray(spec.freqs_mhz, dtype=float)
         self._volts = spec.voltage.voltage_v(self._clocks)
+
+    @classmethod
+    def from_preset(cls, name: str, *, seed: int = 0) -> SimulatedDevice:
+        """Build the simulated device of preset ``name`` (:data:`opdvfs.sim.presets.PRESETS`).
+
+        Raises
+        ------
+        ValidationError
+            If there is no such preset (the message names those that exist).
+        """
+        preset = get_preset(name)
+        return cls(preset.spec, preset.twin, seed=seed)
 
     # ----------------------------------------------------------------------------- physics
     def clock_index(self, freqs_mhz: Sequence[float] | np.ndarray) -> np.ndarray:

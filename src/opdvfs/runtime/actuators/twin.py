@@ -12,9 +12,9 @@ import os
 
 import numpy as np
 
-from opdvfs.plan.schedule import Schedule
+from opdvfs.result import RunResult
 from opdvfs.runtime.actuators.dry_run import DryRunActuator
-from opdvfs.runtime.result import RunResult
+from opdvfs.schedule import Schedule
 from opdvfs.sim.twin import SimulatedDevice
 from opdvfs.workloads.workload import Workload
 

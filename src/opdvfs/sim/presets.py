@@ -1,4 +1,7 @@
-"""Device presets: the public ``DeviceSpec`` and the simulator's hidden ``TwinParams``.
+"""Simulated device presets: the public ``DeviceSpec`` and the simulator's hidden ``TwinParams``.
+
+Every preset is a simulated device, so presets live with the simulator;
+:meth:`opdvfs.sim.SimulatedDevice.from_preset` builds one.
 
 Presets are labelled *-like*: their numbers come from datasheets, the ASPLOS'25 paper and real
 measurements, and every result on them is simulated. Sources, by constant:
@@ -31,7 +34,7 @@ from opdvfs.devices.spec import DeviceSpec, VoltageCurve
 from opdvfs.exceptions import ValidationError
 from opdvfs.sim.params import TwinParams
 
-__all__ = ["PRESETS", "Preset", "get_preset"]
+__all__ = ["PRESETS", "Preset", "get_preset", "preset_spec"]
 
 
 @dataclass(frozen=True)
@@ -243,3 +246,13 @@ def get_preset(name: str) -> Preset:
             f"unknown device {name!r}; expected one of {', '.join(PRESETS)}", field="device"
         )
     return PRESETS[name]
+
+
+def preset_spec(name: str | None) -> DeviceSpec | None:
+    """Return the ``DeviceSpec`` of preset ``name``, or None when ``name`` names no preset.
+
+    For names that come from data (a profile's ``device`` field): a device opdvfs has no preset
+    for is not an error, it just brings no clocks or V-f curve of its own.
+    """
+    preset = PRESETS.get(name) if name is not None else None
+    return preset.spec if preset is not None else None
