@@ -8,7 +8,10 @@ from __future__ import annotations
 
 __all__ = [
     "ActuatorError",
+    "CaptureError",
     "DeviceNotFoundError",
+    "DistributedError",
+    "InfeasibleError",
     "InputFormatError",
     "NotFittedError",
     "NotSupportedError",
@@ -16,6 +19,8 @@ __all__ = [
     "PermissionDeniedError",
     "ProfileFormatError",
     "ScheduleFormatError",
+    "ScheduleMismatchError",
+    "UnsupportedClockError",
     "ValidationError",
 ]
 
@@ -88,3 +93,23 @@ class NotSupportedError(ActuatorError, NotImplementedError):
 
 class DeviceNotFoundError(ActuatorError, LookupError):
     """No device matches the requested index or UUID (or no driver is present)."""
+
+
+class UnsupportedClockError(ValidationError):
+    """A clock the device does not support was requested (every actuator raises this one)."""
+
+
+class InfeasibleError(OpdvfsError, ValueError):
+    """No plan fits the slowdown budget (not even every stage at the top clock)."""
+
+
+class ScheduleMismatchError(OpdvfsError, ValueError):
+    """A schedule does not fit the program it is applied to (operator count or sequence)."""
+
+
+class CaptureError(OpdvfsError, ValueError):
+    """Recording a workload from a running program failed (e.g. no complete iteration seen)."""
+
+
+class DistributedError(OpdvfsError, ValueError):
+    """Sharing a schedule across ranks failed (no process group, or a rank sent nothing)."""
