@@ -1,35 +1,83 @@
 """opdvfs: per-operator DVFS for deep-learning training and inference.
 
 The pipeline is ``workload -> profile -> fit -> plan -> execute -> measure``; each arrow is one of
-the plain data objects re-exported here, each of which round-trips losslessly through a file.
+the plain data objects exported here, each of which round-trips losslessly through a file, and
+each stage is one verb::
+
+    import opdvfs
+
+    device = opdvfs.SimulatedDevice.from_preset("ascend-910b-like")
+    workload = opdvfs.load_workload("bert")
+    profile = device.profile(workload, [1000, 1400, 1800])
+    models = opdvfs.ModelBundle(
+        opdvfs.PerfModel().fit(profile), opdvfs.PowerModel().fit(profile, device=device.spec)
+    )
+    inputs = opdvfs.PlanInputs.from_workload(workload, device.spec.freqs_mhz)
+    schedule = opdvfs.plan_schedule(models, inputs, target=0.02)
+    result, _ = device.run(workload, schedule)
+
+Names load on first use (PEP 562), so ``import opdvfs`` stays cheap and torch stays optional:
+the executor (:mod:`opdvfs.runtime`) imports it only when it runs.
 """
 
-from opdvfs.devices.spec import DeviceSpec, VoltageCurve
-from opdvfs.exceptions import (
-    InputFormatError,
-    NotFittedError,
-    OpdvfsError,
-    ProfileFormatError,
-    ScheduleFormatError,
-    ValidationError,
-)
-from opdvfs.profile import Profile
-from opdvfs.result import RunResult, StageRecord
-from opdvfs.schedule import Schedule, Stage, Switch
-from opdvfs.workloads.workload import Workload
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+#: Exported name -> the module that defines it.
+_EXPORTS: dict[str, str] = {
+    # data contracts
+    "DeviceSpec": "opdvfs.devices.spec",
+    "VoltageCurve": "opdvfs.devices.spec",
+    "Profile": "opdvfs.profile",
+    "Workload": "opdvfs.workloads.workload",
+    "PowerCalibration": "opdvfs.calibration",
+    "Schedule": "opdvfs.schedule",
+    "Stage": "opdvfs.schedule",
+    "Switch": "opdvfs.schedule",
+    "RunResult": "opdvfs.result",
+    "StageRecord": "opdvfs.result",
+    # errors
+    "OpdvfsError": "opdvfs.exceptions",
+    "InputFormatError": "opdvfs.exceptions",
+    "ProfileFormatError": "opdvfs.exceptions",
+    "ScheduleFormatError": "opdvfs.exceptions",
+    "ValidationError": "opdvfs.exceptions",
+    "NotFittedError": "opdvfs.exceptions",
+    "InfeasibleError": "opdvfs.exceptions",
+    # the verbs, stage by stage
+    "read_profile": "opdvfs.io",
+    "load_workload": "opdvfs.workloads.library",
+    "SimulatedDevice": "opdvfs.sim.twin",
+    "get_preset": "opdvfs.sim.presets",
+    "PerfModel": "opdvfs.models.perf",
+    "PowerModel": "opdvfs.models.power",
+    "ModelBundle": "opdvfs.models.bundle",
+    "PlanInputs": "opdvfs.plan.planner",
+    "plan_schedule": "opdvfs.plan.planner",
+    "plan_frontier": "opdvfs.plan.planner",
+}
+
 __all__ = [
     "DeviceSpec",
+    "InfeasibleError",
     "InputFormatError",
+    "ModelBundle",
     "NotFittedError",
     "OpdvfsError",
+    "PerfModel",
+    "PlanInputs",
+    "PowerCalibration",
+    "PowerModel",
     "Profile",
     "ProfileFormatError",
     "RunResult",
     "Schedule",
     "ScheduleFormatError",
+    "SimulatedDevice",
     "Stage",
     "StageRecord",
     "Switch",
@@ -37,4 +85,49 @@ __all__ = [
     "VoltageCurve",
     "Workload",
     "__version__",
+    "get_preset",
+    "load_workload",
+    "plan_frontier",
+    "plan_schedule",
+    "read_profile",
 ]
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
+    from opdvfs.calibration import PowerCalibration
+    from opdvfs.devices.spec import DeviceSpec, VoltageCurve
+    from opdvfs.exceptions import (
+        InfeasibleError,
+        InputFormatError,
+        NotFittedError,
+        OpdvfsError,
+        ProfileFormatError,
+        ScheduleFormatError,
+        ValidationError,
+    )
+    from opdvfs.io import read_profile
+    from opdvfs.models.bundle import ModelBundle
+    from opdvfs.models.perf import PerfModel
+    from opdvfs.models.power import PowerModel
+    from opdvfs.plan.planner import PlanInputs, plan_frontier, plan_schedule
+    from opdvfs.profile import Profile
+    from opdvfs.result import RunResult, StageRecord
+    from opdvfs.schedule import Schedule, Stage, Switch
+    from opdvfs.sim.presets import get_preset
+    from opdvfs.sim.twin import SimulatedDevice
+    from opdvfs.workloads.library import load_workload
+    from opdvfs.workloads.workload import Workload
+
+
+def __getattr__(name: str) -> Any:
+    """Import an exported name from its module on first use (PEP 562)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'opdvfs' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    """List the exported names beside the module's own."""
+    return sorted({*globals(), *_EXPORTS})
