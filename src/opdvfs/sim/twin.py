@@ -129,6 +129,28 @@ class SimulatedDevice:
         return idx
 
     # ----------------------------------------------------------------------------- core run
+    def _simulate_static(
+        self,
+        workload: Workload,
+        clock: int,
+        *,
+        iterations: int,
+        rng: np.random.Generator,
+        start_temp_c: float | None = None,
+    ) -> SimRun:
+        """:meth:`_simulate` at one clock (index) throughout: no switch is ever issued."""
+        none = np.empty(0, dtype=int)
+        return self._simulate(
+            workload,
+            iterations=iterations,
+            initial_clock=clock,
+            triggers=none,
+            clocks=none,
+            latency_us=0.0,
+            rng=rng,
+            start_temp_c=start_temp_c,
+        )
+
     def _simulate(
         self,
         workload: Workload,
@@ -284,19 +306,10 @@ class SimulatedDevice:
         fine = self.spec.power_sample_period_ms <= 1.0
         ascend = self.spec.vendor == "ascend"
         frames, samples, offset_s = [], [], 0.0
-        none = np.empty(0, dtype=int)
         for clock in clocks:
             f = float(self._clocks[clock])
             rng = np.random.default_rng([self.seed, round(f * 1000)])
-            run = self._simulate(
-                workload,
-                iterations=iterations,
-                initial_clock=int(clock),
-                triggers=none,
-                clocks=none,
-                latency_us=0.0,
-                rng=rng,
-            )
+            run = self._simulate_static(workload, int(clock), iterations=iterations, rng=rng)
             rows = self._rows(workload, run, f, rng, fine=fine, ratios=ascend)
             rows["wall_s"] = run.execution.start_us * 1e-6 + offset_s
             frames.append(rows)
@@ -493,18 +506,14 @@ class SimulatedDevice:
                 "gap_before_us": 1e4,
             }
         )
-        none = np.empty(0, dtype=int)
         rows = []
         for f in clocks:
             clock = int(self.clock_index([f])[0])
             rng = np.random.default_rng([self.seed, 99, clock])
-            run = self._simulate(
+            run = self._simulate_static(
                 Workload(nothing, name="idle"),
+                clock,
                 iterations=1,
-                initial_clock=clock,
-                triggers=none,
-                clocks=none,
-                latency_us=0.0,
                 rng=rng,
                 start_temp_c=self.params.ambient_c,
             )
@@ -534,13 +543,10 @@ class SimulatedDevice:
             name=[f"cool{i}" for i in range(ticks)], flops=0.0, bytes_loaded=0.0, bytes_stored=0.0
         )
         top = len(self._clocks) - 1
-        run = self._simulate(
+        run = self._simulate_static(
             Workload(pd.concat([load, cool], ignore_index=True), name="cool"),
+            top,
             iterations=1,
-            initial_clock=top,
-            triggers=none,
-            clocks=none,
-            latency_us=0.0,
             rng=np.random.default_rng([self.seed, 98]),
         )
         load_end = float(run.execution.end_us[load_ops - 1]) * 1e-6
