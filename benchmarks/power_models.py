@@ -34,8 +34,9 @@ import pandas as pd
 from opdvfs import Profile
 from opdvfs.io import read_profile
 from opdvfs.models.attribution import attribute_class_power
+from opdvfs.models.characterise import characterise_device, fit_voltage_curve
 from opdvfs.models.perf import PerfModel
-from opdvfs.models.power import PowerModel, characterise_device, fit_voltage_curve
+from opdvfs.models.power import PowerModel
 from opdvfs.sim import SimulatedDevice
 from opdvfs.sim.presets import get_preset
 from opdvfs.workloads.library import BUILDERS

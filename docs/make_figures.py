@@ -22,8 +22,9 @@ import numpy as np
 from opdvfs import Profile
 from opdvfs.datasets import dataset_path
 from opdvfs.io import read_profile
+from opdvfs.models.characterise import characterise_device
 from opdvfs.models.perf import PerfModel
-from opdvfs.models.power import PowerModel, characterise_device
+from opdvfs.models.power import PowerModel
 
 V100_KERNELS = ("matrixMul/matrixMulCUDA", "vectorAdd/vectorAdd")
 V100_TRAIN = [705.0, 1380.0]

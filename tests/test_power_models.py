@@ -9,16 +9,12 @@ from opdvfs import NotFittedError, Profile, ValidationError
 from opdvfs.calibration import PowerCalibration
 from opdvfs.cli import app
 from opdvfs.devices.spec import VoltageCurve
+from opdvfs.models._lsq import fit_fixed_effects
 from opdvfs.models.attribution import attribute_class_power, class_time_in_windows
+from opdvfs.models.characterise import characterise_device, fit_voltage_curve
 from opdvfs.models.perf import PerfModel
-from opdvfs.models.power import (
-    PowerModel,
-    characterise_device,
-    fit_core_power,
-    fit_fixed_effects,
-    fit_voltage_curve,
-    solve_temperature,
-)
+from opdvfs.models.power import PowerModel, fit_core_power
+from opdvfs.models.thermal import solve_temperature
 from opdvfs.models.validation import validate_power
 from opdvfs.sim import SimulatedDevice
 from opdvfs.sim.presets import get_preset
@@ -90,7 +86,7 @@ def test_three_clock_fit_predicts_the_measured_direction():
 
 def test_fixed_point_converges_in_few_iterations():
     # dT = k (P0 + g dT): contraction with k g = 0.035, the paper's "<= 4 iterations"
-    dtemp, steps = solve_temperature(lambda dt: 200.0 + 0.2 * dt, 15.0, 0.175, 3)
+    dtemp, steps = solve_temperature(lambda dt: 200.0 + 0.2 * dt, 0.175, 3)
     assert dtemp == pytest.approx(np.full(3, 0.175 * 200 / (1 - 0.175 * 0.2)), abs=0.01)
     assert steps <= 4
 

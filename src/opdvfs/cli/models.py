@@ -27,13 +27,9 @@ from opdvfs.cli._app import (
 from opdvfs.devices.spec import VoltageCurve
 from opdvfs.exceptions import ValidationError
 from opdvfs.models.bundle import ModelBundle
+from opdvfs.models.characterise import characterise_device
 from opdvfs.models.perf import FORMS, PerfModel
-from opdvfs.models.power import (
-    DYNAMIC_FORMS,
-    Dynamic,
-    PowerModel,
-    characterise_device,
-)
+from opdvfs.models.power import DYNAMIC_FORMS, Dynamic, PowerModel
 from opdvfs.models.validation import validate_perf, validate_power
 from opdvfs.sim.presets import get_preset, preset_spec
 

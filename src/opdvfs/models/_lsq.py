@@ -1,10 +1,15 @@
-"""Batched weighted least squares with sign constraints, for fitting every operator at once.
+"""Batched least squares for fitting every operator at once.
 
-All operators share the design (the training clocks) but each has its own weights (a missing
-measurement has weight 0), so one ``einsum`` builds every normal-equation system and one batched
-``solve`` answers them. Sign constraints are handled by enumerating active sets (few parameters),
-solving each candidate for all ops, and keeping per op the feasible candidate with the least
-squared error: exact for these small problems, and still a handful of vectorised calls.
+Per-clock forms (:mod:`opdvfs.models.perf`): all operators share the design (the training clocks)
+but each has its own weights (a missing measurement has weight 0), so one ``einsum`` builds every
+normal-equation system and one batched ``solve`` answers them. Sign constraints are handled by
+enumerating active sets (few parameters), solving each candidate for all ops, and keeping per op
+the feasible candidate with the least squared error: exact for these small problems, and still a
+handful of vectorised calls.
+
+Fixed effects (:mod:`opdvfs.models.power`, :mod:`opdvfs.models.characterise`): rows from every
+operator and clock, each operator with its own coefficients and all sharing a few. The per-op
+coefficients are eliminated with ``bincount``-built normal equations, one batch for all ops.
 """
 
 from __future__ import annotations
@@ -12,8 +17,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import scipy.optimize
 
-__all__ = ["constrained_wls", "nonneg_wls2", "wls"]
+__all__ = [
+    "constrained_wls",
+    "fit_fixed_effects",
+    "mean_by",
+    "nonneg_wls2",
+    "per_op_static",
+    "stack_columns",
+    "wls",
+]
 
 _RIDGE = 1e-12
 
@@ -143,3 +157,104 @@ def nonneg_wls2(
     enough = (w > 0).sum(axis=1) >= 2
     coef = np.where(enough[:, None], np.stack([c1, c2], axis=1), np.nan)
     return coef, np.where(enough, np.maximum(err, 0.0), np.inf)
+
+
+# --------------------------------------------------------------------------------- fixed effects
+def fit_fixed_effects(
+    per_op: np.ndarray,
+    shared: np.ndarray,
+    target: np.ndarray,
+    op: np.ndarray,
+    n_ops: int,
+    *,
+    weight: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares ``target = per_op . c_op + shared . s`` with ``s >= 0``, all ops at once.
+
+    The per-op coefficients are eliminated exactly (each op's rows are projected off the span
+    of its own columns: batched ``k x k`` normal equations built with ``bincount``), the shared
+    ones solved by NNLS on what is left, then the per-op ones recovered. A shared column that
+    the per-op columns already span (e.g. two clocks per op and two per-op columns) is not
+    identified by the data: it is left out (coefficient 0) instead of fitting noise.
+
+    Parameters
+    ----------
+    per_op
+        Columns with a coefficient per operator, shape (rows, k).
+    shared
+        Columns with one coefficient for every operator, shape (rows, s); s may be 0.
+    target
+        Measured values, shape (rows,).
+    op
+        Operator index of each row, in ``[0, n_ops)``.
+    weight
+        Row weights (e.g. ``1 / target**2`` for relative errors); default 1.
+
+    Returns
+    -------
+    per_op_coef : ndarray, shape (n_ops, k)
+        Min-norm where an op's rows do not pin all k (fewer distinct points than columns).
+    shared_coef : ndarray, shape (s,)
+    """
+    root = np.sqrt(weight) if weight is not None else np.ones(len(target))
+    b = per_op * root[:, None]
+    k = b.shape[1]
+    gram = np.empty((n_ops, k, k))
+    for i in range(k):
+        for j in range(i, k):
+            gram[:, i, j] = gram[:, j, i] = np.bincount(op, b[:, i] * b[:, j], minlength=n_ops)
+    # relative cutoff: the columns' scales differ by orders of magnitude (W vs W us)
+    scale = np.sqrt(np.einsum("nii->ni", gram)) + 1e-300
+    inv = np.linalg.pinv(gram / scale[:, :, None] / scale[:, None, :], rcond=1e-10)
+    inv = inv / scale[:, :, None] / scale[:, None, :]
+
+    def per_op_fit(col: np.ndarray) -> np.ndarray:
+        rhs = np.stack([np.bincount(op, b[:, i] * col, minlength=n_ops) for i in range(k)], 1)
+        return np.einsum("nij,nj->ni", inv, rhs)
+
+    def within(col: np.ndarray) -> np.ndarray:
+        return col - np.einsum("rk,rk->r", b, per_op_fit(col)[op])
+
+    y = target * root
+    cols = shared * root[:, None]
+    design = np.stack([within(c) for c in cols.T], axis=1) if cols.shape[1] else cols
+    norm = np.linalg.norm(cols, axis=0)
+    design[:, np.linalg.norm(design, axis=0) <= 1e-9 * np.maximum(norm, 1e-300)] = 0.0
+    shared_coef = scipy.optimize.nnls(design, within(y))[0] if cols.shape[1] else np.zeros(0)
+    return per_op_fit(y - cols @ shared_coef), shared_coef
+
+
+def per_op_static(
+    x: np.ndarray, volt: np.ndarray, power: np.ndarray, op: np.ndarray, n_ops: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-op least squares ``P = u + theta V + alpha x``: (alpha, theta) per op, all at once.
+
+    The 3x3 normal equations of every op are built with ``bincount`` and solved as one batch;
+    an op whose points do not pin three parameters keeps theta = 0 and the two-parameter line.
+    """
+    basis = np.stack([np.ones_like(x), volt, x], axis=1)
+    gram = np.zeros((n_ops, 3, 3))
+    rhs = np.zeros((n_ops, 3))
+    for a in range(3):
+        rhs[:, a] = np.bincount(op, basis[:, a] * power, minlength=n_ops)
+        for b in range(3):
+            gram[:, a, b] = np.bincount(op, basis[:, a] * basis[:, b], minlength=n_ops)
+    ok = np.linalg.cond(gram) < 1e12
+    coef = np.zeros((n_ops, 3))
+    coef[ok] = np.linalg.solve(gram[ok], rhs[ok][..., None])[..., 0]
+    # the two-parameter line (u + alpha x) where three are not identified
+    two = gram[:, [0, 2]][:, :, [0, 2]]
+    fallback = np.linalg.solve(two[~ok] + 1e-300 * np.eye(2), rhs[~ok][:, [0, 2], None])[..., 0]
+    coef[~ok, 2] = fallback[:, 1]
+    return coef[:, 2], coef[:, 1]
+
+
+def stack_columns(cols: list[np.ndarray], rows: int) -> np.ndarray:
+    """Stack columns into a (rows, len(cols)) design; (rows, 0) when there are none."""
+    return np.stack(cols, axis=1) if cols else np.zeros((rows, 0))
+
+
+def mean_by(op: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Mean of ``values`` per operator index ``op`` in ``[0, n)``; 0 for an op with no row."""
+    count = np.bincount(op, minlength=n)
+    return np.bincount(op, values, minlength=n) / np.maximum(count, 1)

@@ -9,6 +9,9 @@ A training iteration repeats the same mix of operators, so most windows hold nea
 mix and the plain fit is ill-conditioned (class powers trade off against each other). The fit is
 therefore ridge-regularised towards the mean power, with the strength chosen by cross-validation
 over contiguous blocks of windows.
+
+:func:`power_rows` gives the power models their per-op rows: the profile's measured power
+columns, or the class powers attributed from its sensor windows.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
-__all__ = ["attribute_class_power", "class_time_in_windows", "ridge_nnls"]
+from opdvfs.exceptions import ValidationError
+from opdvfs.profile import Profile
+
+__all__ = ["attribute_class_power", "class_time_in_windows", "power_rows", "ridge_nnls"]
 
 
 def class_time_in_windows(
@@ -137,3 +143,44 @@ def attribute_class_power(
             )
         )
     return pd.concat(out, ignore_index=True)
+
+
+def power_rows(profile: Profile, window_ms: float | None = None) -> pd.DataFrame:
+    """Profile rows with per-op power: measured, or attributed from the sensor windows.
+
+    Parameters
+    ----------
+    profile
+        With ``core_power_w`` and/or ``chip_power_w`` per op, or sensor samples and the ops'
+        wall-clock start times (``wall_s``).
+    window_ms
+        The samples' averaging window (ms); default from the profile's metadata
+        (``meta["sensor"]["window_ms"]``).
+
+    Returns
+    -------
+    DataFrame
+        The rows with measured power (rows missing it dropped), or every row with
+        ``chip_power_w`` set to its class's attributed power at its clock
+        (:func:`attribute_class_power`).
+    """
+    ops = profile.ops
+    if "core_power_w" in ops or "chip_power_w" in ops:
+        cols = [c for c in ("core_power_w", "chip_power_w") if c in ops]
+        return ops.dropna(subset=cols)
+    samples = profile.samples
+    if samples is None or "wall_s" not in ops or ops["wall_s"].isna().any():
+        raise ValidationError(
+            "profile has no per-op power columns and no sensor samples with op wall times "
+            "(wall_s) to attribute them from",
+            field="chip_power_w",
+        )
+    window = window_ms or profile.meta.get("sensor", {}).get("window_ms")
+    if not window:
+        raise ValidationError(
+            "the sensor's averaging window is unknown: pass window_ms", field="window_ms"
+        )
+    cls = attribute_class_power(ops, samples, window_s=float(window) / 1e3)
+    table = cls.set_index(["freq_mhz", "type"])["power_w"]
+    key = pd.MultiIndex.from_arrays([ops["freq_mhz"], ops["type"].astype(str)])
+    return ops.assign(chip_power_w=table.reindex(key).to_numpy())

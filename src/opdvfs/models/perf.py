@@ -31,7 +31,8 @@ from typing import Any, Self
 import numpy as np
 
 from opdvfs._files import JsonFile
-from opdvfs.exceptions import InputFormatError, NotFittedError, ValidationError
+from opdvfs.exceptions import InputFormatError, ValidationError
+from opdvfs.models._estimator import check_is_fitted
 from opdvfs.models._lsq import constrained_wls, nonneg_wls2
 from opdvfs.profile import Profile
 
@@ -317,10 +318,6 @@ class PerfModel(JsonFile):
         self.violation_ = check_physics(train, t_train)
         return self
 
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "coef_"):
-            raise NotFittedError("this PerfModel is not fitted yet; call fit(profile) first")
-
     def predict(
         self, freqs_mhz: Sequence[float] | np.ndarray, op_ids: np.ndarray | None = None
     ) -> np.ndarray:
@@ -330,7 +327,7 @@ class PerfModel(JsonFile):
         -------
         ndarray, shape (n_ops, n_freqs)
         """
-        self._check_fitted()
+        check_is_fitted(self, "coef_")
         rows = slice(None) if op_ids is None else np.searchsorted(self.op_ids_, op_ids)
         f = np.atleast_1d(np.asarray(freqs_mhz, dtype=float)) / 1e3
         return predict_times(self.form_, self.coef_[rows], f, self.train_freqs_mhz_ / 1e3)
@@ -338,7 +335,7 @@ class PerfModel(JsonFile):
     # ----------------------------------------------------------------------------- files
     def to_dict(self) -> dict[str, Any]:
         """Return the fitted model as a JSON-ready dict (lossless: floats round-trip)."""
-        self._check_fitted()
+        check_is_fitted(self, "coef_")
         return {
             "format": "opdvfs.perf-model",
             "version": 1,

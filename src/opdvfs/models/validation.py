@@ -9,13 +9,16 @@ operators under 20 us: 58.3% of them, 0.9% of the time) with their share of the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-from opdvfs.devices.spec import VoltageCurve
+from opdvfs.calibration import PowerCalibration
+from opdvfs.devices.spec import DeviceSpec, VoltageCurve
 from opdvfs.exceptions import ValidationError
+from opdvfs.models.attribution import power_rows
 from opdvfs.models.perf import PerfModel
+from opdvfs.models.power import Dynamic, PowerModel
 from opdvfs.profile import Profile
 
 __all__ = ["error_summary", "relative_errors_pct", "validate_perf", "validate_power"]
@@ -48,6 +51,20 @@ def error_summary(pred: np.ndarray, actual: np.ndarray) -> dict[str, float | int
     }
 
 
+def _held_out_clocks(freqs_mhz: np.ndarray, train_mhz: np.ndarray, clocks: str) -> np.ndarray:
+    """Return the clocks of ``freqs_mhz`` not trained on; none is an error (nothing to score).
+
+    ``clocks`` names what ``freqs_mhz`` holds, for the message.
+    """
+    test = np.array([f for f in freqs_mhz if not np.isclose(train_mhz, f).any()])
+    if test.size == 0:
+        raise ValidationError(
+            f"every {clocks} is a training clock; leave at least one out to validate",
+            field="train_freqs_mhz",
+        )
+    return test
+
+
 def validate_perf(
     profile: Profile,
     train_freqs_mhz: Sequence[float],
@@ -68,12 +85,7 @@ def validate_perf(
     model = PerfModel(form=form).fit(profile, train_freqs_mhz)
     _, freqs, times = profile.time_matrix_us()
     train = model.train_freqs_mhz_
-    test = np.array([f for f in freqs if not np.isclose(train, f).any()])
-    if test.size == 0:
-        raise ValidationError(
-            "every clock of the profile is a training clock; leave at least one out to validate",
-            field="train_freqs_mhz",
-        )
+    test = _held_out_clocks(freqs, train, "clock of the profile")
     test_cols = [int(np.flatnonzero(np.isclose(freqs, f))[0]) for f in test]
     top = int(np.flatnonzero(np.isclose(freqs, train.max()))[0])
     short = ~(times[:, top] >= min_us)
@@ -95,10 +107,10 @@ def validate_power(
     train_freqs_mhz: Sequence[float],
     *,
     temperature: bool = True,
-    device: Any = None,
-    calibration: Any = None,
+    device: DeviceSpec | None = None,
+    calibration: PowerCalibration | None = None,
     window_ms: float | None = None,
-    dynamic: Literal["clock", "throughput"] = "clock",
+    dynamic: Dynamic = "clock",
     measured_times: bool = False,
     voltage: VoltageCurve | None = None,
 ) -> dict[str, Any]:
@@ -120,8 +132,6 @@ def validate_power(
         ``gamma dT V`` term in the predicted power), ``iterations`` (most fixed-point steps),
         ``train_freqs_mhz`` and ``test_freqs_mhz``.
     """
-    from opdvfs.models.power import PowerModel
-
     def fit(with_t: bool) -> PowerModel:
         return PowerModel(temperature=with_t, dynamic=dynamic, voltage=voltage).fit(
             profile,
@@ -132,18 +142,13 @@ def validate_power(
         )
 
     model = fit(temperature)
-    rows = model.power_rows(profile, window_ms)  # the rows it was fitted on
+    rows = power_rows(profile, window_ms)  # the rows it was fitted on
     table = rows.pivot_table(
         index="op", columns="freq_mhz", values=f"{model.rail_}_power_w", aggfunc="median"
     ).reindex(model.op_ids_)
     freqs = table.columns.to_numpy(dtype=float)
     train = model.train_freqs_mhz_
-    test = np.array([f for f in freqs if not np.isclose(train, f).any()])
-    if test.size == 0:
-        raise ValidationError(
-            "every clock with power data is a training clock; leave one out",
-            field="train_freqs_mhz",
-        )
+    test = _held_out_clocks(freqs, train, "clock with power data")
     actual = table[test].to_numpy(dtype=float)
     time_us = None  # the clock form does not use the ops' times
     if dynamic == "throughput" and measured_times:

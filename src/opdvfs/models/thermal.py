@@ -1,0 +1,95 @@
+"""The thermal model ``T = T0 + k P_chip`` (paper eq. 15) and its fixed point at a new clock.
+
+``T0`` and ``k`` come from the profile's load runs: the mean temperature and the time-weighted
+chip power of each profiled clock (and the idle runs of a calibration, when given). At a clock
+not profiled, the temperature rise ``dT`` that the leakage term ``gamma dT V`` needs depends on
+the power, which depends on ``dT``: :func:`solve_temperature` iterates from ``dT = 0`` (the
+paper reports <= 4 steps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+from opdvfs.calibration import PowerCalibration
+
+__all__ = ["fit_thermal", "solve_temperature"]
+
+_FIXED_POINT_TOL_C = 0.01
+_FIXED_POINT_MAX = 50
+#: ``T0`` when the profile has no temperature or chip power to fit it from.
+_DEFAULT_AMBIENT_C = 25.0
+
+
+def solve_temperature(
+    chip_w_at: Callable[[np.ndarray], np.ndarray | float], k_c_per_w: float, n: int
+) -> tuple[np.ndarray, int]:
+    """Solve ``dT = k P_chip(dT)`` by fixed-point iteration from ``dT = 0`` (paper §5.3).
+
+    Parameters
+    ----------
+    chip_w_at
+        ``chip_w_at(dtemp)``: the chip power (W), shape (n,) or scalar, at temperature rise
+        ``dtemp`` (C over ``T0``), shape (n,).
+    k_c_per_w
+        Slope ``k`` of ``T = T0 + k P_chip`` (C per W).
+    n
+        Number of rises solved at once (one per op, or one broadcast to all).
+
+    Returns
+    -------
+    dtemp : ndarray, shape (n,)
+        Temperature rise over ``T0`` (C).
+    iterations : int
+        Fixed-point steps taken (at most 50).
+    """
+    dtemp = np.zeros(n)
+    for it in range(1, _FIXED_POINT_MAX + 1):
+        new = k_c_per_w * np.asarray(chip_w_at(dtemp), dtype=float)
+        done = np.max(np.abs(new - dtemp)) < _FIXED_POINT_TOL_C
+        dtemp = np.broadcast_to(new, (n,)).copy()
+        if done:
+            return dtemp, it
+    return dtemp, _FIXED_POINT_MAX
+
+
+def fit_thermal(
+    rows: pd.DataFrame, calibration: PowerCalibration | None = None
+) -> tuple[float, float]:
+    """Fit ``T0, k`` of ``T = T0 + k P_chip`` (eq. 15) on each clock's run (the paper's load runs).
+
+    Parameters
+    ----------
+    rows
+        Profile rows with ``freq_mhz``, ``time_us`` and, to fit anything, ``temp_c`` and
+        ``chip_power_w``.
+    calibration
+        Its idle runs, when they have ``temp_c`` and ``chip_power_w``, are load runs too (at the
+        lowest power).
+
+    Returns
+    -------
+    ambient_c : float
+        ``T0`` (C); 25 without temperature or chip power.
+    k_c_per_w : float
+        ``k`` (C per W), >= 0; 0 when the runs' power does not vary.
+    """
+    if "temp_c" not in rows or "chip_power_w" not in rows:
+        return _DEFAULT_AMBIENT_C, 0.0
+    weighted = rows.assign(_pt=rows["chip_power_w"] * rows["time_us"])
+    sums = weighted.groupby("freq_mhz").agg(
+        t=("temp_c", "mean"), pt=("_pt", "sum"), time=("time_us", "sum")
+    )
+    runs = pd.DataFrame({"t": sums["t"], "p": sums["pt"] / sums["time"]})
+    if calibration is not None and {"temp_c", "chip_power_w"} <= set(calibration.idle.columns):
+        idle = pd.DataFrame(
+            {"t": calibration.idle["temp_c"], "p": calibration.idle["chip_power_w"]}
+        )
+        runs = pd.concat([runs, idle], ignore_index=True)
+    if len(runs) < 2 or np.ptp(runs["p"]) < 1e-6:
+        return float(runs["t"].mean()), 0.0
+    k, t0 = np.polyfit(runs["p"], runs["t"], 1)
+    return float(t0), float(max(k, 0.0))
