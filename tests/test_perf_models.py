@@ -6,7 +6,7 @@ import pytest
 from scipy.optimize import lsq_linear, nnls
 from typer.testing import CliRunner
 
-from opdvfs import NotFittedError, Profile, ValidationError
+from opdvfs import Profile, ValidationError
 from opdvfs.cli import app
 from opdvfs.datasets import dataset_path
 from opdvfs.io import read_profile
@@ -154,21 +154,6 @@ def test_model_flags_instead_of_absorbing():
 
 
 # ------------------------------------------------------------------ estimator contract
-def test_unfitted_model_raises():
-    with pytest.raises(NotFittedError):
-        PerfModel().predict([1000.0])
-
-
-def test_fit_does_not_mutate_and_is_deterministic():
-    _, times = truth("func1", n=10)
-    profile = profile_from(times)
-    before = profile.ops
-    a = PerfModel().fit(profile, [1000, 1400, 1800])
-    b = PerfModel().fit(profile, [1000, 1400, 1800])
-    pd.testing.assert_frame_equal(profile.ops, before)
-    np.testing.assert_array_equal(a.coef_, b.coef_)
-
-
 @pytest.mark.parametrize(("clocks", "form"), [(2, "roofline"), (3, "func1")])
 def test_auto_form_by_number_of_clocks(clocks, form):
     _, times = truth("func1", n=5)

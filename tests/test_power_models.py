@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from opdvfs import NotFittedError, Profile, ValidationError
+from opdvfs import Profile, ValidationError
 from opdvfs.calibration import PowerCalibration
 from opdvfs.cli import app
 from opdvfs.devices.spec import VoltageCurve
@@ -129,21 +129,6 @@ def test_calibration_recovers_the_twins_leakage_slope(bert_profile):
     assert (np.diff(idle["core_power_w"]) > 0).all()  # idle power rises with the clock
 
 
-def test_model_contract_and_round_trip(tmp_path, bert_profile):
-    _, profile = bert_profile
-    with pytest.raises(NotFittedError):
-        PowerModel().predict([1000.0])
-    before = profile.ops
-    model = PowerModel().fit(profile, [1000, 1800], device=ASCEND.spec)
-    pd.testing.assert_frame_equal(profile.ops, before)
-    model.write(tmp_path / "power.json")
-    back = PowerModel.read(tmp_path / "power.json")
-    a, b = model.predict([1300.0]), back.predict([1300.0])
-    np.testing.assert_array_equal(a["core_w"], b["core_w"])
-    with pytest.raises(ValidationError, match="1250 MHz has no power data"):
-        PowerModel().fit(profile, [1250, 1800])
-
-
 def test_class_time_in_windows_is_exact():
     start = np.array([0.0, 0.3, 0.5, 1.2])
     dur = np.array([0.2, 0.2, 0.4, 0.3])
@@ -231,26 +216,6 @@ def test_profile_without_power_is_a_clear_error():
     )
     with pytest.raises(ValidationError, match="no per-op power columns"):
         PowerModel().fit(Profile(ops))
-
-
-def test_model_bundle_round_trip(tmp_path, bert_profile):
-    from opdvfs.models.bundle import ModelBundle
-    from opdvfs.models.perf import PerfModel
-
-    _, profile = bert_profile
-    bundle = ModelBundle(
-        PerfModel().fit(profile, [1000, 1800]),
-        PowerModel().fit(profile, [1000, 1800], device=ASCEND.spec),
-    )
-    bundle.write(tmp_path / "models.json")
-    back = ModelBundle.read(tmp_path / "models.json")
-    np.testing.assert_array_equal(back.perf.predict([1300.0]), bundle.perf.predict([1300.0]))
-    np.testing.assert_array_equal(
-        back.power.predict([1300.0])["chip_w"], bundle.power.predict([1300.0])["chip_w"]
-    )
-    (tmp_path / "bad.json").write_text('{"format": "opdvfs.models"}')
-    with pytest.raises(Exception, match="field 'perf': missing"):
-        ModelBundle.read(tmp_path / "bad.json")
 
 
 def kernel_rows(op: np.ndarray, freq_mhz: np.ndarray, chip_power_w: np.ndarray) -> pd.DataFrame:

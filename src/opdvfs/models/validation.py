@@ -132,6 +132,7 @@ def validate_power(
         ``gamma dT V`` term in the predicted power), ``iterations`` (most fixed-point steps),
         ``train_freqs_mhz`` and ``test_freqs_mhz``.
     """
+
     def fit(with_t: bool) -> PowerModel:
         return PowerModel(temperature=with_t, dynamic=dynamic, voltage=voltage).fit(
             profile,
