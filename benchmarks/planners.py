@@ -18,10 +18,10 @@ import pandas as pd
 from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel
+from opdvfs.plan import PlanInputs, plan_schedule, stage_problem
 from opdvfs.plan.dp import solve
-from opdvfs.plan.planner import PlanInputs, _stages, plan_schedule
 from opdvfs.sim import SimulatedDevice
-from opdvfs.workloads.library import BUILDERS
+from opdvfs.workloads import BUILDERS
 
 CASES = [("gpt3", t) for t in (0.02, 0.04, 0.06, 0.08, 0.10)] + [
     ("bert", 0.02),
@@ -87,7 +87,7 @@ def many_clocks() -> pd.DataFrame:
         power = PowerModel().fit(profile, device=spec)
         models = ModelBundle(PerfModel().fit(profile), power)
         inputs = PlanInputs.from_workload(w, spec.freqs_mhz, device=spec.name)
-        tables = _stages(models, inputs, "energy", 5.0).tables
+        tables = stage_problem(models, inputs, objective="energy", interval_ms=5.0).tables
         top = tables.shape[1] - 1
         base_e = float(tables.energy_j[:, top].sum())
         budget = 1.02 * float(tables.time_s[:, top].sum())

@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from opdvfs.cli import app
-from opdvfs.experiments import measure, prepare, run_paper_suite
+from opdvfs.experiments import SuiteResult, measure, prepare
 from opdvfs.experiments.suites import plan_and_measure
 
 DEMO_KEYS = {
@@ -24,6 +24,19 @@ DEMO_KEYS = {
 @pytest.fixture(scope="module")
 def bert_bench():
     return prepare("bert", "ascend-910b-like")
+
+
+@pytest.fixture(scope="module")
+def paper_report(tmp_path_factory):
+    """The paper suite, run once for the module through ``opdvfs evaluate --json``.
+
+    It is the suite's slowest part (about 20 plans, each measured on the simulator), so the
+    CLI's test and the suite's own checks share one run: the CLI's payload and report folder.
+    """
+    out = tmp_path_factory.mktemp("evaluate") / "eval"
+    res = CliRunner().invoke(app, ["evaluate", "--out", str(out), "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout), out
 
 
 def test_measured_outcome_is_against_the_measured_top_clock(bert_bench):
@@ -54,8 +67,10 @@ def test_late_switches_cost_time_the_plan_did_not_expect(bert_bench):
     assert delayed.perf_loss_pct > outcome.perf_loss_pct
 
 
-def test_paper_suite_rows_and_goals():
-    result = run_paper_suite()
+@pytest.mark.slow
+def test_paper_suite_rows_and_goals(paper_report):
+    _, out = paper_report
+    result = SuiteResult.read(out / "results.json")  # what run_paper_suite returned
     table = result.sections["table3"]
     assert [(o.workload, o.target_pct) for o in table] == [
         ("gpt3", 2.0),
@@ -92,6 +107,7 @@ def test_paper_suite_rows_and_goals():
     assert host[1].core_energy_saving_pct > host[0].core_energy_saving_pct
 
 
+@pytest.mark.slow
 def test_demo_cli_json_report_and_rerender(tmp_path):
     runner = CliRunner()
     out = tmp_path / "demo"
@@ -117,18 +133,22 @@ def test_report_of_a_folder_without_results_is_one_error_line(tmp_path):
     res = CliRunner().invoke(app, ["report", str(tmp_path)])
     assert res.exit_code == 2
     assert "results.json" in res.output and "Traceback" not in res.output
+    (tmp_path / "results.json").write_text('{"suite": "paper"}')  # valid JSON, not a result
+    res = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "results.json: field 'device'" in res.stderr
 
 
 def test_demo_rejects_a_bad_objective(tmp_path):
     res = CliRunner().invoke(app, ["demo", "--objective", "speed", "--out", str(tmp_path)])
     assert res.exit_code == 2
-    assert "--objective" in res.output
+    assert "--objective" in res.stderr and "'speed' is not one of" in res.stderr
 
 
-def test_evaluate_cli_writes_the_report_and_its_figure(tmp_path):
-    res = CliRunner().invoke(app, ["evaluate", "--out", str(tmp_path / "eval"), "--json"])
-    assert res.exit_code == 0, res.output
-    payload = json.loads(res.stdout)
+@pytest.mark.slow
+def test_evaluate_cli_writes_the_report_and_its_figure(paper_report):
+    payload, out = paper_report
+    assert payload["report"] == str(out / "report.md")
     assert set(payload["sections"]) == {
         "table3",
         "ablations",
@@ -136,11 +156,12 @@ def test_evaluate_cli_writes_the_report_and_its_figure(tmp_path):
         "short iteration",
         "inference",
     }
-    report = (tmp_path / "eval" / "report.md").read_text()
+    report = (out / "report.md").read_text()
     assert "[15.27%]" in report  # the paper's GPT-3 2% AICore figure beside ours
-    assert (tmp_path / "eval" / "table3.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "table3.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_a_gpu_like_device_with_a_coarse_sensor_plans_from_attributed_power():
     bench = prepare("bert", "a100-like")  # 100 ms NVML-like windows: power only from samples
     assert "chip_power_w" not in bench.profile.ops and bench.profile.n_iterations > 1

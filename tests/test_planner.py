@@ -7,15 +7,18 @@ from typer.testing import CliRunner
 
 from opdvfs import Schedule
 from opdvfs.cli import app
+from opdvfs.exceptions import InfeasibleError, ValidationError
 from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel
+from opdvfs.plan import PlanInputs, plan_grouped, plan_schedule, stage_problem
 from opdvfs.plan.classify import HIGH, LOW, classify_by_ratios, classify_by_sensitivity, sensitivity
-from opdvfs.plan.planner import PlanInputs, plan_schedule
 from opdvfs.plan.segment import segment
+from opdvfs.profile import Profile
+from opdvfs.schedule import DISPATCHES, OBJECTIVES
 from opdvfs.sim import SimulatedDevice
 from opdvfs.sim.presets import get_preset
-from opdvfs.workloads.library import BUILDERS
+from opdvfs.workloads import BUILDERS
 
 ASCEND = get_preset("ascend-910b-like")
 
@@ -219,7 +222,21 @@ def test_cli_plan_then_simulate(tmp_path, bert_models):
     res = runner.invoke(
         app, ["plan", str(path), "--target", "0.02", "--solver", "milp", "--out", str(out)]
     )
-    assert res.exit_code == 2 and "expected dp or ga" in res.stderr
+    assert res.exit_code == 2 and "'milp' is not one of 'dp', 'ga'" in res.stderr
+
+
+def test_cli_plan_lists_and_enforces_the_choices():
+    """typer checks --objective/--dispatch against the one vocabulary; --help lists it."""
+    runner = CliRunner()
+    res = runner.invoke(app, ["plan", "--help"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0
+    assert "<" + "|".join(OBJECTIVES) + ">" in res.stdout
+    assert "<" + "|".join(DISPATCHES) + ">" in res.stdout
+    for option in ("--objective", "--dispatch"):
+        res = runner.invoke(
+            app, ["plan", "p.parquet", "--target", "0.02", "-o", "s.json", option, "x"]
+        )
+        assert res.exit_code == 2 and option in res.stderr and "Traceback" not in res.output
 
 
 def test_ga_never_beats_the_dp_lower_bound(bert_models):
@@ -233,7 +250,7 @@ def test_ga_never_beats_the_dp_lower_bound(bert_models):
 
 @pytest.mark.parametrize("switch_latency_ms", [1.0, 15.0])
 @pytest.mark.parametrize("dispatch", ["predictive", "reactive"])
-@pytest.mark.parametrize("objective", ["energy", "core-energy", "power", "paper"])
+@pytest.mark.parametrize("objective", OBJECTIVES)
 def test_every_objective_plans_within_the_budget(
     bert_models, objective, dispatch, switch_latency_ms
 ):
@@ -302,3 +319,67 @@ def test_cli_plan_budget_scale_plans_for_a_smaller_slowdown(tmp_path, bert_model
         ],
     )
     assert res.exit_code == 2
+
+
+def test_plan_inputs_from_a_profile_match_its_workload(bert_models):
+    """Streams, idle time and the device's clocks from a simulated profile; ratio classes too."""
+    dev, w, _, from_workload = bert_models
+    profile = dev.profile(w, [1000, 1800])
+    inputs = PlanInputs.from_profile(profile)
+    assert inputs.device == ASCEND.spec.name and inputs.workload == w.name
+    np.testing.assert_array_equal(inputs.freqs_mhz, ASCEND.spec.freqs_mhz)  # not the 2 profiled
+    np.testing.assert_array_equal(inputs.streams, from_workload.streams)
+    np.testing.assert_allclose(inputs.idle_before_us, from_workload.idle_before_us, atol=1e-6)
+    top = profile.ops[(profile.ops["freq_mhz"] == 1800) & (profile.ops["iteration"] == 0)]
+    expected_classes = classify_by_ratios(top.sort_values("op").reset_index(drop=True))[0]
+    np.testing.assert_array_equal(inputs.classes, expected_classes)
+    # a workload replaces the profile's streams and idle time, not its classes
+    with_workload = PlanInputs.from_profile(profile, workload=w)
+    assert with_workload.phases is not None
+    np.testing.assert_array_equal(with_workload.classes, expected_classes)
+
+
+def test_plan_inputs_idle_time_from_start_times():
+    """The idle time before an op is its start minus the previous op's end (never negative)."""
+    ops = pd.DataFrame(
+        {
+            "op": [0, 1, 2, 0, 1, 2],
+            "name": ["a", "b", "c"] * 2,
+            "stream": ["compute", "comm", "compute"] * 2,
+            "freq_mhz": [1000.0] * 3 + [1800.0] * 3,
+            "time_us": [10.0, 5.0, 5.0, 8.0, 4.0, 4.0],
+            "start_us": [0.0, 10.0, 30.0, 0.0, 7.0, 20.0],
+        }
+    )
+    inputs = PlanInputs.from_profile(Profile(ops, meta={"device": "a real device"}))
+    assert inputs.device is None and inputs.classes is None
+    np.testing.assert_array_equal(inputs.freqs_mhz, [1000.0, 1800.0])  # no preset: profiled
+    np.testing.assert_array_equal(inputs.idle_before_us, [0.0, 0.0, 9.0])  # 1800 MHz rows
+    assert inputs.streams.tolist() == ["compute", "comm", "compute"]
+
+
+def test_stage_problem_is_plan_schedules_preprocessing(bert_models):
+    _, _, models, inputs = bert_models
+    problem = stage_problem(models, inputs, objective="core-energy", interval_ms=5.0)
+    schedule = plan_schedule(models, inputs, target=0.02, objective="core-energy")
+    n_stages, n_clocks = problem.tables.shape
+    assert n_clocks == len(ASCEND.spec.freqs_mhz) and n_stages == len(problem.starts)
+    assert len(schedule.stages) <= n_stages  # stages at one clock merge in the schedule
+    assert {s.first_op for s in schedule.stages} <= set(problem.starts.tolist())
+    top = problem.core_energy_j[:, -1].sum()
+    assert problem.tables.energy_j[:, -1].sum() == pytest.approx(top)  # the core rail
+
+
+def test_planner_errors_are_typed(bert_models):
+    _, _, models, inputs = bert_models
+    with pytest.raises(InfeasibleError, match="no plan fits a -50.0% slowdown"):
+        plan_schedule(models, inputs, target=-0.5)
+    with pytest.raises(ValidationError, match="no power model"):
+        plan_schedule(ModelBundle(models.perf, None), inputs, target=0.02)
+    with pytest.raises(ValidationError, match="5 groups"):
+        plan_grouped(models, inputs, np.arange(len(inputs.streams)) % 5, target=0.02)
+    short = PlanInputs(inputs.freqs_mhz, inputs.streams[:-1], inputs.idle_before_us[:-1])
+    with pytest.raises(ValidationError, match="ops but the models"):
+        plan_schedule(models, short, target=0.02)
+    with pytest.raises(ValidationError, match="no ratio_"):
+        classify_by_ratios(pd.DataFrame({"stream": ["compute"]}))

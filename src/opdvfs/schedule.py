@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from typing import Literal, Self
+from typing import Literal, Self, get_args
 
 import numpy as np
 import pydantic
@@ -22,9 +22,32 @@ from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, Pos
 from opdvfs._model import FrozenModel
 from opdvfs.exceptions import ScheduleFormatError
 
-__all__ = ["Objective", "Schedule", "Stage", "Switch", "op_signature"]
+__all__ = [
+    "DISPATCHES",
+    "OBJECTIVES",
+    "SOLVERS",
+    "Dispatch",
+    "Objective",
+    "Schedule",
+    "Solver",
+    "Stage",
+    "Switch",
+    "op_signature",
+]
 
+#: What a plan minimises within its slowdown budget: chip energy, core (AICore) energy, mean
+#: chip power, or the paper's eq. 17 score (best ``Per^2 / Power`` on the frontier).
 Objective = Literal["energy", "core-energy", "power", "paper"]
+#: When a switch is issued: ahead of its stage by the switch latency, or when the stage starts.
+Dispatch = Literal["predictive", "reactive"]
+#: The planner's search: the exact, certified programme or the paper's genetic algorithm.
+Solver = Literal["dp", "ga"]
+
+# The planner, the experiments and the CLI's choices all read these; the Literals are the one
+# place the names are spelled.
+OBJECTIVES: tuple[Objective, ...] = get_args(Objective)
+DISPATCHES: tuple[Dispatch, ...] = get_args(Dispatch)
+SOLVERS: tuple[Solver, ...] = get_args(Solver)
 
 
 def op_signature(names: Iterable[str]) -> str:
@@ -100,7 +123,7 @@ class Schedule(FrozenModel):
     target: NonNegativeFloat
     objective: Objective = "energy"
     solver: str = Field(min_length=1)
-    dispatch: Literal["predictive", "reactive"] = "predictive"
+    dispatch: Dispatch = "predictive"
     switch_latency_ms: NonNegativeFloat = 0.0
     interval_ms: NonNegativeFloat | None = None
     device: str | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated
 
 import numpy as np
 import typer
@@ -19,56 +19,28 @@ from opdvfs.cli._app import (
     stdout,
     train_clocks,
 )
+from opdvfs.devices.spec import DeviceSpec
 from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel
-from opdvfs.plan.classify import classify_by_ratios
 from opdvfs.plan.planner import PlanInputs, plan_frontier, plan_schedule
-from opdvfs.profile import Profile
+from opdvfs.schedule import Dispatch, Objective, Solver
 from opdvfs.sim.presets import get_preset, preset_spec
 from opdvfs.workloads.library import load_workload
 
 
-def _plan_inputs(
-    profile: Profile | None, n_ops: int, device: str | None, workload: str | None
+def _inputs_for_models_file(
+    n_ops: int, spec: DeviceSpec | None, workload: str | None
 ) -> PlanInputs:
-    """Device clocks, streams and idle gaps for the planner, from whatever the user gave."""
-    spec = get_preset(device).spec if device else None
-    if spec is None and profile is not None:
-        spec = preset_spec(profile.meta.get("device"))
-    name = spec.name if spec is not None else None
-    if spec is not None:
-        freqs = np.asarray(spec.freqs_mhz)
-    elif profile is not None:
-        freqs = profile.freqs_mhz
-    else:
+    """Return the planner's inputs for a MODELS file: the clocks need --device."""
+    if spec is None:
         raise UsageError("a MODELS file needs --device (the clocks to plan over)")
     if workload is not None:
-        ops = load_workload(workload).ops
-        streams, gaps = ops["stream"].to_numpy(), ops["gap_before_us"].to_numpy(dtype=float)
-    elif profile is not None:
-        rows = profile.ops
-        rows = rows[
-            (rows["iteration"] == rows["iteration"].min())
-            & (rows["freq_mhz"] == rows["freq_mhz"].max())
-        ].sort_values("op")
-        streams = rows["stream"].to_numpy()
-        gaps = np.zeros(len(rows))
-        if "start_us" in rows and rows["start_us"].notna().all():
-            end = rows["start_us"].to_numpy() + rows["time_us"].to_numpy()
-            gaps[1:] = np.maximum(rows["start_us"].to_numpy()[1:] - end[:-1], 0.0)
-    else:
-        streams, gaps = np.full(n_ops, "compute"), np.zeros(n_ops)
-    if len(streams) != n_ops:
-        raise UsageError(f"the workload has {len(streams)} ops but the models {n_ops}")
-    label = workload or (profile.meta.get("workload") if profile is not None else None)
-    classes = None
-    if profile is not None and any(c.startswith("ratio_") for c in profile.ops.columns):
-        rows = profile.ops
-        top = rows[rows["freq_mhz"] == rows["freq_mhz"].max()]
-        first = top.sort_values(["iteration", "op"]).drop_duplicates("op")
-        classes = classify_by_ratios(first.reset_index(drop=True))[0]
-    return PlanInputs(freqs, streams, gaps, device=name, workload=label, classes=classes)
+        return PlanInputs.from_workload(load_workload(workload), spec.freqs_mhz, device=spec.name)
+    # without a workload: every op on the compute stream, back to back
+    return PlanInputs(
+        np.asarray(spec.freqs_mhz), np.full(n_ops, "compute"), np.zeros(n_ops), device=spec.name
+    )
 
 
 @app.command()
@@ -83,10 +55,10 @@ def plan(
     ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Schedule to write (JSON).")],
     solver: Annotated[
-        str, typer.Option("--solver", help="dp (exact, certified) or ga (the paper's GA).")
+        Solver, typer.Option("--solver", help="dp (exact, certified) or ga (the paper's GA).")
     ] = "dp",
     objective: Annotated[
-        str,
+        Objective,
         typer.Option("--objective", help="energy (chip), core-energy, power (mean chip) or paper."),
     ] = "energy",
     interval_ms: Annotated[
@@ -99,7 +71,8 @@ def plan(
         ),
     ] = None,
     dispatch: Annotated[
-        str, typer.Option("--dispatch", help="predictive or reactive.")
+        Dispatch,
+        typer.Option("--dispatch", help="predictive (ahead of the stage) or reactive (at it)."),
     ] = "predictive",
     device: Annotated[str | None, typer.Option("--device", "-d", help="Device preset.")] = None,
     workload: Annotated[
@@ -127,43 +100,36 @@ def plan(
     as_json: JsonOption = False,
 ) -> None:
     """Plan per-stage clocks that save the most energy within a slowdown budget."""
-    if solver not in ("dp", "ga"):
-        raise UsageError(f"--solver {solver!r}: expected dp or ga")
-    if objective not in ("energy", "core-energy", "power", "paper"):
-        raise UsageError(f"--objective {objective!r}: expected energy, core-energy, power, paper")
-    if dispatch not in ("predictive", "reactive"):
-        raise UsageError(f"--dispatch {dispatch!r}: expected predictive or reactive")
-    profile: Profile | None = None
-    doc = None
+    spec = get_preset(device).spec if device else None
     if source.suffix == ".json":
-        doc = ModelBundle.read(source)
+        models = ModelBundle.read(source)
+        inputs = _inputs_for_models_file(len(models.perf.op_ids_), spec, workload)
     else:
         profile = load_profile([source], None, None)
+        work = load_workload(workload) if workload is not None else None
+        inputs = PlanInputs.from_profile(profile, spec, workload=work)
+        # the device planned for (--device, else the profile's preset) brings the V-f curve
+        spec = preset_spec(inputs.device)
         train = train_clocks(train_freqs, profile)
-        spec = get_preset(device).spec if device else preset_spec(profile.meta.get("device"))
-        doc = ModelBundle(
+        models = ModelBundle(
             PerfModel().fit(profile, train), PowerModel().fit(profile, train, device=spec)
         )
-    inputs = _plan_inputs(profile, len(doc.perf.op_ids_), device, workload)
     latency = switch_latency_ms
     if latency is None:
-        latency = get_preset(inputs.device).spec.switch_latency_ms if inputs.device else 1.0
-    try:
-        schedule = plan_schedule(
-            doc,
-            inputs,
-            target=target * budget_scale,
-            objective=cast(Literal["energy", "core-energy", "power", "paper"], objective),
-            interval_ms=interval_ms,
-            switch_latency_ms=latency,
-            dispatch=cast(Literal["predictive", "reactive"], dispatch),
-            solver=cast(Literal["dp", "ga"], solver),
-        )
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        latency = spec.switch_latency_ms if spec is not None else 1.0
+    schedule = plan_schedule(
+        models,
+        inputs,
+        target=target * budget_scale,
+        objective=objective,
+        interval_ms=interval_ms,
+        switch_latency_ms=latency,
+        dispatch=dispatch,
+        solver=solver,
+    )
     schedule.write(out)
     if frontier_csv is not None:
-        table = plan_frontier(doc, inputs, objective=cast(Any, objective), interval_ms=interval_ms)
+        table = plan_frontier(models, inputs, objective=objective, interval_ms=interval_ms)
         write_text_atomic(frontier_csv, table.to_csv(index=False))
     payload = {
         "solver": schedule.solver,

@@ -49,14 +49,28 @@ class Bench:
 
 def prepare(
     workload: str | Workload,
-    device: str,
+    device_name: str,
     *,
     train_freqs_mhz: Sequence[float] = (1000.0, 1400.0, 1800.0),
     iterations: int = 2,
     seed: int = 0,
 ) -> Bench:
-    """Profile ``workload`` at the training clocks, fit both models, measure the top clock."""
-    sim = SimulatedDevice.from_preset(device, seed=seed)
+    """Profile ``workload`` at the training clocks, fit both models, measure the top clock.
+
+    Parameters
+    ----------
+    workload
+        A workload, or its name (see :data:`opdvfs.workloads.BUILDERS`) or file.
+    device_name
+        Simulated device preset (see :data:`opdvfs.sim.presets.PRESETS`).
+    train_freqs_mhz
+        Clocks to profile and fit at (MHz); each snaps to the device's nearest clock.
+    iterations
+        Iterations of every measured run (the baseline and each trial).
+    seed
+        Seed of the simulator's noise.
+    """
+    sim = SimulatedDevice.from_preset(device_name, seed=seed)
     spec = sim.spec
     work = load_workload(workload) if isinstance(workload, str) else workload
     grid = np.asarray(spec.freqs_mhz)
@@ -69,7 +83,7 @@ def prepare(
     profile = sim.profile(work, train, iterations=repeats)
     models = ModelBundle(PerfModel().fit(profile), PowerModel().fit(profile, device=spec))
     inputs = PlanInputs.from_workload(work, spec.freqs_mhz, device=spec.name)
-    return Bench(device, sim, work, profile, models, inputs, baseline, iterations)
+    return Bench(device_name, sim, work, profile, models, inputs, baseline, iterations)
 
 
 def saving_pct(base: float | None, value: float | None) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from pydantic import Field
@@ -19,7 +19,7 @@ from opdvfs.experiments.bench import Bench, Outcome, measure, prepare
 from opdvfs.models.validation import relative_errors_pct
 from opdvfs.plan.classify import classify_by_sensitivity, sensitivity
 from opdvfs.plan.planner import plan_grouped, plan_schedule
-from opdvfs.schedule import Schedule
+from opdvfs.schedule import DISPATCHES, Objective, Schedule
 from opdvfs.sim.twin import SimRun, SimulatedDevice
 
 __all__ = [
@@ -33,8 +33,6 @@ __all__ = [
     "run_demo",
     "run_paper_suite",
 ]
-
-Objective = Literal["energy", "core-energy", "power", "paper"]
 
 #: Paper Table 3 (Ascend 910B): (workload, target %) -> perf loss %, SoC power saving %,
 #: AICore power saving %, base -> DVFS iteration time (s).
@@ -193,7 +191,7 @@ def _model_errors(bench: Bench, held_out_mhz: Sequence[float]) -> tuple[np.ndarr
 
 def run_demo(
     workload: str = "gpt3",
-    device: str = "ascend-910b-like",
+    device_name: str = "ascend-910b-like",
     *,
     target: float = 0.02,
     objective: Objective = "core-energy",
@@ -201,9 +199,34 @@ def run_demo(
     seed: int = 0,
     step: Step = _quiet,
 ) -> tuple[SuiteResult, DemoData]:
-    """Profile, fit, plan ``target`` and execute it; sweep targets and static clocks; score."""
-    step(f"profiling {workload} on {device} at the training clocks and fitting")
-    bench = prepare(workload, device, seed=seed)
+    """Profile, fit, plan ``target`` and execute it; sweep targets and static clocks; score.
+
+    Parameters
+    ----------
+    workload
+        Workload name (see :data:`opdvfs.workloads.BUILDERS`) or file.
+    device_name
+        Simulated device preset (see :data:`opdvfs.sim.presets.PRESETS`).
+    target
+        Allowed slowdown as a fraction of the top-clock iteration time (0.02 = 2%).
+    objective
+        What the plans minimise.
+    sweep_targets
+        Further targets (fractions) to plan and measure, for the savings figure.
+    seed
+        Seed of the simulator's noise.
+    step
+        Called with a description as each step starts (a progress bar).
+
+    Returns
+    -------
+    SuiteResult
+        The measured plan and the best static clock, the goals and notes.
+    DemoData
+        The arrays behind the demo's figures.
+    """
+    step(f"profiling {workload} on {device_name} at the training clocks and fitting")
+    bench = prepare(workload, device_name, seed=seed)
     step(f"planning a {target:.0%} budget and executing it")
     main, run, schedule = plan_and_measure(bench, target, objective, "per-operator plan")
     data = DemoData(timeline=_timeline(bench, run), schedule=schedule)
@@ -236,7 +259,7 @@ def run_demo(
     ]
     result = SuiteResult(
         suite="demo",
-        device=device,
+        device=device_name,
         objective=objective,
         sections=sections,
         goals=goals,
@@ -251,7 +274,7 @@ def _best_static(static: Sequence[Outcome], target: float) -> Outcome | None:
     return max(ok, key=lambda o: o.core_energy_saving_pct) if ok else None
 
 
-def _objective_saving(o: Outcome, objective: str) -> float:
+def _objective_saving(o: Outcome, objective: Objective) -> float:
     return o.core_energy_saving_pct if objective == "core-energy" else o.chip_energy_saving_pct
 
 
@@ -281,7 +304,7 @@ def _goal_prediction(rows: Sequence[Outcome]) -> Goal:
     )
 
 
-def _goal_beats(main: Outcome, others: Sequence[Outcome], objective: str) -> Goal:
+def _goal_beats(main: Outcome, others: Sequence[Outcome], objective: Objective) -> Goal:
     mine = _objective_saving(main, objective)
     theirs = {o.label: _objective_saving(o, objective) for o in others}
     rail = "core" if objective == "core-energy" else "chip"
@@ -294,13 +317,25 @@ def _goal_beats(main: Outcome, others: Sequence[Outcome], objective: str) -> Goa
 
 
 def run_paper_suite(
-    device: str = "ascend-910b-like",
+    device_name: str = "ascend-910b-like",
     *,
     objective: Objective = "core-energy",
     seed: int = 0,
     step: Step = _quiet,
 ) -> SuiteResult:
-    """Run the paper's Table 3 and Fig. 18 ablations, plus baselines and host-bound inference."""
+    """Run the paper's Table 3 and Fig. 18 ablations, plus baselines and host-bound inference.
+
+    Parameters
+    ----------
+    device_name
+        Simulated device preset (see :data:`opdvfs.sim.presets.PRESETS`).
+    objective
+        What the plans minimise.
+    seed
+        Seed of the simulator's noise.
+    step
+        Called with a description as each step starts (a progress bar).
+    """
     table: list[Outcome] = []
     benches: dict[str, Bench] = {}
     for workload, targets in (
@@ -310,7 +345,7 @@ def run_paper_suite(
         ("resnet152", (0.02,)),
     ):
         step(f"Table 3: {workload}")
-        bench = benches[workload] = prepare(workload, device, seed=seed)
+        bench = benches[workload] = prepare(workload, device_name, seed=seed)
         for t in targets:
             outcome, _, plan = plan_and_measure(bench, t, objective, f"{t:.0%}")
             table.append(outcome)
@@ -337,7 +372,7 @@ def run_paper_suite(
     step("ablations: a 15 ms switch, predictive vs reactive")
     slow = gpt3.with_latency(15.0)
     switch15 = []
-    for dispatch in ("predictive", "reactive"):
+    for dispatch in DISPATCHES:
         outcome, _, _ = plan_and_measure(
             gpt3,
             target,
@@ -381,7 +416,7 @@ def run_paper_suite(
             update={"label": "reference (1 ms switch)"}
         )
     ]
-    for dispatch in ("predictive", "reactive"):
+    for dispatch in DISPATCHES:
         short.append(
             plan_and_measure(
                 bert,
@@ -394,7 +429,7 @@ def run_paper_suite(
             )[0]
         )
     step("inference: llama2-infer (host-bound)")
-    llama = prepare("llama2-infer", device, seed=seed)
+    llama = prepare("llama2-infer", device_name, seed=seed)
     inference = [
         measure(llama, None, "uniform 1300 MHz", target=target, freq_mhz=1300.0)[0],
         plan_and_measure(llama, target, objective, "planned (2%)")[0],
@@ -423,7 +458,7 @@ def run_paper_suite(
     ]
     return SuiteResult(
         suite="paper",
-        device=device,
+        device=device_name,
         objective=objective,
         sections={
             "table3": table,

@@ -1,5 +1,29 @@
-"""Planning: the ``Schedule`` data object (classification and solvers land here later)."""
+"""Planning: from fitted models to a per-stage clock ``Schedule`` within a slowdown budget.
 
-from opdvfs.schedule import Schedule, Stage, Switch, op_signature
+:class:`PlanInputs` holds what the planner needs besides the models (the device's clocks, the op
+streams and idle time, optional classes), from a workload or a profile. :func:`plan_schedule`
+plans the clocks (the exact, certified solver of :mod:`opdvfs.plan.dp`, or the paper's GA);
+:func:`stage_problem` is its preprocessing step alone (classify, segment, stage tables, paper
+§6.3), :func:`plan_frontier` the whole time-energy frontier, and :func:`plan_grouped` the coarse
+baselines (one static clock, one clock per training phase).
+"""
 
-__all__ = ["Schedule", "Stage", "Switch", "op_signature"]
+from opdvfs.plan.planner import (
+    PlanInputs,
+    StageProblem,
+    plan_frontier,
+    plan_grouped,
+    plan_schedule,
+    stage_problem,
+)
+from opdvfs.schedule import Schedule
+
+__all__ = [
+    "PlanInputs",
+    "Schedule",
+    "StageProblem",
+    "plan_frontier",
+    "plan_grouped",
+    "plan_schedule",
+    "stage_problem",
+]

@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from opdvfs.exceptions import ValidationError
+
 __all__ = ["HIGH", "LOW", "classify_by_ratios", "classify_by_sensitivity", "sensitivity"]
 
 #: Stage/op classes: low- and high-frequency candidates.
@@ -51,10 +53,17 @@ def classify_by_ratios(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     classes : ndarray of {LOW, HIGH}
     bound : ndarray of str
         ``no-pipeline``, ``latency``, ``uncore:<unit>``, ``core:<unit>`` or ``off-core``.
+
+    Raises
+    ------
+    ValidationError
+        If ``ops`` has no ``ratio_*`` column.
     """
     cols = [c for c in ops.columns if c.startswith("ratio_")]
     if not cols:
-        raise ValueError("no ratio_* columns: classify by sensitivity instead")
+        raise ValidationError(
+            "no ratio_* columns: classify by sensitivity instead", field="ratio_*"
+        )
     ratios = ops[cols].to_numpy(dtype=float)
     units = np.array([c.removeprefix("ratio_").split("_")[-1] for c in cols])
     filled = np.nan_to_num(ratios)

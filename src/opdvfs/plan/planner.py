@@ -2,15 +2,17 @@
 
 ``plan_schedule`` predicts every operator's time and energy at every device clock from the
 models, classifies and segments the sequence (the paper's preprocessing), sums the tables per
-stage, solves for the clocks within ``(1 + target)`` of the all-top-clock time, and places each
-switch's trigger ``switch_latency`` ahead of its stage when dispatch is predictive.
+stage (:func:`stage_problem`), solves for the clocks within ``(1 + target)`` of the all-top-clock
+time, and places each switch's trigger ``switch_latency`` ahead of its stage when dispatch is
+predictive. :class:`PlanInputs` carries what the planner needs besides the models, built from a
+workload (:meth:`PlanInputs.from_workload`) or from a profile (:meth:`PlanInputs.from_profile`).
 
 Objectives: ``energy`` (chip, default) and ``core-energy`` (exact, certified), ``power`` (mean chip
 power, Dinkelbach), ``paper`` (eq. 17's score, best frontier plan; the GA searches with it too).
-Energies in the schedule are operator energies (idle gaps cost the same at every clock);
-``lower_bound_energy_j`` and ``gap_pct`` are on the objective's rail. The latency
-a reactive dispatch cannot hide is charged: the stage's first ``switch_latency`` at the
-previous clock (``StageTables.lag_s``).
+Energies in the schedule are operator energies (idle time between ops costs the same at every
+clock); ``lower_bound_energy_j`` and ``gap_pct`` are on the objective's rail. The latency a
+reactive dispatch cannot hide is charged: the stage's first ``switch_latency`` at the previous
+clock (``StageTables.lag_s``).
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from __future__ import annotations
 import time as _time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
 
 import numpy as np
 import pandas as pd
 
+from opdvfs.devices.spec import DeviceSpec
+from opdvfs.exceptions import InfeasibleError, ValidationError
 from opdvfs.models.bundle import ModelBundle
-from opdvfs.plan.classify import classify_by_sensitivity, sensitivity
+from opdvfs.plan.classify import classify_by_ratios, classify_by_sensitivity, sensitivity
 from opdvfs.plan.dp import (
     StageTables,
     frontier,
@@ -35,34 +38,73 @@ from opdvfs.plan.dp import (
 )
 from opdvfs.plan.ga import genetic_plan
 from opdvfs.plan.segment import segment
-from opdvfs.schedule import Schedule, op_signature
+from opdvfs.profile import Profile
+from opdvfs.schedule import Dispatch, Objective, Schedule, Solver, op_signature
+from opdvfs.sim.presets import preset_spec
 from opdvfs.workloads.workload import Workload
 
-__all__ = ["PlanInputs", "plan_frontier", "plan_grouped", "plan_schedule"]
-
-Objective = Literal["energy", "core-energy", "power", "paper"]
+__all__ = [
+    "PlanInputs",
+    "StageProblem",
+    "plan_frontier",
+    "plan_grouped",
+    "plan_schedule",
+    "stage_problem",
+]
 
 
 @dataclass(frozen=True)
 class PlanInputs:
-    """What the planner needs besides the models: the device's clocks and the op sequence."""
+    """What the planner needs besides the models: the device's clocks and the op sequence.
+
+    Parameters
+    ----------
+    freqs_mhz
+        Clocks the planner may choose (MHz), any order.
+    streams
+        Stream of each op (``compute``, ``comm``, ...), shape (n_ops,); only ``compute`` ops can
+        be frequency-sensitive.
+    idle_before_us
+        Idle time before each op (us), shape (n_ops,). It lasts the same at every clock, so it
+        enters the time budget but not the choice of clocks.
+    device
+        Device name, recorded in the schedule.
+    workload
+        Workload name, recorded in the schedule.
+    classes
+        LOW/HIGH per op from the profiler's pipeline ratios (paper Fig. 12), when it gives them;
+        otherwise the fitted sensitivity decides.
+    phases
+        Training phase per op (forward / backward / optimizer / other), for per-phase plans.
+    """
 
     freqs_mhz: np.ndarray
     streams: np.ndarray
-    gap_us: np.ndarray
+    idle_before_us: np.ndarray
     device: str | None = None
     workload: str | None = None
-    #: LOW/HIGH per op from the profiler's pipeline ratios (paper Fig. 12), when it gives them;
-    #: otherwise the fitted sensitivity decides.
     classes: np.ndarray | None = None
-    #: Training phase per op (forward / backward / optimizer / other), for per-phase plans.
     phases: np.ndarray | None = None
 
     @classmethod
     def from_workload(
-        cls, workload: Workload, freqs_mhz: Sequence[float], *, device: str | None = None
+        cls,
+        workload: Workload,
+        freqs_mhz: Sequence[float] | np.ndarray,
+        *,
+        device: str | None = None,
     ) -> PlanInputs:
-        """Streams and idle gaps from a workload, planned over ``freqs_mhz``."""
+        """Return the streams, idle gaps and phases of ``workload``, planned over ``freqs_mhz``.
+
+        Parameters
+        ----------
+        workload
+            The op sequence of one iteration.
+        freqs_mhz
+            Clocks the planner may choose (MHz).
+        device
+            Device name, recorded in the schedule.
+        """
         ops = workload.ops
         return cls(
             np.asarray(freqs_mhz, dtype=float),
@@ -73,6 +115,102 @@ class PlanInputs:
             phases=ops["phase"].to_numpy(),
         )
 
+    @classmethod
+    def from_profile(
+        cls,
+        profile: Profile,
+        spec: DeviceSpec | None = None,
+        *,
+        workload: Workload | None = None,
+    ) -> PlanInputs:
+        """Return the planner's inputs for the ops of ``profile``, over its device's clocks.
+
+        The streams and the idle time before each op (from ``start_us``, when every op has one)
+        come from the profile's first iteration at its top clock, and the LOW/HIGH classes from
+        its pipeline ratios (``ratio_*`` columns), when it has them.
+
+        Parameters
+        ----------
+        profile
+            The profile the models were fitted on.
+        spec
+            The device to plan for (its clocks and name). By default the preset named by the
+            profile's ``device``; for a device without a preset, the clocks the profile was taken
+            at (and no device name).
+        workload
+            Take the streams, idle gaps and phases from this workload instead (e.g. a profile
+            without start times); the classes still come from the profile's ratios.
+        """
+        if spec is None:
+            spec = preset_spec(profile.meta.get("device"))
+        freqs_mhz = np.asarray(spec.freqs_mhz if spec is not None else profile.freqs_mhz, float)
+        device = spec.name if spec is not None else None
+        first = _first_iteration_at_top_clock(profile)
+        classes = None
+        if any(c.startswith("ratio_") for c in first.columns):
+            classes = classify_by_ratios(first)[0]
+        if workload is not None:
+            inputs = cls.from_workload(workload, freqs_mhz, device=device)
+            return replace(inputs, classes=classes)
+        idle_before_us = np.zeros(len(first))
+        if "start_us" in first and first["start_us"].notna().all():
+            start_us = first["start_us"].to_numpy()
+            end_us = start_us + first["time_us"].to_numpy()
+            idle_before_us[1:] = np.maximum(start_us[1:] - end_us[:-1], 0.0)
+        return cls(
+            freqs_mhz,
+            first["stream"].to_numpy(),
+            idle_before_us,
+            device=device,
+            workload=profile.meta.get("workload"),
+            classes=classes,
+        )
+
+
+def _first_iteration_at_top_clock(profile: Profile) -> pd.DataFrame:
+    """Return the profile's rows of its first iteration at its top clock, in op order."""
+    rows = profile.ops
+    top = rows[rows["freq_mhz"] == rows["freq_mhz"].max()]
+    return top[top["iteration"] == top["iteration"].min()].sort_values("op").reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class StageProblem:
+    """The planning problem over stages: per-op tables, the stages and their summed tables.
+
+    Attributes
+    ----------
+    freqs_mhz
+        The device's clocks, ascending (MHz), shape (n_clocks,).
+    time_us, chip_energy_j, core_energy_j
+        Predicted time (us) and chip and core energy (J) of every op at every clock, shape
+        (n_ops, n_clocks).
+    starts
+        First op of each stage, ascending from 0, shape (n_stages,).
+    stage_class
+        LOW/HIGH class of each stage, shape (n_stages,).
+    tables
+        Time and energy of every stage at every clock, on the objective's rail (core energy for
+        ``core-energy``, chip energy otherwise); no reactive lag (``plan_schedule`` adds it).
+    """
+
+    freqs_mhz: np.ndarray
+    time_us: np.ndarray
+    chip_energy_j: np.ndarray
+    core_energy_j: np.ndarray
+    starts: np.ndarray
+    stage_class: np.ndarray
+    tables: StageTables
+
+    @property
+    def op_tables(self) -> _OpTables:
+        """Return the per-op clocks and tables, for building a schedule."""
+        return self.freqs_mhz, self.time_us, self.chip_energy_j, self.core_energy_j
+
+
+#: Clocks (ascending, MHz) and per-op time (us), chip and core energy (J) at each clock.
+_OpTables = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
 
 def plan_schedule(
     models: ModelBundle,
@@ -82,70 +220,105 @@ def plan_schedule(
     objective: Objective = "energy",
     interval_ms: float = 5.0,
     switch_latency_ms: float = 1.0,
-    dispatch: Literal["predictive", "reactive"] = "predictive",
-    solver: Literal["dp", "ga"] = "dp",
+    dispatch: Dispatch = "predictive",
+    solver: Solver = "dp",
     seed: int = 0,
 ) -> Schedule:
-    """Plan per-stage clocks that minimise energy within ``(1 + target)`` x the top-clock time.
+    """Plan per-stage clocks that minimise the objective within ``(1 + target)`` x top-clock time.
+
+    Parameters
+    ----------
+    models
+        Fitted time and power models of the workload's ops (a power model is required).
+    inputs
+        The device's clocks and the op sequence (streams, idle time, classes).
+    target
+        Allowed slowdown as a fraction of the all-top-clock iteration time (0.02 = 2% slower).
+    objective
+        What to minimise: ``energy`` (chip), ``core-energy``, ``power`` (mean chip power) or
+        ``paper`` (eq. 17's score on the frontier; no certificate).
+    interval_ms
+        Frequency-adjustment interval (ms): the shortest stage the segmentation keeps.
+    switch_latency_ms
+        Time from issuing a clock switch to its taking effect (ms).
+    dispatch
+        ``predictive`` issues each switch ``switch_latency_ms`` ahead of its stage; ``reactive``
+        issues it when the stage starts, and the plan pays for the lag.
+    solver
+        ``dp``: the exact solver, certified by its bound; ``ga``: the paper's genetic algorithm.
+    seed
+        Seed of the GA's random generator.
+
+    Returns
+    -------
+    Schedule
+        The plan with its predicted time and energy, and for the exact solver its certified
+        bound (``lower_bound_energy_j``, or ``lower_bound_power_w`` for ``power``) and
+        ``gap_pct``.
 
     Raises
     ------
-    ValueError
-        If the models hold no power model (energy cannot be planned from time alone).
+    ValidationError
+        If the models hold no power model (energy cannot be planned from time alone), or the
+        inputs and the models count different ops.
+    InfeasibleError
+        If no plan fits the budget.
     """
     started = _time.perf_counter()
-    st = _stages(models, inputs, objective, interval_ms)
-    freqs, time_us, starts, tables = st.freqs, st.time_us, st.starts, st.tables
+    problem = stage_problem(models, inputs, objective=objective, interval_ms=interval_ms)
+    tables = problem.tables
     if dispatch == "reactive":
         # a switch issued when its stage starts lands switch_latency later: the DP charges the
         # stage's first switch_latency at the previous clock
         tables = replace(tables, lag_s=switch_latency_ms * 1e-3)
-    chip_j, core_j, stage_class = st.chip_j, st.core_j, st.stage_class
-    top = len(freqs) - 1
-    # Idle gaps take the same time at every clock: they enter the budget, not the choice.
-    gaps_s = float(inputs.gap_us.sum() * 1e-6)
-    baseline_s = float(tables.time_s[:, top].sum()) + gaps_s
-    budget = (1.0 + target) * baseline_s - gaps_s
-    lower: float | None
-    lower_w: float | None = None
-    gap: float | None
+    top = len(problem.freqs_mhz) - 1
+    # Idle time takes as long at every clock: it enters the budget, not the choice.
+    idle_s = float(inputs.idle_before_us.sum() * 1e-6)
+    baseline_s = float(tables.time_s[:, top].sum()) + idle_s
+    budget_s = (1.0 + target) * baseline_s - idle_s
+    lower_bound_j: float | None
+    lower_bound_w: float | None = None
+    gap_pct: float | None
     if solver == "ga":
-        found = genetic_plan(tables, budget, stage_class, rng=np.random.default_rng(seed))
-        clock, plan_time, lower, gap = found.clock, found.time_s, None, None
+        found = genetic_plan(tables, budget_s, problem.stage_class, rng=np.random.default_rng(seed))
+        clock, plan_time_s, lower_bound_j, gap_pct = found.clock, found.time_s, None, None
     elif objective == "paper":
         # eq. 17 on the frontier: the feasible plan with the best 2 Per^2 / Power, i.e. the
         # least E * T (no certificate: the score is not an energy)
         plans, points = frontier_plans(tables)
-        fits = points[:, 0] <= budget * (1 + 1e-12)
+        fits = points[:, 0] <= budget_s * (1 + 1e-12)
         if not fits.any():
-            raise ValueError(f"no plan fits a {target:.1%} slowdown")
+            raise InfeasibleError(f"no plan fits a {target:.1%} slowdown")
         j = int(np.flatnonzero(fits)[np.argmin((points[:, 0] * points[:, 1])[fits])])
-        clock, plan_time, lower, gap = plans[j], float(points[j, 0]), None, None
+        clock, plan_time_s, lower_bound_j, gap_pct = plans[j], float(points[j, 0]), None, None
     else:
-        result = solve_min_power(tables, budget) if objective == "power" else solve(tables, budget)
+        result = (
+            solve_min_power(tables, budget_s) if objective == "power" else solve(tables, budget_s)
+        )
         if result.status == "infeasible":
-            raise ValueError(f"no plan fits a {target:.1%} slowdown")
-        clock, plan_time = result.clock, result.time_s
-        lower, lower_w, gap = result.lower_bound_j, result.lower_bound_power_w, result.gap_pct
+            raise InfeasibleError(f"no plan fits a {target:.1%} slowdown")
+        clock, plan_time_s = result.clock, result.time_s
+        lower_bound_j, lower_bound_w = result.lower_bound_j, result.lower_bound_power_w
+        gap_pct = result.gap_pct
     return _schedule(
         models,
         inputs,
-        starts,
+        problem.starts,
         clock,
-        (freqs, time_us, chip_j, core_j),
+        problem.op_tables,
         predictive=dispatch == "predictive",
         switch_latency_ms=switch_latency_ms,
         baseline_time_s=baseline_s,
-        predicted_time_s=plan_time + gaps_s,
+        predicted_time_s=plan_time_s + idle_s,
         started=started,
         target=target,
         objective=objective,
         solver=solver,
         dispatch=dispatch,
         interval_ms=interval_ms,
-        lower_bound_energy_j=lower,
-        lower_bound_power_w=lower_w,
-        gap_pct=gap,
+        lower_bound_energy_j=lower_bound_j,
+        lower_bound_power_w=lower_bound_w,
+        gap_pct=gap_pct,
     )
 
 
@@ -154,7 +327,7 @@ def _schedule(
     inputs: PlanInputs,
     starts: np.ndarray,
     stage_clock: np.ndarray,
-    op_tables: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    op_tables: _OpTables,
     *,
     predictive: bool,
     switch_latency_ms: float,
@@ -171,7 +344,7 @@ def _schedule(
     freqs, time_us, chip_j, core_j = op_tables
     ops = np.arange(len(time_us))
     per_op = np.repeat(stage_clock, np.diff(np.r_[starts, len(time_us)]))
-    planned_us = time_us[ops, per_op] + inputs.gap_us
+    planned_us = time_us[ops, per_op] + inputs.idle_before_us
     lead, delay = _lead_ops(starts, planned_us, switch_latency_ms * 1e3)
     if not predictive:
         lead, delay = np.zeros_like(lead), np.zeros_like(delay)
@@ -198,31 +371,56 @@ def _schedule(
     )
 
 
-@dataclass(frozen=True)
-class _Staged:
-    freqs: np.ndarray
-    time_us: np.ndarray
-    chip_j: np.ndarray
-    core_j: np.ndarray
-    starts: np.ndarray
-    stage_class: np.ndarray
-    tables: StageTables
-
-
-def _op_tables(
-    models: ModelBundle, inputs: PlanInputs
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _op_tables(models: ModelBundle, inputs: PlanInputs) -> _OpTables:
     """Clocks (ascending) and per-op predicted time (us), chip and core energy (J) at each."""
     if models.power is None:
-        raise ValueError("the models hold no power model: profile with power to plan energy")
+        raise ValidationError(
+            "the models hold no power model: profile with power to plan energy", field="power"
+        )
+    n_ops = len(models.perf.names_)
+    if len(inputs.streams) != n_ops:
+        raise ValidationError(
+            f"the plan inputs (workload {inputs.workload!r}) have {len(inputs.streams)} ops but "
+            f"the models {n_ops}",
+            field="streams",
+        )
     freqs = np.sort(np.asarray(inputs.freqs_mhz, dtype=float))
     time_us = models.perf.predict(freqs)
     power = models.power.predict(freqs, time_us=time_us)
     return freqs, time_us, power["chip_w"] * time_us * 1e-6, power["core_w"] * time_us * 1e-6
 
 
-def _stages(models: ModelBundle, inputs: PlanInputs, objective: str, interval_ms: float) -> _Staged:
-    """Per-op tables at the device clocks, the classes, the stages and the stage tables."""
+def stage_problem(
+    models: ModelBundle,
+    inputs: PlanInputs,
+    *,
+    objective: Objective = "energy",
+    interval_ms: float = 5.0,
+) -> StageProblem:
+    """Build the planning problem: per-op tables, classes, stages and the stage tables.
+
+    This is the planner's preprocessing (paper §6.3): predict every op at every clock, classify
+    the ops (by ``inputs.classes`` or the fitted sensitivity), merge them into stages of at
+    least ``interval_ms``, and sum the tables per stage. A solver from :mod:`opdvfs.plan.dp`
+    then picks a clock per stage.
+
+    Parameters
+    ----------
+    models
+        Fitted time and power models of the ops (a power model is required).
+    inputs
+        The device's clocks and the op sequence.
+    objective
+        Selects the stage tables' energy rail: core energy for ``core-energy``, chip energy
+        otherwise.
+    interval_ms
+        Frequency-adjustment interval (ms): the shortest stage the segmentation keeps.
+
+    Raises
+    ------
+    ValidationError
+        If the models hold no power model, or the inputs and the models count different ops.
+    """
     freqs, time_us, chip_j, core_j = _op_tables(models, inputs)
     top = len(freqs) - 1
     if inputs.classes is not None:
@@ -231,10 +429,10 @@ def _stages(models: ModelBundle, inputs: PlanInputs, objective: str, interval_ms
         sens = sensitivity(time_us[:, 0], time_us[:, top], freqs[0], freqs[top])
         classes = classify_by_sensitivity(sens, inputs.streams)
     starts, stage_class = segment(
-        classes, time_us[:, top] + inputs.gap_us, interval_us=interval_ms * 1e3
+        classes, time_us[:, top] + inputs.idle_before_us, interval_us=interval_ms * 1e3
     )
     tables = stage_tables(time_us, core_j if objective == "core-energy" else chip_j, starts)
-    return _Staged(freqs, time_us, chip_j, core_j, starts, stage_class, tables)
+    return StageProblem(freqs, time_us, chip_j, core_j, starts, stage_class, tables)
 
 
 def plan_frontier(
@@ -246,20 +444,37 @@ def plan_frontier(
 ) -> pd.DataFrame:
     """Return the whole time-energy frontier of per-stage plans, one row per reachable plan.
 
-    Columns: ``slowdown_pct`` and ``saving_pct`` against the all-top-clock plan, ``time_s`` and
-    ``energy_j`` (operator time with idle gaps; energy on the objective's rail) and ``lambda``.
+    Parameters
+    ----------
+    models
+        Fitted time and power models of the ops (a power model is required).
+    inputs
+        The device's clocks and the op sequence.
+    objective
+        The energy rail of the frontier: core energy for ``core-energy``, chip energy
+        otherwise.
+    interval_ms
+        Frequency-adjustment interval (ms): the shortest stage the segmentation keeps.
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``slowdown_pct`` and ``saving_pct`` against the all-top-clock plan (percent),
+        ``time_s`` (operator time plus idle time) and ``energy_j`` (operators only, on the
+        objective's rail) per iteration, and ``lambda`` (W), the price of time that selects
+        the plan; ascending in time.
     """
-    st = _stages(models, inputs, objective, interval_ms)
-    gaps_s = float(inputs.gap_us.sum() * 1e-6)
-    top = len(st.freqs) - 1
-    base_t = float(st.tables.time_s[:, top].sum()) + gaps_s
-    base_e = float(st.tables.energy_j[:, top].sum())
-    points = frontier(st.tables)
-    time_s = points[:, 0] + gaps_s
+    problem = stage_problem(models, inputs, objective=objective, interval_ms=interval_ms)
+    idle_s = float(inputs.idle_before_us.sum() * 1e-6)
+    top = len(problem.freqs_mhz) - 1
+    base_time_s = float(problem.tables.time_s[:, top].sum()) + idle_s
+    base_energy_j = float(problem.tables.energy_j[:, top].sum())
+    points = frontier(problem.tables)
+    time_s = points[:, 0] + idle_s
     return pd.DataFrame(
         {
-            "slowdown_pct": (time_s / base_t - 1) * 100,
-            "saving_pct": (1 - points[:, 1] / base_e) * 100,
+            "slowdown_pct": (time_s / base_time_s - 1) * 100,
+            "saving_pct": (1 - points[:, 1] / base_energy_j) * 100,
             "time_s": time_s,
             "energy_j": points[:, 1],
             "lambda": points[:, 2],
@@ -301,20 +516,51 @@ def plan_grouped(
 ) -> Schedule:
     """Best plan that runs every op of a group at one clock: the coarse baselines.
 
-    ``groups=None`` is one static clock for the whole iteration; ``inputs.phases`` gives the
-    per-phase plan (one clock for all forward ops, one for backward, one for the optimizer).
     Every combination of clocks is evaluated at once (``n_clocks ** n_groups`` of them, so a
-    handful of groups), which makes the answer exact for the models.
+    handful of groups), which makes the answer exact for the models. Switches are dispatched
+    predictively.
+
+    Parameters
+    ----------
+    models
+        Fitted time and power models of the ops (a power model is required).
+    inputs
+        The device's clocks and the op sequence.
+    groups
+        A group label per op, shape (n_ops,), at most 4 distinct labels; ``inputs.phases``
+        gives the per-phase plan (one clock for all forward ops, one for backward, one for the
+        optimizer). None: one static clock for the whole iteration.
+    target
+        Allowed slowdown as a fraction of the all-top-clock iteration time (0.02 = 2% slower).
+    objective
+        The energy rail minimised: core energy for ``core-energy``, chip energy otherwise.
+    switch_latency_ms
+        Time from issuing a clock switch to its taking effect (ms).
+
+    Returns
+    -------
+    Schedule
+        The best plan (solver ``static`` or ``per-group``), without a certificate.
+
+    Raises
+    ------
+    ValidationError
+        If there are more than 4 groups, the models hold no power model, or the inputs and the
+        models count different ops.
     """
     started = _time.perf_counter()
-    freqs, time_us, chip_j, core_j = _op_tables(models, inputs)
+    op_tables = _op_tables(models, inputs)
+    _, time_us, chip_j, core_j = op_tables
     energy = core_j if objective == "core-energy" else chip_j
     n_ops, n_clocks = time_us.shape
     labels, member = np.unique(
         np.zeros(n_ops, dtype=int) if groups is None else np.asarray(groups), return_inverse=True
     )
     if len(labels) > 4:
-        raise ValueError(f"{len(labels)} groups: plan_grouped enumerates clocks^groups, keep <= 4")
+        raise ValidationError(
+            f"{len(labels)} groups: plan_grouped enumerates clocks^groups, keep <= 4",
+            field="groups",
+        )
     group_t = np.zeros((len(labels), n_clocks))
     group_e = np.zeros((len(labels), n_clocks))
     np.add.at(group_t, member, time_us)
@@ -324,12 +570,12 @@ def plan_grouped(
         np.meshgrid(*[np.arange(n_clocks)] * len(labels), indexing="ij"), axis=-1
     ).reshape(-1, len(labels))
     rows = np.arange(len(labels))
-    gaps_s = float(inputs.gap_us.sum() * 1e-6)
+    idle_s = float(inputs.idle_before_us.sum() * 1e-6)
     top = n_clocks - 1
     total_t = group_t[rows, combos].sum(axis=1) * 1e-6
     total_e = group_e[rows, combos].sum(axis=1)
-    baseline_s = float(group_t[:, top].sum()) * 1e-6 + gaps_s
-    fits = total_t + gaps_s <= (1.0 + target) * baseline_s * (1 + 1e-12)
+    baseline_s = float(group_t[:, top].sum()) * 1e-6 + idle_s
+    fits = total_t + idle_s <= (1.0 + target) * baseline_s * (1 + 1e-12)
     best = int(np.flatnonzero(fits)[np.argmin(total_e[fits])])  # all-top always fits
     per_op = combos[best][member]
     starts = np.flatnonzero(np.r_[True, per_op[1:] != per_op[:-1]])
@@ -338,11 +584,11 @@ def plan_grouped(
         inputs,
         starts,
         per_op[starts],
-        (freqs, time_us, chip_j, core_j),
+        op_tables,
         predictive=True,
         switch_latency_ms=switch_latency_ms,
         baseline_time_s=baseline_s,
-        predicted_time_s=float(total_t[best]) + gaps_s,
+        predicted_time_s=float(total_t[best]) + idle_s,
         started=started,
         target=target,
         objective=objective,
