@@ -32,3 +32,32 @@ def make_ops(n_ops: int = 4, freqs=(1000.0, 1800.0), iterations: int = 1, seed: 
                     }
                 )
     return pd.DataFrame(rows)
+
+
+#: SM clocks (MHz) the fake NVML GPU of :func:`fake_nvml` supports, in NVML's (descending) order.
+NVML_CLOCKS_MHZ = [1410, 1395, 1380, 1005, 210]
+
+
+@pytest.fixture
+def fake_nvml():
+    """pynvml where it is looked up, autospecced: the real module's signatures and errors.
+
+    NVML is wrapped once, in ``opdvfs.runtime.actuators.nvml``: the actuator and the power
+    sampler both call it through that module's ``pynvml``.
+    """
+    pynvml = pytest.importorskip("pynvml")
+    from unittest import mock
+
+    from opdvfs.runtime.actuators import nvml as nvml_module
+
+    with mock.patch.object(nvml_module, "pynvml", autospec=True) as fake:
+        fake.NVMLError = pynvml.NVMLError  # raised and caught as the real class
+        fake.nvmlDeviceGetHandleByIndex.return_value = "handle0"
+        fake.nvmlDeviceGetHandleByUUID.return_value = "handle-uuid"
+        fake.nvmlDeviceGetSupportedMemoryClocks.return_value = [1593, 1215]
+        fake.nvmlDeviceGetSupportedGraphicsClocks.return_value = NVML_CLOCKS_MHZ
+        fake.nvmlDeviceGetPowerUsage.return_value = 312_500  # mW
+        fake.nvmlDeviceGetTotalEnergyConsumption.return_value = 123_456_789  # mJ
+        fake.nvmlDeviceGetTemperature.return_value = 61  # degC
+        fake.nvmlDeviceGetClockInfo.return_value = 1410  # MHz
+        yield fake

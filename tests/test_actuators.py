@@ -10,27 +10,15 @@ import pytest
 pynvml = pytest.importorskip("pynvml")
 
 from opdvfs.exceptions import (  # noqa: E402
+    ActuatorError,
     DeviceNotFoundError,
     NotSupportedError,
     PermissionDeniedError,
+    UnsupportedClockError,
 )
 from opdvfs.runtime.actuators import ClockGuard, DryRunActuator, NvmlActuator  # noqa: E402
-from opdvfs.runtime.actuators import nvml as nvml_module  # noqa: E402
 
-CLOCKS = [1410, 1395, 1380, 1005, 210]
-
-
-@pytest.fixture
-def fake_nvml():
-    """pynvml where it is looked up, autospecced: the real module's signatures and errors."""
-    with mock.patch.object(nvml_module, "pynvml", autospec=True) as fake:
-        fake.NVMLError = pynvml.NVMLError
-        fake.nvmlDeviceGetHandleByIndex.return_value = "handle0"
-        fake.nvmlDeviceGetHandleByUUID.return_value = "handle-uuid"
-        fake.nvmlDeviceGetSupportedMemoryClocks.return_value = [1593, 1215]
-        fake.nvmlDeviceGetSupportedGraphicsClocks.return_value = CLOCKS
-        fake.nvmlDeviceGetPowerUsage.return_value = 312_500
-        yield fake
+from conftest import NVML_CLOCKS_MHZ  # noqa: E402
 
 
 def test_nvml_locks_min_equals_max_and_only_on_change(fake_nvml):
@@ -45,8 +33,10 @@ def test_nvml_locks_min_equals_max_and_only_on_change(fake_nvml):
     act.reset()
     fake_nvml.nvmlDeviceResetGpuLockedClocks.assert_called_once_with("handle0")
     assert act.read_power_w() == pytest.approx(312.5)
-    with pytest.raises(ValueError, match="1000 MHz is not a supported clock"):
+    with pytest.raises(UnsupportedClockError, match="1000 MHz is not a supported clock"):
         act.set_freq_mhz(1000.0)
+    assert len(calls) == 2
+    assert sorted(NVML_CLOCKS_MHZ) == list(act.supported_freqs_mhz())
 
 
 def test_nvml_energy_counter_in_joules(fake_nvml):
@@ -66,19 +56,44 @@ def test_nvml_device_by_uuid(fake_nvml):
         (pynvml.NVML_ERROR_NO_PERMISSION, PermissionDeniedError, "needs root"),
         (pynvml.NVML_ERROR_NOT_SUPPORTED, NotSupportedError, "Volta or newer"),
         (pynvml.NVML_ERROR_NOT_FOUND, DeviceNotFoundError, "no such GPU"),
+        (pynvml.NVML_ERROR_INVALID_ARGUMENT, DeviceNotFoundError, "no such GPU"),
+        (pynvml.NVML_ERROR_GPU_IS_LOST, ActuatorError, "NVML failed to lock the SM clock"),
     ],
 )
-def test_nvml_errors_are_translated_with_advice(fake_nvml, code, error, needle):
+def test_nvml_errors_are_translated_by_code_with_advice(fake_nvml, code, error, needle):
     act = NvmlActuator()
-    fake_nvml.nvmlDeviceSetGpuLockedClocks.side_effect = pynvml.NVMLError(code)
-    with pytest.raises(error, match=needle):
+    vendor = pynvml.NVMLError(code)
+    fake_nvml.nvmlDeviceSetGpuLockedClocks.side_effect = vendor
+    with pytest.raises(error, match=needle) as info:
         act.set_freq_mhz(1005.0)
+    assert info.value.__cause__ is vendor  # chained: the library user still sees NVML's error
+    fake_nvml.nvmlDeviceSetGpuLockedClocks.side_effect = None
+    act.set_freq_mhz(1005.0)  # the failed call did not count as set
+    assert fake_nvml.nvmlDeviceSetGpuLockedClocks.call_count == 2
 
 
-def test_nvml_without_a_driver(fake_nvml):
-    fake_nvml.nvmlInit.side_effect = pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+@pytest.mark.parametrize(
+    "code", [pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, pynvml.NVML_ERROR_DRIVER_NOT_LOADED]
+)
+def test_nvml_without_a_driver(fake_nvml, code):
+    fake_nvml.nvmlInit.side_effect = pynvml.NVMLError(code)
     with pytest.raises(DeviceNotFoundError, match="no NVIDIA driver"):
         NvmlActuator()
+
+
+def test_nvml_without_that_gpu_gives_its_initialisation_back(fake_nvml):
+    fake_nvml.nvmlDeviceGetHandleByUUID.side_effect = pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+    with pytest.raises(DeviceNotFoundError, match="no such GPU while trying to find the GPU"):
+        NvmlActuator(uuid="GPU-nope")
+    fake_nvml.nvmlShutdown.assert_called_once_with()  # NVML counts inits: none left behind
+
+
+def test_nvml_close_shuts_down_once(fake_nvml):
+    with NvmlActuator() as act:
+        act.set_freq_mhz(1410.0)
+    act.close()
+    fake_nvml.nvmlShutdown.assert_called_once_with()
+    fake_nvml.nvmlDeviceResetGpuLockedClocks.assert_not_called()  # closing leaves the clock
 
 
 def test_guard_restores_on_exception():
@@ -126,55 +141,70 @@ def test_guard_restores_when_the_process_is_signalled(tmp_path, sig):
     assert calls[0]["freq_mhz"] == 1000.0
 
 
-def test_nvml_sampler_reads_units_on_the_unix_clock(monkeypatch):
-    import sys
+def test_nvml_sampler_reads_units_on_the_unix_clock(fake_nvml):
     import time
-    import types
 
     from opdvfs.runtime.sampler import NvmlSampler
 
-    fake = types.ModuleType("pynvml")
-
-    class NVMLError(Exception):
-        pass
-
-    calls: list[str] = []
-    fake.NVMLError = NVMLError
-    fake.NVML_CLOCK_SM = 1
-    fake.NVML_TEMPERATURE_GPU = 0
-    fake.nvmlInit = lambda: calls.append("init")
-    fake.nvmlShutdown = lambda: calls.append("shutdown")
-    fake.nvmlDeviceGetHandleByIndex = lambda i: ("gpu", i)
-    fake.nvmlDeviceGetPowerUsage = lambda h: 250_500  # mW
-    fake.nvmlDeviceGetTemperature = lambda h, kind: 61
-    fake.nvmlDeviceGetClockInfo = lambda h, kind: 1410
-    fake.nvmlDeviceGetTotalEnergyConsumption = lambda h: 1_234_000  # mJ
-    # nothing that sets: the sampler must not need any setter
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    fake_nvml.nvmlDeviceGetPowerUsage.return_value = 250_500  # mW
+    fake_nvml.nvmlDeviceGetTotalEnergyConsumption.return_value = 1_234_000  # mJ
     before = time.time()
-    with NvmlSampler(interval_ms=1.0) as sampler:
+    with NvmlSampler(index=1, interval_ms=1.0) as sampler:
+        assert sampler.read_freq_mhz() == 1410.0
         time.sleep(0.03)
     smp = sampler.samples
-    assert len(smp) >= 3 and calls == ["init", "shutdown"]
+    assert len(smp) >= 3
+    fake_nvml.nvmlInit.assert_called_once_with()
+    fake_nvml.nvmlDeviceGetHandleByIndex.assert_called_once_with(1)
+    fake_nvml.nvmlShutdown.assert_called_once_with()
     assert smp["power_w"].iloc[0] == 250.5 and smp["energy_j"].iloc[0] == 1234.0
     assert smp["freq_mhz"].iloc[0] == 1410.0 and smp["temp_c"].iloc[0] == 61.0
     assert before <= smp["t_s"].iloc[0] <= time.time()
+    # it only reads: no setter of the real module is ever called
+    fake_nvml.nvmlDeviceSetGpuLockedClocks.assert_not_called()
+    fake_nvml.nvmlDeviceResetGpuLockedClocks.assert_not_called()
+
+
+def test_nvml_sampler_skips_a_failed_read(fake_nvml):
+    import itertools
+    import time
+
+    from opdvfs.runtime.sampler import NvmlSampler
+
+    reads = itertools.count()
+
+    def power_mw(handle):
+        if next(reads) == 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        return 200_000
+
+    fake_nvml.nvmlDeviceGetPowerUsage.side_effect = power_mw
+    with NvmlSampler(interval_ms=1.0) as sampler:
+        time.sleep(0.03)
+    smp = sampler.samples
+    assert len(smp) >= 2 and (smp["power_w"] == 200.0).all()  # the first read left no row
+
+
+def test_nvml_sampler_errors_are_translated(fake_nvml):
+    from opdvfs.runtime.sampler import NvmlSampler
+
+    fake_nvml.nvmlDeviceGetHandleByIndex.side_effect = pynvml.NVMLError(
+        pynvml.NVML_ERROR_INVALID_ARGUMENT
+    )
+    with pytest.raises(DeviceNotFoundError, match="no such GPU"):
+        NvmlSampler(index=7)
 
 
 def test_nvml_sampler_without_a_gpu_is_one_clear_error():
-    pytest.importorskip("pynvml")
-    from opdvfs.exceptions import DeviceNotFoundError
     from opdvfs.runtime.sampler import NvmlSampler
 
     try:
-        import pynvml
-
         pynvml.nvmlInit()
         pynvml.nvmlShutdown()
         pytest.skip("this machine has an NVIDIA driver")
     except pynvml.NVMLError:
         pass
-    with pytest.raises(DeviceNotFoundError, match="no NVIDIA GPU"):
+    with pytest.raises(DeviceNotFoundError, match="no NVIDIA driver"):
         NvmlSampler()
 
 

@@ -6,7 +6,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from opdvfs import Schedule  # noqa: E402
-from opdvfs.runtime.actuators import ClockGuard, DryRunActuator  # noqa: E402
+from opdvfs.exceptions import CaptureError, ScheduleMismatchError  # noqa: E402
+from opdvfs.runtime.actuators import Actuator, ClockGuard, DryRunActuator  # noqa: E402
 from opdvfs.runtime.dispatch import ScheduleExecutor, WorkloadRecorder  # noqa: E402
 from opdvfs.sim import SimulatedDevice  # noqa: E402
 from opdvfs.sim.presets import get_preset  # noqa: E402
@@ -112,20 +113,20 @@ def test_delayed_switches_are_issued_by_the_worker_after_their_delay(captured):
     plan = Schedule.model_validate(doc)
     act = DryRunActuator(A100.spec.freqs_mhz)
     executor = ScheduleExecutor(plan, act)
-    assert executor._issuer is not None
+    assert executor.issuer is not None
     submitted: dict[tuple[int, int], float] = {}
     issued: dict[tuple[int, int], float] = {}
-    real_submit, real_set = executor._issuer.submit, act.set_freq_mhz
+    real_submit, real_set = executor.issuer.submit, act.set_freq_mhz
 
     def submit(marker, delay_s, freq, iteration, op_index):
         submitted[(iteration, op_index)] = time.monotonic()
         real_submit(marker, delay_s, freq, iteration, op_index)
 
     def timed_set(freq: float) -> None:
-        issued[act._where] = time.monotonic()  # where the worker says the switch belongs
+        issued[act.where] = time.monotonic()  # where the worker says the switch belongs
         real_set(freq)
 
-    executor._issuer.submit = submit  # type: ignore[method-assign]
+    executor.issuer.submit = submit  # type: ignore[method-assign]
     act.set_freq_mhz = timed_set  # type: ignore[method-assign]
     with ClockGuard(act), pytest.warns(UserWarning, match="falling back"):
         train(4, executor)
@@ -150,7 +151,7 @@ def test_pending_switches_are_dropped_before_the_clock_is_restored(captured):
     executor = ScheduleExecutor(plan, act)
     with ClockGuard(act), pytest.warns(UserWarning, match="falling back"):
         train(3, executor)
-    assert executor._issuer is not None and not executor._issuer._thread.is_alive()
+    assert executor.issuer is not None and not executor.issuer.is_alive()
     assert all(c["freq_mhz"] != 1005.0 for c in act.calls)  # never issued
     assert act.calls[-1]["kind"] == "restore"
 
@@ -193,3 +194,55 @@ def test_executor_measures_each_iteration_with_the_energy_counter(captured):
     assert steady["iterations"] == 3  # ends of iterations 1..4: three iterations between
     assert steady["energy_j"] == pytest.approx(2.0)
     assert steady["time_s"] > 0
+
+
+def test_a_recorder_without_a_complete_iteration_is_a_capture_error():
+    recorder = WorkloadRecorder()
+    with recorder:
+        torch.ones(3) + 1  # operators, but no optimizer step
+    with pytest.raises(CaptureError, match="no complete iteration recorded"):
+        recorder.workload()
+
+
+def test_names_that_do_not_fit_the_schedule_are_a_mismatch(captured):
+    n = len(captured)
+    plan = Schedule.from_stage_freqs([0], [1410.0], n_ops=n, target=0.0, solver="manual")
+    act = DryRunActuator(A100.spec.freqs_mhz)
+    with pytest.raises(ScheduleMismatchError, match=f"schedule plans {n} ops, names give {n - 1}"):
+        ScheduleExecutor(plan, act, names=captured.ops["name"].tolist()[:-1])
+
+
+def test_an_actuator_with_only_the_abstract_methods_runs_a_schedule(captured):
+    """The interface's defaults (``at``, no energy counter) are all the executor needs."""
+
+    class Minimal(Actuator):
+        def __init__(self) -> None:
+            self.clock_mhz: float | None = None
+            self.history: list[float | None] = []
+
+        def supported_freqs_mhz(self):
+            return A100.spec.freqs_mhz
+
+        def set_freq_mhz(self, freq_mhz: float) -> None:
+            self.clock_mhz = self.check_freq_mhz(freq_mhz)
+            self.history.append(self.clock_mhz)
+
+        def reset(self) -> None:
+            self.clock_mhz = None
+            self.history.append(None)
+
+        def read_power_w(self) -> float:
+            return 100.0
+
+    n = len(captured)
+    plan = Schedule.from_stage_freqs(
+        [0, n // 2], [1410.0, 1005.0], n_ops=n, target=0.05, solver="manual"
+    )
+    act = Minimal()
+    executor = ScheduleExecutor(plan, act, names=captured.ops["name"].tolist())
+    with ClockGuard(act), pytest.warns(UserWarning, match="falling back"):
+        train(3, executor)
+    assert act.clock_mhz is None and act.history[-1] is None  # restored
+    assert 1005.0 in act.history  # the planned switch of a steady iteration
+    assert executor.iteration_energy_j == []  # no counter: nothing read
+    assert executor.per_iteration()["energy_j"] is None

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -16,9 +16,7 @@ from opdvfs.cli._app import (
     reports_errors,
     stdout,
 )
-from opdvfs.runtime.actuators.base import Actuator
 from opdvfs.schedule import Schedule
-from opdvfs.sim.presets import PRESETS, get_preset
 from opdvfs.workloads.library import load_workload
 
 _SCRIPT = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -87,10 +85,7 @@ def capture(
         measured = profile_run(run, freq_mhz=freq_mhz)
     else:
         run()
-    try:
-        work = recorder.workload(name)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    work = recorder.workload(name)  # no complete iteration: a CaptureError, reported as usual
     work.write(out)
     stdout.print(
         f"wrote {out}: {len(work)} operators per iteration "
@@ -106,63 +101,6 @@ def capture(
             f"{0 if measured.samples is None else len(measured.samples)} power samples",
             highlight=False,
         )
-
-
-def _actuator(kind: str, plan: Schedule | None, device: str | None, log: Path | None) -> Actuator:
-    """Return the actuator named on the command line."""
-    from opdvfs.runtime.actuators import (
-        AscendActuator,
-        DryRunActuator,
-        NvmlActuator,
-        TwinActuator,
-    )
-
-    name = device or (plan.device if plan is not None else None)
-    if kind == "nvml":
-        return NvmlActuator()
-    if kind == "twin":
-        if name not in PRESETS:
-            raise UsageError("--actuator twin needs --device, a simulated preset")
-        from opdvfs.sim.twin import SimulatedDevice
-
-        return TwinActuator(SimulatedDevice.from_preset(name), log=log)
-    if kind in ("dry-run", "ascend"):
-        if name in PRESETS:
-            freqs = get_preset(name).spec.freqs_mhz
-        elif kind == "ascend":
-            freqs = get_preset("ascend-910b-like").spec.freqs_mhz
-        elif plan is not None:
-            freqs = tuple(sorted({s.freq_mhz for s in plan.stages}))
-        else:
-            raise UsageError("give --device (the clocks a dry run accepts)")
-        if kind == "ascend":
-            return AscendActuator(freqs, log=log)
-        return DryRunActuator(freqs, log=log)
-    raise UsageError(f"--actuator {kind!r}: expected nvml, ascend, dry-run or twin")
-
-
-def _share_when_the_group_exists(executor: Any, plan: Schedule | None) -> Callable[[], None]:
-    """Under torchrun: once the script creates its process group, rank 0's plan goes to all.
-
-    Returns the function that undoes the hook.
-    """
-    import torch.distributed as dist
-
-    from opdvfs.runtime.distributed import broadcast_schedule
-
-    original = dist.init_process_group
-
-    def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        out = original(*args, **kwargs)
-        executor.use_schedule(broadcast_schedule(plan))
-        return out
-
-    dist.init_process_group = init_process_group
-
-    def undo() -> None:
-        dist.init_process_group = original
-
-    return undo
 
 
 @app.command(context_settings=_SCRIPT)
@@ -190,8 +128,9 @@ def run(
 
     With torchrun, give --log-file: one log per rank (calls.rank1.jsonl).
     """
-    from opdvfs.runtime.actuators import ClockGuard, TwinActuator
+    from opdvfs.runtime.actuators import ClockGuard, TwinActuator, make_actuator
     from opdvfs.runtime.dispatch import ScheduleExecutor
+    from opdvfs.runtime.distributed import share_schedule_on_group_init
 
     _script_argv(list(ctx.args))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -202,19 +141,14 @@ def run(
         log = log.with_name(f"{log.stem}.rank{rank}{log.suffix}")  # one log per rank
     work = load_workload(workload) if workload else None
     names = work.ops["name"].tolist() if work is not None else None
-    act = _actuator(actuator, plan, device, log)
-    if actuator == "twin" and work is None:
-        raise UsageError("--actuator twin needs --workload (the captured workload to simulate)")
-    executor = ScheduleExecutor(plan, act, names=names)
-    undo = _share_when_the_group_exists(executor, plan) if world > 1 else (lambda: None)
-    try:
-        with ClockGuard(act), executor:
+    with make_actuator(actuator, device=device, schedule=plan, log=log) as act:
+        if actuator == "twin" and work is None:
+            raise UsageError("--actuator twin needs --workload (the captured workload to simulate)")
+        executor = ScheduleExecutor(plan, act, names=names)
+        # under torchrun, ranks other than 0 receive rank 0's plan when the script makes its group
+        sharing = share_schedule_on_group_init(executor, plan) if world > 1 else nullcontext()
+        with sharing, ClockGuard(act), executor:
             _run_script(list(ctx.args))
-    finally:
-        undo()
-        close = getattr(act, "close", None)
-        if close is not None:
-            close()
     steady = executor.per_iteration()
     if steady["time_s"] is not None:
         stdout.print(

@@ -1,5 +1,77 @@
-"""Running schedules: the ``RunResult`` data object (executor and actuators land here later)."""
+"""Running schedules on a device: actuators, the clock guard, and the operator-boundary executor.
 
-from opdvfs.result import RunResult, StageRecord
+A run builds an actuator (:func:`make_actuator`, or one of the actuator classes), guards its
+clock (:class:`ClockGuard`), and applies a schedule under a :class:`ScheduleExecutor`, or first
+records the program's operators with a :class:`WorkloadRecorder`::
 
-__all__ = ["RunResult", "StageRecord"]
+    from opdvfs.runtime import ClockGuard, ScheduleExecutor, make_actuator
+
+    with make_actuator("dry-run", schedule=plan) as act, ClockGuard(act):
+        with ScheduleExecutor(plan, act):
+            train()
+
+Names load on first use (PEP 562): importing :mod:`opdvfs.runtime` does not import torch (an
+optional extra), only the executor and the recorder do.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: Exported name -> the module that defines it.
+_EXPORTS: dict[str, str] = {
+    "Actuator": "opdvfs.runtime.actuators",
+    "AscendActuator": "opdvfs.runtime.actuators",
+    "ClockGuard": "opdvfs.runtime.actuators",
+    "DryRunActuator": "opdvfs.runtime.actuators",
+    "NvmlActuator": "opdvfs.runtime.actuators",
+    "TwinActuator": "opdvfs.runtime.actuators",
+    "make_actuator": "opdvfs.runtime.actuators",
+    "ScheduleExecutor": "opdvfs.runtime.dispatch",
+    "WorkloadRecorder": "opdvfs.runtime.dispatch",
+    "RunResult": "opdvfs.result",
+    "StageRecord": "opdvfs.result",
+}
+
+__all__ = [
+    "Actuator",
+    "AscendActuator",
+    "ClockGuard",
+    "DryRunActuator",
+    "NvmlActuator",
+    "RunResult",
+    "ScheduleExecutor",
+    "StageRecord",
+    "TwinActuator",
+    "WorkloadRecorder",
+    "make_actuator",
+]
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
+    from opdvfs.result import RunResult, StageRecord
+    from opdvfs.runtime.actuators import (
+        Actuator,
+        AscendActuator,
+        ClockGuard,
+        DryRunActuator,
+        NvmlActuator,
+        TwinActuator,
+        make_actuator,
+    )
+    from opdvfs.runtime.dispatch import ScheduleExecutor, WorkloadRecorder
+
+
+def __getattr__(name: str) -> Any:
+    """Import an exported name from its module on first use (PEP 562)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'opdvfs.runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    """List the exported names beside the module's own."""
+    return sorted({*globals(), *_EXPORTS})

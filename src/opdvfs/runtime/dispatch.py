@@ -20,6 +20,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
+from opdvfs.exceptions import CaptureError, ScheduleMismatchError
 from opdvfs.runtime.actuators.base import Actuator
 from opdvfs.runtime.issuer import Marker, SwitchIssuer, immediate_marker
 from opdvfs.schedule import Schedule, Switch, op_signature
@@ -129,9 +130,15 @@ class WorkloadRecorder(_IterationMode):
         self._current = []
 
     def workload(self, name: str = "captured") -> Workload:
-        """Return the last complete iteration as a Workload."""
+        """Return the last complete iteration as a Workload.
+
+        Raises
+        ------
+        CaptureError
+            If no iteration was completed (no optimizer step and no :meth:`mark_iteration`).
+        """
         if not self.iterations:
-            raise ValueError("no complete iteration recorded (no optimizer step was seen)")
+            raise CaptureError("no complete iteration recorded (no optimizer step was seen)")
         ops = pd.DataFrame(self.iterations[-1])
         meta = {
             "source": "opdvfs capture",
@@ -190,9 +197,16 @@ class ScheduleExecutor(_IterationMode):
 
         Under ``torchrun`` the ranks other than 0 start without one and receive rank 0's once
         the process group exists (:func:`~opdvfs.runtime.distributed.broadcast_schedule`).
+
+        Raises
+        ------
+        ScheduleMismatchError
+            If ``names`` was given and counts other than the schedule's operators.
         """
         if self.names is not None and len(self.names) != schedule.n_ops:
-            raise ValueError(f"schedule plans {schedule.n_ops} ops, names give {len(self.names)}")
+            raise ScheduleMismatchError(
+                f"schedule plans {schedule.n_ops} ops, names give {len(self.names)}"
+            )
         switch_at: dict[int, list[Switch]] = {}
         for sw in schedule.switches:
             switch_at.setdefault(sw.trigger_op, []).append(sw)
@@ -226,6 +240,15 @@ class ScheduleExecutor(_IterationMode):
         }
 
     @property
+    def issuer(self) -> SwitchIssuer | None:
+        """The worker thread that issues switches off the dispatch path.
+
+        None while every switch is issued at once on the dispatching thread (the CPU, no
+        ``delay_us``).
+        """
+        return self._issuer
+
+    @property
     def diverged(self) -> bool:
         """Whether any iteration failed to match the schedule."""
         return bool(self.diverged_iterations)
@@ -236,9 +259,7 @@ class ScheduleExecutor(_IterationMode):
         return self._gave_up or self._streak >= self.max_diverged
 
     def _where(self) -> None:
-        at = getattr(self.actuator, "at", None)
-        if at is not None:
-            at(self.iteration, self.op_index)
+        self.actuator.at(self.iteration, self.op_index)
 
     def _issue_failed(self, exc: BaseException) -> None:
         self.errors.append(exc)
@@ -307,12 +328,12 @@ class ScheduleExecutor(_IterationMode):
 
     def end_iteration(self, n_ops: int) -> None:
         """Check the finished iteration ran the planned number of ops; re-arm for the next."""
-        read_energy = getattr(self.actuator, "read_energy_j", None)
-        if read_energy is not None:
-            try:
-                self.iteration_energy_j.append(float(read_energy()))
-            except Exception:  # a failed read leaves a gap, never breaks the program
-                self.iteration_energy_j.append(float("nan"))
+        try:
+            energy_j = self.actuator.read_energy_j()
+        except Exception:  # a failed read leaves a gap, never breaks the program
+            energy_j = float("nan")
+        if energy_j is not None:  # None: the device has no energy counter
+            self.iteration_energy_j.append(float(energy_j))
         if self.schedule is None:
             return
         if not self._off and not self.abandoned and n_ops != self.schedule.n_ops:

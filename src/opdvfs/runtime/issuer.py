@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from opdvfs.runtime.actuators.base import Actuator
 
@@ -93,6 +93,10 @@ class SwitchIssuer:
             pass
         self._cancelled.clear()
 
+    def is_alive(self) -> bool:
+        """Whether the worker thread still runs (False once :meth:`close` has returned)."""
+        return self._thread.is_alive()
+
     def close(self) -> None:
         """Cancel what is pending and stop the thread."""
         self.cancel()
@@ -120,10 +124,8 @@ class SwitchIssuer:
                 self._issue(item)
 
     def _issue(self, item: PendingSwitch) -> None:
-        at: Any = getattr(self.actuator, "at", None)
         try:
-            if at is not None:
-                at(item.iteration, item.op_index)
+            self.actuator.at(item.iteration, item.op_index)
             self.actuator.set_freq_mhz(item.freq_mhz)
         except Exception as exc:  # reported to the executor; never kills the thread
             if self.on_error is not None:

@@ -3,7 +3,8 @@
 :class:`NvmlSampler` reads board power, GPU temperature, SM clock and the total-energy counter
 every ``interval_ms`` on the ``time.time()`` clock, the clock a torch.profiler trace's
 ``baseTimeNanoseconds`` is on, so the samples line up with the trace's operators (``wall_s``).
-It never sets anything.
+It never sets anything. NVML is opened and its errors translated by
+:mod:`opdvfs.runtime.actuators.nvml`, the one wrapper of pynvml.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import contextlib
 import threading
 import time
 from types import TracebackType
-from typing import Any, Self
+from typing import Self
 
 import pandas as pd
 
-from opdvfs.exceptions import DeviceNotFoundError
+from opdvfs.exceptions import ActuatorError
+from opdvfs.runtime.actuators.nvml import NvmlDevice, nvml_errors
 
 __all__ = ["NvmlSampler"]
 
@@ -31,21 +33,15 @@ class NvmlSampler:
     interval_ms
         Time between reads; NVML's own power average is over 100 ms to 1 s, so 10-50 ms
         resolves its steps without flooding the driver.
+
+    Raises
+    ------
+    DeviceNotFoundError
+        Without nvidia-ml-py, without a driver, or when no GPU has that index.
     """
 
     def __init__(self, *, index: int = 0, interval_ms: float = 20.0) -> None:
-        try:
-            import pynvml
-        except ImportError:
-            raise DeviceNotFoundError(
-                "sampling GPU power needs nvidia-ml-py: pip install 'opdvfs[nvidia]'"
-            ) from None
-        try:
-            pynvml.nvmlInit()
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        except pynvml.NVMLError as exc:
-            raise DeviceNotFoundError(f"no NVIDIA GPU to sample ({exc})") from None
-        self._nvml: Any = pynvml
+        self._device = NvmlDevice(index=index)
         self.interval_s = interval_ms / 1e3
         self._rows: list[tuple[float, float, float, float, float]] = []
         self._stop = threading.Event()
@@ -53,21 +49,24 @@ class NvmlSampler:
 
     def read_freq_mhz(self) -> float:
         """Return the current SM clock (MHz)."""
-        return float(self._nvml.nvmlDeviceGetClockInfo(self._handle, self._nvml.NVML_CLOCK_SM))
+        nv = self._device.lib
+        with nvml_errors("read the SM clock"):
+            return float(nv.nvmlDeviceGetClockInfo(self._device.handle, nv.NVML_CLOCK_SM))
 
     def _read(self) -> tuple[float, float, float, float, float]:
-        nv, h = self._nvml, self._handle
-        return (
-            time.time(),
-            nv.nvmlDeviceGetPowerUsage(h) / 1e3,  # mW -> W
-            float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
-            float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
-            nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1e3,  # mJ -> J
-        )
+        nv, h = self._device.lib, self._device.handle
+        with nvml_errors("read a power sample"):
+            return (
+                time.time(),
+                nv.nvmlDeviceGetPowerUsage(h) / 1e3,  # mW -> W
+                float(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)),
+                float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+                nv.nvmlDeviceGetTotalEnergyConsumption(h) / 1e3,  # mJ -> J
+            )
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            with contextlib.suppress(self._nvml.NVMLError):  # a failed read: skip the sample
+            with contextlib.suppress(ActuatorError):  # a failed read: skip the sample
                 self._rows.append(self._read())
             self._stop.wait(self.interval_s)
 
@@ -83,7 +82,7 @@ class NvmlSampler:
     ) -> None:
         self._stop.set()
         self._thread.join(timeout=5.0)
-        self._nvml.nvmlShutdown()
+        self._device.close()
 
     @property
     def samples(self) -> pd.DataFrame:

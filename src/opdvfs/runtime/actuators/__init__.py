@@ -1,16 +1,103 @@
-"""Actuators: the small interface to a device's clock, and its implementations."""
+"""Actuators: the small interface to a device's clock, its implementations, and their factory."""
 
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from opdvfs.exceptions import ValidationError
 from opdvfs.runtime.actuators.ascend import AscendActuator
 from opdvfs.runtime.actuators.base import Actuator, ClockGuard
 from opdvfs.runtime.actuators.dry_run import DryRunActuator
 from opdvfs.runtime.actuators.nvml import NvmlActuator
 from opdvfs.runtime.actuators.twin import TwinActuator
+from opdvfs.schedule import Schedule
+from opdvfs.sim.presets import PRESETS, preset_spec
+from opdvfs.sim.twin import SimulatedDevice
 
 __all__ = [
+    "ACTUATORS",
     "Actuator",
     "AscendActuator",
     "ClockGuard",
     "DryRunActuator",
     "NvmlActuator",
     "TwinActuator",
+    "make_actuator",
 ]
+
+#: The kinds :func:`make_actuator` builds.
+ACTUATORS: tuple[str, ...] = ("nvml", "ascend", "dry-run", "twin")
+
+#: The preset whose clocks an Ascend actuator accepts when no other preset is named.
+_ASCEND_DEFAULT = "ascend-910b-like"
+
+
+def make_actuator(
+    kind: str,
+    *,
+    device: str | None = None,
+    schedule: Schedule | None = None,
+    log: str | os.PathLike[str] | None = None,
+) -> Actuator:
+    """Return the actuator of ``kind`` for ``device``.
+
+    Parameters
+    ----------
+    kind
+        One of :data:`ACTUATORS`: ``"nvml"`` (an NVIDIA GPU, NVML device 0), ``"ascend"``
+        (an Ascend NPU: requests logged, not applied), ``"dry-run"`` (records what would be
+        set) or ``"twin"`` (records, then replays on the simulated preset).
+    device
+        A device preset (:data:`opdvfs.sim.presets.PRESETS`); default: the schedule's device.
+        Its clocks are the ones a dry run or Ascend actuator accepts; the twin simulates it.
+    schedule
+        The schedule to be applied. Without a preset, a dry run accepts the clocks its stages
+        use.
+    log
+        JSON-lines file of the recording actuators' calls (ignored by ``"nvml"``).
+
+    Returns
+    -------
+    Actuator
+        Not yet touching the clock; wrap its use in :class:`ClockGuard`.
+
+    Raises
+    ------
+    ValidationError
+        For an unknown ``kind``; for ``"twin"`` without a preset; for ``"dry-run"`` with neither
+        a preset nor a schedule to take clocks from.
+    DeviceNotFoundError
+        For ``"nvml"`` without nvidia-ml-py, a driver or a GPU.
+    """
+    if kind not in ACTUATORS:
+        raise ValidationError(
+            f"actuator {kind!r}: expected {', '.join(ACTUATORS[:-1])} or {ACTUATORS[-1]}",
+            field="actuator",
+        )
+    spec = preset_spec(device or (schedule.device if schedule is not None else None))
+    if kind == "nvml":
+        return NvmlActuator()
+    if kind == "twin":
+        if spec is None:
+            raise ValidationError(
+                f"the twin actuator simulates a preset: give one as the device "
+                f"({', '.join(PRESETS)})",
+                field="device",
+            )
+        return TwinActuator(SimulatedDevice.from_preset(spec.name), log=log)
+    if spec is None and kind == "ascend":
+        spec = preset_spec(_ASCEND_DEFAULT)
+    freqs: Sequence[float]
+    if spec is not None:
+        freqs = spec.freqs_mhz
+    elif schedule is not None:
+        freqs = sorted({s.freq_mhz for s in schedule.stages})
+    else:
+        raise ValidationError(
+            "a dry run needs the clocks it accepts: give a preset as the device, or a schedule",
+            field="device",
+        )
+    if kind == "ascend":
+        return AscendActuator(freqs, log=log)
+    return DryRunActuator(freqs, log=log)

@@ -30,11 +30,11 @@ def load_dcmi() -> Any:
     path = ctypes.util.find_library("dcmi") or "/usr/local/dcmi/libdcmi.so"
     try:
         lib = ctypes.CDLL(path)
-    except OSError:
+    except OSError as exc:
         raise DeviceNotFoundError(
             "no Ascend driver: libdcmi.so not found (install the NPU driver, or add "
             "/usr/local/dcmi to LD_LIBRARY_PATH)"
-        ) from None
+        ) from exc
     if lib.dcmi_init() != 0:
         raise DeviceNotFoundError("libdcmi.so is there but dcmi_init() failed")
     return lib
@@ -46,9 +46,12 @@ class AscendActuator(DryRunActuator):
     Parameters
     ----------
     freqs_mhz
-        The AI Core clocks plans may use (the ``ascend-910b-like`` preset's by default).
+        The AI Core clocks plans may use (MHz; :func:`~opdvfs.runtime.actuators.make_actuator`
+        gives the ``ascend-910b-like`` preset's when no other preset is named).
     card, device
         DCMI card and device ids.
+    log
+        JSON-lines file the requests are appended to, as :class:`DryRunActuator` writes them.
     dcmi
         A loaded DCMI library (default: :func:`load_dcmi` on first read).
     """
@@ -73,7 +76,14 @@ class AscendActuator(DryRunActuator):
         return self._dcmi
 
     def set_freq_mhz(self, freq_mhz: float) -> None:
-        """Record the request; no public setter exists, so the clock is not changed."""
+        """Record the request (MHz); no public setter exists, so the clock is not changed.
+
+        Raises
+        ------
+        UnsupportedClockError
+            If ``freq_mhz`` is not one of the clocks given at construction.
+        """
+        super().set_freq_mhz(freq_mhz)  # an unsupported clock raises before any warning
         if not self._warned:
             self._warned = True
             warnings.warn(
@@ -81,10 +91,9 @@ class AscendActuator(DryRunActuator):
                 "applied",
                 stacklevel=2,
             )
-        super().set_freq_mhz(freq_mhz)
 
     def read_freq_mhz(self) -> float:
-        """Return the AI Core clock the device runs at now (DCMI type 7)."""
+        """Return the AI Core clock the device runs at now (MHz; DCMI type 7)."""
         value = ctypes.c_uint(0)
         rc = self._lib().dcmi_get_device_frequency(
             self.card, self.device, _AICORE_CURRENT, ctypes.byref(value)
@@ -96,7 +105,7 @@ class AscendActuator(DryRunActuator):
         return float(value.value)
 
     def read_power_w(self) -> float:
-        """Return the chip power (DCMI reports tenths of a watt)."""
+        """Return the chip power (W; DCMI reports tenths of a watt)."""
         value = ctypes.c_int(0)
         rc = self._lib().dcmi_get_device_power_info(self.card, self.device, ctypes.byref(value))
         if rc != 0:

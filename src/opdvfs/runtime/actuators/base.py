@@ -1,7 +1,15 @@
-"""The actuator interface: four methods between the executor and a device's clock control.
+"""The actuator interface: what the executor, the issuer and the CLI call on a device's clock.
 
-Implementations: :mod:`~opdvfs.runtime.actuators.nvml` (NVIDIA, nvidia-ml-py),
-:mod:`~opdvfs.runtime.actuators.dry_run` (records what would be set), and the simulator's twin.
+An :class:`Actuator` declares every method its callers use. Four are abstract (the clocks it
+accepts, set, reset, read power); the others have defaults a device overrides when it can do
+more: :meth:`~Actuator.at` (where in the program the next call happens; ignored by default),
+:meth:`~Actuator.read_energy_j` (``None``: no energy counter), :meth:`~Actuator.close` and the
+context manager (release the device's library; nothing to release by default).
+
+Implementations, one module per vendor beside this one: :mod:`~opdvfs.runtime.actuators.nvml`
+(NVIDIA, nvidia-ml-py), :mod:`~opdvfs.runtime.actuators.ascend` (Ascend NPUs: logs requests,
+reads through DCMI), :mod:`~opdvfs.runtime.actuators.dry_run` (records what would be set) and
+:mod:`~opdvfs.runtime.actuators.twin` (replays the issued switches on the simulator).
 :class:`ClockGuard` makes sure a clock set through an actuator is restored on normal exit, on an
 exception, at interpreter exit and on SIGINT/SIGTERM.
 """
@@ -17,27 +25,101 @@ from collections.abc import Sequence
 from types import FrameType, TracebackType
 from typing import Any, Self
 
+from opdvfs.exceptions import UnsupportedClockError
+
 __all__ = ["Actuator", "ClockGuard"]
 
 
 class Actuator(ABC):
-    """Read and set one device's core clock."""
+    """Read and set one device's core clock.
+
+    Units: clocks in MHz, power in W, energy in J. Use it as a context manager to release the
+    device's library on exit (:meth:`close`); restoring the clock is :class:`ClockGuard`'s job.
+    """
 
     @abstractmethod
     def supported_freqs_mhz(self) -> Sequence[float]:
-        """Clocks the device accepts, ascending (MHz)."""
+        """Return the clocks the device accepts (MHz), ascending."""
 
     @abstractmethod
     def set_freq_mhz(self, freq_mhz: float) -> None:
-        """Lock the core clock at ``freq_mhz`` (an element of :meth:`supported_freqs_mhz`)."""
+        """Lock the core clock at ``freq_mhz`` (MHz).
+
+        The device is reached only when the clock changes: setting the clock it is already
+        locked at does nothing.
+
+        Raises
+        ------
+        UnsupportedClockError
+            If ``freq_mhz`` is not one of :meth:`supported_freqs_mhz`.
+        """
 
     @abstractmethod
     def reset(self) -> None:
-        """Give the clock back to the driver's default management."""
+        """Give the clock back to the driver's default management (safe to call repeatedly)."""
 
     @abstractmethod
     def read_power_w(self) -> float:
         """Return the current power draw (W) as the device reports it."""
+
+    def check_freq_mhz(self, freq_mhz: float) -> float:
+        """Return ``freq_mhz`` (MHz) as a float if the device accepts it.
+
+        Raises
+        ------
+        UnsupportedClockError
+            If it is not one of :meth:`supported_freqs_mhz` (the message gives their range).
+        """
+        freqs = self.supported_freqs_mhz()
+        if freq_mhz not in freqs:
+            accepted = f"{min(freqs):g}-{max(freqs):g} MHz, {len(freqs)} steps" if freqs else "none"
+            raise UnsupportedClockError(
+                f"{freq_mhz:g} MHz is not a supported clock of this device ({accepted})",
+                field="freq_mhz",
+            )
+        return float(freq_mhz)
+
+    def at(self, iteration: int | None, op_index: int | None) -> None:
+        """Tell the actuator where in the program its next call happens.
+
+        Parameters
+        ----------
+        iteration
+            Training iteration (0-based; optimizer steps counted), or None outside any.
+        op_index
+            Position of the trigger operator in that iteration (0-based), or None.
+
+        Recording actuators (dry run, Ascend, twin) store it with each call; the default
+        ignores it.
+        """
+        return None
+
+    def read_energy_j(self) -> float | None:
+        """Return the device's energy counter (J, from an arbitrary origin), or None without one.
+
+        The executor reads it at each iteration end; differences are the energy used between.
+        """
+        return None
+
+    def close(self) -> None:
+        """Release what the actuator holds (a vendor library, a log file); the clock is untouched.
+
+        Safe to call more than once. The default holds nothing.
+        """
+        return None
+
+    def __enter__(self) -> Self:
+        """Return the actuator; the ``with`` block's end closes it."""
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close the actuator (:meth:`close`); an exception in the block propagates."""
+        self.close()
 
 
 class ClockGuard:

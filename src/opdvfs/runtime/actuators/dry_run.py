@@ -20,6 +20,15 @@ class DryRunActuator(Actuator):
 
     Each record is ``{"kind": "set"|"restore", "iteration", "op_index", "freq_mhz", "t_s"}``;
     the executor sets ``iteration`` and ``op_index`` through :meth:`at` before each call.
+
+    Parameters
+    ----------
+    freqs_mhz
+        The clocks it accepts (MHz), in any order.
+    log
+        JSON-lines file the records are appended to (created with its folder), or None.
+    power_w
+        What :meth:`read_power_w` returns (W); nothing is measured.
     """
 
     def __init__(
@@ -41,8 +50,21 @@ class DryRunActuator(Actuator):
         self.current_mhz: float | None = None
 
     def at(self, iteration: int | None, op_index: int | None) -> None:
-        """Tell the actuator where in the program the next call happens."""
+        """Store where in the program the next call happens (written into its record).
+
+        Parameters
+        ----------
+        iteration
+            Training iteration (0-based), or None outside any.
+        op_index
+            Position of the trigger operator in that iteration (0-based), or None.
+        """
         self._where = (iteration, op_index)
+
+    @property
+    def where(self) -> tuple[int | None, int | None]:
+        """The ``(iteration, op_index)`` the next call will be recorded at (see :meth:`at`)."""
+        return self._where
 
     def _record(self, kind: str, freq: float | None) -> None:
         iteration, op_index = self._where
@@ -64,13 +86,18 @@ class DryRunActuator(Actuator):
         return self._freqs
 
     def set_freq_mhz(self, freq_mhz: float) -> None:
-        """Record a clock change (only when the clock actually changes)."""
-        if freq_mhz not in self._freqs:
-            raise ValueError(f"{freq_mhz:g} MHz is not a supported clock")
-        if freq_mhz == self.current_mhz:
+        """Record a clock change (MHz; only when the clock actually changes).
+
+        Raises
+        ------
+        UnsupportedClockError
+            If ``freq_mhz`` is not one of the clocks given at construction.
+        """
+        freq = self.check_freq_mhz(freq_mhz)
+        if freq == self.current_mhz:
             return
-        self.current_mhz = float(freq_mhz)
-        self._record("set", float(freq_mhz))
+        self.current_mhz = freq
+        self._record("set", freq)
 
     def reset(self) -> None:
         """Record the restore of the default clock management."""
@@ -82,7 +109,7 @@ class DryRunActuator(Actuator):
         return self._power_w
 
     def close(self) -> None:
-        """Close the log file."""
+        """Close the log file (the calls stay in :attr:`calls`); safe to call more than once."""
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -1,13 +1,17 @@
 """NVIDIA GPUs through NVML (nvidia-ml-py): lock the SM clock with min = max, reset, read power.
 
-NVML errors are translated here, once, into opdvfs errors that say what to do; no caller
-imports pynvml. A clock is set only when it changes. Setting clocks needs root (NVML returns
-NO_PERMISSION otherwise); reading supported clocks and power does not.
+This module is the one place opdvfs calls pynvml. :class:`NvmlDevice` initialises NVML and
+finds the GPU; :func:`nvml_errors` translates NVML's errors, by their ``NVML_ERROR_*`` code,
+into opdvfs errors that say what to do, chained to the original. The actuator here and the power
+sampler (:mod:`opdvfs.runtime.sampler`) both use them, so no caller imports pynvml. A clock is
+set only when it changes. Setting clocks needs root (NVML returns NO_PERMISSION otherwise);
+reading supported clocks and power does not.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from opdvfs.exceptions import (
@@ -23,26 +27,108 @@ try:  # the optional extra: pip install 'opdvfs[nvidia]'
 except ImportError:  # pragma: no cover - exercised where nvidia-ml-py is absent
     pynvml = None
 
-__all__ = ["NvmlActuator"]
+__all__ = ["NvmlActuator", "NvmlDevice", "nvml_errors"]
+
+_NO_DRIVER = "no NVIDIA driver: cannot {action} ({exc})"
+_NO_GPU = "no such GPU while trying to {action} ({exc})"
+
+#: NVML return code -> the opdvfs error and what it says ({action}, {exc} filled in). Built from
+#: the real module's constants at import, so a test's fake of pynvml cannot change the codes.
+_ADVICE: dict[int, tuple[type[ActuatorError], str]] = (
+    {}
+    if pynvml is None
+    else {
+        pynvml.NVML_ERROR_NO_PERMISSION: (
+            PermissionDeniedError,
+            "NVML refused to {action}: changing GPU clocks needs root (run under sudo or with "
+            "CAP_SYS_ADMIN; reading clocks and power works without)",
+        ),
+        pynvml.NVML_ERROR_NOT_SUPPORTED: (
+            NotSupportedError,
+            "this GPU or driver cannot {action} (locked clocks need Volta or newer)",
+        ),
+        pynvml.NVML_ERROR_NOT_FOUND: (DeviceNotFoundError, _NO_GPU),
+        pynvml.NVML_ERROR_INVALID_ARGUMENT: (DeviceNotFoundError, _NO_GPU),
+        pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: (DeviceNotFoundError, _NO_DRIVER),
+        pynvml.NVML_ERROR_DRIVER_NOT_LOADED: (DeviceNotFoundError, _NO_DRIVER),
+    }
+)
 
 
-def _translate(exc: Exception, action: str) -> ActuatorError:
-    """One opdvfs error per NVML error class, with what to do about it."""
-    name = type(exc).__name__
-    if name == "NVMLError_NoPermission":
-        return PermissionDeniedError(
-            f"NVML refused to {action}: changing GPU clocks needs root (run under sudo or with "
-            "CAP_SYS_ADMIN; reading clocks and power works without)"
-        )
-    if name == "NVMLError_NotSupported":
-        return NotSupportedError(
-            f"this GPU or driver cannot {action} (locked clocks need Volta or newer)"
-        )
-    if name in ("NVMLError_NotFound", "NVMLError_InvalidArgument"):
-        return DeviceNotFoundError(f"no such GPU while trying to {action} ({exc})")
-    if name in ("NVMLError_LibraryNotFound", "NVMLError_DriverNotLoaded"):
-        return DeviceNotFoundError(f"no NVIDIA driver: cannot {action} ({exc})")
-    return ActuatorError(f"NVML failed to {action}: {exc}")
+def _translate(exc: Any, action: str) -> ActuatorError:
+    """Return the opdvfs error for NVML error ``exc`` (mapped by its code, ``exc.value``)."""
+    kind, message = _ADVICE.get(exc.value, (ActuatorError, "NVML failed to {action}: {exc}"))
+    return kind(message.format(action=action, exc=exc))
+
+
+@contextmanager
+def nvml_errors(action: str) -> Iterator[None]:
+    """Translate an NVML error raised in the ``with`` block into an opdvfs error.
+
+    Parameters
+    ----------
+    action
+        What the block does, in the infinitive ("read the power"): the message says it failed.
+
+    Raises
+    ------
+    ActuatorError
+        Or its leaves :class:`~opdvfs.exceptions.PermissionDeniedError`,
+        :class:`~opdvfs.exceptions.NotSupportedError` and
+        :class:`~opdvfs.exceptions.DeviceNotFoundError`, from the NVML error (its cause).
+    """
+    try:
+        yield
+    except pynvml.NVMLError as exc:
+        raise _translate(exc, action) from exc
+
+
+class NvmlDevice:
+    """One NVIDIA GPU through NVML: the library initialised once, the device's handle found.
+
+    Parameters
+    ----------
+    index
+        NVML device index (default 0). NVML's order may differ from CUDA's: prefer ``uuid``.
+    uuid
+        Device UUID (``GPU-...``), e.g. ``"GPU-" + str(torch.cuda.get_device_properties(i).uuid)``.
+
+    Attributes
+    ----------
+    lib
+        The pynvml module; call it inside :func:`nvml_errors`.
+    handle
+        The device's NVML handle.
+
+    Raises
+    ------
+    DeviceNotFoundError
+        Without nvidia-ml-py, without a driver, or when no GPU has that index or UUID.
+    """
+
+    def __init__(self, *, index: int | None = None, uuid: str | None = None) -> None:
+        if pynvml is None:
+            raise DeviceNotFoundError("nvidia-ml-py is not installed: pip install 'opdvfs[nvidia]'")
+        self.lib: Any = pynvml
+        with nvml_errors("initialise NVML"):
+            self.lib.nvmlInit()
+        self._open = True
+        try:
+            with nvml_errors("find the GPU"):
+                if uuid is not None:
+                    self.handle: Any = self.lib.nvmlDeviceGetHandleByUUID(uuid)
+                else:
+                    self.handle = self.lib.nvmlDeviceGetHandleByIndex(index or 0)
+        except ActuatorError:
+            self.close()  # NVML counts initialisations: give this one back
+            raise
+
+    def close(self) -> None:
+        """Shut NVML down (once, however often it is called; the clock is not touched)."""
+        if self._open:
+            self._open = False
+            with nvml_errors("shut NVML down"):
+                self.lib.nvmlShutdown()
 
 
 class NvmlActuator(Actuator):
@@ -54,66 +140,64 @@ class NvmlActuator(Actuator):
         NVML device index (default 0). NVML's order may differ from CUDA's: prefer ``uuid``.
     uuid
         Device UUID (``GPU-...``), e.g. ``"GPU-" + str(torch.cuda.get_device_properties(i).uuid)``.
+
+    Raises
+    ------
+    DeviceNotFoundError
+        Without nvidia-ml-py, without a driver, or when no GPU has that index or UUID.
     """
 
     def __init__(self, *, index: int | None = None, uuid: str | None = None) -> None:
-        if pynvml is None:
-            raise ActuatorError("nvidia-ml-py is not installed: pip install 'opdvfs[nvidia]'")
-        self._nvml: Any = pynvml
+        self.device = NvmlDevice(index=index, uuid=uuid)
+        nv, handle = self.device.lib, self.device.handle
         try:
-            self._nvml.nvmlInit()
-        except self._nvml.NVMLError as exc:
-            raise _translate(exc, "initialise NVML") from None
-        try:
-            if uuid is not None:
-                self._handle = self._nvml.nvmlDeviceGetHandleByUUID(uuid)
-            else:
-                self._handle = self._nvml.nvmlDeviceGetHandleByIndex(index or 0)
-            memory = max(self._nvml.nvmlDeviceGetSupportedMemoryClocks(self._handle))
-            clocks = self._nvml.nvmlDeviceGetSupportedGraphicsClocks(self._handle, memory)
-        except self._nvml.NVMLError as exc:
-            raise _translate(exc, "read the supported clocks") from None
+            with nvml_errors("read the supported clocks"):
+                memory = max(nv.nvmlDeviceGetSupportedMemoryClocks(handle))
+                clocks = nv.nvmlDeviceGetSupportedGraphicsClocks(handle, memory)
+        except ActuatorError:
+            self.device.close()
+            raise
         self._clocks = tuple(sorted(float(c) for c in clocks))
         self._current: float | None = None
 
     def supported_freqs_mhz(self) -> Sequence[float]:
-        """SM clocks NVML supports at the highest memory clock, ascending."""
+        """Return the SM clocks NVML supports at the highest memory clock (MHz), ascending."""
         return self._clocks
 
     def set_freq_mhz(self, freq_mhz: float) -> None:
-        """Lock the SM clock at ``freq_mhz`` (``nvmlDeviceSetGpuLockedClocks`` min = max)."""
+        """Lock the SM clock at ``freq_mhz`` (MHz; ``nvmlDeviceSetGpuLockedClocks`` min = max).
+
+        Raises
+        ------
+        UnsupportedClockError
+            If ``freq_mhz`` is not one of :meth:`supported_freqs_mhz`.
+        PermissionDeniedError
+            Without root or CAP_SYS_ADMIN.
+        """
         if freq_mhz == self._current:
             return
-        if freq_mhz not in self._clocks:
-            raise ValueError(f"{freq_mhz:g} MHz is not a supported clock of this GPU")
-        try:
-            self._nvml.nvmlDeviceSetGpuLockedClocks(self._handle, int(freq_mhz), int(freq_mhz))
-        except self._nvml.NVMLError as exc:
-            raise _translate(exc, f"lock the SM clock at {freq_mhz:g} MHz") from None
-        self._current = float(freq_mhz)
+        freq = self.check_freq_mhz(freq_mhz)
+        with nvml_errors(f"lock the SM clock at {freq:g} MHz"):
+            self.device.lib.nvmlDeviceSetGpuLockedClocks(self.device.handle, int(freq), int(freq))
+        self._current = freq
 
     def reset(self) -> None:
         """Unlock the SM clock (``nvmlDeviceResetGpuLockedClocks``)."""
-        try:
-            self._nvml.nvmlDeviceResetGpuLockedClocks(self._handle)
-        except self._nvml.NVMLError as exc:
-            raise _translate(exc, "reset the SM clock") from None
+        with nvml_errors("reset the SM clock"):
+            self.device.lib.nvmlDeviceResetGpuLockedClocks(self.device.handle)
         self._current = None
 
     def read_power_w(self) -> float:
-        """Board power (W); NVML reports milliwatts (a 1 s average on Ampere and newer)."""
-        try:
-            return float(self._nvml.nvmlDeviceGetPowerUsage(self._handle)) / 1e3
-        except self._nvml.NVMLError as exc:
-            raise _translate(exc, "read the power") from None
+        """Return the board power (W); NVML reports mW (a 1 s average on Ampere and newer)."""
+        with nvml_errors("read the power"):
+            return float(self.device.lib.nvmlDeviceGetPowerUsage(self.device.handle)) / 1e3
 
     def read_energy_j(self) -> float:
-        """Energy the GPU has used since the driver loaded (J; NVML's counter is in mJ)."""
-        try:
-            return float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)) / 1e3
-        except self._nvml.NVMLError as exc:
-            raise _translate(exc, "read the energy counter") from None
+        """Return the energy the GPU has used since the driver loaded (J; NVML counts mJ)."""
+        with nvml_errors("read the energy counter"):
+            mj = self.device.lib.nvmlDeviceGetTotalEnergyConsumption(self.device.handle)
+        return float(mj) / 1e3
 
     def close(self) -> None:
-        """Shut NVML down (the clock is not touched)."""
-        self._nvml.nvmlShutdown()
+        """Shut NVML down (the clock is not touched); safe to call more than once."""
+        self.device.close()

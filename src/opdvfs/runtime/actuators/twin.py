@@ -40,7 +40,7 @@ class TwinActuator(DryRunActuator):
         if iteration is None:
             iteration = max((c["iteration"] for c in sets), default=0)
         before = [c for c in sets if c["iteration"] < iteration]
-        first = before[-1]["freq_mhz"] if before else max(self._freqs)
+        first = before[-1]["freq_mhz"] if before else max(self.supported_freqs_mhz())
         starts, freqs = [0], [first]
         for c in (c for c in sets if c["iteration"] == iteration):
             op = min(int(c["op_index"]), n_ops - 1)

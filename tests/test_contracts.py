@@ -1,0 +1,216 @@
+"""One contract, every actuator: the checks the executor relies on, run over each implementation.
+
+In the manner of scikit-learn's ``test_common.py``: a list of checks crossed with a list of
+actuators, so a new actuator is covered by adding one line to :data:`CASES`. NVML runs against
+the autospecced fake of ``conftest.fake_nvml``; Ascend without DCMI (nothing here reads it).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from unittest import mock
+
+import pytest
+
+from opdvfs.exceptions import UnsupportedClockError, ValidationError
+from opdvfs.runtime.actuators import (
+    Actuator,
+    AscendActuator,
+    DryRunActuator,
+    NvmlActuator,
+    TwinActuator,
+    make_actuator,
+)
+from opdvfs.schedule import Schedule
+from opdvfs.sim import SimulatedDevice, preset_spec
+
+
+@dataclass
+class Case:
+    """An actuator under test and how to see what reached its device."""
+
+    actuator: Actuator
+    #: How many clock changes reached the device (NVML's setter; a recorder's "set" records).
+    sets: Callable[[], int]
+    #: Whether the device has an energy counter (``read_energy_j`` returns a number).
+    has_energy_counter: bool = False
+
+
+def _recorded(act: DryRunActuator) -> Case:
+    return Case(act, lambda: sum(c["kind"] == "set" for c in act.calls))
+
+
+def _nvml(request: pytest.FixtureRequest) -> Case:
+    fake = request.getfixturevalue("fake_nvml")
+    return Case(
+        NvmlActuator(),
+        lambda: fake.nvmlDeviceSetGpuLockedClocks.call_count,
+        has_energy_counter=True,
+    )
+
+
+#: Actuator name -> how to build it (with the test's fixtures at hand).
+CASES: dict[str, Callable[[pytest.FixtureRequest], Case]] = {
+    "dry-run": lambda _: _recorded(DryRunActuator([1800.0, 1000.0, 1400.0])),
+    "ascend": lambda _: _recorded(AscendActuator([1000.0, 1400.0, 1800.0])),
+    "twin": lambda _: _recorded(TwinActuator(SimulatedDevice.from_preset("a100-like"))),
+    "nvml": _nvml,
+}
+
+
+@pytest.fixture(params=sorted(CASES))
+def case(request: pytest.FixtureRequest):
+    built = CASES[request.param](request)
+    with warnings.catch_warnings():
+        # Ascend warns once that nothing is applied: not what these checks are about
+        warnings.filterwarnings("ignore", "opdvfs: Ascend has no public", UserWarning)
+        yield built
+    built.actuator.close()
+
+
+def check_supported_clocks_are_ascending(case: Case) -> None:
+    freqs = list(case.actuator.supported_freqs_mhz())
+    assert freqs and freqs == sorted(set(freqs))
+    assert all(isinstance(f, float) for f in freqs)
+
+
+def check_an_unsupported_clock_raises_and_reaches_nothing(case: Case) -> None:
+    freqs = case.actuator.supported_freqs_mhz()
+    for bad in (min(freqs) - 1.0, max(freqs) + 1.0, (freqs[0] + freqs[1]) / 2):
+        with pytest.raises(UnsupportedClockError, match="not a supported clock"):
+            case.actuator.set_freq_mhz(bad)
+    with pytest.raises(ValueError, match="not a supported clock"):  # a ValueError, too
+        case.actuator.set_freq_mhz(-1.0)
+    assert case.sets() == 0
+
+
+def check_an_unchanged_clock_reaches_the_device_once(case: Case) -> None:
+    low, high = case.actuator.supported_freqs_mhz()[0], case.actuator.supported_freqs_mhz()[-1]
+    case.actuator.set_freq_mhz(low)
+    case.actuator.set_freq_mhz(low)
+    assert case.sets() == 1
+    case.actuator.set_freq_mhz(high)
+    case.actuator.set_freq_mhz(high)
+    assert case.sets() == 2
+
+
+def check_reset_is_idempotent_and_forgets_the_clock(case: Case) -> None:
+    low = case.actuator.supported_freqs_mhz()[0]
+    case.actuator.set_freq_mhz(low)
+    case.actuator.reset()
+    case.actuator.reset()
+    # after a reset the driver manages the clock: setting it again must reach the device
+    case.actuator.set_freq_mhz(low)
+    assert case.sets() == 2
+
+
+def check_at_and_the_energy_counter(case: Case) -> None:
+    assert case.actuator.at(3, 17) is None
+    case.actuator.set_freq_mhz(case.actuator.supported_freqs_mhz()[-1])
+    energy_j = case.actuator.read_energy_j()
+    if case.has_energy_counter:
+        assert isinstance(energy_j, float) and energy_j >= 0
+    else:
+        assert energy_j is None
+
+
+def check_close_and_the_context_manager(case: Case) -> None:
+    act = case.actuator
+    with mock.patch.object(act, "close", wraps=act.close) as close:
+        with act as entered:
+            assert entered is act
+        close.assert_called_once_with()
+        with pytest.raises(RuntimeError, match="boom"), act:
+            raise RuntimeError("boom")  # the block's error propagates; the actuator is closed
+        assert close.call_count == 2
+    act.close()  # once more: closing is idempotent
+
+
+CHECKS = [
+    check_supported_clocks_are_ascending,
+    check_an_unsupported_clock_raises_and_reaches_nothing,
+    check_an_unchanged_clock_reaches_the_device_once,
+    check_reset_is_idempotent_and_forgets_the_clock,
+    check_at_and_the_energy_counter,
+    check_close_and_the_context_manager,
+]
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+def test_actuator_contract(case: Case, check: Callable[[Case], None]) -> None:
+    check(case)
+
+
+def test_recorders_store_where_each_call_happens():
+    """``at`` is a no-op by default; the recorders write it into the next call's record."""
+    act = DryRunActuator([1000.0, 1800.0])
+    act.at(2, 40)
+    assert act.where == (2, 40)
+    act.set_freq_mhz(1000.0)
+    assert (act.calls[-1]["iteration"], act.calls[-1]["op_index"]) == (2, 40)
+
+
+@pytest.mark.parametrize(
+    ("kind", "device", "expected"),
+    [
+        ("dry-run", "a100-like", DryRunActuator),
+        ("ascend", None, AscendActuator),
+        ("twin", "ascend-910b-like", TwinActuator),
+    ],
+)
+def test_make_actuator_builds_each_kind_with_the_presets_clocks(kind, device, expected, tmp_path):
+    with make_actuator(kind, device=device, log=tmp_path / "calls.jsonl") as act:
+        assert type(act) is expected
+        spec = preset_spec(device or "ascend-910b-like")
+        assert spec is not None and tuple(act.supported_freqs_mhz()) == spec.freqs_mhz
+
+
+def test_make_actuator_takes_the_device_and_clocks_from_the_schedule():
+    plan = Schedule.from_stage_freqs(
+        [0, 4], [1410.0, 1005.0], n_ops=8, target=0.0, solver="manual", device="a100-like"
+    )
+    act = make_actuator("dry-run", schedule=plan)
+    assert act.supported_freqs_mhz() == preset_spec("a100-like").freqs_mhz
+    # a device opdvfs has no preset for: a dry run accepts the clocks the schedule uses
+    unknown = plan.model_copy(update={"device": "some-real-gpu"})
+    assert make_actuator("dry-run", schedule=unknown).supported_freqs_mhz() == (1005.0, 1410.0)
+
+
+def test_make_actuator_nvml_opens_the_gpu(fake_nvml):
+    with make_actuator("nvml") as act:
+        assert isinstance(act, NvmlActuator)
+    fake_nvml.nvmlDeviceGetHandleByIndex.assert_called_once_with(0)
+
+
+@pytest.mark.parametrize(
+    ("kind", "kwargs", "needle"),
+    [
+        ("bogus", {}, "expected nvml, ascend, dry-run or twin"),
+        ("twin", {}, "twin actuator simulates a preset"),
+        ("twin", {"device": "some-real-gpu"}, "twin actuator simulates a preset"),
+        ("dry-run", {}, "a dry run needs the clocks"),
+    ],
+)
+def test_make_actuator_says_what_is_missing(kind, kwargs, needle):
+    with pytest.raises(ValidationError, match=needle):
+        make_actuator(kind, **kwargs)
+
+
+def test_importing_the_runtime_does_not_import_torch():
+    """torch is an optional extra: ``import opdvfs.runtime`` and its actuators do not load it."""
+    code = (
+        "import sys\n"
+        "import opdvfs.runtime as rt\n"
+        "rt.make_actuator('dry-run', device='a100-like')\n"
+        "rt.ClockGuard, rt.DryRunActuator, rt.NvmlActuator, rt.TwinActuator\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "assert set(rt.__all__) <= set(dir(rt))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
