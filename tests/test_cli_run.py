@@ -351,3 +351,42 @@ def test_capture_profile_on_the_cpu_needs_the_clock(tiny, tmp_path):
     )
     assert res.exit_code == 2
     assert "--freq-mhz" in res.output and not (tmp_path / "p.parquet").exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        (["--actuator", "bogus"], "expected nvml, ascend, dry-run or twin"),
+        (["--actuator", "twin", "--device", "some-real-gpu"], "twin actuator simulates a preset"),
+        (["--actuator", "twin"], "--actuator twin needs --workload"),
+    ],
+)
+def test_run_reports_a_wrong_actuator_choice_in_one_line(tiny, tmp_path, options, needle):
+    script, _, schedule, _ = tiny
+    log = tmp_path / "calls.jsonl"
+    res = CliRunner().invoke(
+        app, ["run", str(schedule), *options, "--log", str(log), "--", "python", str(script), "2"]
+    )
+    assert res.exit_code == 2, res.output
+    assert needle in res.stderr and "Traceback" not in res.output
+    assert not log.exists() or log.read_text() == ""  # nothing ran, nothing was set
+
+
+def test_capture_without_an_optimizer_step_is_one_line(tmp_path):
+    script = tmp_path / "no_step.py"
+    script.write_text("import torch\ntorch.ones(3) + 1\n")
+    out = tmp_path / "w.json"
+    res = CliRunner().invoke(app, ["capture", "--out", str(out), "--", "python", str(script)])
+    assert res.exit_code == 2
+    assert "no complete iteration recorded" in res.stderr and not out.exists()
+
+
+def test_a_crashing_script_is_not_turned_into_a_usage_error(tmp_path):
+    """Only opdvfs's own errors become one line: the script's bug keeps its traceback."""
+    script = tmp_path / "buggy.py"
+    script.write_text("raise ValueError('a bug in the training script')\n")
+    res = CliRunner().invoke(
+        app, ["capture", "--out", str(tmp_path / "w.json"), "--", "python", str(script)]
+    )
+    assert res.exit_code == 1
+    assert isinstance(res.exception, ValueError) and "a bug in" in str(res.exception)

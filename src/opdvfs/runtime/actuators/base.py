@@ -82,15 +82,15 @@ class Actuator(ABC):
     def at(self, iteration: int | None, op_index: int | None) -> None:
         """Tell the actuator where in the program its next call happens.
 
+        Recording actuators (dry run, Ascend, twin) store it with each call; the default
+        ignores it.
+
         Parameters
         ----------
         iteration
             Training iteration (0-based; optimizer steps counted), or None outside any.
         op_index
             Position of the trigger operator in that iteration (0-based), or None.
-
-        Recording actuators (dry run, Ascend, twin) store it with each call; the default
-        ignores it.
         """
         return None
 

@@ -79,8 +79,11 @@ def nvml_errors(action: str) -> Iterator[None]:
     """
     try:
         yield
-    except pynvml.NVMLError as exc:
-        raise _translate(exc, action) from exc
+    except Exception as exc:
+        # without nvidia-ml-py nothing in the block can raise NVML's errors: pass it all on
+        if pynvml is not None and isinstance(exc, pynvml.NVMLError):
+            raise _translate(exc, action) from exc
+        raise
 
 
 class NvmlDevice:
