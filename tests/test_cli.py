@@ -164,7 +164,7 @@ def test_profile_then_info_and_simulate(tmp_path):
 
 def test_simulate_applies_a_schedule_file(tmp_path):
     from opdvfs import Schedule
-    from opdvfs.workloads.library import BUILDERS
+    from opdvfs.workloads import BUILDERS
 
     n = len(BUILDERS["resnet50"]())
     path = tmp_path / "s.json"

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from opdvfs import ValidationError, Workload
-from opdvfs.workloads.library import BUILDERS, load_workload
+from opdvfs.workloads import BUILDERS, load_workload
 
 
 @pytest.fixture(scope="module")
