@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "opdvfs"
 
 #: Bottom-up. A module may import modules of its own unit or of any lower layer.
 LAYERS: list[tuple[str, ...]] = [
-    ("exceptions", "datasets"),
+    ("exceptions", "datasets", "_lazy"),
     ("_files", "_table"),
     ("_model",),
     # data contracts: what flows between the stages

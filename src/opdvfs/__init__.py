@@ -22,8 +22,9 @@ the executor (:mod:`opdvfs.runtime`) imports it only when it runs.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from opdvfs._lazy import attach
 
 __version__ = "0.1.0"
 
@@ -48,6 +49,9 @@ _EXPORTS: dict[str, str] = {
     "ValidationError": "opdvfs.exceptions",
     "NotFittedError": "opdvfs.exceptions",
     "InfeasibleError": "opdvfs.exceptions",
+    "UnsupportedClockError": "opdvfs.exceptions",
+    "ScheduleMismatchError": "opdvfs.exceptions",
+    "ActuatorError": "opdvfs.exceptions",
     # the verbs, stage by stage
     "read_profile": "opdvfs.io",
     "load_workload": "opdvfs.workloads.library",
@@ -62,6 +66,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "ActuatorError",
     "DeviceSpec",
     "InfeasibleError",
     "InputFormatError",
@@ -77,10 +82,12 @@ __all__ = [
     "RunResult",
     "Schedule",
     "ScheduleFormatError",
+    "ScheduleMismatchError",
     "SimulatedDevice",
     "Stage",
     "StageRecord",
     "Switch",
+    "UnsupportedClockError",
     "ValidationError",
     "VoltageCurve",
     "Workload",
@@ -96,12 +103,15 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from opdvfs.calibration import PowerCalibration
     from opdvfs.devices.spec import DeviceSpec, VoltageCurve
     from opdvfs.exceptions import (
+        ActuatorError,
         InfeasibleError,
         InputFormatError,
         NotFittedError,
         OpdvfsError,
         ProfileFormatError,
         ScheduleFormatError,
+        ScheduleMismatchError,
+        UnsupportedClockError,
         ValidationError,
     )
     from opdvfs.io import read_profile
@@ -118,16 +128,4 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from opdvfs.workloads.workload import Workload
 
 
-def __getattr__(name: str) -> Any:
-    """Import an exported name from its module on first use (PEP 562)."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'opdvfs' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    """List the exported names beside the module's own."""
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = attach(__name__, _EXPORTS)

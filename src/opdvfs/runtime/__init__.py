@@ -16,8 +16,9 @@ optional extra), only the executor and the recorder do.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from opdvfs._lazy import attach
 
 #: Exported name -> the module that defines it.
 _EXPORTS: dict[str, str] = {
@@ -62,16 +63,4 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from opdvfs.runtime.dispatch import ScheduleExecutor, WorkloadRecorder
 
 
-def __getattr__(name: str) -> Any:
-    """Import an exported name from its module on first use (PEP 562)."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'opdvfs.runtime' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    """List the exported names beside the module's own."""
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = attach(__name__, _EXPORTS)
