@@ -21,6 +21,7 @@ from opdvfs import __version__
 from opdvfs.exceptions import OpdvfsError
 from opdvfs.io import FORMATS, read_profile
 from opdvfs.profile import Profile
+from opdvfs.schedule import Objective
 from opdvfs.sim.twin import SimulatedDevice
 
 app = typer.Typer(
@@ -135,6 +136,12 @@ FreqOption = Annotated[
 
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+
+
+ObjectiveOption = Annotated[
+    Objective,
+    typer.Option("--objective", help="energy (chip), core-energy, power (mean chip) or paper."),
+]
 
 
 def _version(value: bool) -> None:

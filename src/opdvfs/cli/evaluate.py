@@ -15,6 +15,7 @@ from opdvfs._files import write_text_atomic
 from opdvfs.cli._app import (
     DeviceOption,
     JsonOption,
+    ObjectiveOption,
     SeedOption,
     app,
     reports_errors,
@@ -24,16 +25,9 @@ from opdvfs.cli._app import (
 from opdvfs.experiments.bench import Outcome
 from opdvfs.experiments.suites import SuiteResult, paper_figures, run_demo, run_paper_suite
 from opdvfs.report.markdown import render
-from opdvfs.schedule import Objective
 
 _RESULTS = "results.json"
 _REPORT = "report.md"
-
-# shared by demo and evaluate, which both default to core-energy (paper Table 3's AICore rail)
-ObjectiveOption = Annotated[
-    Objective,
-    typer.Option("--objective", help="energy (chip), core-energy, power (mean chip) or paper."),
-]
 
 
 def _steps(total: int):

@@ -12,6 +12,7 @@ import typer
 from opdvfs._files import write_text_atomic
 from opdvfs.cli._app import (
     JsonOption,
+    ObjectiveOption,
     UsageError,
     app,
     load_profile,
@@ -24,7 +25,7 @@ from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel
 from opdvfs.plan.planner import PlanInputs, plan_frontier, plan_schedule
-from opdvfs.schedule import Dispatch, Objective, Solver
+from opdvfs.schedule import Dispatch, Solver
 from opdvfs.sim.presets import get_preset, preset_spec
 from opdvfs.workloads.library import load_workload
 
@@ -57,10 +58,7 @@ def plan(
     solver: Annotated[
         Solver, typer.Option("--solver", help="dp (exact, certified) or ga (the paper's GA).")
     ] = "dp",
-    objective: Annotated[
-        Objective,
-        typer.Option("--objective", help="energy (chip), core-energy, power (mean chip) or paper."),
-    ] = "energy",
+    objective: ObjectiveOption = "energy",
     interval_ms: Annotated[
         float, typer.Option("--interval-ms", min=0.0, help="Frequency-adjustment interval.")
     ] = 5.0,
