@@ -3,6 +3,7 @@
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,15 @@ def test_the_pipeline_from_the_package_face():
     assert isinstance(schedule, opdvfs.Schedule) and isinstance(result, opdvfs.RunResult)
     assert schedule.predicted_time_s <= 1.02 * schedule.baseline_time_s * (1 + 1e-9)
     assert result.iteration_time_s <= 1.03 * baseline.iteration_time_s
+
+
+def test_the_readme_pipeline_block_runs_as_written():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    after = readme.split("In Python each stage is one verb", 1)[1]
+    code = after.split("```python\n", 1)[1].split("```", 1)[0]
+    scope: dict = {}
+    exec(code, scope)
+    assert isinstance(scope["result"], opdvfs.RunResult)
 
 
 def test_every_exported_name_resolves_and_unknown_names_raise():
