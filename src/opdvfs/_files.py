@@ -10,9 +10,57 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Self
 
-from opdvfs.exceptions import InputFormatError
+from opdvfs.exceptions import InputFormatError, OpdvfsError, OutputPathError
 
-__all__ = ["JsonFile", "atomic_path", "read_json", "write_atomic", "write_text_atomic"]
+__all__ = [
+    "JsonFile",
+    "atomic_path",
+    "check_output_file",
+    "check_output_folder",
+    "read_json",
+    "write_atomic",
+    "write_text_atomic",
+]
+
+
+def check_output_file(path: str | os.PathLike[str]) -> None:
+    """Raise unless ``path`` can become a file: it is not a folder and no parent is a file.
+
+    Raises
+    ------
+    OutputPathError
+        If ``path`` is an existing folder, or one of its parents is an existing file.
+    """
+    dest = Path(path)
+    if dest.is_dir():
+        raise OutputPathError(f"{dest}: is a directory; expected a file name to write")
+    _check_parents(dest)
+
+
+def check_output_folder(path: str | os.PathLike[str]) -> None:
+    """Raise unless ``path`` is a folder or can become one (reports write several files there).
+
+    Raises
+    ------
+    OutputPathError
+        If ``path`` is an existing file, or one of its parents is.
+    """
+    dest = Path(path)
+    if dest.exists() and not dest.is_dir():
+        raise OutputPathError(f"{dest}: is a file; expected a folder for the report (new or not)")
+    _check_parents(dest)
+
+
+def _check_parents(dest: Path) -> None:
+    for parent in dest.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OutputPathError(f"{dest}: {parent} is a file, not a folder")
+            return
+
+
+def _cannot_write(dest: Path, exc: OSError) -> OutputPathError:
+    return OutputPathError(f"{dest}: cannot write ({exc.strerror or exc})")
 
 
 @contextlib.contextmanager
@@ -22,10 +70,20 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     The temporary file sits in the destination folder so that the final ``os.replace`` is atomic
     (same file system). On any exception, including KeyboardInterrupt, it is removed and the
     previous content of ``path``, if any, is untouched.
+
+    Raises
+    ------
+    OutputPathError
+        If ``path`` is a folder, a parent is a file, or the file system refuses the write (an
+        ``OSError`` inside the block, e.g. a full disk, becomes this one-line error).
     """
     dest = Path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    check_output_file(dest)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    except OSError as exc:
+        raise _cannot_write(dest, exc) from None
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -33,6 +91,11 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         # mkstemp makes the file private (0600); give it the mode a plain open() would have
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, dest)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OpdvfsError):
+            raise
+        raise _cannot_write(dest, exc) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -65,6 +128,8 @@ def read_json(
         return json.loads(src.read_bytes())
     except FileNotFoundError:
         raise error(f"{src}: no such file") from None
+    except IsADirectoryError:
+        raise error(f"{src}: is a directory; expected a JSON file") from None
     except OSError as exc:
         raise error(f"{src}: cannot read ({exc.strerror})") from None
     except (ValueError, UnicodeDecodeError) as exc:
@@ -89,5 +154,22 @@ class JsonFile:
 
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> Self:
-        """Read an object written by :meth:`write`."""
-        return cls.from_dict(read_json(path), source=str(path))
+        """Read an object written by :meth:`write`.
+
+        Raises
+        ------
+        InputFormatError
+            If the file is missing or not JSON, or ``from_dict`` rejects it. A malformed document
+            that ``from_dict`` does not check field by field (a list where a number belongs)
+            still ends here, as one line naming the file, rather than as a traceback.
+        """
+        doc = read_json(path)
+        try:
+            return cls.from_dict(doc, source=str(path))
+        except OpdvfsError:
+            raise
+        except (KeyError, IndexError, TypeError, ValueError, OverflowError) as exc:
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InputFormatError(
+                f"{path}: not a valid {cls.__name__} file ({type(exc).__name__}: {why})"
+            ) from None

@@ -16,6 +16,7 @@ __all__ = [
     "NotFittedError",
     "NotSupportedError",
     "OpdvfsError",
+    "OutputPathError",
     "PermissionDeniedError",
     "ProfileFormatError",
     "ScheduleFormatError",
@@ -64,6 +65,15 @@ class InputFormatError(OpdvfsError, ValueError):
 
     The message is one line that names the file, the row (1-based line number where it has one) or
     field, and what was expected; the CLI prints it as is and exits with status 2.
+    """
+
+
+class OutputPathError(OpdvfsError, OSError):
+    """An output cannot be written where asked.
+
+    A folder stands where a file is expected (or a file where a new folder is expected), or the
+    destination refuses the write (permissions, a full disk). The message is one line naming the
+    path and what was expected; nothing is left behind.
     """
 
 

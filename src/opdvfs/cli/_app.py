@@ -1,14 +1,20 @@
 """Shared pieces of the command line: the typer app, error reporting, common options.
 
-Every command reports bad input as one line on stderr and exit status 2, never a traceback.
+Every command reports bad input as one line on stderr and exit status 2, never a traceback:
+:func:`fail` is the one place that prints an error. Errors reach it two ways: an
+:class:`~opdvfs.exceptions.OpdvfsError` raised by a command (:func:`reports_errors`), and a
+usage error that typer finds while parsing (a bad choice, a value out of range, a missing or
+unknown option), which :class:`OpdvfsGroup` catches before typer draws its multi-line box.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
@@ -16,6 +22,7 @@ import numpy as np
 import typer
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from typer.core import TyperGroup
 
 from opdvfs import __version__
 from opdvfs.exceptions import OpdvfsError
@@ -24,15 +31,10 @@ from opdvfs.profile import Profile
 from opdvfs.schedule import Objective
 from opdvfs.sim.twin import SimulatedDevice
 
-app = typer.Typer(
-    name="opdvfs",
-    help="Per-operator DVFS: profile, model, plan and apply core-clock schedules.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
-)
-
+try:  # typer >= 0.22 carries its own copy of click
+    from typer._click import exceptions as _click_errors
+except ImportError:  # pragma: no cover - older typer runs on click itself
+    from click import exceptions as _click_errors  # type: ignore[no-redef]
 
 # Tables get 120 columns when the output is not a terminal (pipes, CI logs), not rich's 80.
 stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 120)
@@ -52,8 +54,92 @@ class UsageError(OpdvfsError, ValueError):
 
 
 def fail(message: str) -> typer.Exit:
-    stderr.print(f"opdvfs: error: {message}", markup=False, highlight=False, soft_wrap=True)
+    """Print ``opdvfs: error: MESSAGE`` as one line on stderr; return the exit (status 2) to raise.
+
+    Line breaks inside ``message`` (a library error that wraps another's text) are folded, so
+    the contract of one line holds whatever the message.
+    """
+    text = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    stderr.print(f"opdvfs: error: {text}", markup=False, highlight=False, soft_wrap=True)
     return typer.Exit(2)
+
+
+def _usage_message(exc: Exception) -> str:
+    """Return a typer/click usage error as ``COMMAND: what was wrong``, without typer's box."""
+    format_message = getattr(exc, "format_message", None)
+    message = format_message() if callable(format_message) else str(exc)
+    # typer validates values with pydantic, whose messages start "Value error, "
+    message = message.replace("Value error, ", "")
+    # ... and whose range errors do not repeat the value given
+    errors = getattr(exc.__cause__, "errors", None)
+    given = errors()[0].get("input") if callable(errors) and errors() else None
+    if isinstance(given, str | int | float) and str(given) not in message:
+        message = f"{message.rstrip('.')}, got {given!r}"
+    ctx = getattr(exc, "ctx", None)
+    command = " ".join(ctx.command_path.split()[1:]) if ctx is not None else ""
+    return f"{command}: {message}" if command else message
+
+
+@contextlib.contextmanager
+def _one_line_usage_errors() -> Iterator[None]:
+    try:
+        yield
+    except _click_errors.ClickException as exc:
+        # `opdvfs` or `opdvfs validate` alone: the help is already printed, keep typer's way
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            raise
+        raise fail(_usage_message(exc)) from None
+
+
+def _require_finite(param: Any) -> None:
+    """Make a parameter refuse NaN and infinities (typer accepts ``--min-us nan``)."""
+    check_next = param.callback
+
+    def callback(ctx: Any, p: Any, value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise typer.BadParameter(f"expected a finite number, got {value}", ctx=ctx, param=p)
+        return check_next(ctx, p, value) if check_next is not None else value
+
+    param.callback = callback
+
+
+class OpdvfsGroup(TyperGroup):
+    """The ``opdvfs`` command group: typer's, with usage errors as one ``opdvfs: error:`` line.
+
+    Every parsing step of every command (sub-groups included) runs inside the root group's
+    ``make_context`` or ``invoke``, so translating there reaches commands defined anywhere.
+    ``--help`` and the help shown for a bare ``opdvfs`` are typer's, unchanged.
+    """
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        pending: list[Any] = [self]
+        while pending:
+            command = pending.pop()
+            for param in command.params:
+                _require_finite(param)
+            pending.extend(getattr(command, "commands", {}).values())
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        """Parse the root's own arguments; a usage error becomes one line."""
+        with _one_line_usage_errors():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        """Parse and run the subcommand; a usage error becomes one line."""
+        with _one_line_usage_errors():
+            return super().invoke(ctx)
+
+
+app = typer.Typer(
+    name="opdvfs",
+    cls=OpdvfsGroup,
+    help="Per-operator DVFS: profile, model, plan and apply core-clock schedules.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
 
 
 def reports_errors(func: Callable[P, R]) -> Callable[P, R]:
@@ -178,7 +264,7 @@ DeviceOption = Annotated[
 ]
 
 
-SeedOption = Annotated[int, typer.Option("--seed", help="Seed of the simulator's noise.")]
+SeedOption = Annotated[int, typer.Option("--seed", min=0, help="Seed of the simulator's noise.")]
 
 
 def simulator(device: str, seed: int) -> SimulatedDevice:

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 import typer
 from rich.table import Table
 
-from opdvfs._files import write_text_atomic
+from opdvfs._files import check_output_folder, write_text_atomic
 from opdvfs.cli._app import (
     DeviceOption,
     JsonOption,
@@ -22,6 +22,7 @@ from opdvfs.cli._app import (
     spinner,
     stdout,
 )
+from opdvfs.exceptions import InputFormatError
 from opdvfs.experiments.bench import Outcome
 from opdvfs.experiments.suites import SuiteResult, paper_figures, run_demo, run_paper_suite
 from opdvfs.report.markdown import render
@@ -141,6 +142,7 @@ def demo(
     as_json: JsonOption = False,
 ) -> None:
     """Profile, fit, plan and execute one workload on the simulator; measure and report."""
+    check_output_folder(out)  # before the run, not after it
     started = time.perf_counter()
     progress, step = _steps(5)
     with progress:
@@ -212,6 +214,7 @@ def evaluate(
 ) -> None:
     """Paper Table 3 and ablations, measured on the simulator beside the paper's numbers."""
     del suite  # one suite so far: the option is there for scripts that name it
+    check_output_folder(out)  # before the run, not after it
     started = time.perf_counter()
     progress, step = _steps(10)
     with progress:
@@ -242,6 +245,9 @@ def report(
     folder: Annotated[Path, typer.Argument(help="A folder written by demo or evaluate.")],
 ) -> None:
     """Re-render a report folder's report.md from its results.json."""
+    if not folder.is_dir():
+        what = "no such folder" if not folder.exists() else "is a file"
+        raise InputFormatError(f"{folder}: {what}; expected a folder written by demo or evaluate")
     result = SuiteResult.read(folder / _RESULTS)
     figures = [(p.name, p.stem.replace("_", " ")) for p in sorted(folder.glob("*.png"))]
     path = _write_report(folder, result, figures)
