@@ -171,21 +171,24 @@ def evaluate_plans(tables: StageTables, plans: np.ndarray) -> tuple[np.ndarray, 
 
 def _lagrangian(
     tables: StageTables, budget: float, tol: float, rounds: int
-) -> tuple[np.ndarray | None, float, float, float]:
+) -> tuple[np.ndarray | None, float, float, float, float]:
     """Multi-section search on lambda: (best feasible plan, its energy, best dual bound, lambda).
 
     Each round solves 16 multipliers in one vectorised Viterbi pass and narrows the bracket
     between the largest infeasible and the smallest feasible one; every multiplier visited
-    tightens the dual bound ``E + lambda (T - B)``.
+    tightens the dual bound ``E + lambda (T - B)``. The last value is the multiplier of the
+    best bound (the exact programme prices time with it).
     """
     best_plan: np.ndarray | None = None
-    best_e, bound, best_lam = np.inf, -np.inf, 0.0
+    best_e, bound, best_lam, bound_lam = np.inf, -np.inf, 0.0, 0.0
 
     def visit(lams: np.ndarray) -> np.ndarray:
-        nonlocal best_plan, best_e, bound, best_lam
+        nonlocal best_plan, best_e, bound, best_lam, bound_lam
         plans = viterbi(tables, lams)
         time, energy = evaluate_plans(tables, plans)
-        bound = max(bound, float(np.max(energy + lams * (time - budget))))
+        duals = energy + lams * (time - budget)
+        if duals.max() > bound:
+            bound, bound_lam = float(duals.max()), float(lams[int(np.argmax(duals))])
         feasible = time <= budget * (1 + 1e-12)
         if feasible.any():
             j = int(np.flatnonzero(feasible)[np.argmin(energy[feasible])])
@@ -197,9 +200,9 @@ def _lagrangian(
     grid = np.r_[0.0, scale * 4.0 ** np.arange(-12, 13)]
     feasible = visit(grid)
     if feasible[0]:  # the unconstrained optimum fits: it is optimal
-        return best_plan, best_e, best_e, 0.0
+        return best_plan, best_e, best_e, 0.0, 0.0
     if not feasible.any():
-        return None, np.inf, bound, 0.0
+        return None, np.inf, bound, 0.0, bound_lam
     hi = grid[int(np.flatnonzero(feasible)[0])]
     lo = grid[int(np.flatnonzero(feasible)[0]) - 1]
     for _ in range(rounds):
@@ -211,67 +214,96 @@ def _lagrangian(
         ok = np.r_[False, feasible, True]
         first = int(np.argmax(ok))
         lo, hi = inside[first - 1], inside[first]
-    return best_plan, best_e, bound, best_lam
+    return best_plan, best_e, bound, best_lam, bound_lam
 
 
-def _prune(t: np.ndarray, e: np.ndarray, back: np.ndarray, keep: np.ndarray):
-    """Drop states outside the bounds, then dominated ones (slower and no cheaper)."""
-    t, e, back = t[keep], e[keep], back[keep]
-    order = np.lexsort((e, t))
-    t, e, back = t[order], e[order], back[order]
-    best_before = np.r_[np.inf, np.minimum.accumulate(e)[:-1]]
-    front = e < best_before * (1 - 1e-12)
-    return t[front], e[front], back[front]
+def _cost_to_go(tables: StageTables, lam: float) -> np.ndarray:
+    """Least Lagrangian cost ``E + lam T`` of stages ``s+1 ..`` given stage ``s``'s clock.
+
+    ``V[s, a]`` is exact (a backward Viterbi pass: switch costs and the reactive lag included),
+    so for every plan within the budget that runs stage ``s`` at ``a`` after a partial plan of
+    time ``t`` and energy ``e``, its energy is at least ``e + lam t + V[s, a] - lam B`` (the
+    remainder takes at most ``B - t``): the pruning bound of :func:`_pareto_exact`.
+    """
+    n_stages, n_clocks = tables.shape
+    cost = tables.energy_j + lam * tables.time_s
+    jump = tables.switch_energy_j + lam * tables.switch_time_s
+    value = np.zeros((n_stages, n_clocks))
+    off = ~np.eye(n_clocks, dtype=bool)
+    for s in range(n_stages - 2, -1, -1):
+        here, ahead = cost[s + 1], value[s + 1]
+        if tables.lag_s > 0:
+            # from a to b: (1 - phi_a) cost_b + phi_a cost_a + jump, the stage's first lag at a
+            phi = np.minimum(tables.lag_s / tables.time_s[s + 1], 1.0)[:, None]
+            move = (1 - phi) * here[None, :] + phi * here[:, None] + jump + ahead[None, :]
+            value[s] = np.where(off, move, (here + ahead)[None, :]).min(axis=1)
+        else:
+            value[s] = np.minimum(here + ahead, jump + float(np.min(here + ahead)))
+    return value
 
 
 def _pareto_exact(
-    tables: StageTables, budget: float, upper_j: float, max_states: int = 200_000
+    tables: StageTables,
+    budget: float,
+    upper_j: float,
+    lam: float = 0.0,
+    max_states: int = 200_000,
 ) -> np.ndarray | None:
     """Exact optimum by dynamic programming over (time, energy) Pareto fronts per clock.
 
-    A partial plan is kept only if even the fastest / cheapest remainder keeps it within the
-    budget / below ``upper_j`` (the Lagrangian plan's energy). Returns None when no state
+    A partial plan is kept only if the fastest remainder keeps it within the budget and, priced
+    at the multiplier ``lam`` (the best dual's), even the cheapest remainder keeps it at or
+    below ``upper_j`` (a plan's energy; :func:`_cost_to_go`): with the dual's own ``lam``
+    only plans within the certified gap of the optimum survive, so the fronts stay small.
+    All states of a stage are extended to every clock at once. Returns None when no state
     survives or a front grows past ``max_states`` (then the certified gap stands).
     """
     n_stages, n_clocks = tables.shape
     t_rest = np.r_[np.cumsum(tables.time_s.min(axis=1)[::-1])[::-1][1:], 0.0]
-    # a switch may save energy in shifted tables (the power objective: e_sw - q t_sw < 0)
-    least_j = tables.energy_j.min(axis=1) + min(tables.switch_energy_j, 0.0)
-    e_rest = np.r_[np.cumsum(least_j[::-1])[::-1][1:], 0.0]
+    to_go = _cost_to_go(tables, lam)
     slack = 1 + 1e-12
     # an absolute slack on energy: shifted tables (the power objective) have optima near 0,
     # where a relative one keeps not even the plan that set ``upper_j``
-    upper_j = upper_j + 1e-12 * max(abs(upper_j), float(np.abs(tables.energy_j).sum()))
+    scale = max(abs(upper_j), float(np.abs(tables.energy_j).sum()))
+    upper_j = upper_j + 1e-12 * scale
+    limit = upper_j + lam * budget * slack
+    clocks = np.arange(n_clocks)
     flat_t = tables.time_s[0].copy()
     flat_e = tables.energy_j[0].copy()
-    flat_c = np.arange(n_clocks)
+    flat_c = clocks.copy()
     flat_back = np.full(n_clocks, -1)
     history: list[tuple[np.ndarray, np.ndarray]] = []
     for s in range(n_stages):
         if s > 0:
-            parts = []
-            for c in range(n_clocks):
-                change = flat_c != c
-                # a lagging switch runs the share phi of stage s at the previous clock
-                phi = change * np.minimum(tables.lag_s / tables.time_s[s, flat_c], 1.0)
-                t_old, e_old = tables.time_s[s, flat_c], tables.energy_j[s, flat_c]
-                t = flat_t + tables.time_s[s, c] + change * tables.switch_time_s
-                t = t + phi * (t_old - tables.time_s[s, c])
-                e = flat_e + tables.energy_j[s, c] + change * tables.switch_energy_j
-                e = e + phi * (e_old - tables.energy_j[s, c])
-                parts.append((t, e, np.arange(len(flat_t)), c))
+            # every state (rows) extended to every clock (columns)
+            prev = flat_c[:, None]
+            change = prev != clocks[None, :]
+            t_old, e_old = tables.time_s[s, flat_c][:, None], tables.energy_j[s, flat_c][:, None]
+            t_new, e_new = tables.time_s[s][None, :], tables.energy_j[s][None, :]
+            # a lagging switch runs the share phi of stage s at the previous clock
+            phi = change * np.minimum(tables.lag_s / t_old, 1.0)
+            t = flat_t[:, None] + t_new + change * tables.switch_time_s + phi * (t_old - t_new)
+            e = flat_e[:, None] + e_new + change * tables.switch_energy_j + phi * (e_old - e_new)
+            back = np.broadcast_to(np.arange(len(flat_t))[:, None], t.shape).ravel()
+            label = np.broadcast_to(clocks[None, :], t.shape).ravel()
+            t, e = t.ravel(), e.ravel()
         else:
-            parts = [(flat_t[[c]], flat_e[[c]], flat_back[[c]], c) for c in range(n_clocks)]
-        kept = []
-        for t, e, back, clock_id in parts:
-            ok = (t + t_rest[s] <= budget * slack) & (e + e_rest[s] <= upper_j)
-            t, e, back = _prune(t, e, back, ok)
-            kept.append((t, e, back, np.full(len(t), clock_id)))
-        flat_t = np.concatenate([k[0] for k in kept])
-        flat_e = np.concatenate([k[1] for k in kept])
-        flat_back = np.concatenate([k[2] for k in kept])
-        flat_c = np.concatenate([k[3] for k in kept])
-        if flat_t.size == 0 or flat_t.size > max_states:
+            t, e, back, label = flat_t, flat_e, flat_back, flat_c
+        ok = (t + t_rest[s] <= budget * slack) & (e + lam * t + to_go[s, label] <= limit)
+        t, e, back, label = t[ok], e[ok], back[ok], label[ok]
+        if t.size == 0:
+            return None
+        # Pareto front per clock: sorted by (clock, time, energy), a state survives if it is
+        # cheaper than every faster one of its clock; the offset per clock makes one running
+        # minimum serve every clock (a later clock's values lie below all earlier ones)
+        order = np.lexsort((e, t, label))
+        t, e, back, label = t[order], e[order], back[order], label[order]
+        span = float(e.max() - e.min()) + 1.0
+        shifted = (e - e.min()) - label * 2.0 * span
+        best_before = np.r_[np.inf, np.minimum.accumulate(shifted)[:-1]]
+        front = shifted < best_before - 1e-12 * scale
+        flat_t, flat_e, flat_back, flat_c = t[front], e[front], back[front], label[front]
+        if flat_t.size > max_states:
             return None
         history.append((flat_c, flat_back))
     idx = int(np.argmin(flat_e))
@@ -349,7 +381,7 @@ def solve(
         Spend the budget the Lagrangian plan leaves unused with a greedy fill
         (:func:`_greedy_fill`) before the exact programme; off only to measure its effect.
     """
-    plan, energy, bound, lam = _lagrangian(tables, budget_s, tol, rounds)
+    plan, energy, bound, lam, bound_lam = _lagrangian(tables, budget_s, tol, rounds)
     if plan is None:
         return PlanResult(
             clock=np.empty(0, dtype=np.int64),
@@ -371,7 +403,7 @@ def solve(
     if exact is None:
         exact = tables.shape[0] * tables.shape[1] <= 4000
     if status == "feasible" and exact:
-        better = _pareto_exact(tables, budget_s, energy, max_states)
+        better = _pareto_exact(tables, budget_s, energy, bound_lam, max_states)
         if better is not None:
             plan = better
             _, energy, _ = tables.evaluate(plan)
