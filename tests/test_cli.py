@@ -50,7 +50,8 @@ def test_info_human_table(fixtures):
         ("op,name,freq_mhz,time_us\n0,a,1000,\n", "line 2, column 'time_us'"),
         ("op,name,freq_mhz,time_us\n0,a,1000,nan\n", "line 2, column 'time_us'"),
         ("op,name,freq_mhz,time_us\n0,a,1000,-5\n", "expected a finite number >= 0"),
-        ("op,name,freq_mhz\n0,a,1000\n", "header matches no known profile format"),
+        ("op,name,freq_mhz\n0,a,1000\n", "missing column 'time_us' of the csv format"),
+        ("a,b\n1,2\n", "header matches no known profile format"),
         ("op,name,freq_mhz,time_us\n0,a,1000,5\n1,b,1000,5,7\n", "Expected 4 fields in line 3"),
         ("op,name,freq_mhz,time_us\n0,a,1000,5\n1,b,10", "line 3, column 'time_us'"),
         (

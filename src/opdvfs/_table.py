@@ -168,8 +168,9 @@ def _fields(col: Column) -> dict[str, Any]:
 
 
 def _fail(what: str, col: Column, series: pd.Series, pos: int, got: Any) -> ValidationError:
-    label = series.index[pos]
-    detail = f"expected {col.expected()}, got {got!r}"
+    label = _plain(series.index[pos])
+    # a numpy scalar's repr (np.float64(-1.0)) is noise in a message; show the plain value
+    detail = f"expected {col.expected()}, got {_plain(got)!r}"
     return ValidationError(
         f"{what}: row {label}, column {col.name!r}: {detail}",
         field=col.name,

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from opdvfs.exceptions import ProfileFormatError, ValidationError
 from opdvfs.io import ascend, generic_csv, nv_dvfs, perseus, torch_trace
-from opdvfs.io._common import read_csv_header
+from opdvfs.io._common import Header, missing_columns, other_opdvfs_file, read_csv_header
 from opdvfs.profile import Profile
 
 __all__ = ["FORMATS", "Importer", "detect_format", "read_profile"]
@@ -26,17 +28,25 @@ __all__ = ["FORMATS", "Importer", "detect_format", "read_profile"]
 
 @dataclass(frozen=True)
 class Importer:
-    """One file format: how to recognise its CSV header and how to read it."""
+    """One file format: the CSV columns that identify it and how to read it."""
 
     name: str
     read: Callable[..., Profile]
     description: str
-    sniff_header: Callable[[Sequence[str]], bool] | None = None
+    header: Header | None = None
     needs_clock: bool = False
 
 
 def _read_parquet(path: Path, *, freq_mhz: float | None = None) -> Profile:
-    return Profile.read(path)
+    try:
+        return Profile.read(path)
+    except ProfileFormatError as exc:
+        # a workload written as Parquet fails as a profile with a column error; name it instead
+        try:
+            keys = {k.decode(errors="replace") for k in pq.read_schema(path).metadata or {}}
+        except (pa.ArrowException, OSError):
+            raise exc from None
+        raise other_opdvfs_file(path, keys) or exc from None
 
 
 #: Importers in detection order: more specific CSV headers first, the generic layout last.
@@ -50,23 +60,23 @@ FORMATS: dict[str, Importer] = {
             "PyTorch profiler Chrome trace (.json[.gz])",
             needs_clock=True,
         ),
-        Importer("perseus", perseus.read, "Perseus stage profile CSV", perseus.sniff),
-        Importer("nv-dvfs", nv_dvfs.read, "NV-DVFS-Benchmark kernel CSV", nv_dvfs.sniff),
+        Importer("perseus", perseus.read, "Perseus stage profile CSV", perseus.HEADER),
+        Importer("nv-dvfs", nv_dvfs.read, "NV-DVFS-Benchmark kernel CSV", nv_dvfs.HEADER),
         Importer(
-            "nv-dvfs-legacy", nv_dvfs.read, "NV-DVFS-Benchmark legacy CSV", nv_dvfs.sniff_legacy
+            "nv-dvfs-legacy", nv_dvfs.read, "NV-DVFS-Benchmark legacy CSV", nv_dvfs.LEGACY_HEADER
         ),
         Importer(
             "ascend",
             ascend.read,
             "Ascend msprof op_summary / torch_npu kernel_details CSV",
-            ascend.sniff,
+            ascend.HEADER,
             needs_clock=True,
         ),
         Importer(
             "csv",
             generic_csv.read,
             "generic long profile CSV (op,name,freq_mhz,time_us)",
-            generic_csv.sniff,
+            generic_csv.HEADER,
         ),
     )
 }
@@ -78,7 +88,8 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     Raises
     ------
     ProfileFormatError
-        If the file is missing or matches no known format.
+        If the file is missing or matches no known format. When some format's columns are
+        partly there, the message names that format and the columns it lacks.
     """
     src = Path(path)
     if not src.exists():
@@ -88,13 +99,24 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     if torch_trace.sniff_path(src):
         return "torch-trace"
     header = read_csv_header(src)
-    for imp in FORMATS.values():
-        if imp.sniff_header is not None and imp.sniff_header(header):
+    csv_formats = [imp for imp in FORMATS.values() if imp.header is not None]
+    lacking = {imp.name: missing_columns(imp.header or (), header) for imp in csv_formats}
+    for imp in csv_formats:
+        if not lacking[imp.name]:
             return imp.name
+    got = f"{', '.join(header[:8])}{', ...' if len(header) > 8 else ''}"
+    # the closest format: the largest share of its columns present (detection order on ties)
+    best = max(csv_formats, key=lambda imp: 1 - len(lacking[imp.name]) / len(imp.header or ()))
+    missing = lacking[best.name]
+    if best.header is not None and len(missing) < len(best.header):
+        names = ", ".join(" or ".join(repr(n) for n in group) for group in missing)
+        raise ProfileFormatError(
+            f"{src}: line 1: missing column {names} of the {best.name} format "
+            f"({best.description}); the header has {got}"
+        )
     raise ProfileFormatError(
-        f"{src}: line 1: header matches no known profile format (got {', '.join(header[:8])}"
-        f"{', ...' if len(header) > 8 else ''}); expected e.g. the generic layout "
-        "op,name,freq_mhz,time_us, or pass --format"
+        f"{src}: line 1: header matches no known profile format (got {got}); expected e.g. the "
+        "generic layout op,name,freq_mhz,time_us, or pass --format"
     )
 
 

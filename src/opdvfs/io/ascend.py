@@ -10,14 +10,13 @@ classification (Fig. 12), and ``Task Type`` / ``Accelerator Core`` as ``task_typ
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from opdvfs.exceptions import ProfileFormatError
-from opdvfs.io._common import build_profile, parse_column, read_csv_text, resolve_columns
+from opdvfs.io._common import Header, build_profile, parse_column, read_csv_text, resolve_columns
 from opdvfs.profile import Profile
 
 FORMAT = "ascend"
@@ -38,11 +37,8 @@ _NOT_APPLICABLE = ("N/A", "NA", "-")
 _COMM_TASKS = ("COMMUNICATION", "HCCL")
 
 
-def sniff(header: Sequence[str]) -> bool:
-    """Return whether a CSV header is an Ascend op_summary or kernel_details table."""
-    cols = set(header)
-    has_name = bool(cols & set(_ALIASES["name"]))
-    return has_name and bool(cols & set(_ALIASES["duration"]))
+#: The columns that identify an op_summary or kernel_details table (any spelling of each).
+HEADER: Header = (_ALIASES["name"], _ALIASES["duration"])
 
 
 def read(path: Path, *, freq_mhz: float | None = None) -> Profile:

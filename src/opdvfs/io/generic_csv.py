@@ -8,19 +8,15 @@ Columns: ``op``, ``name``, ``freq_mhz``, ``time_us`` and optionally ``type``, ``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
-from opdvfs.io._common import build_profile, read_csv_text
+from opdvfs.io._common import Header, build_profile, read_csv_text
 from opdvfs.profile import OP_COLUMNS, Profile
 
 FORMAT = "csv"
 REQUIRED = ("op", "name", "freq_mhz", "time_us")
-
-
-def sniff(header: Sequence[str]) -> bool:
-    """Return whether a CSV header looks like the generic profile layout."""
-    return set(REQUIRED) <= set(header)
+#: The columns that identify the generic layout.
+HEADER: Header = tuple((name,) for name in REQUIRED)
 
 
 def read(path: Path, *, freq_mhz: float | None = None) -> Profile:

@@ -15,13 +15,12 @@ not one iteration; their "position" is the order of first appearance.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from opdvfs.exceptions import ProfileFormatError
-from opdvfs.io._common import build_profile, parse_column, read_csv_text, resolve_columns
+from opdvfs.io._common import Header, build_profile, parse_column, read_csv_text, resolve_columns
 from opdvfs.profile import Profile
 
 FORMAT = "nv-dvfs"
@@ -48,14 +47,9 @@ _RATIOS = {
 }
 
 
-def sniff(header: Sequence[str]) -> bool:
-    """Return whether a CSV header is the NV-DVFS-Benchmark profile layout."""
-    return {"benchmark", "kernel", "core_frequency", "time"} <= set(header)
-
-
-def sniff_legacy(header: Sequence[str]) -> bool:
-    """Return whether a CSV header is the legacy NV-DVFS-Benchmark layout."""
-    return {"appName", "coreF", "kernel", "time/ms"} <= set(header)
+#: The columns that identify the NV-DVFS-Benchmark layout and its legacy layout.
+HEADER: Header = (("benchmark",), ("kernel",), ("core_frequency",), ("time",))
+LEGACY_HEADER: Header = (("appName",), ("coreF",), ("kernel",), ("time/ms",))
 
 
 def read(path: Path, *, freq_mhz: float | None = None) -> Profile:

@@ -7,13 +7,12 @@ operator of the profile; its mean power is ``energy / time``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from opdvfs.io._common import build_profile, parse_column, read_csv_text, resolve_columns
+from opdvfs.io._common import Header, build_profile, parse_column, read_csv_text, resolve_columns
 from opdvfs.profile import Profile
 
 FORMAT = "perseus"
@@ -25,11 +24,8 @@ _ALIASES = {
     "energy": ("energy",),
 }
 _INSTRUCTION_ORDER = {"forward": 0, "backward": 1}
-
-
-def sniff(header: Sequence[str]) -> bool:
-    """Return whether a CSV header is a Perseus stage profile."""
-    return {"stage", "instruction", "frequency", "time", "energy"} <= set(header)
+#: The columns that identify a Perseus stage profile.
+HEADER: Header = tuple(_ALIASES.values())
 
 
 def read(path: Path, *, freq_mhz: float | None = None) -> Profile:

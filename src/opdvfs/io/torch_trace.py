@@ -31,7 +31,7 @@ import pandas as pd
 
 from opdvfs._table import Column, coerce_column
 from opdvfs.exceptions import ProfileFormatError, ValidationError
-from opdvfs.io._common import build_profile
+from opdvfs.io._common import build_profile, other_opdvfs_file
 from opdvfs.profile import Profile
 
 FORMAT = "torch-trace"
@@ -73,7 +73,9 @@ def load_trace(path: Path) -> dict[str, Any]:
     if isinstance(doc, list):
         doc = {"traceEvents": doc}
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise ProfileFormatError(f"{path}: expected a JSON object with a 'traceEvents' list")
+        raise other_opdvfs_file(path, doc) or ProfileFormatError(
+            f"{path}: expected a PyTorch profiler trace (a JSON object with a 'traceEvents' list)"
+        )
     return doc
 
 
