@@ -24,6 +24,7 @@ __all__ = [
     "PlanResult",
     "StageTables",
     "evaluate_plans",
+    "exact_frontier",
     "frontier",
     "frontier_plans",
     "solve",
@@ -242,21 +243,21 @@ def _cost_to_go(tables: StageTables, lam: float) -> np.ndarray:
     return value
 
 
-def _pareto_exact(
-    tables: StageTables,
-    budget: float,
-    upper_j: float,
-    lam: float = 0.0,
-    max_states: int = 200_000,
-) -> np.ndarray | None:
-    """Exact optimum by dynamic programming over (time, energy) Pareto fronts per clock.
+def _pareto_states(
+    tables: StageTables, budget: float, upper_j: float, lam: float, max_states: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Dynamic programming over (time, energy) Pareto fronts per clock, stage by stage.
 
     A partial plan is kept only if the fastest remainder keeps it within the budget and, priced
     at the multiplier ``lam`` (the best dual's), even the cheapest remainder keeps it at or
     below ``upper_j`` (a plan's energy; :func:`_cost_to_go`): with the dual's own ``lam``
     only plans within the certified gap of the optimum survive, so the fronts stay small.
-    All states of a stage are extended to every clock at once. Returns None when no state
-    survives or a front grows past ``max_states`` (then the certified gap stands).
+    All states of a stage are extended to every clock at once.
+
+    Returns
+    -------
+    (time, energy, plans) of the last stage's states (plans: clock per stage, one row per
+    state), or None when no state survives or a front grows past ``max_states``.
     """
     n_stages, n_clocks = tables.shape
     t_rest = np.r_[np.cumsum(tables.time_s.min(axis=1)[::-1])[::-1][1:], 0.0]
@@ -264,9 +265,11 @@ def _pareto_exact(
     slack = 1 + 1e-12
     # an absolute slack on energy: shifted tables (the power objective) have optima near 0,
     # where a relative one keeps not even the plan that set ``upper_j``
-    scale = max(abs(upper_j), float(np.abs(tables.energy_j).sum()))
+    scale = float(np.abs(tables.energy_j).sum())
+    scale = max(abs(upper_j), scale) if np.isfinite(upper_j) else scale
     upper_j = upper_j + 1e-12 * scale
-    limit = upper_j + lam * budget * slack
+    limit = upper_j + lam * budget * slack if lam else upper_j  # 0 x inf budget: no term
+    switching_costs = bool(tables.switch_time_s or tables.switch_energy_j or tables.lag_s)
     clocks = np.arange(n_clocks)
     flat_t = tables.time_s[0].copy()
     flat_e = tables.energy_j[0].copy()
@@ -295,24 +298,61 @@ def _pareto_exact(
             return None
         # Pareto front per clock: sorted by (clock, time, energy), a state survives if it is
         # cheaper than every faster one of its clock; the offset per clock makes one running
-        # minimum serve every clock (a later clock's values lie below all earlier ones)
-        order = np.lexsort((e, t, label))
-        t, e, back, label = t[order], e[order], back[order], label[order]
+        # minimum serve every clock (a later clock's values lie below all earlier ones). When
+        # switching is free, the last clock does not matter to the future: one front for all.
+        group = label if switching_costs else np.zeros_like(label)
+        order = np.lexsort((e, t, group))
+        t, e, back, label, group = t[order], e[order], back[order], label[order], group[order]
         span = float(e.max() - e.min()) + 1.0
-        shifted = (e - e.min()) - label * 2.0 * span
+        shifted = (e - e.min()) - group * 2.0 * span
         best_before = np.r_[np.inf, np.minimum.accumulate(shifted)[:-1]]
         front = shifted < best_before - 1e-12 * scale
         flat_t, flat_e, flat_back, flat_c = t[front], e[front], back[front], label[front]
         if flat_t.size > max_states:
             return None
         history.append((flat_c, flat_back))
-    idx = int(np.argmin(flat_e))
-    clock = np.empty(n_stages, dtype=np.int64)
+    plans = np.empty((len(flat_t), n_stages), dtype=np.int64)
+    idx = np.arange(len(flat_t))
     for s in range(n_stages - 1, -1, -1):
         labels, backs = history[s]
-        clock[s] = labels[idx]
-        idx = int(backs[idx])
-    return clock
+        plans[:, s] = labels[idx]
+        idx = backs[idx]
+    return flat_t, flat_e, plans
+
+
+def _pareto_exact(
+    tables: StageTables,
+    budget: float,
+    upper_j: float,
+    lam: float = 0.0,
+    max_states: int = 200_000,
+) -> np.ndarray | None:
+    """Exact optimum within ``budget`` (:func:`_pareto_states`), or None past ``max_states``."""
+    found = _pareto_states(tables, budget, upper_j, lam, max_states)
+    if found is None:
+        return None
+    _, energy, plans = found
+    return plans[int(np.argmin(energy))]
+
+
+def exact_frontier(
+    tables: StageTables, max_states: int = 200_000
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Return every Pareto-optimal plan (K, S) and its rows (time, energy), sorted by time.
+
+    Unlike :func:`frontier` (the lower convex hull that a sweep of ``lambda`` reaches), this is
+    the whole staircase: for every time budget, the least energy of any plan within it is the
+    energy of the slowest row that fits. None when a front grows past ``max_states`` states.
+    """
+    found = _pareto_states(tables, np.inf, np.inf, 0.0, max_states)
+    if found is None:
+        return None
+    time, energy, plans = found
+    order = np.lexsort((energy, time))
+    time, energy, plans = time[order], energy[order], plans[order]
+    scale = float(np.abs(energy).max()) if energy.size else 1.0
+    keep = energy < np.r_[np.inf, np.minimum.accumulate(energy)[:-1]] - 1e-12 * scale
+    return plans[keep], np.column_stack([time[keep], energy[keep]])
 
 
 def _greedy_fill(
