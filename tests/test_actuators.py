@@ -137,8 +137,8 @@ def test_guard_restores_when_the_process_is_signalled(tmp_path, sig):
     )
     assert proc.returncode != 0
     calls = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [c["kind"] for c in calls] == ["set", "restore"]
-    assert calls[0]["freq_mhz"] == 1000.0
+    assert [c["kind"] for c in calls] == ["run", "set", "restore"]
+    assert calls[1]["freq_mhz"] == 1000.0
 
 
 def test_nvml_sampler_reads_units_on_the_unix_clock(fake_nvml):

@@ -177,7 +177,7 @@ def test_run_on_the_twin_measures_the_switches_as_issued(tiny, tmp_path):
             ],
         )
     assert res.exit_code == 0, res.output
-    assert "on the twin (ascend-910b-like, simulated)" in res.stdout
+    assert "on the twin (ascend-910b-like, simulated, 1 ms switches)" in res.stdout
     # a third of the iteration at 1000 MHz: the tiny ops are launch-bound on the simulated NPU,
     # so no slower, but the core rail is cheaper
     line = next(x for x in res.stdout.splitlines() if "on the twin" in x)
@@ -224,7 +224,9 @@ def test_ascend_actuator_logs_requests_and_reads_through_dcmi(tmp_path):
     with pytest.warns(UserWarning, match="no public AI Core clock setter"):
         act.set_freq_mhz(1000.0)
     act.close()
-    assert json.loads(log.read_text())["freq_mhz"] == 1000.0
+    header, request = (json.loads(x) for x in log.read_text().splitlines())
+    assert header["kind"] == "run" and header["freqs_mhz"] == [1000.0, 1800.0]
+    assert request["freq_mhz"] == 1000.0
     assert act.read_freq_mhz() == 1800.0  # the request changed nothing
     assert act.read_power_w() == pytest.approx(253.1)
     import ctypes.util

@@ -1,50 +1,138 @@
-"""Commands that run a PyTorch script unchanged: capture and run."""
+"""Commands that run a PyTorch script unchanged: capture and run.
+
+``-- python [FLAGS] train.py ARGS`` (or ``-m MODULE``, ``-c CODE``) runs in this process as
+Python would run it; any other program (``accelerate launch``, ``deepspeed``, a shell script) is
+started as a launcher whose Python processes activate opdvfs through ``PYTHONPATH``
+(:mod:`opdvfs.runtime.launch`). ``--print-env`` prints those variables for any launcher.
+"""
 
 from __future__ import annotations
 
 import os
-import sys
-from contextlib import nullcontext
+import shlex
+import shutil
+import signal
+import subprocess
 from pathlib import Path
-from typing import Annotated
+from types import FrameType
+from typing import Annotated, Any
 
 import typer
 
-from opdvfs.cli._app import (
-    UsageError,
-    app,
-    reports_errors,
-    stdout,
-)
-from opdvfs.schedule import Schedule
-from opdvfs.workloads.library import load_workload
+from opdvfs.cli._app import UsageError, app, reports_errors, stderr, stdout
 
 _SCRIPT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
+IterationAtOption = Annotated[
+    str | None,
+    typer.Option(
+        "--iteration-at",
+        metavar="MODULE:FUNCTION",
+        help="End an iteration at each return of this function or method (e.g. "
+        "mymodel:MLP.forward), instead of at optimizer steps: inference, custom loops.",
+    ),
+]
 
-def _script_argv(argv: list[str]) -> list[str]:
-    """``python script.py ARGS`` or ``script.py ARGS`` -> ``[script.py, ARGS...]``, checked."""
-    if argv and Path(argv[0]).name.startswith("python"):
-        argv = argv[1:]
-    if not argv:
-        raise UsageError("give the program after --, e.g. -- python train.py")
-    if not Path(argv[0]).is_file():
-        raise UsageError(f"{argv[0]}: no such script")
-    return argv
+PrintEnvOption = Annotated[
+    bool,
+    typer.Option(
+        "--print-env",
+        help="Print the environment variables that activate this command in the Python "
+        "processes any launcher starts (export lines), and exit.",
+    ),
+]
 
 
-def _run_script(argv: list[str]) -> None:
-    """Run ``python script.py ARGS`` (or ``script.py ARGS``) in this process, as __main__."""
-    import runpy
+def _print(lines: Any) -> None:
+    for line in lines:
+        stdout.print(line, highlight=False)
 
-    argv = _script_argv(argv)
-    script = Path(argv[0])
-    saved = sys.argv
-    sys.argv = [str(script), *argv[1:]]
+
+def _program(argv: list[str]) -> Any:
+    """Return the parsed Python command, or None for a launcher (checked before it starts)."""
+    from opdvfs.runtime.launch import parse_python_command
+
+    command = parse_python_command(argv)
+    if command is None and shutil.which(argv[0]) is None and not Path(argv[0]).is_file():
+        raise UsageError(f"{argv[0]}: no such program")
+    return command
+
+
+def _absolute(settings: dict[str, Any]) -> dict[str, Any]:
+    """Return the settings with absolute paths: launched processes may start elsewhere."""
+    out = dict(settings)
+    for key in ("out", "schedule", "log"):
+        if out.get(key):
+            out[key] = str(Path(out[key]).resolve())
+    if out.get("workload") and Path(out["workload"]).is_file():
+        out["workload"] = str(Path(out["workload"]).resolve())
+    return out
+
+
+def _launch(argv: list[str], settings: dict[str, Any]) -> None:
+    """Run a launcher with opdvfs activated in its Python processes; report as in-process.
+
+    SIGINT/SIGTERM are passed on to the launcher (whose processes restore their clocks), the
+    launcher's failure status is this command's, and rank 0's outcome is printed.
+    """
+    from opdvfs.runtime.launch import activation_env, read_reports, report_dir
+    from opdvfs.runtime.session import Outcome
+
+    folder = report_dir()
     try:
-        runpy.run_path(str(script), run_name="__main__")
+        env = activation_env({**_absolute(settings), "report_dir": folder}, dict(os.environ))
+        proc = subprocess.Popen(argv, env=env)
+
+        def forward(signum: int, frame: FrameType | None) -> None:
+            proc.send_signal(signum)
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            status = proc.wait()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        if status != 0:
+            stderr.print(
+                f"opdvfs: {shlex.join(argv)} exited with status {status}",
+                markup=False,
+                highlight=False,
+            )
+            raise typer.Exit(status if status > 0 else 128 - status)
+        reports = read_reports(folder)
     finally:
-        sys.argv = saved
+        shutil.rmtree(folder, ignore_errors=True)
+    first = reports[0]
+    _print(first["lines"])
+    for report in reports:  # any rank that failed fails the run
+        if report["error"]:
+            Outcome((), report["error"], report["mode"]).raise_error()
+
+
+def _export_lines(settings: dict[str, Any]) -> None:
+    from opdvfs.runtime.launch import activation_env
+
+    for key, value in activation_env(_absolute(settings)).items():
+        print(f"export {key}={shlex.quote(value)}")
+
+
+def _in_process(command: Any, settings: dict[str, Any], profile: Any = None) -> Any:
+    """Run a Python command in this process under a session; return (outcome, measured)."""
+    from opdvfs.runtime.launch import run_python
+    from opdvfs.runtime.session import Session
+
+    session = Session(**settings)
+
+    def run() -> None:
+        with session:
+            run_python(command)
+
+    measured = None
+    if profile is not None:
+        measured = profile(run)
+    else:
+        run()
+    return session.outcome(), measured
 
 
 @app.command(context_settings=_SCRIPT)
@@ -66,32 +154,40 @@ def capture(
             "--freq-mhz", min=1.0, help="Core clock the run is at (default: NVML's SM clock)."
         ),
     ] = None,
+    iteration_at: IterationAtOption = None,
+    print_env: PrintEnvOption = False,
 ) -> None:
-    """Run a PyTorch script unchanged and record one iteration's operators as a Workload."""
-    from opdvfs.runtime.dispatch import WorkloadRecorder
+    """Run a PyTorch script unchanged and record one iteration's operators as a Workload.
 
-    _script_argv(list(ctx.args))  # a missing script is an error before anything starts
-
-    recorder = WorkloadRecorder()
-
-    def run() -> None:
-        with recorder:
-            _run_script(list(ctx.args))
-
-    measured = None
+    The program after -- is `python [FLAGS] SCRIPT|-m MODULE ARGS`, or a launcher
+    (`accelerate launch train.py`) whose Python processes record; rank 0 writes the workload.
+    """
+    settings: dict[str, Any] = {
+        "mode": "capture",
+        "out": str(out),
+        "name": name,
+        "iteration_at": iteration_at,
+    }
+    if print_env:
+        _export_lines(settings)
+        return
+    argv = list(ctx.args)
+    command = _program(argv)  # a missing script is an error before anything starts
+    if command is None:
+        if profile_out is not None:
+            raise UsageError("--profile runs the script in opdvfs's process: -- python SCRIPT")
+        _launch(argv, settings)
+        return
+    profile = None
     if profile_out is not None:
         from opdvfs.runtime.profiling import profile_run
 
-        measured = profile_run(run, freq_mhz=freq_mhz)
-    else:
-        run()
-    work = recorder.workload(name)  # no complete iteration: a CaptureError, reported as usual
-    work.write(out)
-    stdout.print(
-        f"wrote {out}: {len(work)} operators per iteration "
-        f"({work.meta['iterations_seen']} iterations seen)",
-        highlight=False,
-    )
+        def profile(run: Any) -> Any:
+            return profile_run(run, freq_mhz=freq_mhz)
+
+    outcome, measured = _in_process(command, settings, profile)
+    outcome.raise_error()  # no complete iteration: a CaptureError, reported as usual
+    _print(outcome.lines)
     if measured is not None and profile_out is not None:
         measured.write(profile_out)
         summary = measured.summary()
@@ -112,7 +208,10 @@ def run(
         str, typer.Option("--actuator", help="nvml, ascend (log only), dry-run or twin.")
     ] = "dry-run",
     log: Annotated[
-        Path | None, typer.Option("--log", "--log-file", help="JSON lines of actuator calls.")
+        Path | None,
+        typer.Option(
+            "--log", "--log-file", help="JSON lines of actuator calls (appended; a header per run)."
+        ),
     ] = None,
     workload: Annotated[
         str | None,
@@ -121,63 +220,40 @@ def run(
     device: Annotated[
         str | None, typer.Option("--device", "-d", help="Preset (dry-run clocks; the twin).")
     ] = None,
+    iteration_at: IterationAtOption = None,
+    print_env: PrintEnvOption = False,
 ) -> None:
     """Run a PyTorch script unchanged under a schedule (clocks restored however it ends).
 
-    Under torchrun, rank 0 reads SCHEDULE and sends it on when the script makes its group.
-
-    With torchrun, give --log-file: one log per rank (calls.rank1.jsonl).
+    The schedule is checked against the actuator's clocks, --device and --workload before the
+    script starts. Under torchrun, rank 0 reads SCHEDULE and sends it on when the script makes
+    its group; give --log-file: one log per rank (calls.rank1.jsonl). After -- comes `python
+    [FLAGS] SCRIPT|-m MODULE ARGS` or a launcher (`accelerate launch train.py`). A schedule that
+    no iteration ran under ends with exit status 2.
     """
-    from opdvfs.runtime.actuators import ClockGuard, TwinActuator, make_actuator
-    from opdvfs.runtime.dispatch import ScheduleExecutor
-    from opdvfs.runtime.distributed import share_schedule_on_group_init
+    from opdvfs.runtime.session import Session
 
-    _script_argv(list(ctx.args))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    # ranks other than 0 take rank 0's plan (they need not have the file)
-    plan = Schedule.read(schedule_path) if rank == 0 else None
-    if log is not None and world > 1:
-        log = log.with_name(f"{log.stem}.rank{rank}{log.suffix}")  # one log per rank
-    work = load_workload(workload) if workload else None
-    names = work.ops["name"].tolist() if work is not None else None
-    with make_actuator(actuator, device=device, schedule=plan, log=log) as act:
-        if actuator == "twin" and work is None:
-            raise UsageError("--actuator twin needs --workload (the captured workload to simulate)")
-        executor = ScheduleExecutor(plan, act, names=names)
-        # under torchrun, ranks other than 0 receive rank 0's plan when the script makes its group
-        sharing = share_schedule_on_group_init(executor, plan) if world > 1 else nullcontext()
-        with sharing, ClockGuard(act), executor:
-            _run_script(list(ctx.args))
-    steady = executor.per_iteration()
-    if steady["time_s"] is not None:
-        stdout.print(
-            f"iterations after the first: {steady['time_s']:.4f} s each (host clock)"
-            + (
-                f", {steady['energy_j']:.2f} J each (the device's energy counter)"
-                if steady["energy_j"] is not None
-                else ""
-            ),
-            highlight=False,
-        )
-    if executor.schedule is None:
-        stdout.print(
-            f"rank {rank}: the script never created a process group, so no schedule arrived "
-            "from rank 0 and nothing was applied",
-            highlight=False,
-        )
-    stdout.print(
-        f"ran {executor.iteration} iterations; diverged in {len(executor.diverged_iterations)}"
-        + (", schedule abandoned" if executor.abandoned else ""),
-        highlight=False,
-    )
-    if isinstance(act, TwinActuator) and work is not None:
-        issued, top = act.measure(work)
-        stdout.print(
-            f"on the twin ({act.device.spec.name}, simulated): the switches as issued take "
-            f"{issued.iteration_time_s / top.iteration_time_s - 1:+.2%} time, "
-            f"{issued.chip_energy_j / top.chip_energy_j - 1:+.2%} chip energy, "
-            f"{(issued.core_energy_j or 0) / (top.core_energy_j or 1) - 1:+.2%} core energy "
-            f"vs the top clock ({issued.switches} switches/iteration)",
-            highlight=False,
-        )
+    settings: dict[str, Any] = {
+        "mode": "run",
+        "schedule": str(schedule_path),
+        "actuator": actuator,
+        "log": None if log is None else str(log),
+        "workload": workload,
+        "device": device,
+        "iteration_at": iteration_at,
+    }
+    argv = list(ctx.args)
+    command = None if print_env else _program(argv)
+    if print_env or command is None:
+        # check here, before the launcher starts (each launched process checks its own again)
+        checked = Session(**{**settings, "log": None})
+        checked.actuator.close()
+        if print_env:
+            _export_lines(settings)
+        else:
+            _launch(argv, settings)
+        return
+    settings["share"] = True  # under torchrun, rank 0's schedule reaches the other ranks
+    outcome, _ = _in_process(command, settings)
+    _print(outcome.lines)
+    outcome.raise_error()

@@ -52,10 +52,15 @@ def _shapes(value: Any) -> list[Any]:
 
 
 class _IterationMode(TorchDispatchMode):
-    """Counts aten ops; iterations end at optimizer steps or :meth:`mark_iteration`."""
+    """Counts aten ops; iterations end at optimizer steps or :meth:`mark_iteration`.
 
-    def __init__(self) -> None:
+    ``optimizer_steps=False`` leaves the optimizer steps alone: iterations then end only at
+    :meth:`mark_iteration` (``--iteration-at``: inference, custom loops).
+    """
+
+    def __init__(self, *, optimizer_steps: bool = True) -> None:
         super().__init__()
+        self.optimizer_steps = optimizer_steps
         self.iteration = 0
         self.op_index = 0
         self._lock = threading.Lock()
@@ -64,16 +69,18 @@ class _IterationMode(TorchDispatchMode):
         self.iteration_ends_s: list[float] = []
 
     def __enter__(self) -> Any:
-        self._hook = register_optimizer_step_post_hook(lambda *_: self.mark_iteration())
+        if self.optimizer_steps:
+            self._hook = register_optimizer_step_post_hook(lambda *_: self.mark_iteration())
         return super().__enter__()
 
     def __exit__(self, *exc: object) -> None:
         if self._hook is not None:
             self._hook.remove()
+            self._hook = None
         super().__exit__(*exc)
 
     def mark_iteration(self) -> None:
-        """End the current iteration (called at each optimizer step)."""
+        """End the current iteration (at each optimizer step, or each ``--iteration-at`` call)."""
         with self._lock:
             self.iteration_ends_s.append(time.perf_counter())
             self.end_iteration(self.op_index)
@@ -91,8 +98,8 @@ class WorkloadRecorder(_IterationMode):
     first is usually a warm-up with one-off allocations).
     """
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *, optimizer_steps: bool = True) -> None:
+        super().__init__(optimizer_steps=optimizer_steps)
         self._current: list[dict[str, Any]] = []
         self.iterations: list[list[dict[str, Any]]] = []
 
@@ -138,7 +145,8 @@ class WorkloadRecorder(_IterationMode):
             If no iteration was completed (no optimizer step and no :meth:`mark_iteration`).
         """
         if not self.iterations:
-            raise CaptureError("no complete iteration recorded (no optimizer step was seen)")
+            how = "no optimizer step was seen" if self.optimizer_steps else "no iteration marked"
+            raise CaptureError(f"no complete iteration recorded ({how})")
         ops = pd.DataFrame(self.iterations[-1])
         meta = {
             "source": "opdvfs capture",
@@ -171,8 +179,9 @@ class ScheduleExecutor(_IterationMode):
         *,
         names: Sequence[str] | None = None,
         max_diverged: int = 2,
+        optimizer_steps: bool = True,
     ) -> None:
-        super().__init__()
+        super().__init__(optimizer_steps=optimizer_steps)
         self.actuator = actuator
         self.names = list(names) if names is not None else None
         self.schedule: Schedule | None = None
@@ -189,6 +198,11 @@ class ScheduleExecutor(_IterationMode):
         self._streak = 0
         self._gave_up = False
         self._warned = False
+        self._halted = False
+        #: Iterations that ended with the schedule applied throughout.
+        self.applied_iterations = 0
+        #: Why the first diverging iteration diverged (None while none has).
+        self.first_divergence: str | None = None
         if schedule is not None:
             self.use_schedule(schedule)
 
@@ -258,6 +272,16 @@ class ScheduleExecutor(_IterationMode):
         """Whether the schedule was given up for the rest of the run."""
         return self._gave_up or self._streak >= self.max_diverged
 
+    def halt(self) -> None:
+        """Stop every switch for good: nothing is set from now on (the clock is being restored).
+
+        Safe in a signal handler: it takes no lock, waits for nothing and joins nothing; a switch
+        the worker thread is issuing at this moment is undone by the worker itself.
+        """
+        self._halted = True
+        if self._issuer is not None:
+            self._issuer.halt()
+
     def _where(self) -> None:
         self.actuator.at(self.iteration, self.op_index)
 
@@ -267,6 +291,8 @@ class ScheduleExecutor(_IterationMode):
 
     def _trigger(self, switches: list[Switch]) -> None:
         """Issue (or hand to the worker) the switches triggered by the op being dispatched."""
+        if self._halted:
+            return
         if self._issuer is None:  # CPU, no delays: at once, on this thread
             self._where()
             self.actuator.set_freq_mhz(switches[-1].freq_mhz)
@@ -293,11 +319,14 @@ class ScheduleExecutor(_IterationMode):
         if not self.diverged_iterations or self.diverged_iterations[-1] != self.iteration:
             self.diverged_iterations.append(self.iteration)
             self._streak += 1
+        if self.first_divergence is None:
+            self.first_divergence = why
         if not self._warned:
             self._warned = True
             warnings.warn(f"opdvfs: {why}; falling back to the maximum clock", stacklevel=3)
-        self._where()
-        self.actuator.set_freq_mhz(max(self.actuator.supported_freqs_mhz()))
+        if not self._halted:
+            self._where()
+            self.actuator.set_freq_mhz(max(self.actuator.supported_freqs_mhz()))
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if not func._schema.name.startswith(_COUNTED):
@@ -345,4 +374,5 @@ class ScheduleExecutor(_IterationMode):
             self._gave_up = True
         elif not self._off:
             self._streak = 0  # a clean iteration ends a diverging streak
+            self.applied_iterations += 1
         self._off = False

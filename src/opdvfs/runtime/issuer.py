@@ -68,6 +68,7 @@ class SwitchIssuer:
         self._calling = threading.Lock()  # held while the actuator is being called
         self._stop = threading.Event()
         self._cancelled = threading.Event()
+        self._halted = False
         self._thread = threading.Thread(target=self._work, name="opdvfs-switch", daemon=True)
         self._thread.start()
 
@@ -92,6 +93,15 @@ class SwitchIssuer:
         with self._calling:  # a call that started before the cancel has ended
             pass
         self._cancelled.clear()
+
+    def halt(self) -> None:
+        """Issue nothing more, ever (the clock is being restored; safe in a signal handler).
+
+        It takes no lock: a switch being issued right now sees the flag when its call returns
+        and resets the clock itself, so nothing set here outlives the restore.
+        """
+        self._halted = True
+        self._generation += 1
 
     def is_alive(self) -> bool:
         """Whether the worker thread still runs (False once :meth:`close` has returned)."""
@@ -119,9 +129,11 @@ class SwitchIssuer:
             if left > 0 and self._cancelled.wait(left):
                 continue  # cancelled while waiting
             with self._calling:
-                if item.generation != self._generation or self._stop.is_set():
+                if item.generation != self._generation or self._stop.is_set() or self._halted:
                     continue
                 self._issue(item)
+                if self._halted:  # the restore raced this call: undo what it set
+                    self.actuator.reset()
 
     def _issue(self, item: PendingSwitch) -> None:
         try:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from opdvfs.exceptions import ValidationError
 from opdvfs.runtime.actuators.ascend import AscendActuator
@@ -39,6 +40,7 @@ def make_actuator(
     device: str | None = None,
     schedule: Schedule | None = None,
     log: str | os.PathLike[str] | None = None,
+    header: Mapping[str, Any] | None = None,
 ) -> Actuator:
     """Return the actuator of ``kind`` for ``device``.
 
@@ -56,6 +58,8 @@ def make_actuator(
         use.
     log
         JSON-lines file of the recording actuators' calls (ignored by ``"nvml"``).
+    header
+        More fields for that log's header line (one per run: the log is appended to).
 
     Returns
     -------
@@ -85,7 +89,7 @@ def make_actuator(
                 f"({', '.join(PRESETS)})",
                 field="device",
             )
-        return TwinActuator(SimulatedDevice.from_preset(spec.name), log=log)
+        return TwinActuator(SimulatedDevice.from_preset(spec.name), log=log, header=header)
     if spec is None and kind == "ascend":
         spec = preset_spec(_ASCEND_DEFAULT)
     freqs: Sequence[float]
@@ -99,5 +103,5 @@ def make_actuator(
             field="device",
         )
     if kind == "ascend":
-        return AscendActuator(freqs, log=log)
-    return DryRunActuator(freqs, log=log)
+        return AscendActuator(freqs, log=log, header=header)
+    return DryRunActuator(freqs, log=log, header=header)

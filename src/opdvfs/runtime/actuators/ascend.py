@@ -13,7 +13,7 @@ import ctypes
 import ctypes.util
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opdvfs.exceptions import DeviceNotFoundError
@@ -52,6 +52,8 @@ class AscendActuator(DryRunActuator):
         DCMI card and device ids.
     log
         JSON-lines file the requests are appended to, as :class:`DryRunActuator` writes them.
+    header
+        More fields for the log's header line.
     dcmi
         A loaded DCMI library (default: :func:`load_dcmi` on first read).
     """
@@ -64,8 +66,9 @@ class AscendActuator(DryRunActuator):
         device: int = 0,
         log: str | os.PathLike[str] | None = None,
         dcmi: Any = None,
+        header: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(freqs_mhz, log=log)
+        super().__init__(freqs_mhz, log=log, header=header)
         self.card, self.device = card, device
         self._dcmi = dcmi
         self._warned = False

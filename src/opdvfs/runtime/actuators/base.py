@@ -17,11 +17,14 @@ exception, at interpreter exit and on SIGINT/SIGTERM.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import os
 import signal
+import socket
 import threading
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType, TracebackType
 from typing import Any, Self
 
@@ -126,41 +129,128 @@ class ClockGuard:
     """Restore an actuator's clock however the guarded block ends.
 
     ``with ClockGuard(actuator): ...`` resets the clock when the block exits (normally or by an
-    exception), at interpreter exit (``atexit``) and on SIGINT/SIGTERM (then re-raises the
-    signal's default behaviour: KeyboardInterrupt, or exit status 128 + 15). Previous signal
-    handlers are put back on exit. Reset happens once, whichever path comes first.
+    exception), at interpreter exit (``atexit``) and on SIGINT/SIGTERM. Reset happens once,
+    whichever path comes first, and takes no lock the interrupted program may hold.
+
+    A signal is caught twice over. Python runs a signal's handler only between bytecodes of the
+    main thread, so a main thread blocked in a native call (a collective waiting for a dead
+    rank, a CUDA synchronise) would never run it, and a launcher's SIGKILL would find the clock
+    still set. So the C-level handler's wakeup byte (:func:`signal.set_wakeup_fd`) also wakes a
+    watcher thread, which restores the clock at once. The main thread's handler then restores
+    (if the watcher has not), puts the previous handler back and raises ``KeyboardInterrupt``
+    (SIGINT) or ``SystemExit(128 + 15)`` (SIGTERM). If the main thread cannot take a SIGTERM
+    within :attr:`exit_grace_s` and nothing but the default action was installed before, the
+    watcher ends the process with status 128 + 15, as the default action would have (at once).
+
+    Parameters
+    ----------
+    actuator
+        The actuator whose clock is guarded.
+    before_restore
+        Called first on every path (e.g. :meth:`ScheduleExecutor.halt`), so no switch is issued
+        after the restore; it must not block.
     """
 
-    def __init__(self, actuator: Actuator) -> None:
+    #: Seconds the main thread has to take a SIGTERM before the watcher ends the process.
+    exit_grace_s: float = 1.0
+
+    def __init__(
+        self, actuator: Actuator, *, before_restore: Callable[[], None] | None = None
+    ) -> None:
         self.actuator = actuator
-        self._done = threading.Lock()
-        self._restored = False
+        self.before_restore = before_restore
+        self._once = threading.Lock()  # taken once, never released: the first restore wins
         self._previous: dict[int, Any] = {}
+        self._handled = threading.Event()
+        self._wakeup: tuple[socket.socket, socket.socket] | None = None
+        self._old_wakeup_fd = -1
+        self._watcher: threading.Thread | None = None
+
+    @property
+    def restored(self) -> bool:
+        """Whether the clock has been restored (by any path)."""
+        return self._once.locked()
 
     def restore(self) -> None:
-        """Reset the clock now (idempotent); a failing reset is reported, not raised."""
-        with self._done:
-            if self._restored:
-                return
-            self._restored = True
+        """Reset the clock now (idempotent); a failing reset is reported, not raised.
+
+        Safe in a signal handler and from any thread: the first call wins without waiting on
+        anything, later ones return at once.
+        """
+        if not self._once.acquire(blocking=False):
+            return
         try:
+            if self.before_restore is not None:
+                self.before_restore()
             self.actuator.reset()
         except Exception as exc:  # restoring must never mask the original error
             warnings.warn(f"opdvfs: could not restore the clock: {exc}", stacklevel=2)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.restore()
+        self.restore()  # first, before anything that can block
+        self._handled.set()
         previous = self._previous.get(signum)
         signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         raise SystemExit(128 + signum)
 
+    def _watch(self, reader: socket.socket) -> None:
+        while True:
+            try:
+                data = reader.recv(64)
+            except OSError:
+                return
+            if not data:  # the guard's exit closed the other end
+                return
+            if self._old_wakeup_fd != -1:  # whoever set a wakeup fd before still gets its bytes
+                with contextlib.suppress(OSError):
+                    os.write(self._old_wakeup_fd, data)
+            for signum in data:
+                if signum not in (signal.SIGINT, signal.SIGTERM):
+                    continue
+                self.restore()
+                default = self._previous.get(signum) in (signal.SIG_DFL, None)
+                if (
+                    signum == signal.SIGTERM
+                    and default
+                    and not self._handled.wait(self.exit_grace_s)
+                ):
+                    os._exit(128 + signum)  # the main thread is stuck in native code
+
+    def _start_watcher(self) -> None:
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        try:
+            self._old_wakeup_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        except ValueError:  # not the main thread of the main interpreter
+            reader.close()
+            writer.close()
+            return
+        self._wakeup = (reader, writer)
+        self._watcher = threading.Thread(
+            target=self._watch, args=(reader,), name="opdvfs-clock-guard", daemon=True
+        )
+        self._watcher.start()
+
+    def _stop_watcher(self) -> None:
+        if self._wakeup is None:
+            return
+        reader, writer = self._wakeup
+        self._wakeup = None
+        with contextlib.suppress(ValueError):
+            signal.set_wakeup_fd(self._old_wakeup_fd)
+        writer.close()
+        if self._watcher is not None:
+            self._watcher.join(timeout=1.0)
+        reader.close()
+
     def __enter__(self) -> Self:
         atexit.register(self.restore)
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._previous[sig] = signal.signal(sig, self._on_signal)
+            self._start_watcher()
         return self
 
     def __exit__(
@@ -174,3 +264,4 @@ class ClockGuard:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        self._stop_watcher()

@@ -6,7 +6,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -19,7 +19,9 @@ class DryRunActuator(Actuator):
     """Pretend to set clocks; keep ``calls`` and optionally append them to a JSON-lines log.
 
     Each record is ``{"kind": "set"|"restore", "iteration", "op_index", "freq_mhz", "t_s"}``;
-    the executor sets ``iteration`` and ``op_index`` through :meth:`at` before each call.
+    the executor sets ``iteration`` and ``op_index`` through :meth:`at` before each call. The log
+    is appended to and opened at the first record, which a header line ``{"kind": "run", "t_s",
+    "pid", "freqs_mhz", ...header}`` precedes, so runs sharing one file can be told apart.
 
     Parameters
     ----------
@@ -29,6 +31,8 @@ class DryRunActuator(Actuator):
         JSON-lines file the records are appended to (created with its folder), or None.
     power_w
         What :meth:`read_power_w` returns (W); nothing is measured.
+    header
+        More fields for the log's header line (the command, the schedule, the rank ...).
     """
 
     def __init__(
@@ -37,15 +41,16 @@ class DryRunActuator(Actuator):
         *,
         log: str | os.PathLike[str] | None = None,
         power_w: float = 0.0,
+        header: Mapping[str, Any] | None = None,
     ) -> None:
         self._freqs = tuple(sorted(float(f) for f in freqs_mhz))
         self._power_w = power_w
-        self._lock = threading.Lock()
+        # re-entrant: a signal handler restoring the clock may interrupt a record on this thread
+        self._lock = threading.RLock()
         self._where: tuple[int | None, int | None] = (None, None)
         self._log: TextIO | None = None
-        if log:
-            Path(log).parent.mkdir(parents=True, exist_ok=True)
-            self._log = Path(log).open("a", encoding="utf-8")  # noqa: SIM115
+        self._log_path = Path(log) if log else None
+        self._header = dict(header or {})
         self.calls: list[dict[str, Any]] = []
         self.current_mhz: float | None = None
 
@@ -75,11 +80,23 @@ class DryRunActuator(Actuator):
             "freq_mhz": freq,
             "t_s": time.time(),
         }
+        line = json.dumps(entry) + "\n"
         with self._lock:
             self.calls.append(entry)
+            if self._log is None and self._log_path is not None:
+                self._open_log()
             if self._log is not None:
-                self._log.write(json.dumps(entry) + "\n")
+                self._log.write(line)
                 self._log.flush()
+
+    def _open_log(self) -> None:
+        """Open the log at the first record (a run refused before it starts leaves no trace)."""
+        assert self._log_path is not None
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self._log_path.open("a", encoding="utf-8")
+        first = {"kind": "run", "t_s": time.time(), "pid": os.getpid()}
+        first.update(freqs_mhz=list(self._freqs), **self._header)
+        self._log.write(json.dumps(first) + "\n")
 
     def supported_freqs_mhz(self) -> Sequence[float]:
         """Return the clocks given at construction."""
@@ -110,6 +127,8 @@ class DryRunActuator(Actuator):
 
     def close(self) -> None:
         """Close the log file (the calls stay in :attr:`calls`); safe to call more than once."""
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        with self._lock:
+            self._log_path = None  # nothing is recorded into the file after this
+            if self._log is not None:
+                self._log.close()
+                self._log = None

@@ -9,6 +9,8 @@ fallbacks included -- is measured on the twin, beside the top clock.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -25,9 +27,13 @@ class TwinActuator(DryRunActuator):
     """Record switches like :class:`DryRunActuator`; replay them on a :class:`SimulatedDevice`."""
 
     def __init__(
-        self, device: SimulatedDevice, *, log: str | os.PathLike[str] | None = None
+        self,
+        device: SimulatedDevice,
+        *,
+        log: str | os.PathLike[str] | None = None,
+        header: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(device.spec.freqs_mhz, log=log)
+        super().__init__(device.spec.freqs_mhz, log=log, header=header)
         self.device = device
 
     def issued_schedule(self, n_ops: int, iteration: int | None = None) -> Schedule:

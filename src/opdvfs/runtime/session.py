@@ -1,0 +1,280 @@
+"""One capture or run of the user's program, the same in opdvfs's process and in a launched one.
+
+A :class:`Session` is built from plain settings (the options of ``opdvfs capture`` / ``opdvfs
+run``), checks everything it can *before* the program starts (the schedule's clocks, device and
+length; the ``--iteration-at`` target's syntax), and is then entered around the program: the
+actuator, its :class:`~opdvfs.runtime.actuators.ClockGuard`, the recorder or the executor, and the
+iteration marker. After the program, :meth:`Session.outcome` gives the lines to print and the
+error to end with, so the CLI prints the same whether the program ran in its own process or was
+started by ``accelerate launch`` (:func:`~opdvfs.runtime.launch.activate_from_env`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+from opdvfs.exceptions import CaptureError, ScheduleMismatchError, ValidationError
+from opdvfs.runtime.actuators import ClockGuard, TwinActuator, make_actuator
+from opdvfs.runtime.checks import check_schedule
+from opdvfs.runtime.iterations import IterationMarker
+from opdvfs.schedule import Schedule
+from opdvfs.workloads.library import load_workload
+
+__all__ = ["Outcome", "Session"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a session ended with: lines for stdout, and the error to exit with, if any."""
+
+    lines: tuple[str, ...]
+    error: str | None = None
+    #: ``"capture"`` errors are a :class:`CaptureError`, ``"run"`` ones a schedule mismatch.
+    mode: str = "run"
+
+    def raise_error(self) -> None:
+        """Raise the session's error as its typed opdvfs error (no-op without one)."""
+        if self.error is not None:
+            raise (CaptureError if self.mode == "capture" else ScheduleMismatchError)(self.error)
+
+
+class Session:
+    """Capture a workload from, or apply a schedule to, the program run inside the block.
+
+    Parameters
+    ----------
+    mode
+        ``"capture"`` or ``"run"``.
+    out, name
+        Capture: the workload file to write (rank 0 only) and its name.
+    schedule
+        Run: the schedule's file. Under ``torchrun`` in opdvfs's own process (``share``), only
+        rank 0 reads it and the others receive it when the script makes its process group.
+    actuator, device, log, workload
+        Run: as ``opdvfs run``'s options. ``log`` gets ``.rankN`` before its suffix when the job
+        has more than one rank, and one header line per run.
+    iteration_at
+        ``MODULE:QUALNAME`` whose every call ends an iteration (instead of optimizer steps).
+    share
+        Run: ranks other than 0 take rank 0's schedule over the process group.
+    report_dir
+        Launched processes write their :class:`Outcome` there (one JSON file per process).
+
+    Raises
+    ------
+    OpdvfsError
+        From the constructor, for anything wrong before the program starts: an unreadable or
+        mismatched schedule, an unsupported clock, a bad actuator, a malformed ``iteration_at``.
+    """
+
+    def __init__(
+        self,
+        mode: str,
+        *,
+        out: str | None = None,
+        name: str = "captured",
+        schedule: str | None = None,
+        actuator: str = "dry-run",
+        device: str | None = None,
+        log: str | None = None,
+        workload: str | None = None,
+        iteration_at: str | None = None,
+        share: bool = False,
+        report_dir: str | None = None,
+    ) -> None:
+        from opdvfs.runtime.dispatch import ScheduleExecutor, WorkloadRecorder
+
+        self.mode, self.out, self.name, self.report_dir = mode, out, name, report_dir
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.marker = IterationMarker(iteration_at) if iteration_at else None
+        optimizer_steps = self.marker is None
+        self._stack = ExitStack()
+        self.recorder: WorkloadRecorder | None = None
+        self.executor: ScheduleExecutor | None = None
+        if mode == "capture":
+            self.recorder = WorkloadRecorder(optimizer_steps=optimizer_steps)
+            return
+        self.share = share and self.world > 1
+        plan = Schedule.read(schedule) if schedule and (self.rank == 0 or not share) else None
+        if log is not None and self.world > 1:
+            path = Path(log)
+            log = str(path.with_name(f"{path.stem}.rank{self.rank}{path.suffix}"))
+        self.work = load_workload(workload) if workload else None
+        local = plan
+        if local is None and schedule and Path(schedule).is_file():
+            local = Schedule.read(schedule)  # this rank's clocks and checks; rank 0's plan runs
+        header = {"command": mode, "schedule": schedule, "actuator": actuator, "rank": self.rank}
+        self.actuator = make_actuator(
+            actuator, device=device, schedule=local, log=log, header=header
+        )
+        try:
+            if actuator == "twin" and self.work is None:
+                raise ValidationError(
+                    "--actuator twin needs --workload (the captured workload to simulate)",
+                    field="workload",
+                )
+            if local is not None:
+                spec_name = (
+                    self.actuator.device.spec.name
+                    if isinstance(self.actuator, TwinActuator)
+                    else device
+                )
+                check_schedule(
+                    local,
+                    freqs_mhz=self.actuator.supported_freqs_mhz(),
+                    device=spec_name,
+                    n_ops=len(self.work) if self.work is not None else None,
+                    source=str(schedule),
+                )
+            names = self.work.ops["name"].tolist() if self.work is not None else None
+            self.executor = ScheduleExecutor(
+                plan, self.actuator, names=names, optimizer_steps=optimizer_steps
+            )
+        except BaseException:
+            self.actuator.close()
+            raise
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> Session:
+        """Build a session from :func:`~opdvfs.runtime.launch.activation_env`'s settings."""
+        return cls(**settings)
+
+    @property
+    def mode_object(self) -> Any:
+        """The dispatch mode in use: the recorder (capture) or the executor (run)."""
+        return self.recorder if self.recorder is not None else self.executor
+
+    def __enter__(self) -> Self:
+        """Enter the actuator, its clock guard, the recorder/executor and the marker."""
+        stack = self._stack
+        try:
+            if self.executor is not None:
+                stack.enter_context(self.actuator)
+                if self.share:
+                    from opdvfs.runtime.distributed import share_schedule_on_group_init
+
+                    stack.enter_context(
+                        share_schedule_on_group_init(self.executor, self.executor.schedule)
+                    )
+                stack.enter_context(ClockGuard(self.actuator, before_restore=self.executor.halt))
+            mode = self.mode_object
+            stack.enter_context(mode)
+            if self.marker is not None:
+                stack.enter_context(self.marker.calling(mode.mark_iteration))
+        except BaseException:
+            stack.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Leave everything in reverse order: the clock is restored last."""
+        self._stack.close()
+
+    # ------------------------------------------------------------------------------ outcome
+    def outcome(self) -> Outcome:
+        """Return what to print after the program, and the error to end with (if any)."""
+        if self.recorder is not None:
+            return self._capture_outcome()
+        return self._run_outcome()
+
+    def _capture_outcome(self) -> Outcome:
+        assert self.recorder is not None
+        if self.world > 1 and self.rank != 0:
+            return Outcome((), mode="capture")  # rank 0 writes the workload
+        try:
+            work = self.recorder.workload(self.name)
+        except CaptureError as exc:
+            hint = "" if self.marker is None else f" and {self.marker.spec} was never called"
+            return Outcome((), f"{exc}{hint}", mode="capture")
+        if self.out is not None:
+            work.write(self.out)
+        return Outcome(
+            (
+                f"wrote {self.out}: {len(work)} operators per iteration "
+                f"({work.meta['iterations_seen']} iterations seen)",
+            ),
+            mode="capture",
+        )
+
+    def _run_outcome(self) -> Outcome:
+        executor = self.executor
+        assert executor is not None
+        lines: list[str] = []
+        steady = executor.per_iteration()
+        if steady["time_s"] is not None:
+            energy = steady["energy_j"]
+            lines.append(
+                f"iterations after the first: {steady['time_s']:.4f} s each (host clock)"
+                + (
+                    f", {energy:.2f} J each (the device's energy counter)"
+                    if energy is not None
+                    else ""
+                )
+            )
+        if executor.schedule is None:
+            lines.append(
+                f"rank {self.rank}: the script never created a process group, so no schedule "
+                "arrived from rank 0 and nothing was applied"
+            )
+            return Outcome(tuple(lines))
+        lines.append(
+            f"ran {executor.iteration} iterations; diverged in {len(executor.diverged_iterations)}"
+            + (", schedule abandoned" if executor.abandoned else "")
+        )
+        if isinstance(self.actuator, TwinActuator) and self.work is not None:
+            issued, top = self.actuator.measure(self.work)
+            lines.append(
+                f"on the twin ({self.actuator.device.spec.name}, simulated, "
+                f"{self.actuator.device.spec.switch_latency_ms:g} ms switches): the switches as "
+                f"issued take {issued.iteration_time_s / top.iteration_time_s - 1:+.2%} time, "
+                f"{issued.chip_energy_j / top.chip_energy_j - 1:+.2%} chip energy, "
+                f"{(issued.core_energy_j or 0) / (top.core_energy_j or 1) - 1:+.2%} core energy "
+                f"vs the top clock ({issued.switches} switches/iteration)"
+            )
+        error = None
+        if executor.applied_iterations == 0:
+            if executor.iteration == 0:
+                how = (
+                    f"{self.marker.spec} was never called"
+                    if self.marker is not None
+                    else "no optimizer step was seen; mark iterations with --iteration-at "
+                    "MODULE:FUNCTION"
+                )
+                error = f"the schedule was never applied: no iteration ended ({how})"
+            elif executor.abandoned:
+                error = (
+                    f"the schedule was abandoned: none of the {executor.iteration} iterations "
+                    f"matched it ({executor.first_divergence}); the clock stayed at the maximum"
+                )
+        return Outcome(tuple(lines), error)
+
+    def write_report(self) -> None:
+        """Write this process's :class:`Outcome` into ``report_dir`` (launched processes)."""
+        if self.report_dir is None:
+            return
+        try:
+            outcome = self.outcome()
+            record: dict[str, Any] = {
+                "lines": list(outcome.lines),
+                "error": outcome.error,
+                "mode": outcome.mode,
+            }
+        except Exception as exc:  # the parent reports it; the program's own status stands
+            record = {"lines": [], "error": str(exc), "mode": self.mode}
+        record.update(rank=self.rank, pid=os.getpid())
+        path = Path(self.report_dir) / f"{self.rank:05d}-{os.getpid()}.json"
+        path.write_text(json.dumps(record), encoding="utf-8")
+        sys.stdout.flush()
