@@ -26,12 +26,14 @@ __all__ = [
     "DISPATCHES",
     "OBJECTIVES",
     "SOLVERS",
+    "VALUES",
     "Dispatch",
     "Objective",
     "Schedule",
     "Solver",
     "Stage",
     "Switch",
+    "Values",
     "op_signature",
 ]
 
@@ -42,12 +44,16 @@ Objective = Literal["energy", "core-energy", "power", "paper"]
 Dispatch = Literal["predictive", "reactive"]
 #: The planner's search: the exact, certified programme or the paper's genetic algorithm.
 Solver = Literal["dp", "ga"]
+#: What the planner plans on: the profile's measurements where present and the models (corrected
+#: through the measurements) elsewhere, the measurements only, or the models only (DESIGN §4).
+Values = Literal["auto", "measured", "model"]
 
 # The planner, the experiments and the CLI's choices all read these; the Literals are the one
 # place the names are spelled.
 OBJECTIVES: tuple[Objective, ...] = get_args(Objective)
 DISPATCHES: tuple[Dispatch, ...] = get_args(Dispatch)
 SOLVERS: tuple[Solver, ...] = get_args(Solver)
+VALUES: tuple[Values, ...] = get_args(Values)
 
 
 def op_signature(names: Iterable[str]) -> str:
@@ -106,7 +112,20 @@ class Schedule(FrozenModel):
     target
         Allowed slowdown as a fraction of the baseline time (0.02 = at most 2% slower).
     baseline_time_s, predicted_time_s, baseline_energy_j, predicted_energy_j
-        Per iteration, at the maximum clock and under this schedule (chip energy).
+        Per iteration, at the maximum clock and under this schedule (chip energy), on the
+        values planned on (``values``).
+    baseline_core_energy_j, predicted_core_energy_j
+        The same on the core rail; None where neither measured nor modelled.
+    values
+        What the plan was computed on: ``auto`` (measured where the profile measured, the
+        models corrected through the measurements elsewhere), ``measured`` or ``model``; None
+        for a schedule not from the planner.
+    measured_baseline_time_s, measured_time_s, measured_baseline_energy_j, measured_energy_j
+        Per iteration, at the maximum clock and under this schedule, on the profile's
+        measurements (medians over iterations), where the profile measured every op at the
+        top clock and at its planned clock; None otherwise.
+    measured_baseline_core_energy_j, measured_core_energy_j
+        The same on the core rail, where the profile measured core power.
     lower_bound_energy_j, gap_pct
         Certified lower bound and optimality gap (exact solver) on the objective's rail; None
         for heuristics.
@@ -135,6 +154,13 @@ class Schedule(FrozenModel):
     predicted_energy_j: NonNegativeFloat | None = None
     baseline_core_energy_j: NonNegativeFloat | None = None
     predicted_core_energy_j: NonNegativeFloat | None = None
+    values: Values | None = None
+    measured_baseline_time_s: NonNegativeFloat | None = None
+    measured_time_s: NonNegativeFloat | None = None
+    measured_baseline_energy_j: NonNegativeFloat | None = None
+    measured_energy_j: NonNegativeFloat | None = None
+    measured_baseline_core_energy_j: NonNegativeFloat | None = None
+    measured_core_energy_j: NonNegativeFloat | None = None
     lower_bound_energy_j: NonNegativeFloat | None = None
     lower_bound_power_w: NonNegativeFloat | None = None
     gap_pct: NonNegativeFloat | None = None

@@ -7,6 +7,13 @@ time, and places each switch's trigger ``switch_latency`` ahead of its stage whe
 predictive. :class:`PlanInputs` carries what the planner needs besides the models, built from a
 workload (:meth:`PlanInputs.from_workload`) or from a profile (:meth:`PlanInputs.from_profile`).
 
+Measurements first (DESIGN §4, :mod:`opdvfs.plan.measured`): inputs from a profile carry its
+measured medians, and ``values="auto"`` plans on them wherever they exist, the models filling
+only the unmeasured clocks (corrected to pass through the measured points); with every op
+measured at every clock no model is needed. ``interval_ms=0`` plans one stage per operator; with
+an interval, the classes only guide which neighbours merge (a prior for merging, not a
+constraint on the optimum: every stage still gets the clock that is best for it).
+
 Objectives: ``energy`` (chip, default) and ``core-energy`` (exact, certified), ``power`` (mean chip
 power, Dinkelbach), ``paper`` (eq. 17's score, best frontier plan; the GA searches with it too).
 Energies in the schedule are operator energies (idle time between ops costs the same at every
@@ -30,6 +37,7 @@ from opdvfs.models.bundle import ModelBundle
 from opdvfs.plan.classify import classify_by_ratios, classify_by_sensitivity, sensitivity
 from opdvfs.plan.dp import (
     StageTables,
+    exact_frontier,
     frontier,
     frontier_plans,
     solve,
@@ -37,9 +45,10 @@ from opdvfs.plan.dp import (
     stage_tables,
 )
 from opdvfs.plan.ga import genetic_plan
+from opdvfs.plan.measured import MeasuredTables, correct_to_measurements, missing_measurement
 from opdvfs.plan.segment import segment
 from opdvfs.profile import Profile
-from opdvfs.schedule import Dispatch, Objective, Schedule, Solver, op_signature
+from opdvfs.schedule import Dispatch, Objective, Schedule, Solver, Values, op_signature
 from opdvfs.sim.presets import preset_spec
 from opdvfs.workloads.workload import Workload
 
@@ -76,6 +85,9 @@ class PlanInputs:
         otherwise the fitted sensitivity decides.
     phases
         Training phase per op (forward / backward / optimizer / other), for per-phase plans.
+    measured
+        The profile's measured medians (:meth:`from_profile`), planned on first; None for
+        inputs from a workload (the models alone).
     """
 
     freqs_mhz: np.ndarray
@@ -85,6 +97,7 @@ class PlanInputs:
     workload: str | None = None
     classes: np.ndarray | None = None
     phases: np.ndarray | None = None
+    measured: MeasuredTables | None = None
 
     @classmethod
     def from_workload(
@@ -126,8 +139,9 @@ class PlanInputs:
         """Return the planner's inputs for the ops of ``profile``, over its device's clocks.
 
         The streams and the idle time before each op (from ``start_us``, when every op has one)
-        come from the profile's first iteration at its top clock, and the LOW/HIGH classes from
-        its pipeline ratios (``ratio_*`` columns), when it has them.
+        come from the profile's first iteration at its top clock, the LOW/HIGH classes from
+        its pipeline ratios (``ratio_*`` columns), when it has them, and the measured medians
+        of every op at every profiled clock (``measured``) from all its rows.
 
         Parameters
         ----------
@@ -149,9 +163,10 @@ class PlanInputs:
         classes = None
         if any(c.startswith("ratio_") for c in first.columns):
             classes = classify_by_ratios(first)[0]
+        measured = MeasuredTables.from_profile(profile)
         if workload is not None:
             inputs = cls.from_workload(workload, freqs_mhz, device=device)
-            return replace(inputs, classes=classes)
+            return replace(inputs, classes=classes, measured=measured)
         idle_before_us = np.zeros(len(first))
         if "start_us" in first and first["start_us"].notna().all():
             start_us = first["start_us"].to_numpy()
@@ -164,6 +179,7 @@ class PlanInputs:
             device=device,
             workload=profile.meta.get("workload"),
             classes=classes,
+            measured=measured,
         )
 
 
@@ -183,8 +199,9 @@ class StageProblem:
     freqs_mhz
         The device's clocks, ascending (MHz), shape (n_clocks,).
     time_us, chip_energy_j, core_energy_j
-        Predicted time (us) and chip and core energy (J) of every op at every clock, shape
-        (n_ops, n_clocks).
+        Time (us) and chip and core energy (J) of every op at every clock, shape
+        (n_ops, n_clocks): measured where the values say so, else predicted; core energy NaN
+        where nothing gives it.
     starts
         First op of each stage, ascending from 0, shape (n_stages,).
     stage_class
@@ -192,6 +209,8 @@ class StageProblem:
     tables
         Time and energy of every stage at every clock, on the objective's rail (core energy for
         ``core-energy``, chip energy otherwise); no reactive lag (``plan_schedule`` adds it).
+    names
+        Operator names, shape (n_ops,) (the schedule's ``op_signature``).
     """
 
     freqs_mhz: np.ndarray
@@ -201,6 +220,7 @@ class StageProblem:
     starts: np.ndarray
     stage_class: np.ndarray
     tables: StageTables
+    names: np.ndarray
 
     @property
     def op_tables(self) -> _OpTables:
@@ -213,7 +233,7 @@ _OpTables = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def plan_schedule(
-    models: ModelBundle,
+    models: ModelBundle | None,
     inputs: PlanInputs,
     *,
     target: float,
@@ -223,22 +243,25 @@ def plan_schedule(
     dispatch: Dispatch = "predictive",
     solver: Solver = "dp",
     seed: int = 0,
+    values: Values = "auto",
 ) -> Schedule:
     """Plan per-stage clocks that minimise the objective within ``(1 + target)`` x top-clock time.
 
     Parameters
     ----------
     models
-        Fitted time and power models of the workload's ops (a power model is required).
+        Fitted time and power models of the workload's ops (a power model is required), or
+        None when ``inputs`` measured every op at every clock.
     inputs
-        The device's clocks and the op sequence (streams, idle time, classes).
+        The device's clocks and the op sequence (streams, idle time, classes, measurements).
     target
         Allowed slowdown as a fraction of the all-top-clock iteration time (0.02 = 2% slower).
     objective
         What to minimise: ``energy`` (chip), ``core-energy``, ``power`` (mean chip power) or
         ``paper`` (eq. 17's score on the frontier; no certificate).
     interval_ms
-        Frequency-adjustment interval (ms): the shortest stage the segmentation keeps.
+        Frequency-adjustment interval (ms): the shortest stage the segmentation keeps; 0 plans
+        one stage per operator.
     switch_latency_ms
         Time from issuing a clock switch to its taking effect (ms).
     dispatch
@@ -248,24 +271,32 @@ def plan_schedule(
         ``dp``: the exact solver, certified by its bound; ``ga``: the paper's genetic algorithm.
     seed
         Seed of the GA's random generator.
+    values
+        ``auto``: the profile's measurements where present, the models (corrected through
+        them) elsewhere; ``measured``: the measurements only; ``model``: the models only.
 
     Returns
     -------
     Schedule
-        The plan with its predicted time and energy, and for the exact solver its certified
-        bound (``lower_bound_energy_j``, or ``lower_bound_power_w`` for ``power``) and
-        ``gap_pct``.
+        The plan with its predicted time and energy (on the values planned on), on the
+        profile's measurements too where it measured the planned clocks, and for the exact
+        solver its certified bound (``lower_bound_energy_j``, or ``lower_bound_power_w`` for
+        ``power``) and ``gap_pct``.
 
     Raises
     ------
     ValidationError
-        If the models hold no power model (energy cannot be planned from time alone), or the
-        inputs and the models count different ops.
+        If the models hold no power model (energy cannot be planned from time alone) and the
+        measurements do not cover every op at every clock, ``values="measured"`` finds an op
+        unmeasured at a clock (the message names both), or the inputs and the models count
+        different ops.
     InfeasibleError
         If no plan fits the budget.
     """
     started = _time.perf_counter()
-    problem = stage_problem(models, inputs, objective=objective, interval_ms=interval_ms)
+    problem = stage_problem(
+        models, inputs, objective=objective, interval_ms=interval_ms, values=values
+    )
     tables = problem.tables
     if dispatch == "reactive":
         # a switch issued when its stage starts lands switch_latency later: the DP charges the
@@ -301,11 +332,11 @@ def plan_schedule(
         lower_bound_j, lower_bound_w = result.lower_bound_j, result.lower_bound_power_w
         gap_pct = result.gap_pct
     return _schedule(
-        models,
-        inputs,
+        problem.names,
+        problem.op_tables,
         problem.starts,
         clock,
-        problem.op_tables,
+        inputs,
         predictive=dispatch == "predictive",
         switch_latency_ms=switch_latency_ms,
         baseline_time_s=baseline_s,
@@ -316,6 +347,7 @@ def plan_schedule(
         solver=solver,
         dispatch=dispatch,
         interval_ms=interval_ms,
+        values=values,
         lower_bound_energy_j=lower_bound_j,
         lower_bound_power_w=lower_bound_w,
         gap_pct=gap_pct,
@@ -323,11 +355,11 @@ def plan_schedule(
 
 
 def _schedule(
-    models: ModelBundle,
-    inputs: PlanInputs,
-    starts: np.ndarray,
-    stage_clock: np.ndarray,
+    names: np.ndarray,
     op_tables: _OpTables,
+    stage_starts: np.ndarray,
+    stage_clock: np.ndarray,
+    inputs: PlanInputs,
     *,
     predictive: bool,
     switch_latency_ms: float,
@@ -338,123 +370,239 @@ def _schedule(
 ) -> Schedule:
     """Build the Schedule of a plan (a clock per stage) with its switch leads and predictions.
 
-    Leads are measured in the planned run's own op times (ops before a switch run at their own
-    clock); energies are the ops' at the planned and at the top clock.
+    Neighbouring stages at one clock become one schedule stage. Leads are measured in the
+    planned run's own op times (ops before a switch run at their own clock); energies are the
+    ops' at the planned and at the top clock, on the values planned on and, where the profile
+    measured them, on its measurements.
     """
     freqs, time_us, chip_j, core_j = op_tables
     ops = np.arange(len(time_us))
-    per_op = np.repeat(stage_clock, np.diff(np.r_[starts, len(time_us)]))
+    per_op = np.repeat(stage_clock, np.diff(np.r_[stage_starts, len(time_us)]))
+    starts = np.flatnonzero(np.r_[True, per_op[1:] != per_op[:-1]])
     planned_us = time_us[ops, per_op] + inputs.idle_before_us
     lead, delay = _lead_ops(starts, planned_us, switch_latency_ms * 1e3)
     if not predictive:
         lead, delay = np.zeros_like(lead), np.zeros_like(delay)
     top = len(freqs) - 1
-    names = models.perf.names_.tolist()
     return Schedule.from_stage_freqs(
         starts,
-        freqs[stage_clock],
+        freqs[per_op[starts]],
         n_ops=len(names),
         lead_ops=lead,
         delay_us=delay,
         switch_latency_ms=switch_latency_ms,
         device=inputs.device,
         workload=inputs.workload,
-        op_signature=op_signature(names),
+        op_signature=op_signature(names.tolist()),
         baseline_time_s=baseline_time_s,
         predicted_time_s=predicted_time_s,
         baseline_energy_j=float(chip_j[:, top].sum()),
         predicted_energy_j=float(chip_j[ops, per_op].sum()),
-        baseline_core_energy_j=float(core_j[:, top].sum()),
-        predicted_core_energy_j=float(core_j[ops, per_op].sum()),
+        baseline_core_energy_j=_finite_sum(core_j[:, top]),
+        predicted_core_energy_j=_finite_sum(core_j[ops, per_op]),
+        **_on_measurements(inputs, freqs, per_op),
         plan_seconds=_time.perf_counter() - started,
         **fields,
     )
 
 
-def _op_tables(models: ModelBundle, inputs: PlanInputs) -> _OpTables:
-    """Clocks (ascending) and per-op predicted time (us), chip and core energy (J) at each."""
-    if models.power is None:
+def _finite_sum(values: np.ndarray) -> float | None:
+    """Sum of ``values``, or None when any is unknown (NaN: neither measured nor modelled)."""
+    return float(values.sum()) if np.isfinite(values).all() else None
+
+
+def _on_measurements(inputs: PlanInputs, freqs: np.ndarray, per_op: np.ndarray) -> dict:
+    """Return the plan's and the top clock's time and energy on the profile's measurements.
+
+    Only where the profile measured every op at its planned clock and at the top clock (the
+    ``measured_*`` fields of :class:`Schedule`); idle time counts as in the prediction.
+    """
+    if inputs.measured is None:
+        return {}
+    time_us, chip_j, core_j = inputs.measured.at(freqs)
+    ops, top = np.arange(len(per_op)), np.full(len(per_op), len(freqs) - 1)
+    idle_s = float(inputs.idle_before_us.sum() * 1e-6)
+    fields = {}
+    for name, table, unit, extra in (
+        ("time_s", time_us, 1e-6, idle_s),
+        ("energy_j", chip_j, 1.0, 0.0),
+        ("core_energy_j", core_j, 1.0, 0.0),
+    ):
+        base, plan = _finite_sum(table[ops, top]), _finite_sum(table[ops, per_op])
+        if base is not None and plan is not None:
+            fields[f"measured_baseline_{name}"] = base * unit + extra
+            fields[f"measured_{name}"] = plan * unit + extra
+    return fields
+
+
+def _op_tables(
+    models: ModelBundle | None, inputs: PlanInputs, values: Values = "auto"
+) -> tuple[np.ndarray, _OpTables]:
+    """Op names, and clocks (ascending) with per-op time (us), chip and core energy (J) at each.
+
+    Measurements first (:mod:`opdvfs.plan.measured`): with ``auto`` the measured medians where
+    the profile has them and the models, corrected through them, elsewhere (no model is needed
+    when every op was measured at every clock); ``measured`` only the measurements; ``model``
+    only the models. Core energy is NaN where nothing gives it.
+    """
+    measured = None if values == "model" else inputs.measured
+    if values == "measured" and measured is None:
         raise ValidationError(
-            "the models hold no power model: profile with power to plan energy", field="power"
+            "values 'measured' plans on a profile's measurements, and these inputs have none "
+            "(they come from a workload or a MODELS file)",
+            field="values",
         )
-    n_ops = len(models.perf.names_)
+    n_ops = len(models.perf.names_) if models is not None else None
+    if n_ops is None and measured is not None:
+        n_ops = len(measured.op_ids)
+    if n_ops is None:
+        raise ValidationError("no models and no measurements to plan on", field="models")
     if len(inputs.streams) != n_ops:
         raise ValidationError(
             f"the plan inputs (workload {inputs.workload!r}) have {len(inputs.streams)} ops but "
-            f"the models {n_ops}",
+            f"the {'models' if models is not None else 'measurements'} {n_ops}",
             field="streams",
         )
     freqs = np.sort(np.asarray(inputs.freqs_mhz, dtype=float))
-    time_us = models.perf.predict(freqs)
-    power = models.power.predict(freqs, time_us=time_us)
-    return freqs, time_us, power["chip_w"] * time_us * 1e-6, power["core_w"] * time_us * 1e-6
+    names = models.perf.names_ if models is not None else None
+    if measured is not None:
+        if len(measured.op_ids) != n_ops:
+            raise ValidationError(
+                f"the profile measured {len(measured.op_ids)} ops but the models hold {n_ops}",
+                field="op",
+            )
+        names = measured.names if names is None else names
+        time_m, chip_m, core_m = measured.at(freqs)
+        complete = np.isfinite(time_m).all() and np.isfinite(chip_m).all()
+        no_power = models is None or models.power is None
+        if values == "measured" or (complete and (no_power or np.isfinite(core_m).all())):
+            for table, what in ((time_m, "time"), (chip_m, "energy")):
+                gap = missing_measurement(measured, table, freqs, what)
+                if gap is not None:
+                    raise gap
+            return names, (freqs, time_m, chip_m, core_m)
+        if no_power:
+            gap = missing_measurement(measured, time_m, freqs, "time")
+            gap = gap or missing_measurement(measured, chip_m, freqs, "energy")
+            if gap is not None and models is None:
+                raise gap
+    if models is None or models.power is None:
+        raise ValidationError(
+            "the models hold no power model: profile with power to plan energy", field="power"
+        )
+    assert names is not None
+    grid = freqs if measured is None else np.union1d(freqs, measured.freqs_mhz)
+    time_us = models.perf.predict(grid)
+    power = models.power.predict(grid, time_us=time_us)
+    chip_j, core_j = power["chip_w"] * time_us * 1e-6, power["core_w"] * time_us * 1e-6
+    if measured is not None:
+        time_g, chip_g, core_g = measured.at(grid)
+        time_us = correct_to_measurements(grid, time_us, time_g)
+        chip_j = correct_to_measurements(grid, chip_j, chip_g)
+        core_j = correct_to_measurements(grid, core_j, core_g)
+        cols = np.searchsorted(grid, freqs)
+        time_us, chip_j, core_j = time_us[:, cols], chip_j[:, cols], core_j[:, cols]
+    return names, (freqs, time_us, chip_j, core_j)
 
 
 def stage_problem(
-    models: ModelBundle,
+    models: ModelBundle | None,
     inputs: PlanInputs,
     *,
     objective: Objective = "energy",
     interval_ms: float = 5.0,
+    values: Values = "auto",
 ) -> StageProblem:
     """Build the planning problem: per-op tables, classes, stages and the stage tables.
 
-    This is the planner's preprocessing (paper §6.3): predict every op at every clock, classify
-    the ops (by ``inputs.classes`` or the fitted sensitivity), merge them into stages of at
-    least ``interval_ms``, and sum the tables per stage. A solver from :mod:`opdvfs.plan.dp`
-    then picks a clock per stage.
+    This is the planner's preprocessing (paper §6.3): take every op's time and energy at every
+    clock (measurements first, the models filling in; ``values``), classify the ops (by
+    ``inputs.classes`` or the sensitivity of their time to the clock), merge them into stages
+    of at least ``interval_ms``, and sum the tables per stage. The classes only decide which
+    neighbours merge; ``interval_ms=0`` keeps one stage per operator. A solver from
+    :mod:`opdvfs.plan.dp` then picks a clock per stage.
 
     Parameters
     ----------
     models
-        Fitted time and power models of the ops (a power model is required).
+        Fitted time and power models of the ops (a power model is required), or None when
+        ``inputs`` measured every op at every clock.
     inputs
         The device's clocks and the op sequence.
     objective
         Selects the stage tables' energy rail: core energy for ``core-energy``, chip energy
         otherwise.
     interval_ms
-        Frequency-adjustment interval (ms): the shortest stage the segmentation keeps.
+        Frequency-adjustment interval (ms): the shortest stage the segmentation keeps; 0 plans
+        one stage per operator.
+    values
+        ``auto``, ``measured`` or ``model``: see :func:`plan_schedule`.
 
     Raises
     ------
     ValidationError
-        If the models hold no power model, or the inputs and the models count different ops.
+        If nothing gives an op's time or energy at a clock (no power model, or an unmeasured
+        cell with ``values="measured"``), the core rail is unknown for ``core-energy``, or the
+        inputs and the models count different ops.
     """
-    freqs, time_us, chip_j, core_j = _op_tables(models, inputs)
+    names, (freqs, time_us, chip_j, core_j) = _op_tables(models, inputs, values)
+    if objective == "core-energy" and not np.isfinite(core_j).all():
+        gap = None
+        if inputs.measured is not None:
+            gap = missing_measurement(inputs.measured, core_j, freqs, "core energy")
+        raise gap or ValidationError(
+            "core energy is neither measured (core_power_w) nor modelled", field="core_power_w"
+        )
     top = len(freqs) - 1
     if inputs.classes is not None:
         classes = inputs.classes
     else:
         sens = sensitivity(time_us[:, 0], time_us[:, top], freqs[0], freqs[top])
         classes = classify_by_sensitivity(sens, inputs.streams)
-    starts, stage_class = segment(
-        classes, time_us[:, top] + inputs.idle_before_us, interval_us=interval_ms * 1e3
-    )
+    if interval_ms > 0:
+        starts, stage_class = segment(
+            classes, time_us[:, top] + inputs.idle_before_us, interval_us=interval_ms * 1e3
+        )
+    else:
+        starts, stage_class = np.arange(len(time_us)), np.asarray(classes)
     tables = stage_tables(time_us, core_j if objective == "core-energy" else chip_j, starts)
-    return StageProblem(freqs, time_us, chip_j, core_j, starts, stage_class, tables)
+    return StageProblem(freqs, time_us, chip_j, core_j, starts, stage_class, tables, names)
 
 
 def plan_frontier(
-    models: ModelBundle,
+    models: ModelBundle | None,
     inputs: PlanInputs,
     *,
     objective: Objective = "energy",
     interval_ms: float = 5.0,
+    values: Values = "auto",
+    max_cells: int = 4000,
 ) -> pd.DataFrame:
-    """Return the whole time-energy frontier of per-stage plans, one row per reachable plan.
+    """Return the time-energy frontier of per-stage plans, one row per Pareto-optimal plan.
+
+    For a problem of at most ``max_cells`` stage-clock cells it is the exact frontier
+    (:func:`~opdvfs.plan.dp.exact_frontier`): every plan that no other plan beats in both
+    time and energy, so for any budget the least energy within it is the slowest row that
+    fits. Beyond that (or if the staircase grows too large) it is the lower convex hull a
+    sweep of the multiplier reaches; every hull row is still optimal for its own time.
 
     Parameters
     ----------
     models
-        Fitted time and power models of the ops (a power model is required).
+        Fitted time and power models of the ops (a power model is required), or None when
+        ``inputs`` measured every op at every clock.
     inputs
         The device's clocks and the op sequence.
     objective
         The energy rail of the frontier: core energy for ``core-energy``, chip energy
         otherwise.
     interval_ms
-        Frequency-adjustment interval (ms): the shortest stage the segmentation keeps.
+        Frequency-adjustment interval (ms): the shortest stage the segmentation keeps; 0 plans
+        one stage per operator.
+    values
+        ``auto``, ``measured`` or ``model``: see :func:`plan_schedule`.
+    max_cells
+        Largest stages x clocks for which the exact staircase is computed.
 
     Returns
     -------
@@ -462,14 +610,24 @@ def plan_frontier(
         ``slowdown_pct`` and ``saving_pct`` against the all-top-clock plan (percent),
         ``time_s`` (operator time plus idle time) and ``energy_j`` (operators only, on the
         objective's rail) per iteration, and ``lambda`` (W), the price of time that selects
-        the plan; ascending in time.
+        the plan (NaN for a staircase row off the convex hull); ascending in time.
     """
-    problem = stage_problem(models, inputs, objective=objective, interval_ms=interval_ms)
+    problem = stage_problem(
+        models, inputs, objective=objective, interval_ms=interval_ms, values=values
+    )
     idle_s = float(inputs.idle_before_us.sum() * 1e-6)
     top = len(problem.freqs_mhz) - 1
     base_time_s = float(problem.tables.time_s[:, top].sum()) + idle_s
     base_energy_j = float(problem.tables.energy_j[:, top].sum())
     points = frontier(problem.tables)
+    n_stages, n_clocks = problem.tables.shape
+    staircase = exact_frontier(problem.tables) if n_stages * n_clocks <= max_cells else None
+    if staircase is not None:
+        rows = staircase[1]
+        # the multiplier of a staircase row that is also a hull vertex
+        hull = {(round(t, 15), round(e, 12)): lam for t, e, lam in points}
+        lams = [hull.get((round(t, 15), round(e, 12)), np.nan) for t, e in rows]
+        points = np.column_stack([rows, lams])
     time_s = points[:, 0] + idle_s
     return pd.DataFrame(
         {
@@ -506,13 +664,14 @@ def _lead_ops(
 
 
 def plan_grouped(
-    models: ModelBundle,
+    models: ModelBundle | None,
     inputs: PlanInputs,
     groups: np.ndarray | None,
     *,
     target: float,
     objective: Objective = "energy",
     switch_latency_ms: float = 1.0,
+    values: Values = "auto",
 ) -> Schedule:
     """Best plan that runs every op of a group at one clock: the coarse baselines.
 
@@ -523,7 +682,8 @@ def plan_grouped(
     Parameters
     ----------
     models
-        Fitted time and power models of the ops (a power model is required).
+        Fitted time and power models of the ops (a power model is required), or None when
+        ``inputs`` measured every op at every clock.
     inputs
         The device's clocks and the op sequence.
     groups
@@ -536,6 +696,8 @@ def plan_grouped(
         The energy rail minimised: core energy for ``core-energy``, chip energy otherwise.
     switch_latency_ms
         Time from issuing a clock switch to its taking effect (ms).
+    values
+        ``auto``, ``measured`` or ``model``: see :func:`plan_schedule`.
 
     Returns
     -------
@@ -549,7 +711,7 @@ def plan_grouped(
         models count different ops.
     """
     started = _time.perf_counter()
-    op_tables = _op_tables(models, inputs)
+    names, op_tables = _op_tables(models, inputs, values)
     _, time_us, chip_j, core_j = op_tables
     energy = core_j if objective == "core-energy" else chip_j
     n_ops, n_clocks = time_us.shape
@@ -580,11 +742,11 @@ def plan_grouped(
     per_op = combos[best][member]
     starts = np.flatnonzero(np.r_[True, per_op[1:] != per_op[:-1]])
     return _schedule(
-        models,
-        inputs,
+        names,
+        op_tables,
         starts,
         per_op[starts],
-        op_tables,
+        inputs,
         predictive=True,
         switch_latency_ms=switch_latency_ms,
         baseline_time_s=baseline_s,
@@ -593,4 +755,5 @@ def plan_grouped(
         target=target,
         objective=objective,
         solver="static" if groups is None else "per-group",
+        values=values,
     )

@@ -1,0 +1,179 @@
+"""Measurements first: the planner's per-op tables from what the profile measured (DESIGN §4).
+
+At a 2-10% budget the decisions live in the top few clock steps, where a 1% model bias flips
+them (issue 15: on a real A100 the fitted models said 1380 MHz costs 1.5% time and saves 3.2%
+energy; measured, it costs 0.23% and adds 0.16%). So wherever the profile measured an operator
+at a clock, the planner takes that measurement (the median over iterations), and the models
+fill only the clocks that were not measured. Where they fill, the fitted curve is corrected to
+pass through the measured points: the log-ratio ``ln(measured / predicted)`` of each op is
+interpolated linearly in the clock between its measured clocks and held at the nearest one
+beyond them (so a plan never trades a measured fact for a model value).
+
+:data:`~opdvfs.schedule.Values` selects the source: ``auto`` (measured where present, the
+corrected models elsewhere), ``measured`` (every op at every planned clock must be measured:
+a gap is an error naming the op and the clock) or ``model`` (the models alone, as before).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from opdvfs.exceptions import ValidationError
+from opdvfs.profile import Profile
+
+__all__ = ["MeasuredTables", "correct_to_measurements", "missing_measurement"]
+
+#: Relative tolerance when matching a planned clock to a profiled one.
+_CLOCK_RTOL = 1e-9
+
+
+@dataclass(frozen=True)
+class MeasuredTables:
+    """Median time and energy of every op at every profiled clock; NaN where not measured.
+
+    Attributes
+    ----------
+    op_ids
+        Operator positions, ascending, shape (n_ops,).
+    names
+        Operator names, shape (n_ops,).
+    freqs_mhz
+        The profile's clocks, ascending (MHz), shape (n_clocks,).
+    time_us
+        Median time over iterations (us), shape (n_ops, n_clocks).
+    chip_energy_j, core_energy_j
+        Median over iterations of each row's ``time x power`` (J), shape (n_ops, n_clocks); NaN
+        where the row has no power of that rail (e.g. a NaN in the source's energy column).
+    """
+
+    op_ids: np.ndarray
+    names: np.ndarray
+    freqs_mhz: np.ndarray
+    time_us: np.ndarray
+    chip_energy_j: np.ndarray
+    core_energy_j: np.ndarray
+
+    @classmethod
+    def from_profile(cls, profile: Profile) -> MeasuredTables:
+        """Return the profile's medians over iterations, one (op, clock) cell each."""
+        rows = profile.ops
+        frame = pd.DataFrame(
+            {
+                "op": rows["op"],
+                "freq_mhz": rows["freq_mhz"],
+                "time_us": rows["time_us"],
+                "chip_j": _energy(rows, "chip_power_w"),
+                "core_j": _energy(rows, "core_power_w"),
+            }
+        )
+        # median skips NaN: an energy is the median of the iterations that measured it
+        medians = frame.groupby(["op", "freq_mhz"]).median()
+        op_ids = np.unique(rows["op"].to_numpy())
+        freqs = np.unique(rows["freq_mhz"].to_numpy(dtype=float))
+        full = pd.MultiIndex.from_product([op_ids, freqs], names=["op", "freq_mhz"])
+        table = medians.reindex(full)
+        shape = (len(op_ids), len(freqs))
+        names = rows.drop_duplicates("op").set_index("op")["name"]
+        return cls(
+            op_ids,
+            names.loc[op_ids].to_numpy(),
+            freqs,
+            table["time_us"].to_numpy(dtype=float).reshape(shape),
+            table["chip_j"].to_numpy(dtype=float).reshape(shape),
+            table["core_j"].to_numpy(dtype=float).reshape(shape),
+        )
+
+    def columns(self, freqs_mhz: np.ndarray) -> np.ndarray:
+        """Column of each clock of ``freqs_mhz`` in these tables, -1 where it was not profiled."""
+        freqs = np.asarray(freqs_mhz, dtype=float)
+        pos = np.clip(np.searchsorted(self.freqs_mhz, freqs), 0, len(self.freqs_mhz) - 1)
+        near = np.isclose(self.freqs_mhz[pos], freqs, rtol=_CLOCK_RTOL, atol=0.0)
+        return np.where(near, pos, -1)
+
+    def at(self, freqs_mhz: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Time (us), chip and core energy (J) at ``freqs_mhz``; NaN where not measured."""
+        cols = self.columns(freqs_mhz)
+        found = cols >= 0
+
+        def pick(table: np.ndarray) -> np.ndarray:
+            return np.where(found[None, :], table[:, np.maximum(cols, 0)], np.nan)
+
+        return pick(self.time_us), pick(self.chip_energy_j), pick(self.core_energy_j)
+
+
+def _energy(rows: pd.DataFrame, power_column: str) -> pd.Series:
+    """Energy of each row (J) from its time and a power column; NaN where there is no power."""
+    if power_column not in rows:
+        return pd.Series(np.nan, index=rows.index)
+    return rows["time_us"] * rows[power_column] * 1e-6
+
+
+def missing_measurement(
+    measured: MeasuredTables, table: np.ndarray, freqs_mhz: np.ndarray, what: str
+) -> ValidationError | None:
+    """Return the error for the first unmeasured (op, clock) cell of ``table``, or None.
+
+    ``table`` is one rail at ``freqs_mhz`` (from :meth:`MeasuredTables.at`); the message names
+    the operator (position and name), the clock and the quantity.
+    """
+    gaps = ~np.isfinite(table)
+    if not gaps.any():
+        return None
+    row, col = np.unravel_index(int(np.argmax(gaps)), gaps.shape)
+    more = int(gaps.sum()) - 1
+    return ValidationError(
+        f"op {int(measured.op_ids[row])} ({measured.names[row]}) has no measured {what} at "
+        f"{float(freqs_mhz[col]):g} MHz"
+        + (f" (and {more} more op-clock cells)" if more else "")
+        + ": profile every op at every planned clock, or plan with --values auto to let the "
+        "models fill the gaps",
+        field=what,
+    )
+
+
+def correct_to_measurements(
+    freqs_mhz: np.ndarray, predicted: np.ndarray, measured: np.ndarray
+) -> np.ndarray:
+    """Measured values where present; elsewhere the prediction, corrected through them.
+
+    Per op, the log-ratio ``r = ln(measured / predicted)`` at its measured clocks is
+    interpolated linearly in the clock between them and held constant beyond them; an
+    unmeasured cell becomes ``predicted * exp(r)``. An op with no usable measurement keeps the
+    prediction. Vectorised over ops and clocks (forward/backward fill of the nearest measured
+    column on each side).
+
+    Parameters
+    ----------
+    freqs_mhz
+        Clocks of the columns, ascending (MHz), shape (n_clocks,).
+    predicted
+        The models' values, shape (n_ops, n_clocks).
+    measured
+        The measurements, NaN where not measured, same shape.
+
+    Returns
+    -------
+    ndarray, shape (n_ops, n_clocks)
+    """
+    f = np.asarray(freqs_mhz, dtype=float)
+    known = np.isfinite(measured)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.log(measured / predicted)
+    usable = known & np.isfinite(ratio)
+    n_clocks = len(f)
+    cols = np.arange(n_clocks)
+    left = np.maximum.accumulate(np.where(usable, cols, -1), axis=1)
+    right = np.minimum.accumulate(np.where(usable, cols, n_clocks)[:, ::-1], axis=1)[:, ::-1]
+    has_left, has_right = left >= 0, right < n_clocks
+    left_c, right_c = np.clip(left, 0, n_clocks - 1), np.clip(right, 0, n_clocks - 1)
+    r_left = np.take_along_axis(np.where(usable, ratio, 0.0), left_c, axis=1)
+    r_right = np.take_along_axis(np.where(usable, ratio, 0.0), right_c, axis=1)
+    f_left, f_right = f[left_c], f[right_c]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(f_right > f_left, (f[None, :] - f_left) / (f_right - f_left), 0.0)
+    share = np.where(has_left & has_right, share, np.where(has_left, 0.0, 1.0))
+    correction = np.where(has_left | has_right, (1.0 - share) * r_left + share * r_right, 0.0)
+    return np.where(known, measured, predicted * np.exp(correction))
