@@ -475,7 +475,7 @@ def test_entry_point(args: list[str], inputs: Path, out: Path) -> None:
     """``python -m opdvfs`` (what the console script runs) keeps the contract too."""
     argv = [a.format(**{"in": inputs, "out": out}) for a in args]
     before = snapshot(inputs, out)
-    env = {**os.environ, "COLUMNS": "80", "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "COLUMNS": "80"}
     proc = subprocess.run(
         [sys.executable, "-m", "opdvfs", *argv],
         capture_output=True,

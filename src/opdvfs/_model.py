@@ -19,11 +19,20 @@ __all__ = ["FrozenModel", "describe_validation_error"]
 
 
 def describe_validation_error(exc: pydantic.ValidationError) -> str:
-    """Return the first error of a pydantic ValidationError as one line: ``field.path: why``."""
+    """Return the first error of a pydantic ValidationError as one line.
+
+    The line reads ``field 'stages.0.freq_mhz': Input should be greater than 0, got -1``: the
+    field's path, pydantic's reason, and the value found when it is a short scalar. Never
+    pydantic's own multi-line text (which also names its documentation URL).
+    """
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    given = err.get("input")
+    got = ""
+    if isinstance(given, bool | int | float | str) and len(repr(given)) <= 40:
+        got = f", got {json.dumps(given)}"
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"field {where!r}: {err['msg']}{more}"
+    return f"field {where!r}: {err['msg']}{got}{more}"
 
 
 class FrozenModel(pydantic.BaseModel):

@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import numpy as np
+import pydantic
 import typer
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
 from opdvfs import __version__
+from opdvfs._model import describe_validation_error
 from opdvfs.exceptions import OpdvfsError
 from opdvfs.io import FORMATS, read_profile
 from opdvfs.profile import Profile
@@ -143,7 +145,12 @@ app = typer.Typer(
 
 
 def reports_errors(func: Callable[P, R]) -> Callable[P, R]:
-    """Turn opdvfs errors into one stderr line and exit status 2."""
+    """Turn opdvfs errors into one stderr line and exit status 2.
+
+    A pydantic ``ValidationError`` that escapes a data object built from the command's input
+    (rather than read from a file, which names the file itself) is reported the same way, as
+    the object and the first offending field, instead of pydantic's multi-line dump.
+    """
 
     @functools.wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -151,6 +158,8 @@ def reports_errors(func: Callable[P, R]) -> Callable[P, R]:
             return func(*args, **kwargs)
         except OpdvfsError as exc:
             raise fail(str(exc)) from None
+        except pydantic.ValidationError as exc:
+            raise fail(f"{exc.title}: {describe_validation_error(exc)}") from None
 
     return wrapper
 

@@ -21,9 +21,12 @@ __all__ = ["plot_error_cdf", "plot_paper_comparison", "plot_savings", "plot_time
 
 
 def _save(fig: plt.Figure, path: str | os.PathLike[str]) -> None:
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
+    # close the figure even when the path is refused, or pyplot keeps it for the process's life
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
 
 
 def plot_timeline(
