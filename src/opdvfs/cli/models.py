@@ -93,16 +93,19 @@ def fit(
     perf = PerfModel(form=form).fit(profile, train)
     voltage, calibration = _characterised(characterise)
     power = None
+    # the profile's device, when a preset: its V-f curve, and plan MODELS needs no --device
+    spec = preset_spec(profile.meta.get("device"))
     has_power = {"core_power_w", "chip_power_w"} & set(profile.ops.columns)
     if has_power or profile.samples is not None:
-        spec = preset_spec(profile.meta.get("device"))
         try:
             power = PowerModel(voltage=voltage, dynamic=_dynamic(dynamic)).fit(
                 profile, train, device=spec, calibration=calibration
             )
         except ValidationError as exc:
+            if exc.field == "iterations":  # samples too few: re-profiling fixes it, say so
+                raise
             stderr.print(f"opdvfs: note: no power model ({exc.detail})", highlight=False)
-    ModelBundle(perf, power).write(out)
+    ModelBundle(perf, power, device=spec).write(out)
     payload = {
         "out": str(out),
         "form": perf.form_,

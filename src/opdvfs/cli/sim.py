@@ -23,9 +23,12 @@ from opdvfs.cli._app import (
     stdout,
     write_profile,
 )
+from opdvfs.models.attribution import SENSOR_WINDOWS, sensor_iterations
 from opdvfs.schedule import Schedule
 from opdvfs.sim.presets import PRESETS
+from opdvfs.sim.twin import SimulatedDevice
 from opdvfs.workloads.library import BUILDERS, load_workload
+from opdvfs.workloads.workload import Workload
 
 WorkloadOption = Annotated[
     str,
@@ -42,7 +45,16 @@ def profile(
         str, typer.Option("--freqs", help="Clocks to profile: MHz and/or min, mid, max.")
     ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Profile to write (Parquet).")],
-    iterations: Annotated[int, typer.Option("--iterations", "-n", min=1)] = 1,
+    iterations: Annotated[
+        int | None,
+        typer.Option(
+            "--iterations",
+            "-n",
+            min=1,
+            help="Iterations per clock (default: enough for the device's power sensor to give "
+            f"{SENSOR_WINDOWS} complete windows per clock).",
+        ),
+    ] = None,
     seed: SeedOption = 0,
     as_json: JsonOption = False,
 ) -> None:
@@ -50,6 +62,8 @@ def profile(
     sim = simulator(device, seed)
     work = load_workload(workload)
     clocks = parse_clocks(freqs, sim.spec.freqs_mhz)
+    if iterations is None:
+        iterations = _sensor_iterations(sim, work, max(clocks))
     with Progress(console=stderr, transient=True, disable=not stderr.is_terminal) as progress:
         task = progress.add_task(f"profiling {work.name} on {device}", total=len(clocks))
         result = sim.profile(
@@ -64,6 +78,24 @@ def profile(
             f"iteration(s) on {device} (simulated)"
         ),
     )
+
+
+def _sensor_iterations(sim: SimulatedDevice, work: Workload, top_mhz: float) -> int:
+    """Return the iterations per clock the device's power sensor needs; say how many and why.
+
+    One iteration at the fastest clock asked for (the shortest run) times the workload.
+    """
+    iteration_s = sim.run(work, freq_mhz=top_mhz, iterations=1)[0].iteration_time_s
+    sensor = sim.sensor_ms
+    n = sensor_iterations(iteration_s, **sensor)
+    stderr.print(
+        f"opdvfs: profiling {n} iteration(s) per clock: one takes {iteration_s * 1e3:.4g} ms "
+        f"at {top_mhz:g} MHz and the power sensor averages {sensor['window_ms']:g} ms windows "
+        f"every {sensor['period_ms']:g} ms; {n} give {SENSOR_WINDOWS} complete windows per "
+        "clock (--iterations to choose)",
+        highlight=False,
+    )
+    return n
 
 
 @app.command()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from opdvfs._model import FrozenModel
+from opdvfs.models.attribution import sensor_iterations
 from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel
@@ -66,7 +67,9 @@ def prepare(
     train_freqs_mhz
         Clocks to profile and fit at (MHz); each snaps to the device's nearest clock.
     iterations
-        Iterations of every measured run (the baseline and each trial).
+        Iterations of every measured run (the baseline and each trial); the profile takes as
+        many as the device's power sensor needs
+        (:func:`~opdvfs.models.attribution.sensor_iterations` of the baseline's iteration).
     seed
         Seed of the simulator's noise.
     """
@@ -77,11 +80,12 @@ def prepare(
     # the training clocks the device has (nearest supported ones for other presets)
     train = sorted({float(grid[np.argmin(np.abs(grid - f))]) for f in train_freqs_mhz})
     baseline, _ = sim.run(work, iterations=iterations, label="top clock")
-    # enough iterations per clock for a coarse (NVML-like) sensor to give >= 40 windows
-    window_s = max(spec.power_sample_period_ms, sim.params.power_window_ms) * 1e-3
-    repeats = int(np.clip(np.ceil(40 * window_s / baseline.iteration_time_s), 1, 200))
+    # enough iterations per clock for a coarse (NVML-like) sensor's windows, as `opdvfs profile`
+    repeats = sensor_iterations(baseline.iteration_time_s, **sim.sensor_ms)
     profile = sim.profile(work, train, iterations=repeats)
-    models = ModelBundle(PerfModel().fit(profile), PowerModel().fit(profile, device=spec))
+    models = ModelBundle(
+        PerfModel().fit(profile), PowerModel().fit(profile, device=spec), device=spec
+    )
     inputs = PlanInputs.from_workload(work, spec.freqs_mhz, device=spec.name)
     return Bench(device_name, sim, work, profile, models, inputs, baseline, iterations)
 

@@ -11,10 +11,14 @@ therefore ridge-regularised towards the mean power, with the strength chosen by 
 over contiguous blocks of windows.
 
 :func:`power_rows` gives the power models their per-op rows: the profile's measured power
-columns, or the class powers attributed from its sensor windows.
+columns, or the class powers attributed from its sensor windows. A run too short for its sensor
+(fewer than :data:`MIN_WINDOWS` complete windows at a clock) is refused with the number of
+iterations :func:`sensor_iterations` asks for; ``opdvfs profile`` profiles that many by default.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pandas as pd
@@ -23,7 +27,78 @@ from scipy.optimize import nnls
 from opdvfs.exceptions import ValidationError
 from opdvfs.profile import Profile
 
-__all__ = ["attribute_class_power", "class_time_in_windows", "power_rows", "ridge_nnls"]
+__all__ = [
+    "MIN_WINDOWS",
+    "SENSOR_WINDOWS",
+    "attribute_class_power",
+    "class_time_in_windows",
+    "power_rows",
+    "ridge_nnls",
+    "sensor_iterations",
+]
+
+#: Complete sensor windows per clock a profile aims for (``opdvfs profile``'s default iterations):
+#: the attribution's accuracy levels off around here on the simulated GPUs (``benchmarks/
+#: power_models.py``: bert on the a100-like, 39 windows 6.9% per-op error, 117 windows 7.2%).
+SENSOR_WINDOWS = 40
+#: Folds of the blocked cross-validation that picks the ridge strength.
+CV_FOLDS = 5
+#: Fewest complete windows per clock the attribution accepts: two per cross-validation fold.
+#: Below it the ridge strength cannot be chosen and, with no window at all, a class's power is
+#: NaN (the crash of issue #14).
+MIN_WINDOWS = 2 * CV_FOLDS
+
+
+def sensor_iterations(
+    iteration_s: float,
+    *,
+    period_ms: float,
+    window_ms: float,
+    windows: int = SENSOR_WINDOWS,
+) -> int:
+    """Return the iterations per clock for a profiled run to span ``windows`` sensor windows.
+
+    A sensor read every ``period_ms`` that averages the last ``window_ms`` gives its first
+    complete window ``window_ms`` into the run and one more every period, so ``windows`` of them
+    take ``window_ms + (windows - 1) period_ms``. ``opdvfs profile`` and
+    :func:`opdvfs.experiments.bench.prepare` profile this many iterations; :func:`power_rows`
+    names it when a profile is too short.
+
+    Parameters
+    ----------
+    iteration_s
+        Wall time of one iteration (s) at the fastest clock profiled (the shortest run).
+    period_ms, window_ms
+        The sensor's sampling period and averaging window (ms): NVML-like 100 ms / 100 ms-1 s,
+        Ascend-like 1 ms / 1 ms.
+    windows
+        Complete windows wanted per clock.
+
+    Returns
+    -------
+    int
+        At least 1.
+    """
+    if not (iteration_s > 0 and math.isfinite(iteration_s)):
+        raise ValidationError(
+            f"iteration time: expected a positive number of seconds, got {float(iteration_s)}",
+            field="iteration_s",
+        )
+    span_ms = window_ms + (windows - 1) * period_ms  # in ms, so 100 + 39 x 100 is exactly 4000
+    return max(1, math.ceil(span_ms * 1e-3 / iteration_s))
+
+
+def _complete(run: pd.DataFrame, samples: pd.DataFrame, column: str, window_s: float) -> np.ndarray:
+    """Mask of the samples with a reading whose window ``[t - window_s, t]`` lies inside ``run``.
+
+    ``run``: one clock's rows (``wall_s`` start, ``time_us``); a window reaching past the run
+    would mix in another clock's power or the idle time between runs.
+    """
+    start = run["wall_s"].to_numpy(dtype=float)
+    end = start + run["time_us"].to_numpy(dtype=float) * 1e-6
+    t_s = samples["t_s"].to_numpy(dtype=float)
+    finite = np.isfinite(samples[column].to_numpy(dtype=float))
+    return finite & (t_s - window_s >= start.min()) & (t_s <= end.max())
 
 
 def class_time_in_windows(
@@ -68,7 +143,7 @@ def _ridge_solve(design: np.ndarray, energy: np.ndarray, lam: float) -> np.ndarr
     return solution
 
 
-def ridge_nnls(design: np.ndarray, energy: np.ndarray, folds: int = 5) -> np.ndarray:
+def ridge_nnls(design: np.ndarray, energy: np.ndarray, folds: int = CV_FOLDS) -> np.ndarray:
     """Non-negative ridge fit of per-class power, strength chosen by blocked cross-validation."""
     if len(energy) < 2 * folds:
         return _ridge_solve(design, energy, RIDGE_GRID[len(RIDGE_GRID) // 2])
@@ -111,9 +186,7 @@ def attribute_class_power(
     for freq, part in rows.assign(_cls=cls).groupby("freq_mhz"):
         start = part["wall_s"].to_numpy(dtype=float)
         dur = part["time_us"].to_numpy(dtype=float) * 1e-6
-        t0, t1 = start.min(), (start + dur).max()
-        smp = samples[(samples["t_s"] - window_s >= t0) & (samples["t_s"] <= t1)]
-        smp = smp[np.isfinite(smp[column])]
+        smp = samples[_complete(part, samples, column, window_s)]
         busy = class_time_in_windows(
             start, dur, part["_cls"].to_numpy(), len(classes), smp["t_s"].to_numpy(), window_s
         )
@@ -154,7 +227,7 @@ def power_rows(profile: Profile, window_ms: float | None = None) -> pd.DataFrame
         With ``core_power_w`` and/or ``chip_power_w`` per op, or sensor samples and the ops'
         wall-clock start times (``wall_s``).
     window_ms
-        The samples' averaging window (ms); default from the profile's metadata
+        The samples' averaging window (ms, > 0); default from the profile's metadata
         (``meta["sensor"]["window_ms"]``).
 
     Returns
@@ -163,7 +236,19 @@ def power_rows(profile: Profile, window_ms: float | None = None) -> pd.DataFrame
         The rows with measured power (rows missing it dropped), or every row with
         ``chip_power_w`` set to its class's attributed power at its clock
         (:func:`attribute_class_power`).
+
+    Raises
+    ------
+    ValidationError
+        If ``window_ms`` is not a positive number, the profile has neither power columns nor
+        samples to attribute, or a clock's run spans fewer than :data:`MIN_WINDOWS` complete
+        windows (``field="iterations"``; the message names the iterations to profile).
     """
+    if window_ms is not None and not (math.isfinite(window_ms) and window_ms > 0):
+        raise ValidationError(
+            f"window_ms: expected a positive number of milliseconds, got {float(window_ms):g}",
+            field="window_ms",
+        )
     ops = profile.ops
     if "core_power_w" in ops or "chip_power_w" in ops:
         cols = [c for c in ("core_power_w", "chip_power_w") if c in ops]
@@ -175,12 +260,49 @@ def power_rows(profile: Profile, window_ms: float | None = None) -> pd.DataFrame
             "(wall_s) to attribute them from",
             field="chip_power_w",
         )
-    window = window_ms or profile.meta.get("sensor", {}).get("window_ms")
+    sensor = profile.meta.get("sensor", {})
+    window = window_ms or sensor.get("window_ms")
     if not window:
         raise ValidationError(
             "the sensor's averaging window is unknown: pass window_ms", field="window_ms"
         )
+    _check_long_enough(ops, samples, float(window), sensor.get("period_ms"))
     cls = attribute_class_power(ops, samples, window_s=float(window) / 1e3)
     table = cls.set_index(["freq_mhz", "type"])["power_w"]
     key = pd.MultiIndex.from_arrays([ops["freq_mhz"], ops["type"].astype(str)])
     return ops.assign(chip_power_w=table.reindex(key).to_numpy())
+
+
+def _check_long_enough(
+    ops: pd.DataFrame, samples: pd.DataFrame, window_ms: float, period_ms: float | None
+) -> None:
+    """Refuse a profile whose run at some clock spans fewer than :data:`MIN_WINDOWS` windows.
+
+    The message names the iterations :func:`sensor_iterations` asks for at the fastest clock
+    (its iterations are the shortest), so one re-profile fixes every clock.
+    """
+    t_s = np.sort(samples["t_s"].to_numpy(dtype=float))
+    if period_ms is None:  # imported samples: the sensor's period is their spacing
+        gaps = np.diff(t_s)
+        period_ms = float(np.median(gaps)) * 1e3 if gaps.size else window_ms
+    short, needed = [], 1
+    for _, part in ops.groupby("freq_mhz"):
+        found = int(_complete(part, samples, "power_w", window_ms / 1e3).sum())
+        end_s = part["wall_s"] + part["time_us"] * 1e-6
+        iterations = part["iteration"].nunique()
+        iteration_s = float(end_s.max() - part["wall_s"].min()) / iterations
+        needed = max(
+            needed, sensor_iterations(iteration_s, period_ms=period_ms, window_ms=window_ms)
+        )
+        if found < MIN_WINDOWS:
+            short.append((float(part["freq_mhz"].iloc[0]), found, iterations, iteration_s))
+    if short:
+        freq, found, iterations, iteration_s = short[0]
+        raise ValidationError(
+            f"profile too short for its power sensor: at {freq:g} MHz its {iterations} "
+            f"iteration(s) of {iteration_s * 1e3:.3g} ms span {found} complete {window_ms:g} ms "
+            f"window(s), fewer than the {MIN_WINDOWS} that attributing power to operators "
+            f"needs; profile at least {needed} iterations per clock ({SENSOR_WINDOWS} windows; "
+            "`opdvfs profile` picks this many when --iterations is not given)",
+            field="iterations",
+        )

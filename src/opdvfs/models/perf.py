@@ -32,7 +32,7 @@ import numpy as np
 
 from opdvfs._files import JsonFile
 from opdvfs.exceptions import InputFormatError, ValidationError
-from opdvfs.models._estimator import check_is_fitted
+from opdvfs.models._estimator import check_finite, check_is_fitted, training_clocks
 from opdvfs.models._lsq import constrained_wls, nonneg_wls2
 from opdvfs.profile import Profile
 
@@ -43,6 +43,7 @@ __all__ = [
     "VIOLATION_FASTER_THAN_1_OVER_F",
     "PerfModel",
     "check_physics",
+    "check_times",
     "default_form",
     "fit_times",
     "predict_times",
@@ -238,6 +239,41 @@ def check_physics(f_mhz: np.ndarray, t_us: np.ndarray, tol: float = PHYSICS_TOL)
     return flags
 
 
+def check_times(
+    op_ids: np.ndarray, names: np.ndarray, train_mhz: np.ndarray, t_us: np.ndarray
+) -> None:
+    """Refuse training times a time-vs-clock model cannot be fitted on, naming the first.
+
+    Every operator needs a positive time at every training clock: a missing one leaves a 2-clock
+    form one point (its fit is NaN), and a zero time has no relative error (weights are
+    ``1 / T^2``), so an all-zero profile made the solve singular.
+
+    Parameters
+    ----------
+    op_ids, names
+        Operator positions and names, shape (n_ops,).
+    train_mhz
+        Training clocks, shape (k,).
+    t_us
+        Median times at the training clocks, shape (n_ops, k); NaN where not measured.
+
+    Raises
+    ------
+    ValidationError
+        Naming the operator, the clock and what was expected.
+    """
+    for bad, what in ((np.isnan(t_us), "has no time"), (~(t_us > 0), "has a time <= 0 us")):
+        if bad.any():
+            i, j = np.argwhere(bad)[0]
+            count = int(bad.any(axis=1).sum())
+            raise ValidationError(
+                f"operator {int(op_ids[i])} ({names[i]}) {what} at {train_mhz[j]:g} MHz "
+                f"({count} operator(s) like it); every operator needs a positive time at every "
+                "training clock",
+                field="time_us",
+            )
+
+
 def _json_floats(values: np.ndarray) -> list[Any]:
     """Nested lists of floats with None for NaN (JSON has no NaN)."""
     out = values.astype(object)
@@ -281,16 +317,16 @@ class PerfModel(JsonFile):
         """Fit every operator on ``train_freqs_mhz`` (default: every clock of the profile).
 
         Times are the median over iterations. The input profile is not modified.
+
+        Raises
+        ------
+        ValidationError
+            If a training clock repeats or is not in the profile, an operator has no time at a
+            training clock or a time that is not positive (:func:`check_times`), or the fit
+            produced a non-finite coefficient.
         """
         op_ids, freqs, times = profile.time_matrix_us()
-        train = freqs if train_freqs_mhz is None else np.sort(np.asarray(train_freqs_mhz, float))
-        missing = [f for f in train if not np.isclose(freqs, f).any()]
-        if missing:
-            raise ValidationError(
-                f"training clock {missing[0]:g} MHz is not in the profile (clocks: "
-                f"{', '.join(f'{f:g}' for f in freqs)})",
-                field="train_freqs_mhz",
-            )
+        train = training_clocks(train_freqs_mhz, freqs, "is not in the profile")
         cols = [int(np.flatnonzero(np.isclose(freqs, f))[0]) for f in train]
         form = default_form(len(train)) if self.form == "auto" else self.form
         if form not in FORMS:
@@ -304,18 +340,20 @@ class PerfModel(JsonFile):
                 f"{len(train)}",
                 field="train_freqs_mhz",
             )
+        names = profile.ops.drop_duplicates("op").set_index("op")["name"].loc[op_ids].to_numpy()
+        check_times(op_ids, names, train, times[:, cols])
         t_train = times[:, cols]
         f_ghz = train / 1e3
         self.form_ = form
         self.op_ids_ = op_ids
-        names = profile.ops.drop_duplicates("op").set_index("op")["name"]
-        self.names_ = names.loc[op_ids].to_numpy()
+        self.names_ = names
         self.train_freqs_mhz_ = train
         self.coef_ = fit_times(form, f_ghz, t_train)
         fitted = predict_times(form, self.coef_, f_ghz, f_ghz)
         with np.errstate(invalid="ignore", divide="ignore"):
             self.residual_ = np.sqrt(np.nanmean((fitted / t_train - 1.0) ** 2, axis=1))
         self.violation_ = check_physics(train, t_train)
+        check_finite(self, op_ids, coef_=self.coef_, residual_=self.residual_)
         return self
 
     def predict(

@@ -53,10 +53,11 @@ from opdvfs._files import JsonFile
 from opdvfs.calibration import PowerCalibration
 from opdvfs.devices.spec import DeviceSpec, VoltageCurve
 from opdvfs.exceptions import InputFormatError, ValidationError
-from opdvfs.models._estimator import check_is_fitted
+from opdvfs.models._estimator import check_finite, check_is_fitted, training_clocks
 from opdvfs.models._lsq import fit_fixed_effects, mean_by, per_op_static, stack_columns
 from opdvfs.models.attribution import power_rows
 from opdvfs.models.characterise import fit_voltage_curve
+from opdvfs.models.perf import check_times
 from opdvfs.models.thermal import fit_thermal, solve_temperature
 from opdvfs.profile import Profile
 
@@ -292,18 +293,31 @@ def _fit_throughput(
 def _training_rows(
     profile: Profile, train_freqs_mhz: Sequence[float] | None, window_ms: float | None
 ) -> tuple[pd.DataFrame, np.ndarray]:
-    """Return the power rows at the training clocks and the clocks (default: all with power)."""
+    """Return the power rows at the training clocks and the clocks (default: all with power).
+
+    Every operator must have a positive time (:func:`~opdvfs.models.perf.check_times`) and
+    power at every training clock: one missing leaves its per-op terms unidentified (two per-op
+    terms from one point), and the fit used to accept it silently.
+    """
     rows = power_rows(profile, window_ms)
-    clocks = np.unique(rows["freq_mhz"])
-    train = clocks if train_freqs_mhz is None else np.sort(np.asarray(train_freqs_mhz, float))
-    for f in train:
-        if not np.isclose(clocks, f).any():
-            raise ValidationError(
-                f"training clock {f:g} MHz has no power data in the profile (clocks: "
-                f"{', '.join(f'{c:g}' for c in clocks)})",
-                field="train_freqs_mhz",
-            )
-    return rows[np.isclose(rows["freq_mhz"].to_numpy()[:, None], train[None, :]).any(1)], train
+    train = training_clocks(
+        train_freqs_mhz, np.unique(rows["freq_mhz"]), "has no power data in the profile"
+    )
+    rows = rows[np.isclose(rows["freq_mhz"].to_numpy()[:, None], train[None, :]).any(1)]
+    op_ids, freqs, times = profile.time_matrix_us()
+    names = profile.ops.drop_duplicates("op").set_index("op")["name"].loc[op_ids].to_numpy()
+    check_times(op_ids, names, train, times[:, np.searchsorted(freqs, train)])
+    power_at = pd.crosstab(rows["op"], rows["freq_mhz"]).reindex(index=op_ids, fill_value=0)
+    missing = power_at.to_numpy() == 0
+    if missing.any():
+        i, j = np.argwhere(missing)[0]
+        raise ValidationError(
+            f"operator {int(op_ids[i])} ({names[i]}) has no power at "
+            f"{float(power_at.columns[j]):g} MHz ({int(missing.any(axis=1).sum())} operator(s) "
+            "like it); every operator needs power at every training clock",
+            field="chip_power_w" if "chip_power_w" in rows else "core_power_w",
+        )
+    return rows, train
 
 
 def _voltage_curve(
@@ -397,6 +411,14 @@ class PowerModel(JsonFile):
         two clocks, then ``alpha_i`` per op (eq. 14); otherwise ``gamma, theta`` are fitted jointly.
         The throughput form takes the idle terms from the calibration's idle runs when given.
         The input profile is not modified.
+
+        Raises
+        ------
+        ValidationError
+            If a training clock repeats or has no power data, an operator has no positive time
+            or no power at a training clock, the sensor windows are too few to attribute
+            (:func:`~opdvfs.models.attribution.power_rows`), or the fit produced a non-finite
+            coefficient.
         """
         if self.dynamic not in DYNAMIC_FORMS:
             raise ValidationError(
@@ -450,6 +472,20 @@ class PowerModel(JsonFile):
         times = profile.ops.groupby("op")["time_us"].median()
         self.time_weight_ = times.reindex(op_ids).fillna(0.0).to_numpy(dtype=float)
         self.train_freqs_mhz_ = train
+        check_finite(
+            self,
+            op_ids,
+            alpha_=self.alpha_,
+            gamma_=self.gamma_,
+            theta_=self.theta_,
+            beta_=self.beta_,
+            theta_op_=self.theta_op_,
+            core_uj_per_v2_=self.core_uj_per_v2_,
+            uncore_uj_=self.uncore_uj_,
+            uncore_w_=self.uncore_w_,
+            ambient_c_=self.ambient_c_,
+            k_c_per_w_=self.k_c_per_w_,
+        )
         return self
 
     def _core(

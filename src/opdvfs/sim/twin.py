@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
@@ -37,7 +38,7 @@ from opdvfs.sim.thermal import rc_temperature
 from opdvfs.sim.timeline import Execution, execute
 from opdvfs.workloads.workload import Workload
 
-__all__ = ["SimRun", "SimulatedDevice"]
+__all__ = ["SensorMs", "SimRun", "SimulatedDevice"]
 
 #: Thermal fixed-point passes (power -> temperature -> leakage -> power); the paper's own
 #: iteration converges in <= 4, and leakage is a small share of power.
@@ -77,6 +78,13 @@ class SimRun:
         return float(self.execution.end_us[-1]) * 1e-6 / self.iterations
 
 
+class SensorMs(TypedDict):
+    """A power sensor's sampling period and averaging window, in ms (a profile's ``sensor``)."""
+
+    period_ms: float
+    window_ms: float
+
+
 class SimulatedDevice:
     """A simulated accelerator with the paper's physics (DESIGN §2).
 
@@ -110,6 +118,17 @@ class SimulatedDevice:
         """
         preset = get_preset(name)
         return cls(preset.spec, preset.twin, seed=seed)
+
+    @property
+    def sensor_ms(self) -> SensorMs:
+        """The power sensor: ``period_ms`` between samples and the ``window_ms`` each averages.
+
+        What a profile records in ``meta["sensor"]`` and what
+        :func:`opdvfs.models.attribution.sensor_iterations` takes.
+        """
+        return SensorMs(
+            period_ms=self.spec.power_sample_period_ms, window_ms=self.params.power_window_ms
+        )
 
     # ----------------------------------------------------------------------------- physics
     def clock_index(self, freqs_mhz: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -325,10 +344,7 @@ class SimulatedDevice:
             "simulated": True,
             "seed": self.seed,
             "sources": [f"simulated:{self.spec.name}:{workload.name}"],
-            "sensor": {
-                "period_ms": self.spec.power_sample_period_ms,
-                "window_ms": self.params.power_window_ms,
-            },
+            "sensor": self.sensor_ms,
         }
         return Profile(pd.concat(frames, ignore_index=True), pd.concat(samples), meta=meta)
 
