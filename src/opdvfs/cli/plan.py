@@ -1,10 +1,19 @@
-"""The plan command: from a profile or MODELS file to a certified schedule."""
+"""The plan command: from a profile or MODELS file to a certified schedule.
+
+Measurements first (DESIGN §4): a profile's measured times and energies are planned on wherever
+they exist (``--values auto``), and models are fitted only when some op was not measured at
+some clock the device offers. Before it plans, ``plan`` refuses (exit 2, one line; ``--force``
+overrides) a switch latency below the device's own, a device other than the profile's, and
+clocks outside the profiled range (the models would extrapolate); after it plans, it refuses to
+write a plan predicted to be worse than the top clock on the objective, and prints that
+baseline instead.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import numpy as np
 import typer
@@ -17,17 +26,23 @@ from opdvfs.cli._app import (
     app,
     load_profile,
     reports_errors,
+    stderr,
     stdout,
     train_clocks,
 )
 from opdvfs.devices.spec import DeviceSpec
+from opdvfs.exceptions import InfeasibleError, ValidationError
 from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel
 from opdvfs.plan.planner import PlanInputs, plan_frontier, plan_schedule
-from opdvfs.schedule import Dispatch, Solver
+from opdvfs.profile import Profile
+from opdvfs.schedule import Dispatch, Objective, Schedule, Solver, Values
 from opdvfs.sim.presets import get_preset, preset_spec
 from opdvfs.workloads.library import load_workload
+
+#: Operators shorter than this at the top clock are mostly timer noise (as in ``validate perf``).
+NOISE_US = 20.0
 
 
 def _inputs_for_models_file(
@@ -41,6 +56,147 @@ def _inputs_for_models_file(
     # without a workload: every op on the compute stream, back to back
     return PlanInputs(
         np.asarray(spec.freqs_mhz), np.full(n_ops, "compute"), np.zeros(n_ops), device=spec.name
+    )
+
+
+def _check_device(profile: Profile, device: str | None, inputs: PlanInputs) -> None:
+    """Refuse a device other than the profile's, and clocks outside the profiled range.
+
+    Raises
+    ------
+    ValidationError
+        If ``--device`` names another device than the profile recorded, or the device offers
+        clocks outside the profile's lowest..highest clock (the models would extrapolate).
+    """
+    recorded = profile.meta.get("device")
+    if device is not None and recorded is not None and recorded != device:
+        raise ValidationError(
+            f"the profile was measured on {recorded!r}, not on --device {device!r}: plan it "
+            "for its own device (drop --device), or pass --force",
+            field="device",
+        )
+    low, high = float(profile.freqs_mhz.min()), float(profile.freqs_mhz.max())
+    freqs = np.asarray(inputs.freqs_mhz, dtype=float)
+    outside = freqs[(freqs < low * (1 - 1e-9)) | (freqs > high * (1 + 1e-9))]
+    if outside.size:
+        raise ValidationError(
+            f"{inputs.device or 'the device'} offers {freqs.min():g}-{freqs.max():g} MHz but the "
+            f"profile measured {low:g}-{high:g} MHz: {outside.size} clock(s) outside it "
+            f"(e.g. {outside[0]:g} MHz) would be extrapolated by the models; profile the "
+            "device's lowest and highest clocks, or pass --force",
+            field="freq_mhz",
+        )
+
+
+def _check_latency(latency_ms: float, spec: DeviceSpec | None) -> None:
+    """Refuse a switch latency below the device's own (plans would expect switches too early)."""
+    if spec is not None and latency_ms < spec.switch_latency_ms:
+        raise UsageError(
+            f"--switch-latency-ms {latency_ms:g} is below {spec.name}'s switch latency "
+            f"{spec.switch_latency_ms:g} ms: the plan would expect its switches to land before "
+            "they can; drop the option, or pass --force"
+        )
+
+
+def _refuse_worse_than_top(schedule: Schedule, objective: Objective, top_mhz: float) -> None:
+    """Refuse a plan predicted to be worse than the top clock on the objective's rail.
+
+    The rail: core energy for ``core-energy``, mean chip power for ``power``, chip energy
+    otherwise. (:class:`InfeasibleError`: no plan within the budget beats the top clock.)
+    """
+    base_t, pred_t = schedule.baseline_time_s or 0.0, schedule.predicted_time_s or 0.0
+    if objective == "core-energy":
+        what, unit = "core energy", "J"
+        base, pred = schedule.baseline_core_energy_j, schedule.predicted_core_energy_j
+    else:
+        what, unit = "chip energy", "J"
+        base, pred = schedule.baseline_energy_j, schedule.predicted_energy_j
+    if base is None or pred is None:
+        return
+    if objective == "power" and base_t > 0 and pred_t > 0:
+        what, unit = "mean chip power", "W"
+        base, pred = base / base_t, pred / pred_t
+    if pred > base * (1 + 1e-9):
+        raise InfeasibleError(
+            f"the plan's predicted {what} {pred:.6g} {unit} exceeds the top clock's "
+            f"{base:.6g} {unit} (the baseline: {base_t:.6g} s per iteration at {top_mhz:g} "
+            "MHz); not written: run at the top clock"
+        )
+
+
+def _summary(schedule: Schedule, objective: Objective) -> dict[str, Any]:
+    """Return the JSON summary of a plan: predictions on every rail, on the measurements too."""
+    fields = (
+        "solver",
+        "target",
+        "values",
+        "baseline_time_s",
+        "predicted_time_s",
+        "baseline_energy_j",
+        "predicted_energy_j",
+        "baseline_core_energy_j",
+        "predicted_core_energy_j",
+        "measured_baseline_time_s",
+        "measured_time_s",
+        "measured_baseline_energy_j",
+        "measured_energy_j",
+        "measured_baseline_core_energy_j",
+        "measured_core_energy_j",
+        "lower_bound_energy_j",
+        "lower_bound_power_w",
+        "gap_pct",
+    )
+    payload = {name: getattr(schedule, name) for name in fields}
+    payload["objective"] = objective
+    payload["stages"] = len(schedule.stages)
+    # the file's switches, the first of which sets the starting clock
+    payload["switches"] = len(schedule.switches)
+    payload["clock_changes"] = schedule.n_switches
+    payload["plan_seconds"] = schedule.plan_seconds
+    return payload
+
+
+def _change(new: float | None, old: float | None) -> str:
+    """Return ``new`` relative to ``old`` as a signed percentage, or ``?`` if unknown."""
+    return f"{new / old - 1:+.2%}" if new is not None and old else "?"
+
+
+def _summary_line(out: Path, schedule: Schedule, objective: Objective) -> str:
+    """Return the one-line summary of a written plan, on the objective's rail."""
+    s = schedule
+    time = _change(s.predicted_time_s, s.baseline_time_s)
+    if objective == "core-energy":
+        energy = (
+            f"{_change(s.predicted_core_energy_j, s.baseline_core_energy_j)} core energy "
+            f"({_change(s.predicted_energy_j, s.baseline_energy_j)} chip)"
+        )
+    elif objective == "power":
+        p_new = (s.predicted_energy_j or 0.0) / (s.predicted_time_s or 1.0)
+        p_old = (s.baseline_energy_j or 0.0) / (s.baseline_time_s or 1.0)
+        energy = (
+            f"{_change(p_new, p_old)} mean chip power "
+            f"({_change(s.predicted_energy_j, s.baseline_energy_j)} chip energy)"
+        )
+    else:
+        energy = f"{_change(s.predicted_energy_j, s.baseline_energy_j)} chip energy"
+    certificate = "(no optimality certificate)"
+    if s.gap_pct is not None:
+        rail = {"power": "mean power", "core-energy": "core energy"}.get(objective, "energy")
+        certificate = f"(certified within {s.gap_pct:.3f}% of the optimal {rail})"
+    measured = ""
+    if s.measured_time_s is not None and s.measured_energy_j is not None:
+        rail_new, rail_old, rail = s.measured_energy_j, s.measured_baseline_energy_j, "chip"
+        if objective == "core-energy" and s.measured_core_energy_j is not None:
+            rail_new, rail_old = s.measured_core_energy_j, s.measured_baseline_core_energy_j
+            rail = "core"
+        measured = (
+            f"; on the measurements {_change(s.measured_time_s, s.measured_baseline_time_s)} "
+            f"time, {_change(rail_new, rail_old)} {rail} energy"
+        )
+    return (
+        f"wrote {out}: {len(s.stages)} stages, {len(s.switches)} switches (the first sets the "
+        f"starting clock); predicted {time} time, {energy} {certificate}{measured}; planned on "
+        f"{s.values or 'model'} values in {s.plan_seconds or 0:.2f} s"
     )
 
 
@@ -60,12 +216,19 @@ def plan(
     ] = "dp",
     objective: ObjectiveOption = "energy",
     interval_ms: Annotated[
-        float, typer.Option("--interval-ms", min=0.0, help="Frequency-adjustment interval.")
+        float,
+        typer.Option(
+            "--interval-ms",
+            min=0.0,
+            help="Frequency-adjustment interval; 0 plans one stage per operator.",
+        ),
     ] = 5.0,
     switch_latency_ms: Annotated[
         float | None,
         typer.Option(
-            "--switch-latency-ms", min=0.0, help="Clock switch latency (default: the device's)."
+            "--switch-latency-ms",
+            min=0.0,
+            help="Clock switch latency (default: the device's; lower needs --force).",
         ),
     ] = None,
     dispatch: Annotated[
@@ -81,6 +244,14 @@ def plan(
         str | None,
         typer.Option("--train-freqs", help="Clocks to fit on, for a PROFILE (default: all)."),
     ] = None,
+    values: Annotated[
+        Values,
+        typer.Option(
+            "--values",
+            help="Plan on a PROFILE's measurements where present, the models elsewhere (auto), "
+            "on the measurements only, or on the models only.",
+        ),
+    ] = "auto",
     frontier_csv: Annotated[
         Path | None,
         typer.Option("--frontier", help="Also write the whole time-energy frontier (CSV)."),
@@ -95,10 +266,19 @@ def plan(
             "predicted / measured slowdown).",
         ),
     ] = 1.0,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Plan anyway with a switch latency below the device's, a device other than "
+            "the profile's, or clocks outside the profiled range.",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Plan per-stage clocks that save the most energy within a slowdown budget."""
     spec = get_preset(device).spec if device else None
+    models: ModelBundle | None
     if source.suffix == ".json":
         models = ModelBundle.read(source)
         inputs = _inputs_for_models_file(len(models.perf.op_ids_), spec, workload)
@@ -106,15 +286,23 @@ def plan(
         profile = load_profile([source], None, None)
         work = load_workload(workload) if workload is not None else None
         inputs = PlanInputs.from_profile(profile, spec, workload=work)
+        if not force:
+            _check_device(profile, device, inputs)
         # the device planned for (--device, else the profile's preset) brings the V-f curve
         spec = preset_spec(inputs.device)
-        train = train_clocks(train_freqs, profile)
-        models = ModelBundle(
-            PerfModel().fit(profile, train), PowerModel().fit(profile, train, device=spec)
-        )
+        models = None
+        assert inputs.measured is not None
+        covered = inputs.measured.covers(inputs.freqs_mhz, core=objective == "core-energy")
+        if values == "model" or (values == "auto" and not covered):
+            train = train_clocks(train_freqs, profile)
+            models = ModelBundle(
+                PerfModel().fit(profile, train), PowerModel().fit(profile, train, device=spec)
+            )
     latency = switch_latency_ms
     if latency is None:
         latency = spec.switch_latency_ms if spec is not None else 1.0
+    elif not force:
+        _check_latency(latency, spec)
     schedule = plan_schedule(
         models,
         inputs,
@@ -124,40 +312,25 @@ def plan(
         switch_latency_ms=latency,
         dispatch=dispatch,
         solver=solver,
+        values=values,
     )
+    _refuse_worse_than_top(schedule, objective, float(np.max(inputs.freqs_mhz)))
+    # a MODELS file has no measured times to judge
+    measured = inputs.measured
+    if measured is not None and np.all(measured.time_us[:, -1] < NOISE_US):
+        stderr.print(
+            f"opdvfs: warning: every operator runs under {NOISE_US:g} us at the top clock, where "
+            "times are mostly timer noise: the plan's predicted savings are not trustworthy",
+            markup=False,
+            highlight=False,
+        )
     schedule.write(out)
     if frontier_csv is not None:
-        table = plan_frontier(models, inputs, objective=objective, interval_ms=interval_ms)
-        write_text_atomic(frontier_csv, table.to_csv(index=False))
-    payload = {
-        "solver": schedule.solver,
-        "target": schedule.target,
-        "baseline_time_s": schedule.baseline_time_s,
-        "predicted_time_s": schedule.predicted_time_s,
-        "baseline_energy_j": schedule.baseline_energy_j,
-        "predicted_energy_j": schedule.predicted_energy_j,
-        "lower_bound_energy_j": schedule.lower_bound_energy_j,
-        "lower_bound_power_w": schedule.lower_bound_power_w,
-        "gap_pct": schedule.gap_pct,
-        "stages": len(schedule.stages),
-        "switches": schedule.n_switches,
-        "plan_seconds": schedule.plan_seconds,
-    }
-    if as_json:
-        print(json.dumps(payload))
-        return
-    base_t, pred_t = schedule.baseline_time_s or 1.0, schedule.predicted_time_s or 0.0
-    base_e, pred_e = schedule.baseline_energy_j or 1.0, schedule.predicted_energy_j or 0.0
-    stdout.print(
-        f"wrote {out}: {len(schedule.stages)} stages, {schedule.n_switches} switches; predicted "
-        f"{pred_t / base_t - 1:+.2%} time, {pred_e / base_e - 1:+.2%} chip energy "
-        + (
-            f"(certified within {schedule.gap_pct:.3f}% of the optimal "
-            f"{'mean power' if schedule.objective == 'power' else 'energy'}), "
-            if schedule.gap_pct is not None
-            else "(no optimality certificate), "
+        table = plan_frontier(
+            models, inputs, objective=objective, interval_ms=interval_ms, values=values
         )
-        + f"planned in "
-        f"{schedule.plan_seconds or 0:.2f} s",
-        highlight=False,
-    )
+        write_text_atomic(frontier_csv, table.to_csv(index=False))
+    if as_json:
+        print(json.dumps(_summary(schedule, objective)))
+        return
+    stdout.print(_summary_line(out, schedule, objective), highlight=False)

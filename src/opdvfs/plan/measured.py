@@ -93,6 +93,15 @@ class MeasuredTables:
         near = np.isclose(self.freqs_mhz[pos], freqs, rtol=_CLOCK_RTOL, atol=0.0)
         return np.where(near, pos, -1)
 
+    def covers(self, freqs_mhz: np.ndarray, *, core: bool = False) -> bool:
+        """Return whether every op's time and chip energy (and core, if asked) were measured.
+
+        At every clock of ``freqs_mhz``: then the planner needs no model.
+        """
+        time_us, chip_j, core_j = self.at(np.asarray(freqs_mhz, dtype=float))
+        tables = (time_us, chip_j, core_j) if core else (time_us, chip_j)
+        return all(bool(np.isfinite(t).all()) for t in tables)
+
     def at(self, freqs_mhz: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Time (us), chip and core energy (J) at ``freqs_mhz``; NaN where not measured."""
         cols = self.columns(freqs_mhz)
