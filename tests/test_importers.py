@@ -247,3 +247,50 @@ def test_unknown_format_name(fixtures):
     with pytest.raises(ProfileFormatError, match="unknown format 'xls'"):
         read_profile(fixtures / "generic_profile.csv", format="xls")
     assert "csv" in FORMATS
+
+
+@pytest.mark.parametrize(
+    ("header", "needle"),
+    [
+        ("op,name,freq_mhz", "missing column 'time_us' of the csv format"),
+        ("Name,foo", "missing column 'Task Duration(us)' or 'Duration(us)' or 'Task Duration' of"),
+        ("stage,instruction,frequency,time", "missing column 'energy' of the perseus format"),
+    ],
+)
+def test_header_near_a_format_names_the_missing_columns(tmp_path, header, needle):
+    path = tmp_path / "near.csv"
+    path.write_text(f"{header}\n" + ",".join("1" for _ in header.split(",")) + "\n")
+    with pytest.raises(ProfileFormatError, match=needle.replace("(", "\\(").replace(")", "\\)")):
+        detect_format(path)
+
+
+@pytest.mark.parametrize(
+    ("doc", "needle"),
+    [
+        (
+            {"format": "opdvfs.schedule", "stages": []},
+            "an opdvfs schedule, not a profile; opdvfs simulate and opdvfs run take it",
+        ),
+        (
+            {"format": "opdvfs.models", "perf": {}},
+            "MODELS file from opdvfs fit, not a profile; opdvfs plan takes it",
+        ),
+        ({"format": "opdvfs.workload", "ops": {}}, "an opdvfs workload, not a profile"),
+        ({"suite": "demo", "sections": {}, "goals": []}, "results.json, not a profile"),
+    ],
+)
+def test_other_opdvfs_files_are_named_not_misread_as_traces(tmp_path, doc, needle):
+    path = tmp_path / "thing.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ProfileFormatError, match=needle) as err:
+        read_profile(path)
+    assert "traceEvents" not in str(err.value)
+
+
+def test_workload_parquet_is_named_not_misread_as_a_profile(tmp_path):
+    from opdvfs import load_workload
+
+    path = tmp_path / "w.parquet"
+    load_workload("vgg19").write(path)
+    with pytest.raises(ProfileFormatError, match="an opdvfs workload, not a profile"):
+        read_profile(path)

@@ -252,3 +252,47 @@ def test_previous_iteration_switches_must_come_first_and_after_the_last_trigger(
     doc["switches"][0]["trigger_op"] = 2  # before the iteration's last regular trigger (5)
     with pytest.raises(ScheduleFormatError, match="previous iteration"):
         Schedule.from_json(json.dumps(doc))
+
+
+def test_writers_refuse_a_folder_and_leave_nothing_behind(tmp_path):
+    from opdvfs._files import write_atomic, write_text_atomic
+    from opdvfs.exceptions import OutputPathError
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    with pytest.raises(OutputPathError, match="is a directory; expected a file"):
+        write_text_atomic(folder, "x")
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("keep")
+    with pytest.raises(OutputPathError, match="file.txt is a file, not a folder"):
+        write_text_atomic(blocker / "sub" / "out.json", "x")
+
+    def disk_full(tmp):
+        tmp.write_text("half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OutputPathError, match="cannot write \\(No space left on device\\)"):
+        write_atomic(tmp_path / "new.txt", disk_full)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt", "out"]
+    assert blocker.read_text() == "keep" and not any(folder.iterdir())
+
+
+def test_report_folders_may_exist_but_not_be_files(tmp_path):
+    from opdvfs._files import check_output_folder
+    from opdvfs.exceptions import OutputPathError
+
+    check_output_folder(tmp_path)  # an existing folder is re-used
+    check_output_folder(tmp_path / "new" / "deeper")  # a new one is made when written
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(OutputPathError, match="is a file; expected a folder"):
+        check_output_folder(tmp_path / "f")
+    with pytest.raises(OutputPathError, match="is a file, not a folder"):
+        check_output_folder(tmp_path / "f" / "sub")
+
+
+def test_validation_errors_are_one_line_with_the_value_found():
+    with pytest.raises(ScheduleFormatError) as err:
+        Schedule.from_json('{"format": "opdvfs.schedule", "n_ops": -1}', source="s.json")
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("s.json: field 'n_ops': ") and ", got -1" in message
