@@ -18,7 +18,7 @@ def check_schedule(
     n_ops: int | None = None,
     source: str = "schedule",
 ) -> None:
-    """Refuse a schedule that cannot run as planned: clocks, device and length, in that order.
+    """Refuse a schedule that cannot run as planned: device, clocks and length, in that order.
 
     Parameters
     ----------
@@ -36,11 +36,16 @@ def check_schedule(
 
     Raises
     ------
-    UnsupportedClockError
-        If a stage's clock is not one the target accepts.
     ScheduleMismatchError
         If the schedule was planned for another device, or for another number of operators.
+    UnsupportedClockError
+        If a stage's clock is not one the target accepts.
     """
+    if device is not None and schedule.device is not None and schedule.device != device:
+        raise ScheduleMismatchError(
+            f"{source} was planned for {schedule.device}, not {device} (plan it for {device}, "
+            f"or run it on {schedule.device})"
+        )
     accepted = set(float(f) for f in freqs_mhz)
     for k, stage in enumerate(schedule.stages):
         if float(stage.freq_mhz) not in accepted:
@@ -50,11 +55,6 @@ def check_schedule(
                 f"{device or 'this device'} ({span}, {len(accepted)} steps)",
                 field="freq_mhz",
             )
-    if device is not None and schedule.device is not None and schedule.device != device:
-        raise ScheduleMismatchError(
-            f"{source} was planned for {schedule.device}, not {device} (plan it for {device}, "
-            f"or run it on {schedule.device})"
-        )
     if n_ops is not None and n_ops != schedule.n_ops:
         raise ScheduleMismatchError(
             f"{source} plans {schedule.n_ops} operators per iteration, the workload has {n_ops}"

@@ -251,7 +251,7 @@ def _python_flags(flags: Sequence[str]) -> Iterator[bool]:
                 key, _, setting = value.partition("=")
                 sys._xoptions[key] = setting or True
                 if key in ("faulthandler", "dev"):
-                    faulthandler.enable()
+                    faulthandler.enable(file=sys.__stderr__ or sys.stderr)  # fd 2, as python
                 if key == "dev":
                     warnings.simplefilter("default")
                 if key == "tracemalloc":
