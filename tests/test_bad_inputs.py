@@ -26,7 +26,6 @@ from opdvfs.cli import app
 runner = CliRunner()
 
 #: Issue #14 items owned by other areas; a case still failing there is a strict xfail.
-EXTRAPOLATION = "issue 14 item 8 (plan): a 1000-1800 MHz profile planned for a100-like, exit 0"
 FRONTIER = "issue 14 item 8 (cli/plan.py): the schedule is written before --frontier fails"
 NOTE = "issue 14 item 3 (cli/sim.py): profile's iterations note goes to stderr before --out fails"
 
@@ -208,7 +207,6 @@ CASES = [
         "plan",
         "device mismatch (extrapolation)",
         "plan {in}/p.parquet --target 0.02 --device a100-like --out {out}/s.json",
-        EXTRAPOLATION,
     ),
     Case("plan", "coarse sensor", "plan {in}/a100.parquet --target 0.05 --out {out}/s.json"),
     Case(
