@@ -1,8 +1,8 @@
-import highspy
 import numpy as np
 import pytest
 
 from opdvfs.plan.dp import StageTables, solve, stage_tables, viterbi
+from opdvfs.plan.milp import milp_solve
 
 
 def random_tables(rng, n_stages, n_clocks=5, switch=True):
@@ -20,47 +20,10 @@ def random_tables(rng, n_stages, n_clocks=5, switch=True):
 
 
 def milp_optimum(tab: StageTables, budget: float) -> float:
-    """The same problem as a 0/1 program for HiGHS: x[s,c] one-hot, y[s] >= |change|.
-
-    Times go in as milliseconds: HiGHS's feasibility tolerance is absolute (1e-7), and in
-    seconds it lets the budget row slip by ~1e-5 of itself, enough to "beat" the optimum.
-    """
-    tab = StageTables(
-        tab.time_s * 1e3, tab.energy_j, tab.switch_time_s * 1e3, tab.switch_energy_j, tab.lag_s
-    )
-    budget = budget * 1e3
-    n_stages, n_clocks = tab.shape
-    nx, ny = n_stages * n_clocks, n_stages - 1
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    inf = highspy.kHighsInf
-    cost = np.r_[tab.energy_j.ravel(), np.full(ny, tab.switch_energy_j)]
-    h.addVars(nx + ny, np.zeros(nx + ny), np.ones(nx + ny))
-    h.changeColsCost(nx + ny, np.arange(nx + ny), cost)
-    h.changeColsIntegrality(
-        nx + ny, np.arange(nx + ny), np.full(nx + ny, highspy.HighsVarType.kInteger)
-    )
-    for s in range(n_stages):
-        idx = s * n_clocks + np.arange(n_clocks)
-        h.addRow(1.0, 1.0, n_clocks, idx, np.ones(n_clocks))
-    for s in range(1, n_stages):
-        for c in range(n_clocks):
-            h.addRow(
-                0.0,
-                inf,
-                3,
-                np.array([nx + s - 1, s * n_clocks + c, (s - 1) * n_clocks + c]),
-                np.array([1.0, -1.0, 1.0]),
-            )
-    h.addRow(
-        -inf,
-        budget,
-        nx + ny,
-        np.arange(nx + ny),
-        np.r_[tab.time_s.ravel(), np.full(ny, tab.switch_time_s)],
-    )
-    h.run()
-    return h.getInfo().objective_function_value
+    """The reference optimum: the same problem as a 0/1 programme for HiGHS."""
+    result = milp_solve(tab, budget)
+    assert result.status == "optimal" and result.gap_pct <= 1e-6
+    return result.energy_j
 
 
 @pytest.mark.parametrize("seed", range(12))
