@@ -228,3 +228,38 @@ def test_sampled_power_is_the_energy_counters_mean_over_each_interval():
     assert got["power_w"].tolist() == pytest.approx([200.0, 300.0, 200.0])
     broken = smp.assign(energy_j=[1000.0, 990.0, 1080.0, 1100.0])  # a counter reset
     assert _window_power(broken).equals(broken)
+
+
+def test_twin_replays_with_the_devices_real_switch_latency():
+    """A plan made as if switches were instant (--switch-latency-ms 0) on a 15 ms device: the
+    twin replays the issued switches with the device's 15 ms, so it shows the slowdown they
+    cause, the same as `simulate` measures, not +0.00%."""
+    from opdvfs.runtime.actuators import TwinActuator
+    from opdvfs.schedule import Schedule
+    from opdvfs.sim import SimulatedDevice
+    from opdvfs.workloads.library import load_workload
+
+    device = SimulatedDevice.from_preset("a100-like")
+    work = load_workload("bert")
+    n = len(work)
+    starts = list(range(0, n, n // 8))[:8]
+    plan = Schedule.from_stage_freqs(
+        starts,
+        [1410.0 if k % 2 == 0 else 810.0 for k in range(8)],
+        n_ops=n,
+        target=0.02,
+        solver="manual",
+        switch_latency_ms=0.0,
+    )
+    assert device.spec.switch_latency_ms == 15.0
+    top, _ = device.run(work, iterations=2)
+    simulated, _ = device.run(work, plan, iterations=2)
+    act = TwinActuator(SimulatedDevice.from_preset("a100-like"))
+    for iteration in range(3):  # as the executor issues them, op by op
+        for sw in plan.switches:
+            act.at(iteration, sw.trigger_op)
+            act.set_freq_mhz(sw.freq_mhz)
+    issued, twin_top = act.measure(work)
+    slowdown = issued.iteration_time_s / twin_top.iteration_time_s - 1
+    assert slowdown > 0.05  # the late switches leave matmul stages at 810 MHz
+    assert slowdown == pytest.approx(simulated.iteration_time_s / top.iteration_time_s - 1)
