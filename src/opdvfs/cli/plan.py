@@ -98,30 +98,52 @@ def _check_latency(latency_ms: float, spec: DeviceSpec | None) -> None:
         )
 
 
-def _refuse_worse_than_top(schedule: Schedule, objective: Objective, top_mhz: float) -> None:
-    """Refuse a plan predicted to be worse than the top clock on the objective's rail.
+def _rail(schedule: Schedule, objective: Objective, prefix: str) -> tuple[float, float] | None:
+    """Return (baseline, plan) on the objective's rail from the ``{prefix}*`` fields, if known.
 
     The rail: core energy for ``core-energy``, mean chip power for ``power``, chip energy
-    otherwise. (:class:`InfeasibleError`: no plan within the budget beats the top clock.)
+    otherwise; ``prefix`` is ``""`` (the values planned on) or ``"measured_"``.
     """
-    base_t, pred_t = schedule.baseline_time_s or 0.0, schedule.predicted_time_s or 0.0
-    if objective == "core-energy":
-        what, unit = "core energy", "J"
-        base, pred = schedule.baseline_core_energy_j, schedule.predicted_core_energy_j
-    else:
-        what, unit = "chip energy", "J"
-        base, pred = schedule.baseline_energy_j, schedule.predicted_energy_j
-    if base is None or pred is None:
-        return
-    if objective == "power" and base_t > 0 and pred_t > 0:
-        what, unit = "mean chip power", "W"
-        base, pred = base / base_t, pred / pred_t
-    if pred > base * (1 + 1e-9):
+    core = "core_" if objective == "core-energy" else ""
+    planned = prefix or "predicted_"  # the plan's own fields: predicted_* or measured_*
+    base = getattr(schedule, f"{prefix}baseline_{core}energy_j")
+    plan = getattr(schedule, f"{planned}{core}energy_j")
+    if base is None or plan is None:
+        return None
+    if objective == "power":
+        base_t = getattr(schedule, f"{prefix}baseline_time_s")
+        plan_t = getattr(schedule, f"{planned}time_s")
+        if not base_t or not plan_t:
+            return None
+        return base / base_t, plan / plan_t
+    return base, plan
+
+
+def _refuse_worse_than_top(schedule: Schedule, objective: Objective, top_mhz: float) -> None:
+    """Refuse a plan worse than the top clock on the objective, predicted or measured.
+
+    Predicted: on the values planned on; measured: on the profile's measurements, where it
+    measured the planned clocks (a model-planned schedule can lose there what it gains on the
+    models). :class:`InfeasibleError`: no plan within the budget is known to beat the top clock.
+    """
+    what = {"core-energy": "core energy", "power": "mean chip power"}.get(objective, "chip energy")
+    unit = "W" if objective == "power" else "J"
+    for prefix, where in (("", "predicted"), ("measured_", "measured")):
+        pair = _rail(schedule, objective, prefix)
+        if pair is None or pair[1] <= pair[0] * (1 + 1e-9):
+            continue
+        base, plan = pair
+        base_t = getattr(schedule, f"{prefix}baseline_time_s") or 0.0
         raise InfeasibleError(
-            f"the plan's predicted {what} {pred:.6g} {unit} exceeds the top clock's "
-            f"{base:.6g} {unit} (the baseline: {base_t:.6g} s per iteration at {top_mhz:g} "
-            "MHz); not written: run at the top clock"
+            f"the plan's {where} {what} {plan:.6g} {unit} exceeds the top clock's {base:.6g} "
+            f"{unit} ({where} baseline: {base_t:.6g} s per iteration at {top_mhz:g} MHz); "
+            "not written: run at the top clock"
         )
+
+
+def _warn(message: str) -> None:
+    """Print one warning line on stderr."""
+    stderr.print(f"opdvfs: warning: {message}", markup=False, highlight=False)
 
 
 def _summary(schedule: Schedule, objective: Objective) -> dict[str, Any]:
@@ -318,12 +340,17 @@ def plan(
     # a MODELS file has no measured times to judge
     measured = inputs.measured
     if measured is not None and np.all(measured.time_us[:, -1] < NOISE_US):
-        stderr.print(
-            f"opdvfs: warning: every operator runs under {NOISE_US:g} us at the top clock, where "
-            "times are mostly timer noise: the plan's predicted savings are not trustworthy",
-            markup=False,
-            highlight=False,
+        _warn(
+            f"every operator runs under {NOISE_US:g} us at the top clock, where times are "
+            "mostly timer noise: the plan's predicted savings are not trustworthy"
         )
+    if schedule.measured_time_s and schedule.measured_baseline_time_s:
+        slowdown = schedule.measured_time_s / schedule.measured_baseline_time_s - 1
+        if slowdown > schedule.target * (1 + 1e-9) + 1e-12:
+            _warn(
+                f"on the profile's measurements the plan is {slowdown:.2%} slower, over its "
+                f"{schedule.target:.2%} budget (planned on {values} values)"
+            )
     schedule.write(out)
     if frontier_csv is not None:
         table = plan_frontier(
