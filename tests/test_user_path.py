@@ -457,3 +457,19 @@ def test_the_boot_folder_ships_with_the_package():
 
     assert (BOOT_DIR / "sitecustomize.py").is_file()
     assert shutil.which("bash") is not None
+
+
+@pytest.mark.parametrize(
+    ("device", "freqs", "needle"),
+    [
+        ("a100-like", (1000.0, 1800.0), "was planned for ascend-910b-like, not a100-like"),
+        ("ascend-910b-like", (1000.0, 1850.0), "stage 1 runs at 1850 MHz, not a clock of"),
+        ("ascend-910b-like", (1000.0, 1800.0), "plans 6 operators per iteration, the workload has"),
+    ],
+)
+def test_simulate_checks_the_schedule_against_device_and_workload(tmp_path, device, freqs, needle):
+    _schedule(tmp_path / "s.json", 6, freqs=freqs)
+    res = CliRunner().invoke(
+        app, ["simulate", str(tmp_path / "s.json"), "--device", device, "--workload", "bert"]
+    )
+    assert res.exit_code == 2 and needle in res.stderr and len(res.stderr.splitlines()) == 1

@@ -120,6 +120,12 @@ def simulate(
     plan = Schedule.read(schedule) if schedule is not None else None
     if plan is not None and freq_mhz is not None:
         raise UsageError("give a SCHEDULE or --freq-mhz, not both")
+    if plan is not None:
+        from opdvfs.runtime.checks import check_schedule
+
+        check_schedule(
+            plan, freqs_mhz=sim.spec.freqs_mhz, device=device, n_ops=len(work), source=str(schedule)
+        )
     clock = parse_clocks(freq_mhz, sim.spec.freqs_mhz)[0] if freq_mhz else None
     label = str(schedule) if schedule is not None else None
     result, _ = sim.run(work, plan, freq_mhz=clock, iterations=iterations, label=label)
