@@ -85,8 +85,8 @@ def milp_solve(tables: StageTables, budget_s: float, *, rel_gap: float = 1e-9) -
     )
     if ny:
         # y[s-1] >= x[s, c] - x[s-1, c] for every clock: y - x[s, c] + x[s-1, c] >= 0
-        s, c = np.meshgrid(np.arange(1, n_stages), np.arange(n_clocks), indexing="ij")
-        s, c = s.ravel(), c.ravel()
+        grid = np.meshgrid(np.arange(1, n_stages), np.arange(n_clocks), indexing="ij")
+        s, c = grid[0].ravel(), grid[1].ravel()
         index = np.column_stack([nx + s - 1, s * n_clocks + c, (s - 1) * n_clocks + c])
         h.addRows(
             len(s),
