@@ -3,7 +3,9 @@
 Every fitting path of :class:`PerfModel` and :class:`PowerModel`, and :class:`ModelBundle` where
 it applies: using an unfitted model raises :class:`NotFittedError`; ``fit`` returns the model and
 leaves the profile as it was; the same input gives the same output; a file round trip predicts
-identically; bad input raises an :class:`OpdvfsError`.
+identically; bad input raises an :class:`OpdvfsError`; degenerate input (a repeated training
+clock, an operator missing or with a time <= 0 at a training clock) raises a
+:class:`ValidationError` naming the reason; nothing fitted is NaN.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 
 from opdvfs import Profile
 from opdvfs.calibration import PowerCalibration
-from opdvfs.exceptions import InputFormatError, NotFittedError, OpdvfsError
+from opdvfs.exceptions import InputFormatError, NotFittedError, OpdvfsError, ValidationError
 from opdvfs.models import ModelBundle, PerfModel, PowerModel
 from opdvfs.sim import SimulatedDevice
 from opdvfs.sim.presets import get_preset
@@ -68,6 +70,7 @@ class Case:
     fit: Callable[[Any, Profile], Any]
     predict: Callable[[Any], dict[str, np.ndarray]]
     profile: str = "core"
+    train: tuple[float, ...] = tuple(TRAIN_MHZ)
 
 
 def perf_case(id: str, train: list[float] = TRAIN_MHZ, **params: Any) -> Case:
@@ -76,6 +79,7 @@ def perf_case(id: str, train: list[float] = TRAIN_MHZ, **params: Any) -> Case:
         lambda: PerfModel(**params),
         lambda model, profile: model.fit(profile, train),
         lambda model: {"time_us": model.predict(TEST_MHZ)},
+        train=tuple(train),
     )
 
 
@@ -95,6 +99,7 @@ def power_case(
             TEST_MHZ, time_us=fixed_times_us(model) if throughput else None
         ),
         profile,
+        tuple(train),
     )
 
 
@@ -185,6 +190,51 @@ def test_bad_input_raises_an_opdvfs_error(case, profiles, tmp_path):
         cls.read(tmp_path / "bad.json")
 
 
+def _with_ops(profile: Profile, ops: pd.DataFrame) -> Profile:
+    return Profile(ops, profile.samples, meta=profile.meta)
+
+
+def _missing_op(profile: Profile) -> Profile:
+    ops = profile.ops
+    return _with_ops(profile, ops[~((ops["op"] == 5) & (ops["freq_mhz"] == 1000.0))])
+
+
+def _times(value: float, only_op: int | None = None) -> Callable[[Profile], Profile]:
+    def degrade(profile: Profile) -> Profile:
+        ops = profile.ops
+        hit = np.full(len(ops), True) if only_op is None else (ops["op"] == only_op).to_numpy()
+        return _with_ops(profile, ops.assign(time_us=np.where(hit, value, ops["time_us"])))
+
+    return degrade
+
+
+#: Degenerate inputs: how to degrade the profile, whether to repeat the first training clock,
+#: and what the error says.
+DEGENERATE = {
+    "repeated-clock": (lambda p: p, True, "1000 MHz is given twice"),
+    "op-missing-at-a-clock": (_missing_op, False, "operator 5 (.*) has no time at 1000 MHz"),
+    "one-zero-time": (_times(0.0, only_op=7), False, "operator 7 (.*) has a time <= 0 us"),
+    "all-zero-times": (_times(0.0), False, "operator 0 (.*) has a time <= 0 us"),
+}
+
+
+@pytest.mark.parametrize("kind", DEGENERATE)
+@pytest.mark.parametrize("case", CASES, ids=ids)
+def test_degenerate_input_is_refused_with_the_reason(case, kind, profiles):
+    degrade, repeat, reason = DEGENERATE[kind]
+    train = [case.train[0], *case.train] if repeat else list(case.train)
+    with pytest.raises(ValidationError, match=reason):
+        case.make().fit(degrade(profiles[case.profile]), train)
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids)
+def test_nothing_fitted_is_nan(case, profiles):
+    doc = fitted(case, profiles).to_dict()
+    numbers = {k: v for k, v in doc.items() if isinstance(v, int | float | list) and k != "names"}
+    for key, value in numbers.items():  # a NaN is written as None, read here as NaN
+        assert np.isfinite(np.asarray(value, dtype=float)).all(), key
+
+
 @pytest.mark.parametrize(
     "model",
     [PerfModel(form="func9"), PowerModel(dynamic="bogus")],
@@ -248,3 +298,17 @@ def test_a_bundle_file_round_trip_predicts_identically(bundle, with_power, tmp_p
 def test_a_bad_bundle_document_raises_an_input_format_error(doc):
     with pytest.raises(InputFormatError):
         ModelBundle.from_dict(doc)
+
+
+def test_a_bundle_records_its_device_and_reads_files_without_one(bundle, tmp_path):
+    with_device = ModelBundle(bundle.perf, bundle.power, device=DEVICE)
+    with_device.write(tmp_path / "models.json")
+    assert ModelBundle.read(tmp_path / "models.json").device == DEVICE
+    old = with_device.to_dict()
+    del old["device"]  # a MODELS file written before the device was recorded
+    back = ModelBundle.from_dict(old)
+    assert back.device is None
+    np.testing.assert_array_equal(back.perf.predict(TEST_MHZ), bundle.perf.predict(TEST_MHZ))
+    bad = {**with_device.to_dict(), "device": {"name": "x", "freqs_mhz": [1800.0, 1000.0]}}
+    with pytest.raises(InputFormatError, match=r"\(device\): field 'freqs_mhz'"):
+        ModelBundle.from_dict(bad, source="m.json")
