@@ -307,14 +307,15 @@ def _training_rows(
     op_ids, freqs, times = profile.time_matrix_us()
     names = profile.ops.drop_duplicates("op").set_index("op")["name"].loc[op_ids].to_numpy()
     check_times(op_ids, names, train, times[:, np.searchsorted(freqs, train)])
-    power_at = pd.crosstab(rows["op"], rows["freq_mhz"]).reindex(index=op_ids, fill_value=0)
-    missing = power_at.to_numpy() == 0
+    missing = np.ones((len(op_ids), len(train)), dtype=bool)
+    clock = np.abs(rows["freq_mhz"].to_numpy()[:, None] - train[None, :]).argmin(axis=1)
+    missing[np.searchsorted(op_ids, rows["op"].to_numpy()), clock] = False
     if missing.any():
         i, j = np.argwhere(missing)[0]
         raise ValidationError(
-            f"operator {int(op_ids[i])} ({names[i]}) has no power at "
-            f"{float(power_at.columns[j]):g} MHz ({int(missing.any(axis=1).sum())} operator(s) "
-            "like it); every operator needs power at every training clock",
+            f"operator {int(op_ids[i])} ({names[i]}) has no power at {train[j]:g} MHz "
+            f"({int(missing.any(axis=1).sum())} operator(s) like it); every operator needs "
+            "power at every training clock",
             field="chip_power_w" if "chip_power_w" in rows else "core_power_w",
         )
     return rows, train
