@@ -10,7 +10,13 @@ from opdvfs.calibration import PowerCalibration
 from opdvfs.cli import app
 from opdvfs.devices.spec import VoltageCurve
 from opdvfs.models._lsq import fit_fixed_effects
-from opdvfs.models.attribution import attribute_class_power, class_time_in_windows
+from opdvfs.models.attribution import (
+    MIN_WINDOWS,
+    attribute_class_power,
+    class_time_in_windows,
+    power_rows,
+    sensor_iterations,
+)
 from opdvfs.models.characterise import characterise_device, fit_voltage_curve
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel, fit_core_power
@@ -422,3 +428,30 @@ def test_clock_form_with_a_characterised_device_fits_gamma_jointly(bert_profile)
     assert result["mape_pct"] < 3.0
     with pytest.raises(ValidationError, match="no cool-down trace"):
         calibration.gamma(voltage)
+
+
+def test_a_sample_only_profile_too_short_for_its_windows_is_refused():
+    dev = SimulatedDevice.from_preset("a100-like")
+    w = BUILDERS["resnet50"]()  # ~18 ms per iteration at 1410 MHz: 100 ms windows need ~228
+    short = dev.profile(w, [1410.0], iterations=5)
+    with pytest.raises(ValidationError, match="profile at least") as info:
+        PowerModel().fit(short)
+    assert info.value.field == "iterations"
+    # the count is the rule's for the profile's own iterations: 4 s of 100 ms windows
+    iteration_s = dev.run(w, freq_mhz=1410.0)[0].iteration_time_s
+    needed = sensor_iterations(iteration_s, **dev.sensor_ms)
+    said = int(str(info.value).split("at least ")[1].split()[0])
+    assert said == pytest.approx(needed, rel=0.02)
+    # without the profile's sensor period, the samples' spacing gives it
+    bare = Profile(short.ops, short.samples, meta={**short.meta, "sensor": {"window_ms": 100}})
+    with pytest.raises(ValidationError, match=f"fewer than the {MIN_WINDOWS}"):
+        power_rows(bare)
+    enough = dev.profile(w, [1410.0], iterations=80)  # 1.4 s: ~13 complete windows
+    assert power_rows(enough)["chip_power_w"].notna().all()
+
+
+@pytest.mark.parametrize("window_ms", [-5.0, 0.0, float("nan")])
+def test_a_non_positive_window_is_refused(window_ms):
+    profile = SimulatedDevice.from_preset("ascend-910b-like").profile(BUILDERS["vgg19"](), [1800])
+    with pytest.raises(ValidationError, match="positive number of milliseconds"):
+        PowerModel().fit(profile, window_ms=window_ms)

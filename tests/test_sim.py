@@ -339,3 +339,9 @@ def test_pipeline_wait_is_clock_independent_time_in_the_recv():
         assert slow >= wait and fast >= wait
         # the transfer after the wait carries the noise; the wait itself does not
         assert abs(slow - fast) <= 0.05 * (min(slow, fast) - wait) + 5.0
+
+
+def test_the_profile_records_the_sensor_the_device_reports():
+    dev = SimulatedDevice.from_preset("h100-like")
+    profile = dev.profile(two_stage_workload(20), [1980])
+    assert profile.meta["sensor"] == dev.sensor_ms == {"period_ms": 100.0, "window_ms": 1000.0}
