@@ -186,14 +186,26 @@ def test_cli_plan_then_simulate(tmp_path, bert_models):
         "predicted_time_s",
         "baseline_energy_j",
         "predicted_energy_j",
+        "baseline_core_energy_j",
+        "predicted_core_energy_j",
+        "measured_baseline_time_s",
+        "measured_time_s",
+        "measured_baseline_energy_j",
+        "measured_energy_j",
+        "measured_baseline_core_energy_j",
+        "measured_core_energy_j",
         "lower_bound_energy_j",
         "lower_bound_power_w",
         "gap_pct",
+        "objective",
+        "values",
         "stages",
         "switches",
+        "clock_changes",
         "plan_seconds",
     } == set(payload)
     schedule = Schedule.read(out)
+    assert payload["switches"] == len(schedule.switches)  # as in the file (issue 14)
     assert schedule.n_ops == len(w) and schedule.device == ASCEND.spec.name
     front = tmp_path / "frontier.csv"
     res = runner.invoke(
