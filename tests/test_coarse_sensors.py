@@ -100,7 +100,7 @@ def test_profile_fit_validate_with_default_flags_on_every_preset(device, mini, t
         sim.run(Workload.read(mini), freq_mhz=top)[0].iteration_time_s, **sim.sensor_ms
     )
     # says how many iterations and why
-    assert f"profiling {expected} iteration(s) per clock" in res.stderr
+    assert f"profiled {expected} iteration(s) per clock" in res.stderr
     assert f"{SENSOR_WINDOWS} complete windows" in res.stderr
     assert Profile.read(profile).n_iterations == expected
     res = invoke("fit", profile, "--out", models)

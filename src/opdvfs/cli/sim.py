@@ -62,8 +62,9 @@ def profile(
     sim = simulator(device, seed)
     work = load_workload(workload)
     clocks = parse_clocks(freqs, sim.spec.freqs_mhz)
+    why = None
     if iterations is None:
-        iterations = _sensor_iterations(sim, work, max(clocks))
+        iterations, why = _sensor_iterations(sim, work, max(clocks))
     with Progress(console=stderr, transient=True, disable=not stderr.is_terminal) as progress:
         task = progress.add_task(f"profiling {work.name} on {device}", total=len(clocks))
         result = sim.profile(
@@ -78,24 +79,24 @@ def profile(
             f"iteration(s) on {device} (simulated)"
         ),
     )
+    if why is not None:  # after the write: a refused --out stays one error line
+        stderr.print(why, highlight=False)
 
 
-def _sensor_iterations(sim: SimulatedDevice, work: Workload, top_mhz: float) -> int:
-    """Return the iterations per clock the device's power sensor needs; say how many and why.
+def _sensor_iterations(sim: SimulatedDevice, work: Workload, top_mhz: float) -> tuple[int, str]:
+    """Return the iterations per clock the device's power sensor needs, and why (one line).
 
     One iteration at the fastest clock asked for (the shortest run) times the workload.
     """
     iteration_s = sim.run(work, freq_mhz=top_mhz, iterations=1)[0].iteration_time_s
     sensor = sim.sensor_ms
     n = sensor_iterations(iteration_s, **sensor)
-    stderr.print(
-        f"opdvfs: profiling {n} iteration(s) per clock: one takes {iteration_s * 1e3:.4g} ms "
+    return n, (
+        f"opdvfs: note: profiled {n} iteration(s) per clock: one takes {iteration_s * 1e3:.4g} ms "
         f"at {top_mhz:g} MHz and the power sensor averages {sensor['window_ms']:g} ms windows "
         f"every {sensor['period_ms']:g} ms; {n} give {SENSOR_WINDOWS} complete windows per "
-        "clock (--iterations to choose)",
-        highlight=False,
+        "clock (--iterations to choose)"
     )
-    return n
 
 
 @app.command()
