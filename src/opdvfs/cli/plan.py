@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from opdvfs._files import write_text_atomic
+from opdvfs._files import check_output_file, write_text_atomic
 from opdvfs.cli._app import (
     JsonOption,
     ObjectiveOption,
@@ -299,6 +299,10 @@ def plan(
     as_json: JsonOption = False,
 ) -> None:
     """Plan per-stage clocks that save the most energy within a slowdown budget."""
+    # refuse a bad output before any work, so that nothing is half written
+    for path in (out, frontier_csv):
+        if path is not None:
+            check_output_file(path)
     spec = get_preset(device).spec if device else None
     models: ModelBundle | None
     if source.suffix == ".json":
