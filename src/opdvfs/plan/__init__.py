@@ -5,7 +5,10 @@ streams and idle time, optional classes), from a workload or a profile. :func:`p
 plans the clocks (the exact, certified solver of :mod:`opdvfs.plan.dp`, or the paper's GA);
 :func:`stage_problem` is its preprocessing step alone (classify, segment, stage tables, paper
 §6.3), :func:`plan_frontier` the whole time-energy frontier, and :func:`plan_grouped` the coarse
-baselines (one static clock, one clock per training phase).
+baselines (one static clock, one clock per training phase). Inputs from a profile carry its
+measurements, which every planner uses first (:mod:`opdvfs.plan.measured`); :mod:`opdvfs.plan.milp`
+states the same problem for HiGHS (the reference the tests check against) and
+:mod:`opdvfs.plan.pipeline` builds a pipeline stage's 1F1B chain from a stage profile.
 """
 
 from opdvfs.plan.planner import (

@@ -624,9 +624,10 @@ def plan_frontier(
     staircase = exact_frontier(problem.tables) if n_stages * n_clocks <= max_cells else None
     if staircase is not None:
         rows = staircase[1]
-        # the multiplier of a staircase row that is also a hull vertex
-        hull = {(round(t, 15), round(e, 12)): lam for t, e, lam in points}
-        lams = [hull.get((round(t, 15), round(e, 12)), np.nan) for t, e in rows]
+        # the multiplier of a staircase row that is also a hull vertex (NaN for the others)
+        same = np.isclose(rows[:, None, 0], points[None, :, 0], rtol=1e-12, atol=0.0)
+        same &= np.isclose(rows[:, None, 1], points[None, :, 1], rtol=1e-12, atol=0.0)
+        lams = np.where(same.any(axis=1), points[same.argmax(axis=1), 2], np.nan)
         points = np.column_stack([rows, lams])
     time_s = points[:, 0] + idle_s
     return pd.DataFrame(
