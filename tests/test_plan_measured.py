@@ -382,3 +382,17 @@ def test_cli_warns_on_a_noise_only_profile(tmp_path):
     res = invoke("plan", path, "--target", 0.05, "--out", tmp_path / "s.json")
     assert res.exit_code == 0, res.output
     assert "opdvfs: warning: every operator runs under 20 us" in res.stderr
+
+
+def test_cli_plans_a_models_file_for_its_own_device_only(tmp_path, bert_profile):
+    models = tmp_path / "m.json"
+    res = invoke("fit", bert_profile, "--out", models)
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "s.json"
+    res = invoke("plan", models, "--target", 0.02, "--out", out)  # its device: no --device
+    assert res.exit_code == 0, res.output
+    assert Schedule.read(out).device == "ascend-910b-like"
+    res = invoke(
+        "plan", models, "--target", 0.02, "--device", "a100-like", "--out", tmp_path / "x.json"
+    )
+    one_line_error(res, "MODELS file", "'ascend-910b-like'", "--force")

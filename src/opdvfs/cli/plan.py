@@ -36,7 +36,6 @@ from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel
 from opdvfs.plan.planner import PlanInputs, plan_frontier, plan_schedule
-from opdvfs.profile import Profile
 from opdvfs.schedule import Dispatch, Objective, Schedule, Solver, Values
 from opdvfs.sim.presets import get_preset, preset_spec
 from opdvfs.workloads.library import load_workload
@@ -48,9 +47,11 @@ NOISE_US = 20.0
 def _inputs_for_models_file(
     n_ops: int, spec: DeviceSpec | None, workload: str | None
 ) -> PlanInputs:
-    """Return the planner's inputs for a MODELS file: the clocks need --device."""
+    """Return the planner's inputs for a MODELS file: the clocks from its device or --device."""
     if spec is None:
-        raise UsageError("a MODELS file needs --device (the clocks to plan over)")
+        raise UsageError(
+            "this MODELS file records no device: pass --device (the clocks to plan over)"
+        )
     if workload is not None:
         return PlanInputs.from_workload(load_workload(workload), spec.freqs_mhz, device=spec.name)
     # without a workload: every op on the compute stream, back to back
@@ -59,29 +60,25 @@ def _inputs_for_models_file(
     )
 
 
-def _check_device(profile: Profile, device: str | None, inputs: PlanInputs) -> None:
-    """Refuse a device other than the profile's, and clocks outside the profiled range.
-
-    Raises
-    ------
-    ValidationError
-        If ``--device`` names another device than the profile recorded, or the device offers
-        clocks outside the profile's lowest..highest clock (the models would extrapolate).
-    """
-    recorded = profile.meta.get("device")
+def _check_device(recorded: str | None, device: str | None, what: str) -> None:
+    """Refuse ``--device`` naming another device than the profile or MODELS file recorded."""
     if device is not None and recorded is not None and recorded != device:
         raise ValidationError(
-            f"the profile was measured on {recorded!r}, not on --device {device!r}: plan it "
+            f"the {what} was measured on {recorded!r}, not on --device {device!r}: plan it "
             "for its own device (drop --device), or pass --force",
             field="device",
         )
-    low, high = float(profile.freqs_mhz.min()), float(profile.freqs_mhz.max())
+
+
+def _check_range(measured_mhz: np.ndarray, inputs: PlanInputs, what: str) -> None:
+    """Refuse device clocks outside the measured range (the models would extrapolate)."""
+    low, high = float(np.min(measured_mhz)), float(np.max(measured_mhz))
     freqs = np.asarray(inputs.freqs_mhz, dtype=float)
     outside = freqs[(freqs < low * (1 - 1e-9)) | (freqs > high * (1 + 1e-9))]
     if outside.size:
         raise ValidationError(
             f"{inputs.device or 'the device'} offers {freqs.min():g}-{freqs.max():g} MHz but the "
-            f"profile measured {low:g}-{high:g} MHz: {outside.size} clock(s) outside it "
+            f"{what} measured {low:g}-{high:g} MHz: {outside.size} clock(s) outside it "
             f"(e.g. {outside[0]:g} MHz) would be extrapolated by the models; profile the "
             "device's lowest and highest clocks, or pass --force",
             field="freq_mhz",
@@ -307,13 +304,21 @@ def plan(
     models: ModelBundle | None
     if source.suffix == ".json":
         models = ModelBundle.read(source)
+        recorded = models.device
+        if not force:
+            _check_device(recorded.name if recorded else None, device, "MODELS file")
+        # the MODELS file's own device, unless --device names another (forced)
+        spec = spec or recorded
         inputs = _inputs_for_models_file(len(models.perf.op_ids_), spec, workload)
+        if not force:
+            _check_range(models.perf.train_freqs_mhz_, inputs, "MODELS file's profile")
     else:
         profile = load_profile([source], None, None)
         work = load_workload(workload) if workload is not None else None
         inputs = PlanInputs.from_profile(profile, spec, workload=work)
         if not force:
-            _check_device(profile, device, inputs)
+            _check_device(profile.meta.get("device"), device, "profile")
+            _check_range(profile.freqs_mhz, inputs, "profile")
         # the device planned for (--device, else the profile's preset) brings the V-f curve
         spec = preset_spec(inputs.device)
         models = None
