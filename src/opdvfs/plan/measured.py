@@ -137,8 +137,8 @@ def missing_measurement(
         f"op {int(measured.op_ids[row])} ({measured.names[row]}) has no measured {what} at "
         f"{float(freqs_mhz[col]):g} MHz"
         + (f" (and {more} more op-clock cells)" if more else "")
-        + ": profile every op at every planned clock, or plan with --values auto to let the "
-        "models fill the gaps",
+        + ": profile it, or plan with --values auto (and --train-freqs without that clock) "
+        "so that the models fill it",
         field=what,
     )
 
