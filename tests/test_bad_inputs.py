@@ -25,10 +25,6 @@ from opdvfs.cli import app
 
 runner = CliRunner()
 
-#: Issue #14 items owned by other areas; a case still failing there is a strict xfail.
-FRONTIER = "issue 14 item 8 (cli/plan.py): the schedule is written before --frontier fails"
-NOTE = "issue 14 item 3 (cli/sim.py): profile's iterations note goes to stderr before --out fails"
-
 
 @dataclass(frozen=True)
 class Case:
@@ -37,7 +33,6 @@ class Case:
     command: str
     kind: str
     args: str
-    xfail: str | None = None
 
     def argv(self, inputs: Path, out: Path) -> list[str]:
         # split before formatting, so folders with spaces stay one argument
@@ -201,7 +196,6 @@ CASES = [
         "plan",
         "frontier is a directory",
         "plan {in}/p.parquet --target 0.02 --out {out}/s.json --frontier {out}/adir",
-        FRONTIER,
     ),
     Case(
         "plan",
@@ -288,9 +282,7 @@ CASES = [
     Case(
         "profile", "negative seed", f"profile {SIM} --freqs 1000 --seed -1 --out {{out}}/p.parquet"
     ),
-    Case(
-        "profile", "output is a directory", f"profile {SIM} --freqs 1000 --out {{out}}/adir", NOTE
-    ),
+    Case("profile", "output is a directory", f"profile {SIM} --freqs 1000 --out {{out}}/adir"),
     Case("profile", "missing --freqs", f"profile {SIM} --out {{out}}/p.parquet"),
     # ------------------------------------------------------------------ simulate
     Case("simulate", "missing schedule", f"simulate {SIM} {{in}}/nope.json"),
@@ -416,14 +408,7 @@ def assert_contract(code: int, stderr: str, output: str) -> None:
 
 
 def _params() -> list:
-    return [
-        pytest.param(
-            case,
-            id=case.id,
-            marks=[pytest.mark.xfail(strict=True, reason=case.xfail)] if case.xfail else [],
-        )
-        for case in CASES
-    ]
+    return [pytest.param(case, id=case.id) for case in CASES]
 
 
 @pytest.fixture
