@@ -208,6 +208,11 @@ CASES = [
         "all-zero times",
         "plan {in}/zeros.parquet --target 0.02 --out {out}/s.json",
     ),
+    Case(
+        "plan",
+        "all-zero measured times (every clock measured: no model fitted)",
+        "plan {in}/zeros-measured.parquet --target 0.02 --out {out}/s.json",
+    ),
     # ------------------------------------------------------------------ validate perf / power
     Case(
         "validate perf", "missing file", "validate perf {in}/nope.parquet --train-freqs 1000,1800"
@@ -351,6 +356,10 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     gpu.profile(work, [210, 810, 1410]).write(root / "a100.parquet")
     ops = profile.ops
     opdvfs.Profile(ops.assign(time_us=0.0), meta=profile.meta).write(root / "zeros.parquet")
+    every = device.profile(work, device.spec.freqs_mhz).ops
+    opdvfs.Profile(every.assign(time_us=0.0), meta=profile.meta).write(
+        root / "zeros-measured.parquet"
+    )
     hole = ops.index[(ops["freq_mhz"] == 1400) & (ops["op"] == 5)]
     opdvfs.Profile(ops.drop(index=hole), meta=profile.meta).write(root / "holes.parquet")
     models = opdvfs.ModelBundle(

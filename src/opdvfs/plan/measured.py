@@ -76,12 +76,22 @@ class MeasuredTables:
         full = pd.MultiIndex.from_product([op_ids, freqs], names=["op", "freq_mhz"])
         table = medians.reindex(full)
         shape = (len(op_ids), len(freqs))
-        names = rows.drop_duplicates("op").set_index("op")["name"]
+        names = rows.drop_duplicates("op").set_index("op")["name"].loc[op_ids].to_numpy()
+        time_us = table["time_us"].to_numpy(dtype=float).reshape(shape)
+        # a measured time of 0 has no slowdown to trade: nothing can be planned on it
+        bad = np.isfinite(time_us) & (time_us <= 0)
+        if bad.any():
+            i, j = np.argwhere(bad)[0]
+            raise ValidationError(
+                f"op {int(op_ids[i])} ({names[i]}) has a median time <= 0 us at {freqs[j]:g} MHz "
+                f"({int(bad.any(axis=1).sum())} op(s) like it); expected a positive time",
+                field="time_us",
+            )
         return cls(
             op_ids,
-            names.loc[op_ids].to_numpy(),
+            names,
             freqs,
-            table["time_us"].to_numpy(dtype=float).reshape(shape),
+            time_us,
             table["chip_j"].to_numpy(dtype=float).reshape(shape),
             table["core_j"].to_numpy(dtype=float).reshape(shape),
         )
