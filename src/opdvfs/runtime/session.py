@@ -20,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from opdvfs._files import write_text_atomic
 from opdvfs.exceptions import CaptureError, ScheduleMismatchError, ValidationError
 from opdvfs.runtime.actuators import ClockGuard, TwinActuator, make_actuator
 from opdvfs.runtime.checks import check_schedule
@@ -276,5 +277,5 @@ class Session:
             record = {"lines": [], "error": str(exc), "mode": self.mode}
         record.update(rank=self.rank, pid=os.getpid())
         path = Path(self.report_dir) / f"{self.rank:05d}-{os.getpid()}.json"
-        path.write_text(json.dumps(record), encoding="utf-8")
+        write_text_atomic(path, json.dumps(record))
         sys.stdout.flush()
