@@ -152,11 +152,16 @@ def test_module_form_with_python_flags(proj):
         (["python", "-X", "importtime", "train.py"], "start opdvfs with it instead"),
         (["python", "-W", "explode", "train.py"], "action 'explode' is not one of"),
         (["python", "missing.py"], "missing.py: no such script"),
+        (["python", "-m", "missing_module", "3"], "-m missing_module: no module named"),
+        (["python", "-m", "train", "-W", "explode"], None),  # -W after the module: its argument
         (["no-such-launcher-here", "train.py"], "no-such-launcher-here: no such program"),
     ],
 )
 def test_what_cannot_run_is_one_line_before_the_script_starts(proj, argv, needle):
     res = CliRunner().invoke(app, ["capture", "--out", "w.json", "--", *argv])
+    if needle is None:  # not an error: the program gets it
+        assert res.exit_code != 0 and (proj / "started").exists()
+        return
     assert res.exit_code == 2, res.output
     assert res.stderr.startswith("opdvfs: error: ") and len(res.stderr.splitlines()) == 1
     assert needle in res.stderr and not (proj / "started").exists()
@@ -473,3 +478,36 @@ def test_simulate_checks_the_schedule_against_device_and_workload(tmp_path, devi
         app, ["simulate", str(tmp_path / "s.json"), "--device", device, "--workload", "bert"]
     )
     assert res.exit_code == 2 and needle in res.stderr and len(res.stderr.splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["ascend-910b-like", "a100-like", "h100-like", "v100-like"])
+def test_the_users_whole_flow_on_every_preset_with_default_flags(proj, device):
+    """Issue 14's flow end to end: the user's own project (a sibling module, 5 AdamW steps)
+    captured in the -m form, profiled on a preset with default flags, planned, run dry."""
+    runner = CliRunner()
+
+    def ok(*argv: str):
+        res = runner.invoke(app, list(argv))
+        assert res.exit_code == 0, (argv, res.output)
+        return res
+
+    ok("capture", "--out", "w.json", "--", "python", "-u", "-m", "train", "5")
+    ok("profile", "-d", device, "-w", "w.json", "--freqs", "min,mid,max", "--out", "p.parquet")
+    ok("plan", "p.parquet", "--target", "0.05", "--out", "s.json")
+    schedule = Schedule.read(proj / "s.json")
+    assert schedule.device == device and schedule.n_ops == len(
+        json.loads(Path("w.json").read_text())["ops"]["name"]
+    )
+    with pytest.warns(UserWarning, match="falling back"):  # step 1 also creates AdamW's state
+        res = ok(
+            "run", "s.json", "--actuator", "dry-run", "--log", "calls.jsonl",
+            "--", "python", "train.py", "5",
+        )  # fmt: skip
+    calls = _log(proj / "calls.jsonl")
+    assert calls[0]["kind"] == "run" and calls[-1]["kind"] == "restore"
+    planned = {s.freq_mhz for s in schedule.stages}
+    # iteration 0 falls back to the top clock; from then on only planned clocks are set
+    later = [c["freq_mhz"] for c in calls if c["kind"] == "set" and c["iteration"] >= 1]
+    assert later and set(later) <= planned
+    assert "ran 5 iterations; diverged in 1" in res.stdout

@@ -20,6 +20,8 @@ from __future__ import annotations
 import atexit
 import builtins
 import faulthandler
+import importlib.machinery
+import importlib.util
 import json
 import os
 import re
@@ -153,7 +155,7 @@ def parse_python_command(argv: Sequence[str]) -> PythonCommand | None:
                     value = argv[i]
                 if letter in "cm":
                     kind: Literal["module", "code"] = "module" if letter == "m" else "code"
-                    return PythonCommand(kind, value, tuple(argv[i + 1 :]), tuple(flags))
+                    return _checked(PythonCommand(kind, value, tuple(argv[i + 1 :]), tuple(flags)))
                 flags.append(f"-{letter}{value}")
                 break
             if letter in _START_ONLY_FLAGS or letter not in _APPLIED_FLAGS:
@@ -171,8 +173,19 @@ def parse_python_command(argv: Sequence[str]) -> PythonCommand | None:
 
 
 def _checked(command: PythonCommand) -> PythonCommand:
-    if not Path(command.target).exists():
+    if command.kind == "path" and not Path(command.target).exists():
         raise ValidationError(f"{command.target}: no such script", field="argv")
+    if command.kind == "module":
+        # -m looks in the working folder first; only the top-level package is looked up, so
+        # nothing of the program is imported before it starts
+        top = command.target.partition(".")[0]
+        here = importlib.machinery.PathFinder.find_spec(top, [os.getcwd(), *sys.path[1:]])
+        # importlib.util also asks builtins, frozen modules and meta-path finders
+        if here is None and importlib.util.find_spec(top) is None:
+            raise ValidationError(
+                f"-m {command.target}: no module named {top!r} in {os.getcwd()} or on sys.path",
+                field="argv",
+            )
     for flag in command.flags:  # a bad -W/-X value is an error before the program starts
         if flag.startswith("-W"):
             _warning_filter(flag[2:])
