@@ -489,3 +489,17 @@ def test_help_is_unchanged() -> None:
     res = runner.invoke(app, ["validate"])
     assert "Usage" in res.output and "perf" in res.output
     assert "opdvfs: error" not in res.output
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ("plan {in}/s.json --target 0.02 --out {out}/x.json", "an opdvfs schedule, not a MODELS"),
+        ("simulate {in}/m.json -d ascend-910b-like -w vgg19", "an opdvfs MODELS file from opdvfs"),
+        ("fit {in}/s.json --out {out}/x.json", "an opdvfs schedule, not a profile"),
+        ("simulate {in}/w.json -d ascend-910b-like -w vgg19", "an opdvfs workload, not a sched"),
+    ],
+)
+def test_another_opdvfs_file_is_named_with_the_command_that_takes_it(args, says, inputs, out):
+    res = runner.invoke(app, [w.format(**{"in": inputs, "out": out}) for w in args.split()])
+    assert res.exit_code == 2 and says in res.stderr, res.output

@@ -15,12 +15,83 @@ from opdvfs.exceptions import InputFormatError, OpdvfsError, OutputPathError
 __all__ = [
     "JsonFile",
     "atomic_path",
+    "check_format",
     "check_output_file",
     "check_output_folder",
+    "file_kind",
     "read_json",
     "write_atomic",
     "write_text_atomic",
 ]
+
+
+#: The files opdvfs writes, by their format tag (JSON ``"format"``, Parquet metadata key): what
+#: each is and which command takes it, so a misplaced one is named rather than misparsed.
+FILE_KINDS: dict[str, tuple[str, str]] = {
+    "opdvfs.schedule": ("an opdvfs schedule", "opdvfs simulate and opdvfs run take it"),
+    "opdvfs.models": ("an opdvfs MODELS file from opdvfs fit", "opdvfs plan takes it"),
+    "opdvfs.workload": (
+        "an opdvfs workload",
+        "opdvfs profile --workload and opdvfs simulate --workload take it",
+    ),
+}
+#: Untagged opdvfs JSON files, by keys only they have.
+_UNTAGGED_KINDS = (
+    ({"suite", "sections", "goals"}, ("a report's results.json", "opdvfs report takes its folder")),
+    ({"iteration_time_s", "chip_energy_j"}, ("an opdvfs run result", "opdvfs simulate wrote it")),
+)
+
+
+def file_kind(doc: Any) -> tuple[str, str] | None:
+    """Return (what it is, which command takes it) for a file opdvfs wrote, or None.
+
+    Parameters
+    ----------
+    doc
+        A parsed JSON document, or for Parquet the set of its metadata keys (decoded).
+    """
+    if isinstance(doc, dict) and isinstance(doc.get("format"), str):
+        return FILE_KINDS.get(doc["format"])
+    if isinstance(doc, set):
+        return next((FILE_KINDS[key] for key in FILE_KINDS if key in doc), None)
+    if isinstance(doc, dict):
+        return next((kind for keys, kind in _UNTAGGED_KINDS if keys <= doc.keys()), None)
+    return None
+
+
+def check_format(
+    doc: Any,
+    expected: str,
+    source: str,
+    *,
+    what: str,
+    error: type[InputFormatError] = InputFormatError,
+) -> None:
+    """Raise unless ``doc`` is a JSON object whose ``"format"`` is ``expected``.
+
+    A file opdvfs wrote for another command is named as such (``s.json: an opdvfs schedule, not
+    a MODELS file; opdvfs simulate and opdvfs run take it``), anything else gets the tag that was
+    expected.
+
+    Parameters
+    ----------
+    doc
+        The parsed document.
+    expected
+        Its format tag, e.g. ``"opdvfs.models"``.
+    source
+        The file, for the message.
+    what
+        What the caller reads, for the message (``"a MODELS file"``).
+    error
+        The error class to raise.
+    """
+    if isinstance(doc, dict) and doc.get("format") == expected:
+        return
+    kind = file_kind(doc)
+    if kind is not None:
+        raise error(f"{source}: {kind[0]}, not {what}; {kind[1]}")
+    raise error(f'{source}: expected {what} ("format": "{expected}")')
 
 
 def check_output_file(path: str | os.PathLike[str]) -> None:

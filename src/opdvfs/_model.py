@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Self
 
 import pydantic
 
-from opdvfs._files import read_json, write_text_atomic
+from opdvfs._files import check_format, read_json, write_text_atomic
 from opdvfs.exceptions import InputFormatError
 
 __all__ = ["FrozenModel", "describe_validation_error"]
@@ -69,5 +69,14 @@ class FrozenModel(pydantic.BaseModel):
 
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> Self:
-        """Read and validate a JSON file written by :meth:`write`."""
-        return cls._validate(read_json(path, cls.file_error), str(path))
+        """Read and validate a JSON file written by :meth:`write`.
+
+        A class with a ``format`` tag (``Schedule``) names another opdvfs file given in its
+        place (a MODELS file, a workload) and the command that takes it.
+        """
+        doc = read_json(path, cls.file_error)
+        tag = cls.model_fields["format"].default if "format" in cls.model_fields else None
+        if isinstance(tag, str):
+            what = f"a {cls.__name__.lower()}"
+            check_format(doc, tag, str(path), what=what, error=cls.file_error)
+        return cls._validate(doc, str(path))

@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from opdvfs._files import file_kind
 from opdvfs._table import Column, Kind, coerce_column
 from opdvfs.exceptions import ProfileFormatError, ValidationError
 from opdvfs.profile import Profile
@@ -42,23 +43,6 @@ def missing_columns(required: Header, header: Sequence[str]) -> list[tuple[str, 
     return [group for group in required if not present & set(group)]
 
 
-#: The other files opdvfs writes, by their format tag (JSON ``"format"``, Parquet metadata key):
-#: what each is and which command takes it, so a misplaced one is named rather than misparsed.
-_OTHER_FILES = {
-    "opdvfs.schedule": ("an opdvfs schedule", "opdvfs simulate and opdvfs run take it"),
-    "opdvfs.models": ("an opdvfs MODELS file from opdvfs fit", "opdvfs plan takes it"),
-    "opdvfs.workload": (
-        "an opdvfs workload",
-        "opdvfs profile --workload and opdvfs simulate --workload take it",
-    ),
-}
-#: Untagged opdvfs JSON files, by keys only they have.
-_UNTAGGED_FILES = (
-    ({"suite", "sections", "goals"}, ("a report's results.json", "opdvfs report takes its folder")),
-    ({"iteration_time_s", "chip_energy_j"}, ("an opdvfs run result", "opdvfs simulate wrote it")),
-)
-
-
 def other_opdvfs_file(path: Path, doc: Any) -> ProfileFormatError | None:
     """Return the error for another opdvfs file given where a profile belongs, or None.
 
@@ -69,13 +53,7 @@ def other_opdvfs_file(path: Path, doc: Any) -> ProfileFormatError | None:
     doc
         Its parsed JSON, or for Parquet the set of its metadata keys (decoded).
     """
-    kind = None
-    if isinstance(doc, dict) and isinstance(doc.get("format"), str):
-        kind = _OTHER_FILES.get(doc["format"])
-    elif isinstance(doc, set):
-        kind = next((_OTHER_FILES[key] for key in _OTHER_FILES if key in doc), None)
-    if isinstance(doc, dict) and kind is None:
-        kind = next((k for keys, k in _UNTAGGED_FILES if keys <= doc.keys()), None)
+    kind = file_kind(doc)
     if kind is None:
         return None
     what, taken_by = kind

@@ -14,7 +14,7 @@ from typing import Any, Self
 
 import pydantic
 
-from opdvfs._files import JsonFile
+from opdvfs._files import JsonFile, check_format
 from opdvfs._model import describe_validation_error
 from opdvfs.devices.spec import DeviceSpec
 from opdvfs.exceptions import InputFormatError
@@ -56,8 +56,7 @@ class ModelBundle(JsonFile):
     @classmethod
     def from_dict(cls, doc: Any, *, source: str = "<dict>") -> Self:
         """Rebuild the bundle from :meth:`to_dict` output (files without ``device`` too)."""
-        if not isinstance(doc, dict) or doc.get("format") != "opdvfs.models":
-            raise InputFormatError(f'{source}: expected "format": "opdvfs.models"')
+        check_format(doc, "opdvfs.models", source, what="a MODELS file")
         if "perf" not in doc:
             raise InputFormatError(f"{source}: field 'perf': missing")
         power, device = doc.get("power"), doc.get("device")

@@ -30,7 +30,7 @@ from typing import Any, Self
 
 import numpy as np
 
-from opdvfs._files import JsonFile
+from opdvfs._files import JsonFile, check_format
 from opdvfs.exceptions import InputFormatError, ValidationError
 from opdvfs.models._estimator import check_finite, check_is_fitted, training_clocks
 from opdvfs.models._lsq import constrained_wls, nonneg_wls2
@@ -389,8 +389,7 @@ class PerfModel(JsonFile):
     @classmethod
     def from_dict(cls, doc: dict[str, Any], *, source: str = "<dict>") -> PerfModel:
         """Rebuild a fitted model from :meth:`to_dict` output."""
-        if not isinstance(doc, dict) or doc.get("format") != "opdvfs.perf-model":
-            raise InputFormatError(f'{source}: expected "format": "opdvfs.perf-model"')
+        check_format(doc, "opdvfs.perf-model", source, what="a performance model")
         try:
             model = cls(form=doc["form"])
             model.form_ = doc["form"]

@@ -49,7 +49,7 @@ import numpy as np
 import pandas as pd
 import scipy.optimize
 
-from opdvfs._files import JsonFile
+from opdvfs._files import JsonFile, check_format
 from opdvfs.calibration import PowerCalibration
 from opdvfs.devices.spec import DeviceSpec, VoltageCurve
 from opdvfs.exceptions import InputFormatError, ValidationError
@@ -601,8 +601,7 @@ class PowerModel(JsonFile):
     @classmethod
     def from_dict(cls, doc: dict[str, Any], *, source: str = "<dict>") -> PowerModel:
         """Rebuild a fitted model from :meth:`to_dict` output."""
-        if not isinstance(doc, dict) or doc.get("format") != "opdvfs.power-model":
-            raise InputFormatError(f'{source}: expected "format": "opdvfs.power-model"')
+        check_format(doc, "opdvfs.power-model", source, what="a power model")
         try:
             model = cls(
                 temperature=bool(doc["temperature"]),
