@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from opdvfs.exceptions import ValidationError
+from opdvfs.models.perf import check_times
 from opdvfs.profile import Profile
 
 __all__ = ["MeasuredTables", "correct_to_measurements", "missing_measurement"]
@@ -78,15 +79,8 @@ class MeasuredTables:
         shape = (len(op_ids), len(freqs))
         names = rows.drop_duplicates("op").set_index("op")["name"].loc[op_ids].to_numpy()
         time_us = table["time_us"].to_numpy(dtype=float).reshape(shape)
-        # a measured time of 0 has no slowdown to trade: nothing can be planned on it
-        bad = np.isfinite(time_us) & (time_us <= 0)
-        if bad.any():
-            i, j = np.argwhere(bad)[0]
-            raise ValidationError(
-                f"op {int(op_ids[i])} ({names[i]}) has a median time <= 0 us at {freqs[j]:g} MHz "
-                f"({int(bad.any(axis=1).sum())} op(s) like it); expected a positive time",
-                field="time_us",
-            )
+        # a measured time of 0 has no slowdown to trade (cells not measured are gaps, not errors)
+        check_times(op_ids, names, freqs, np.where(np.isnan(time_us), np.inf, time_us))
         return cls(
             op_ids,
             names,
