@@ -13,7 +13,12 @@ def test_valid_profile_sorted_and_typed():
     assert p.n_ops == 3
     assert list(p.freqs_mhz) == [1000.0, 1800.0]
     table = p.ops
-    assert table["op"].dtype == np.int64
+    # compact in memory: int32 positions, categorical text, float64 measurements
+    assert table["op"].dtype == np.int32
+    assert table["iteration"].dtype == np.int32
+    assert isinstance(table["name"].dtype, pd.CategoricalDtype)
+    assert isinstance(table["stream"].dtype, pd.CategoricalDtype)
+    assert table["time_us"].dtype == np.float64
     assert table["freq_mhz"].is_monotonic_increasing
     # type defaults to name, stream to compute
     assert (table["type"] == table["name"]).all()

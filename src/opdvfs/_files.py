@@ -30,6 +30,10 @@ __all__ = [
 FILE_KINDS: dict[str, tuple[str, str]] = {
     "opdvfs.schedule": ("an opdvfs schedule", "opdvfs simulate and opdvfs run take it"),
     "opdvfs.models": ("an opdvfs MODELS file from opdvfs fit", "opdvfs plan takes it"),
+    "opdvfs.profile-samples": (
+        "the sensor samples of an opdvfs profile",
+        "give the profile file beside it (the one without .samples)",
+    ),
     "opdvfs.workload": (
         "an opdvfs workload",
         "opdvfs profile --workload and opdvfs simulate --workload take it",

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import pandas as pd
 
 from opdvfs.exceptions import ValidationError
+
+if TYPE_CHECKING:  # pandas loads with the first table, not with the CLI's `schema` command
+    import pandas as pd
 
 Kind = Literal["int", "float", "str"]
 
@@ -113,6 +115,8 @@ class TableSchema:
             On the first missing or unknown column, or the first row whose value breaks its
             column's constraints; ``.field`` and ``.row`` (the index label) say where.
         """
+        import pandas as pd
+
         known = set(self.names)
         for name in frame.columns:
             if not isinstance(name, str):
@@ -185,6 +189,8 @@ def _parse_text_numbers(series: pd.Series, col: Column, what: str) -> np.ndarray
     The C parser takes the clean cells; only the cells it rejects are stripped and retried
     (torch_npu appends a tab to its timestamps).
     """
+    import pandas as pd
+
     text = series.astype(object)
     values = np.array(pd.to_numeric(text, errors="coerce"), dtype=float)
     retry = np.isnan(values)
@@ -221,6 +227,8 @@ def _coerce_str(series: pd.Series, col: Column, what: str) -> pd.Series:
 
 
 def _coerce_number(series: pd.Series, col: Column, what: str) -> pd.Series:
+    import pandas as pd
+
     if series.dtype == object or pd.api.types.is_string_dtype(series.dtype):
         values = _parse_text_numbers(series, col, what)
     elif pd.api.types.is_bool_dtype(series.dtype):

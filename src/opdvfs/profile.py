@@ -2,25 +2,36 @@
 
 A profile is a long table with one row per (iteration, operator position, core clock), plus an
 optional table of power-sensor samples. It is what every importer returns and what the models fit.
-On disk it is one Parquet file: the operator rows are the table itself (so ``pandas.read_parquet``
-opens it), and the samples and metadata ride in the file's key-value metadata.
+
+On disk (format version 2) the operator rows are one Parquet file, ``p.parquet`` (so
+``pandas.read_parquet`` opens it), whose key-value metadata holds only a small JSON header: the
+format version, the metadata, and where the samples are. The samples, which grow with the run
+(NVML-style sensors: one per 100 ms of every iteration), are data rather than metadata: their own
+Parquet file beside it, ``p.samples.parquet``, tied to the header by a random id so a stale or
+foreign samples file is refused. Version 1 files (samples as a Parquet blob inside the footer's
+metadata, which pyarrow's thrift reader refuses past ~100 MB) still read.
+
+In memory the rows are compact (~110 B per row on a simulated Ascend profile, 311 B before):
+operator names, types, streams and task types are categoricals, ``iteration``, ``op`` and
+``kernels`` are int32 where they fit. Every float column stays float64: times, powers and clocks
+feed fits and plans whose printed figures must not move, and ratios meet thresholds in the
+classifier, where float32 rounding could flip an operator's class.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
-from collections.abc import Mapping
+import uuid
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from opdvfs._files import write_atomic
+from opdvfs._files import atomic_path
 from opdvfs._table import (
     Column,
     TableSchema,
@@ -29,6 +40,9 @@ from opdvfs._table import (
     require_unique,
 )
 from opdvfs.exceptions import ProfileFormatError, ValidationError
+
+if TYPE_CHECKING:  # pandas and pyarrow load with the first profile, not with `opdvfs --help`
+    import pandas as pd
 
 __all__ = ["OP_COLUMNS", "SAMPLE_COLUMNS", "STREAMS", "Profile"]
 
@@ -152,8 +166,29 @@ SAMPLE_COLUMNS = TableSchema(
 )
 
 _META_KEY = b"opdvfs.profile"
+#: Version 1 kept the samples here, as a Parquet blob in the footer; read only.
 _SAMPLES_KEY = b"opdvfs.samples"
-_FORMAT_VERSION = 1
+#: The samples file's own tag (``_files.FILE_KINDS`` names it when given as a profile).
+SAMPLES_FILE_KEY = b"opdvfs.profile-samples"
+_FORMAT_VERSION = 2
+#: Rows per Parquet row group (and per conversion step when writing), so a large table is never
+#: converted to Arrow all at once.
+_ROW_GROUP = 1 << 20
+#: Text columns held as categoricals: a few hundred distinct names over a million rows.
+_CATEGORICAL = ("name", "type", "stream", "task_type")
+#: Integer columns held as int32 when their values fit.
+_INT32 = ("iteration", "op", "kernels")
+
+
+def samples_path(path: str | os.PathLike[str]) -> Path:
+    """Return the samples file that belongs beside the profile at ``path``.
+
+    ``p.parquet`` keeps its samples in ``p.samples.parquet`` (a name without ``.parquet`` gets
+    ``.samples.parquet`` appended).
+    """
+    src = Path(path)
+    stem = src.name[: -len(".parquet")] if src.name.endswith(".parquet") else src.name
+    return src.with_name(f"{stem}.samples.parquet")
 
 
 class Profile:
@@ -194,8 +229,8 @@ class Profile:
             table.insert(3, "type", table["name"])
         require_unique(table, ("iteration", "op", "freq_mhz"), "profile")
         _require_one_name_per_op(table)
-        self._ops = table.sort_values(["iteration", "freq_mhz", "op"], kind="stable").reset_index(
-            drop=True
+        self._ops = _compact(
+            table.sort_values(["iteration", "freq_mhz", "op"], kind="stable").reset_index(drop=True)
         )
         self._samples: pd.DataFrame | None = None
         if samples is not None:
@@ -342,7 +377,10 @@ class Profile:
             "clocks": len(clocks),
             "freqs_mhz": [float(f) for f in self.freqs_mhz],
             "per_clock": clocks,
-            "streams": {str(k): int(v) for k, v in ops["stream"].value_counts().items()},
+            # as text: a categorical's value_counts would order ties by category, not by first seen
+        "streams": {
+            str(k): int(v) for k, v in ops["stream"].astype(object).value_counts().items()
+        },
             "op_types": int(ops["type"].nunique()),
             "power_columns": power_cols,
             "ratio_columns": ratio_cols,
@@ -353,51 +391,133 @@ class Profile:
 
     # ----------------------------------------------------------------------------- files
     def write(self, path: str | os.PathLike[str]) -> None:
-        """Write the profile to a Parquet file, atomically (temp file, then rename)."""
-        table = pa.Table.from_pandas(self._ops, preserve_index=False)
-        meta = dict(table.schema.metadata or {})
-        header = {"version": _FORMAT_VERSION, "meta": self._meta}
-        meta[_META_KEY] = json.dumps(header).encode()
-        if self._samples is not None:
-            buf = io.BytesIO()
-            pq.write_table(pa.Table.from_pandas(self._samples, preserve_index=False), buf)
-            meta[_SAMPLES_KEY] = buf.getvalue()
-        table = table.replace_schema_metadata(meta)
-        write_atomic(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
+        """Write the profile as Parquet, atomically (temp files, then rename).
+
+        The operator rows go to ``path``; the samples, if any, to :func:`samples_path` beside
+        it. Both are written in row groups of a million rows, so a table is converted to Arrow
+        a slice at a time.
+        """
+        header: dict[str, Any] = {"version": _FORMAT_VERSION, "meta": self._meta}
+        stale = samples_path(path)
+        with contextlib.ExitStack() as files:
+            if self._samples is not None:
+                token = uuid.uuid4().hex
+                header["samples"] = {"file": stale.name, "rows": len(self._samples), "id": token}
+                tmp = files.enter_context(atomic_path(stale))
+                _write_parquet(self._samples, tmp, {SAMPLES_FILE_KEY: token.encode()})
+            # entered last, so renamed first: the header never names samples not yet in place
+            # for long, and a reader that meets a mismatch is told by the id
+            tmp = files.enter_context(atomic_path(path))
+            _write_parquet(self._ops, tmp, {_META_KEY: json.dumps(header).encode()})
+        if self._samples is None:
+            stale.unlink(missing_ok=True)
 
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> Profile:
-        """Read a profile written by :meth:`write`.
+        """Read a profile written by :meth:`write` (format version 2, or version 1).
 
         Raises
         ------
         ProfileFormatError
-            If the file is missing, is not Parquet, or holds rows that fail validation.
+            If the file is missing, is not Parquet, holds rows that fail validation, or its
+            samples file is missing or belongs to another profile.
         """
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
         src = Path(path)
         try:
-            table = pq.read_table(src)
+            parquet = pq.ParquetFile(src)
+            raw = parquet.schema_arrow.metadata or {}
         except FileNotFoundError:
             raise ProfileFormatError(f"{src}: no such file") from None
         except (pa.ArrowException, OSError) as exc:
             raise ProfileFormatError(f"{src}: not a Parquet profile ({_first_line(exc)})") from None
-        raw = table.schema.metadata or {}
         try:
             header = json.loads(raw.get(_META_KEY, b"{}"))
-            meta = header.get("meta", {})
-            samples = None
-            if _SAMPLES_KEY in raw:
-                samples = pq.read_table(io.BytesIO(raw[_SAMPLES_KEY])).to_pandas()
-        except (ValueError, pa.ArrowException) as exc:
+            samples = _read_samples(src, header, raw)
+        except ProfileFormatError:
+            raise
+        except (ValueError, KeyError, TypeError, OSError, pa.ArrowException) as exc:
             raise ProfileFormatError(
                 f"{src}: corrupt opdvfs metadata ({_first_line(exc)})"
             ) from None
-        frame = table.to_pandas()
+        try:
+            frame = _to_pandas(parquet)
+        except (pa.ArrowException, OSError) as exc:
+            raise ProfileFormatError(f"{src}: not a Parquet profile ({_first_line(exc)})") from None
         frame.index = frame.index + 1
         try:
-            return cls(frame, samples, meta=meta)
+            return cls(frame, samples, meta=header.get("meta", {}))
         except ValidationError as exc:
             raise ProfileFormatError(f"{src}: {exc}") from None
+
+
+def _compact(table: pd.DataFrame) -> pd.DataFrame:
+    """Give ``table`` (the caller's own) categorical text and int32 positions; return it."""
+    for name in table.columns:
+        column = table[name]
+        if name in _CATEGORICAL:
+            table[name] = column.astype("category")
+        elif name in _INT32 and (column.empty or column.max() <= np.iinfo(np.int32).max):
+            table[name] = column.astype(np.int32)
+    return table
+
+
+def _write_parquet(frame: pd.DataFrame, path: Path, metadata: Mapping[bytes, bytes]) -> None:
+    """Write ``frame`` to ``path`` one row group at a time, with ``metadata`` in the footer."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.Schema.from_pandas(frame.iloc[:0], preserve_index=False)
+    schema = schema.with_metadata({**(schema.metadata or {}), **metadata})
+    with pq.ParquetWriter(path, schema, compression="zstd") as writer:
+        for start in _row_groups(len(frame)):
+            part = frame.iloc[start : start + _ROW_GROUP]
+            writer.write_table(pa.Table.from_pandas(part, schema=schema, preserve_index=False))
+
+
+def _row_groups(rows: int) -> Iterator[int]:
+    """Yield the first row of each row group (one, empty, for an empty table)."""
+    yield from range(0, max(rows, 1), _ROW_GROUP)
+
+
+def _to_pandas(parquet: Any) -> pd.DataFrame:
+    """Return a Parquet file's table as pandas, freeing the Arrow buffers as they convert."""
+    return parquet.read().to_pandas(self_destruct=True, split_blocks=True)
+
+
+def _read_samples(
+    src: Path, header: Mapping[str, Any], raw: Mapping[bytes, bytes]
+) -> pd.DataFrame | None:
+    """Return the samples of the profile at ``src`` (either format version), or None."""
+    import pyarrow.parquet as pq
+
+    version = header.get("version", 1)
+    if not isinstance(version, int) or version > _FORMAT_VERSION:
+        raise ProfileFormatError(
+            f"{src}: profile format version {version!r}; this opdvfs reads versions up to "
+            f"{_FORMAT_VERSION} (upgrade opdvfs)"
+        )
+    if version == 1:
+        blob = raw.get(_SAMPLES_KEY)
+        return None if blob is None else pq.read_table(io.BytesIO(blob)).to_pandas()
+    where = header.get("samples")
+    if where is None:
+        return None
+    side = src.with_name(str(where["file"]))
+    if not side.exists():
+        raise ProfileFormatError(
+            f"{src}: its samples file {side.name} is missing; keep the two files together"
+        )
+    parquet = pq.ParquetFile(side)
+    token = (parquet.schema_arrow.metadata or {}).get(SAMPLES_FILE_KEY, b"").decode()
+    if token != where.get("id") or parquet.metadata.num_rows != where.get("rows"):
+        raise ProfileFormatError(
+            f"{src}: {side.name} holds the samples of another profile (written separately); "
+            "write the profile again"
+        )
+    return _to_pandas(parquet)
 
 
 def _first_line(exc: BaseException) -> str:
