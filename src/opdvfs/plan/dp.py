@@ -115,9 +115,68 @@ def viterbi(tables: StageTables, lam: float | np.ndarray) -> np.ndarray:
 
     The recursion is over (stage, clock): staying costs nothing, switching from the best clock
     of the previous stage costs ``e_sw + lam t_sw``, so each stage is O(C); a vector of
-    multipliers is solved in the same pass (shape (K,) -> plans of shape (K, S)).
+    multipliers is solved in the same pass (shape (K,) -> plans of shape (K, S)). Without
+    switch costs or lag the recursion needs no loop over stages (:func:`_viterbi_free`).
     """
     lams = np.atleast_1d(np.asarray(lam, dtype=float))
+    free = tables.lag_s <= 0 and not np.any(tables.switch_energy_j + lams * tables.switch_time_s)
+    clock = _viterbi_free(tables, lams) if free else _viterbi_loop(tables, lams)
+    return clock if np.ndim(lam) else clock[0]
+
+
+#: Stages per block of :func:`_viterbi_free`: bounds its (K, block, C) temporaries.
+_BLOCK_STAGES = 16384
+
+
+def _viterbi_free(tables: StageTables, lams: np.ndarray) -> np.ndarray:
+    """:func:`_viterbi_loop` for free switches, with the same floating-point sums and ties.
+
+    With nothing to pay for a switch, the loop's ``best[s] = min(best[s-1], m[s-1]) + cost[s]``
+    is ``m[s-1] + cost[s]`` (``m`` the running minimum), and because rounding is monotone
+    ``m[s] = m[s-1] + min(cost[s])``: a running sum (``np.add.accumulate`` adds in order, as
+    the loop does). The loop's backtrack keeps the next stage's clock where it ties the
+    minimum and otherwise takes the first minimum, so only stages with a tied minimum need a
+    step back one at a time; every other stage takes its first argmin.
+
+    Returns
+    -------
+    ndarray, shape (K, S)
+        Clock index per stage for each multiplier.
+    """
+    n_stages = tables.shape[0]
+    k = len(lams)
+    origin = np.empty((k, n_stages), dtype=np.int64)  # the loop's argmin of best[s]
+    tied: dict[int, np.ndarray] = {}  # stage -> (K, C) clocks at the minimum, where > 1 are
+    carry = np.zeros(k)  # m[s-1] entering a block (0 before stage 0: cost[0] + 0 is cost[0])
+    for lo in range(0, n_stages, _BLOCK_STAGES):
+        hi = min(lo + _BLOCK_STAGES, n_stages)
+        cost = tables.energy_j[None, lo:hi] + lams[:, None, None] * tables.time_s[None, lo:hi]
+        step = cost.min(axis=2)
+        if lo == 0:
+            # best[0] is cost[0] itself, not 0 + cost[0] (-0.0 + 0.0 would differ in sign)
+            reach = np.add.accumulate(step, axis=1)
+            best = np.concatenate([cost[:, :1], reach[:, :-1, None] + cost[:, 1:]], axis=1)
+        else:
+            reach = np.add.accumulate(np.c_[carry, step], axis=1)[:, 1:]
+            best = np.concatenate([carry[:, None], reach[:, :-1]], axis=1)[:, :, None] + cost
+        carry = reach[:, -1]
+        at_min = best == reach[:, :, None]
+        origin[:, lo:hi] = np.argmax(at_min, axis=2)
+        for s in np.flatnonzero((at_min.sum(axis=2) > 1).any(axis=0)):
+            tied[lo + int(s)] = at_min[:, s]
+    clock = origin
+    rows = np.arange(k)
+    # from the last stage back, a stage with a tied minimum keeps its successor's clock when
+    # that clock is one of the minima (the loop prefers staying)
+    for s in sorted(tied, reverse=True):
+        if s + 1 < n_stages:
+            after = clock[:, s + 1]
+            clock[:, s] = np.where(tied[s][rows, after], after, origin[:, s])
+    return clock
+
+
+def _viterbi_loop(tables: StageTables, lams: np.ndarray) -> np.ndarray:
+    """Run the Viterbi recursion stage by stage: switch costs and the reactive lag (K, S)."""
     n_stages, n_clocks = tables.shape
     k = len(lams)
     cost = tables.energy_j[None, :, :] + lams[:, None, None] * tables.time_s[None, :, :]
@@ -150,7 +209,7 @@ def viterbi(tables: StageTables, lam: float | np.ndarray) -> np.ndarray:
     clock[:, -1] = np.argmin(best, axis=1)
     for s in range(n_stages - 1, 0, -1):
         clock[:, s - 1] = back[s, rows, clock[:, s]]
-    return clock if np.ndim(lam) else clock[0]
+    return clock
 
 
 def evaluate_plans(tables: StageTables, plans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
