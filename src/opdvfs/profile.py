@@ -378,9 +378,9 @@ class Profile:
             "freqs_mhz": [float(f) for f in self.freqs_mhz],
             "per_clock": clocks,
             # as text: a categorical's value_counts would order ties by category, not by first seen
-        "streams": {
-            str(k): int(v) for k, v in ops["stream"].astype(object).value_counts().items()
-        },
+            "streams": {
+                str(k): int(v) for k, v in ops["stream"].astype(object).value_counts().items()
+            },
             "op_types": int(ops["type"].nunique()),
             "power_columns": power_cols,
             "ratio_columns": ratio_cols,

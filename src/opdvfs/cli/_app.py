@@ -16,7 +16,7 @@ import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
 import numpy as np
 import pydantic
@@ -28,10 +28,14 @@ from typer.core import TyperGroup
 from opdvfs import __version__
 from opdvfs._model import describe_validation_error
 from opdvfs.exceptions import OpdvfsError
-from opdvfs.io import FORMATS, read_profile
-from opdvfs.profile import Profile
+from opdvfs.io import FORMATS
 from opdvfs.schedule import Objective
-from opdvfs.sim.twin import SimulatedDevice
+
+# Every command imports what it runs (pandas, scipy, the simulator) in its body, so that
+# `opdvfs --version`, `--help` and the listings start in a fraction of a second.
+if TYPE_CHECKING:
+    from opdvfs.profile import Profile
+    from opdvfs.sim.twin import SimulatedDevice
 
 try:  # typer >= 0.22 carries its own copy of click
     from typer._click import exceptions as _click_errors
@@ -206,6 +210,8 @@ def spinner() -> Progress:
 
 
 def load_profile(sources: Sequence[Path], fmt: str | None, freq_mhz: str | None) -> Profile:
+    from opdvfs.io import read_profile
+
     clocks = parse_clocks(freq_mhz) if freq_mhz else None
     with spinner() as progress:
         progress.add_task(f"reading {len(sources)} file(s)", total=None)
@@ -277,6 +283,8 @@ SeedOption = Annotated[int, typer.Option("--seed", min=0, help="Seed of the simu
 
 
 def simulator(device: str, seed: int) -> SimulatedDevice:
+    from opdvfs.sim.twin import SimulatedDevice
+
     return SimulatedDevice.from_preset(device, seed=seed)
 
 

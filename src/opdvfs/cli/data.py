@@ -129,17 +129,23 @@ def formats() -> None:
     stdout.print(table)
 
 
+def _workload_schema() -> dict[str, Any]:
+    # opdvfs.workloads loads the workload builders (pandas): only for this schema
+    from opdvfs.workloads.workload import WORKLOAD_COLUMNS
+
+    return {"columns": WORKLOAD_COLUMNS.describe()}
+
+
 def _schemas() -> dict[str, Callable[[], dict[str, Any]]]:
     from opdvfs.devices.spec import DeviceSpec
     from opdvfs.result import RunResult
-    from opdvfs.workloads.workload import WORKLOAD_COLUMNS
 
     return {
         "schedule": Schedule.model_json_schema,
         "device": DeviceSpec.model_json_schema,
         "run-result": RunResult.model_json_schema,
         "profile": lambda: {"columns": OP_COLUMNS.describe(), "samples": SAMPLE_COLUMNS.describe()},
-        "workload": lambda: {"columns": WORKLOAD_COLUMNS.describe()},
+        "workload": _workload_schema,
     }
 
 

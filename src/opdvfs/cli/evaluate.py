@@ -6,7 +6,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.table import Table
@@ -23,9 +23,11 @@ from opdvfs.cli._app import (
     stdout,
 )
 from opdvfs.exceptions import InputFormatError
-from opdvfs.experiments.bench import Outcome
-from opdvfs.experiments.suites import SuiteResult, paper_figures, run_demo, run_paper_suite
-from opdvfs.report.markdown import render
+
+# The experiments (the simulator, the models, the planner) load inside the commands.
+if TYPE_CHECKING:
+    from opdvfs.experiments.bench import Outcome
+    from opdvfs.experiments.suites import SuiteResult
 
 _RESULTS = "results.json"
 _REPORT = "report.md"
@@ -43,6 +45,8 @@ def _steps(total: int):
 
 
 def _write_report(out: Path, result: SuiteResult, figures: list[tuple[str, str]]) -> Path:
+    from opdvfs.report.markdown import render
+
     write_text_atomic(out / _RESULTS, result.model_dump_json(indent=2) + "\n")
     report = out / _REPORT
     write_text_atomic(report, render(result, figures))
@@ -142,6 +146,8 @@ def demo(
     as_json: JsonOption = False,
 ) -> None:
     """Profile, fit, plan and execute one workload on the simulator; measure and report."""
+    from opdvfs.experiments.suites import run_demo
+
     check_output_folder(out)  # before the run, not after it
     started = time.perf_counter()
     progress, step = _steps(5)
@@ -213,6 +219,8 @@ def evaluate(
     as_json: JsonOption = False,
 ) -> None:
     """Paper Table 3 and ablations, measured on the simulator beside the paper's numbers."""
+    from opdvfs.experiments.suites import paper_figures, run_paper_suite
+
     del suite  # one suite so far: the option is there for scripts that name it
     check_output_folder(out)  # before the run, not after it
     started = time.perf_counter()
@@ -245,6 +253,8 @@ def report(
     folder: Annotated[Path, typer.Argument(help="A folder written by demo or evaluate.")],
 ) -> None:
     """Re-render a report folder's report.md from its results.json."""
+    from opdvfs.experiments.suites import SuiteResult
+
     if not folder.is_dir():
         what = "no such folder" if not folder.exists() else "is a file"
         raise InputFormatError(f"{folder}: {what}; expected a folder written by demo or evaluate")

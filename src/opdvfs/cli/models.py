@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 import typer
 
-from opdvfs.calibration import PowerCalibration
 from opdvfs.cli._app import (
     FormatOption,
     FreqOption,
@@ -24,14 +23,17 @@ from opdvfs.cli._app import (
     stdout,
     train_clocks,
 )
-from opdvfs.devices.spec import VoltageCurve
 from opdvfs.exceptions import ValidationError
-from opdvfs.models.bundle import ModelBundle
-from opdvfs.models.characterise import characterise_device
-from opdvfs.models.perf import FORMS, PerfModel
-from opdvfs.models.power import DYNAMIC_FORMS, Dynamic, PowerModel
-from opdvfs.models.validation import validate_perf, validate_power
-from opdvfs.sim.presets import get_preset, preset_spec
+
+# The models (pandas, scipy) load inside the commands that fit them, not with `opdvfs --help`.
+if TYPE_CHECKING:
+    from opdvfs.calibration import PowerCalibration
+    from opdvfs.devices.spec import VoltageCurve
+    from opdvfs.models.power import Dynamic
+
+#: The names of ``opdvfs.models.perf.FORMS``, for the help text without importing the models
+#: (``opdvfs.models`` loads them all); tests/test_startup.py checks that the two agree.
+FORM_NAMES = ("func2", "func1", "func3", "pwl", "roofline")
 
 DynamicOption = Annotated[
     str,
@@ -66,7 +68,7 @@ FormOption = Annotated[
     str,
     typer.Option(
         "--form",
-        help=f"Model form: auto, {', '.join(FORMS)} (auto: best for the "
+        help=f"Model form: auto, {', '.join(FORM_NAMES)} (auto: best for the "
         "number of training clocks).",
     ),
 ]
@@ -88,6 +90,11 @@ def fit(
     as_json: JsonOption = False,
 ) -> None:
     """Fit per-operator performance (and, with power data, power) models on a profile."""
+    from opdvfs.models.bundle import ModelBundle
+    from opdvfs.models.perf import PerfModel
+    from opdvfs.models.power import PowerModel
+    from opdvfs.sim.presets import preset_spec
+
     profile = load_profile([profile_path], fmt, freq_mhz)
     train = train_clocks(train_freqs, profile)
     perf = PerfModel(form=form).fit(profile, train)
@@ -143,6 +150,8 @@ def validate_perf_command(
     as_json: JsonOption = False,
 ) -> None:
     """Fit on the training clocks, predict every other clock, report the error."""
+    from opdvfs.models.validation import validate_perf
+
     profile = load_profile([profile_path], fmt, freq_mhz)
     result = validate_perf(
         profile, train_clocks(train_freqs, profile) or [], form=form, min_us=min_us
@@ -203,6 +212,9 @@ def validate_power_command(
     as_json: JsonOption = False,
 ) -> None:
     """Fit power models on the training clocks, predict every other clock, report the error."""
+    from opdvfs.models.validation import validate_power
+    from opdvfs.sim.presets import get_preset, preset_spec
+
     if calibrate and device is None:
         raise UsageError("--calibrate needs --device (the simulated device to measure)")
     if calibrate and characterise is not None:
@@ -243,6 +255,8 @@ def validate_power_command(
 
 
 def _dynamic(text: str) -> Dynamic:
+    from opdvfs.models.power import DYNAMIC_FORMS
+
     if text not in DYNAMIC_FORMS:
         raise UsageError(f"--dynamic: expected one of {', '.join(DYNAMIC_FORMS)}, got {text!r}")
     return "throughput" if text == "throughput" else "clock"
@@ -250,6 +264,8 @@ def _dynamic(text: str) -> Dynamic:
 
 def _characterised(path: Path | None) -> tuple[VoltageCurve | None, PowerCalibration | None]:
     """Fit the V-f curve and idle power on a benchmark profile (``--characterise``)."""
+    from opdvfs.models.characterise import characterise_device
+
     if path is None:
         return None, None
     bench = load_profile([path], None, None)

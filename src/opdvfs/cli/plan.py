@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 import typer
@@ -32,13 +32,11 @@ from opdvfs.cli._app import (
 )
 from opdvfs.devices.spec import DeviceSpec
 from opdvfs.exceptions import InfeasibleError, ValidationError
-from opdvfs.models.bundle import ModelBundle
-from opdvfs.models.perf import PerfModel
-from opdvfs.models.power import PowerModel
-from opdvfs.plan.planner import PlanInputs, plan_frontier, plan_schedule
 from opdvfs.schedule import Dispatch, Objective, Schedule, Solver, Values
-from opdvfs.sim.presets import get_preset, preset_spec
-from opdvfs.workloads.library import load_workload
+
+# The models and the planner (pandas, scipy) load inside `plan`, not with `opdvfs --help`.
+if TYPE_CHECKING:
+    from opdvfs.plan.planner import PlanInputs
 
 #: Operators shorter than this at the top clock are mostly timer noise (as in ``validate perf``).
 NOISE_US = 20.0
@@ -48,6 +46,9 @@ def _inputs_for_models_file(
     n_ops: int, spec: DeviceSpec | None, workload: str | None
 ) -> PlanInputs:
     """Return the planner's inputs for a MODELS file: the clocks from its device or --device."""
+    from opdvfs.plan.planner import PlanInputs
+    from opdvfs.workloads.library import load_workload
+
     if spec is None:
         raise UsageError(
             "this MODELS file records no device: pass --device (the clocks to plan over)"
@@ -296,6 +297,13 @@ def plan(
     as_json: JsonOption = False,
 ) -> None:
     """Plan per-stage clocks that save the most energy within a slowdown budget."""
+    from opdvfs.models.bundle import ModelBundle
+    from opdvfs.models.perf import PerfModel
+    from opdvfs.models.power import PowerModel
+    from opdvfs.plan.planner import PlanInputs, plan_frontier, plan_schedule
+    from opdvfs.sim.presets import get_preset, preset_spec
+    from opdvfs.workloads.library import load_workload
+
     # refuse a bad output before any work, so that nothing is half written
     for path in (out, frontier_csv):
         if path is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import Progress
@@ -23,12 +23,12 @@ from opdvfs.cli._app import (
     stdout,
     write_profile,
 )
-from opdvfs.models.attribution import SENSOR_WINDOWS, sensor_iterations
 from opdvfs.schedule import Schedule
-from opdvfs.sim.presets import PRESETS
-from opdvfs.sim.twin import SimulatedDevice
-from opdvfs.workloads.library import BUILDERS, load_workload
-from opdvfs.workloads.workload import Workload
+
+# The simulator and the models load inside the commands that run them, not with `opdvfs --help`.
+if TYPE_CHECKING:
+    from opdvfs.sim.twin import SimulatedDevice
+    from opdvfs.workloads.workload import Workload
 
 WorkloadOption = Annotated[
     str,
@@ -52,13 +52,15 @@ def profile(
             "-n",
             min=1,
             help="Iterations per clock (default: enough for the device's power sensor to give "
-            f"{SENSOR_WINDOWS} complete windows per clock).",
+            "40 complete windows per clock).",
         ),
     ] = None,
     seed: SeedOption = 0,
     as_json: JsonOption = False,
 ) -> None:
     """Profile a workload on a simulated device at several clocks (results are simulated)."""
+    from opdvfs.workloads.library import load_workload
+
     sim = simulator(device, seed)
     work = load_workload(workload)
     clocks = parse_clocks(freqs, sim.spec.freqs_mhz)
@@ -88,6 +90,8 @@ def _sensor_iterations(sim: SimulatedDevice, work: Workload, top_mhz: float) -> 
 
     One iteration at the fastest clock asked for (the shortest run) times the workload.
     """
+    from opdvfs.models.attribution import SENSOR_WINDOWS, sensor_iterations
+
     iteration_s = sim.run(work, freq_mhz=top_mhz, iterations=1)[0].iteration_time_s
     sensor = sim.sensor_ms
     n = sensor_iterations(iteration_s, **sensor)
@@ -116,6 +120,8 @@ def simulate(
     as_json: JsonOption = False,
 ) -> None:
     """Run a workload on a simulated device under a schedule and measure it (RunResult)."""
+    from opdvfs.workloads.library import load_workload
+
     sim = simulator(device, seed)
     work = load_workload(workload)
     plan = Schedule.read(schedule) if schedule is not None else None
@@ -147,6 +153,8 @@ def simulate(
 @app.command()
 def devices(as_json: JsonOption = False) -> None:
     """List the device presets."""
+    from opdvfs.sim.presets import PRESETS
+
     if as_json:
         print(json.dumps({k: p.spec.model_dump(mode="json") for k, p in PRESETS.items()}))
         return
@@ -169,6 +177,8 @@ def devices(as_json: JsonOption = False) -> None:
 @app.command()
 def workloads(as_json: JsonOption = False) -> None:
     """List the built-in workloads."""
+    from opdvfs.workloads.library import BUILDERS
+
     rows = []
     for name, build in BUILDERS.items():
         work = build()

@@ -9,35 +9,75 @@ operator in every file.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, cast
 
 from opdvfs.exceptions import ProfileFormatError, ValidationError
-from opdvfs.io import ascend, generic_csv, nv_dvfs, perseus, torch_trace
-from opdvfs.io._common import Header, missing_columns, other_opdvfs_file, read_csv_header
 from opdvfs.profile import Profile
+
+if TYPE_CHECKING:
+    from opdvfs.io._common import Header
 
 __all__ = ["FORMATS", "Importer", "detect_format", "read_profile"]
 
 
 @dataclass(frozen=True)
 class Importer:
-    """One file format: the CSV columns that identify it and how to read it."""
+    """One file format: the CSV columns that identify it and how to read it.
+
+    The reading module (``opdvfs.io.<module>``, and with it pandas) loads on first use, so
+    listing the formats (``opdvfs formats``, ``--help``) imports none of them.
+
+    Parameters
+    ----------
+    name
+        The format's name (``--format``).
+    module
+        The submodule that reads it, relative to ``opdvfs.io`` (``".ascend"``; ``""`` for
+        ``opdvfs.io`` itself).
+    description
+        What the format is, for ``opdvfs formats``.
+    header_attr
+        The module's attribute holding the identifying CSV columns; None for non-CSV formats.
+    function
+        The module's reading function, ``function(path, *, freq_mhz=None) -> Profile``.
+    needs_clock
+        Whether the files do not record their clock (``--freq-mhz``).
+    """
 
     name: str
-    read: Callable[..., Profile]
+    module: str
     description: str
-    header: Header | None = None
+    header_attr: str | None = None
     needs_clock: bool = False
+    function: str = "read"
+
+    def _module(self) -> object:
+        return importlib.import_module(f"opdvfs.io{self.module}")
+
+    @property
+    def read(self) -> Callable[..., Profile]:
+        """The reader: ``read(path, *, freq_mhz=None) -> Profile``."""
+        return cast("Callable[..., Profile]", getattr(self._module(), self.function))
+
+    @property
+    def header(self) -> Header | None:
+        """The CSV columns that identify the format (groups of aliases), or None."""
+        if self.header_attr is None:
+            return None
+        return cast("Header", getattr(self._module(), self.header_attr))
 
 
 def _read_parquet(path: Path, *, freq_mhz: float | None = None) -> Profile:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from opdvfs.io._common import other_opdvfs_file
+
     try:
         return Profile.read(path)
     except ProfileFormatError as exc:
@@ -53,30 +93,28 @@ def _read_parquet(path: Path, *, freq_mhz: float | None = None) -> Profile:
 FORMATS: dict[str, Importer] = {
     imp.name: imp
     for imp in (
-        Importer("parquet", _read_parquet, "opdvfs profile (Parquet)"),
+        Importer("parquet", "", "opdvfs profile (Parquet)", function="_read_parquet"),
         Importer(
             "torch-trace",
-            torch_trace.read,
+            ".torch_trace",
             "PyTorch profiler Chrome trace (.json[.gz])",
             needs_clock=True,
         ),
-        Importer("perseus", perseus.read, "Perseus stage profile CSV", perseus.HEADER),
-        Importer("nv-dvfs", nv_dvfs.read, "NV-DVFS-Benchmark kernel CSV", nv_dvfs.HEADER),
-        Importer(
-            "nv-dvfs-legacy", nv_dvfs.read, "NV-DVFS-Benchmark legacy CSV", nv_dvfs.LEGACY_HEADER
-        ),
+        Importer("perseus", ".perseus", "Perseus stage profile CSV", "HEADER"),
+        Importer("nv-dvfs", ".nv_dvfs", "NV-DVFS-Benchmark kernel CSV", "HEADER"),
+        Importer("nv-dvfs-legacy", ".nv_dvfs", "NV-DVFS-Benchmark legacy CSV", "LEGACY_HEADER"),
         Importer(
             "ascend",
-            ascend.read,
+            ".ascend",
             "Ascend msprof op_summary / torch_npu kernel_details CSV",
-            ascend.HEADER,
+            "HEADER",
             needs_clock=True,
         ),
         Importer(
             "csv",
-            generic_csv.read,
+            ".generic_csv",
             "generic long profile CSV (op,name,freq_mhz,time_us)",
-            generic_csv.HEADER,
+            "HEADER",
         ),
     )
 }
@@ -91,6 +129,9 @@ def detect_format(path: str | os.PathLike[str]) -> str:
         If the file is missing or matches no known format. When some format's columns are
         partly there, the message names that format and the columns it lacks.
     """
+    from opdvfs.io import torch_trace
+    from opdvfs.io._common import missing_columns, read_csv_header
+
     src = Path(path)
     if not src.exists():
         raise ProfileFormatError(f"{src}: no such file")
@@ -168,6 +209,8 @@ def read_profile(
 
 
 def _join(profiles: list[Profile], files: list[Path]) -> Profile:
+    import pandas as pd
+
     meta = profiles[0].meta
     meta["sources"] = [s for p in profiles for s in p.meta.get("sources", [])]
     formats = sorted({str(p.meta.get("format")) for p in profiles})

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import scipy.optimize
 
 __all__ = [
     "constrained_wls",
@@ -220,6 +219,9 @@ def fit_fixed_effects(
     design = np.stack([within(c) for c in cols.T], axis=1) if cols.shape[1] else cols
     norm = np.linalg.norm(cols, axis=0)
     design[:, np.linalg.norm(design, axis=0) <= 1e-9 * np.maximum(norm, 1e-300)] = 0.0
+    # scipy.optimize takes ~0.5 s to import: only where nnls runs, not with every command
+    import scipy.optimize
+
     shared_coef = scipy.optimize.nnls(design, within(y))[0] if cols.shape[1] else np.zeros(0)
     return per_op_fit(y - cols @ shared_coef), shared_coef
 

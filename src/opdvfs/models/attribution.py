@@ -19,13 +19,15 @@ iterations :func:`sensor_iterations` asks for; ``opdvfs profile`` profiles that 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
-from scipy.optimize import nnls
 
 from opdvfs.exceptions import ValidationError
 from opdvfs.profile import Profile
+
+if TYPE_CHECKING:  # pandas loads with the first profile, not with `opdvfs --help`
+    import pandas as pd
 
 __all__ = [
     "MIN_WINDOWS",
@@ -136,6 +138,9 @@ RIDGE_GRID = (0.001, 0.003, 0.01, 0.03, 0.1)
 
 
 def _ridge_solve(design: np.ndarray, energy: np.ndarray, lam: float) -> np.ndarray:
+    # scipy.optimize takes ~0.5 s to import: only where nnls runs, not with every command
+    from scipy.optimize import nnls
+
     scale = np.sqrt((design**2).sum(axis=0).mean())
     prior = energy.sum() / max(design.sum(), 1e-300)  # the mean power of all windows
     eye = lam * scale * np.eye(design.shape[1])
@@ -181,6 +186,8 @@ def attribute_class_power(
         class no complete window saw gets the windows' mean power; with no window at all at a
         clock, every class is NaN there.
     """
+    import pandas as pd
+
     out = []
     classes, cls = np.unique(rows["type"].to_numpy(dtype=str), return_inverse=True)
     for freq, part in rows.assign(_cls=cls).groupby("freq_mhz"):
@@ -244,6 +251,8 @@ def power_rows(profile: Profile, window_ms: float | None = None) -> pd.DataFrame
         samples to attribute, or a clock's run spans fewer than :data:`MIN_WINDOWS` complete
         windows (``field="iterations"``; the message names the iterations to profile).
     """
+    import pandas as pd
+
     if window_ms is not None and not (math.isfinite(window_ms) and window_ms > 0):
         raise ValidationError(
             f"window_ms: expected a positive number of milliseconds, got {float(window_ms):g}",

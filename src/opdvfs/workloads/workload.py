@@ -10,17 +10,17 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from opdvfs._files import write_atomic, write_text_atomic
 from opdvfs._table import Column, TableSchema, metadata_json_ready
 from opdvfs.exceptions import InputFormatError, ValidationError
 from opdvfs.profile import OPERATOR_COLUMNS
+
+if TYPE_CHECKING:  # pandas loads with the first workload, not with `opdvfs schema`
+    import pandas as pd
 
 __all__ = ["PHASES", "WORKLOAD_COLUMNS", "Workload"]
 
@@ -165,6 +165,9 @@ class Workload:
         """Write to Parquet (``.parquet``) or JSON (any other suffix), atomically."""
         dest = Path(path)
         if dest.suffix == ".parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
             table = pa.Table.from_pandas(self._ops, preserve_index=False)
             header = json.dumps({"name": self.name, "meta": self._meta}).encode()
             table = table.replace_schema_metadata(
@@ -191,6 +194,10 @@ class Workload:
         InputFormatError
             If the file is missing, malformed, or holds operators that fail validation.
         """
+        import pandas as pd
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
         src = Path(path)
         if not src.is_file():
             raise InputFormatError(f"{src}: no such file")
