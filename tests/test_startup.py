@@ -1,0 +1,56 @@
+"""Start-up: the CLI's cheap commands import none of the heavy libraries (issue 17)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("scipy", "pandas", "pyarrow", "matplotlib", "torch")
+
+# Runs the CLI as the console script does, then reports which heavy packages got imported.
+_PROBE = """
+import json, sys
+heavy_names = set(json.loads(sys.argv[2]))
+sys.argv = ["opdvfs", *json.loads(sys.argv[1])]
+from opdvfs.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+heavy = sorted({m.split(".")[0] for m in sys.modules} & heavy_names)
+sys.stderr.write("HEAVY=" + json.dumps(heavy) + "\\n")
+"""
+
+
+def heavy_imports(*args: str) -> list[str]:
+    """Return the heavy packages ``opdvfs ARGS`` imports, in a fresh interpreter."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, json.dumps(args), json.dumps(HEAVY)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    line = next(x for x in done.stderr.splitlines() if x.startswith("HEAVY="))
+    return json.loads(line.removeprefix("HEAVY="))
+
+
+@pytest.mark.parametrize(
+    "args", [("--version",), ("--help",), ("formats",), ("schema", "profile"), ("fit", "--help")]
+)
+def test_cheap_commands_import_no_heavy_library(args):
+    assert heavy_imports(*args) == []
+
+
+def test_listings_import_neither_scipy_nor_matplotlib():
+    # `devices` and `workloads` still load pandas (and with it pyarrow) through opdvfs.sim and
+    # opdvfs.workloads, whose package faces import the simulator and the builders eagerly
+    for args in (("devices",), ("workloads",)):
+        assert not set(heavy_imports(*args)) & {"scipy", "matplotlib", "torch"}
+
+
+def test_form_names_in_the_help_match_the_models():
+    from opdvfs.cli.models import FORM_NAMES
+    from opdvfs.models.perf import FORMS
+
+    assert FORM_NAMES == tuple(FORMS)
