@@ -3,30 +3,40 @@
 Both are ``TorchDispatchMode``s: they see every aten operator below autograd -- forward and
 backward, on every thread autograd uses -- without a change to the user's code. An iteration ends
 at each optimizer step (PyTorch's global optimizer step hook) or at :meth:`mark_iteration`.
+
+A ``torch.compile``d model runs *eagerly* under them: Dynamo skips every frame while a
+non-infrastructure dispatch mode is active, and a function first called then is never compiled
+afterwards. So both see (and count) the model's eager operators; they notice ``torch.compile``
+being used and say so (:attr:`_OpMode.compile_seen`). ``--trigger time``
+(:class:`~opdvfs.runtime.timed.TimedExecutor`) has no dispatch mode and keeps the model compiled.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from opdvfs.exceptions import CaptureError, ScheduleMismatchError
 from opdvfs.runtime.actuators.base import Actuator
-from opdvfs.runtime.issuer import Marker, SwitchIssuer, immediate_marker
+from opdvfs.runtime.applier import IterationCounter, ScheduleApplier
+from opdvfs.runtime.issuer import Marker, immediate_marker
 from opdvfs.schedule import Schedule, Switch, op_signature
 from opdvfs.workloads.workload import Workload
 
-__all__ = ["ScheduleExecutor", "WorkloadRecorder"]
+__all__ = ["COMPILED_HINT", "ScheduleExecutor", "WorkloadRecorder", "compile_in_use"]
+
+#: One line for a compiled model under the operator-counting mode.
+COMPILED_HINT = (
+    "the script uses torch.compile, and compiled code runs eagerly under --trigger op "
+    "(Dynamo does not compile while a dispatch mode is active): use --trigger time to keep "
+    "the model compiled"
+)
 
 _COMM = ("c10d", "all_reduce", "allreduce", "all_gather", "reduce_scatter", "broadcast")
 #: Namespaces of the operators counted: aten compute and the collectives. Others (profiler::
@@ -51,44 +61,46 @@ def _shapes(value: Any) -> list[Any]:
     return []
 
 
-class _IterationMode(TorchDispatchMode):
-    """Counts aten ops; iterations end at optimizer steps or :meth:`mark_iteration`.
+def compile_in_use() -> bool:
+    """Whether this process has compiled anything with ``torch.compile`` so far."""
+    from torch._dynamo.utils import counters
 
-    ``optimizer_steps=False`` leaves the optimizer steps alone: iterations then end only at
-    :meth:`mark_iteration` (``--iteration-at``: inference, custom loops).
+    return counters["frames"]["total"] > 0
+
+
+class _OpMode(TorchDispatchMode):
+    """A dispatch mode that notices ``torch.compile``: compiled code runs eagerly under it.
+
+    While the mode is active ``torch.compile`` is wrapped to count its calls; a model compiled
+    before the mode was entered is seen through Dynamo's frame counters.
     """
 
-    def __init__(self, *, optimizer_steps: bool = True) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.optimizer_steps = optimizer_steps
-        self.iteration = 0
-        self.op_index = 0
-        self._lock = threading.Lock()
-        self._hook: Any = None
-        #: ``time.perf_counter()`` at the end of each iteration (the optimizer step, host side).
-        self.iteration_ends_s: list[float] = []
+        #: ``torch.compile`` calls (or compiled frames before the mode) seen; 0: none.
+        self.compile_seen = 0
+        self._compile: Any = None
 
     def __enter__(self) -> Any:
-        if self.optimizer_steps:
-            self._hook = register_optimizer_step_post_hook(lambda *_: self.mark_iteration())
+        self.compile_seen = int(compile_in_use())
+        original = self._compile = torch.compile
+
+        def compile(*args: Any, **kwargs: Any) -> Any:
+            self.compile_seen += 1
+            return original(*args, **kwargs)
+
+        torch.compile = compile  # type: ignore[assignment]
         return super().__enter__()
 
     def __exit__(self, *exc: object) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        if self._compile is not None:
+            torch.compile = self._compile
+            self._compile = None
         super().__exit__(*exc)
 
-    def mark_iteration(self) -> None:
-        """End the current iteration (at each optimizer step, or each ``--iteration-at`` call)."""
-        with self._lock:
-            self.iteration_ends_s.append(time.perf_counter())
-            self.end_iteration(self.op_index)
-            self.iteration += 1
-            self.op_index = 0
 
-    def end_iteration(self, n_ops: int) -> None:
-        """Handle the end of an iteration of ``n_ops`` operators (subclasses override)."""
+class _IterationMode(IterationCounter, _OpMode):
+    """Counts aten ops; iterations end at optimizer steps or :meth:`mark_iteration`."""
 
 
 class WorkloadRecorder(_IterationMode):
@@ -156,7 +168,7 @@ class WorkloadRecorder(_IterationMode):
         return Workload(ops, name=name, meta=meta)
 
 
-class ScheduleExecutor(_IterationMode):
+class ScheduleExecutor(ScheduleApplier, _OpMode):
     """Apply a schedule at operator boundaries: issue each switch when its trigger op dispatches.
 
     At a trigger op the executor marks the point -- a CUDA event on the current stream when CUDA
@@ -169,8 +181,12 @@ class ScheduleExecutor(_IterationMode):
     the clock goes to the maximum for the rest of that iteration and a warning is raised (once);
     the next iteration starts in step again -- the first iteration of a run often differs (an
     optimizer creating its state) -- but after ``max_diverged`` diverging iterations in a row the
-    schedule is abandoned for the run.
+    schedule is abandoned for the run. An iteration that ran no operator the mode could see (a
+    CUDA graph replay) says so and suggests ``--trigger time``, as does ``torch.compile``
+    (:data:`COMPILED_HINT`, warned once).
     """
+
+    trigger = "op"
 
     def __init__(
         self,
@@ -181,28 +197,12 @@ class ScheduleExecutor(_IterationMode):
         max_diverged: int = 2,
         optimizer_steps: bool = True,
     ) -> None:
-        super().__init__(optimizer_steps=optimizer_steps)
-        self.actuator = actuator
+        super().__init__(actuator, max_diverged=max_diverged, optimizer_steps=optimizer_steps)
         self.names = list(names) if names is not None else None
-        self.schedule: Schedule | None = None
         self._switch_at: dict[int, list[Switch]] = {}
         self._first: list[Switch] = []  # previous-iteration switches: issued at op 0 of iteration 0
         self._cuda = torch.cuda.is_available()
-        self._issuer: SwitchIssuer | None = None
-        self.errors: list[BaseException] = []
-        #: The actuator's energy counter at each iteration end (J), when it has one (NVML).
-        self.iteration_energy_j: list[float] = []
-        self.max_diverged = max_diverged
-        self.diverged_iterations: list[int] = []
-        self._off = False  # not applying for the rest of this iteration
-        self._streak = 0
-        self._gave_up = False
-        self._warned = False
-        self._halted = False
-        #: Iterations that ended with the schedule applied throughout.
-        self.applied_iterations = 0
-        #: Why the first diverging iteration diverged (None while none has).
-        self.first_divergence: str | None = None
+        self._compile_warned = False
         if schedule is not None:
             self.use_schedule(schedule)
 
@@ -229,65 +229,13 @@ class ScheduleExecutor(_IterationMode):
             switches.sort(key=lambda sw: sw.previous_iteration)
         first = [sw for sw in schedule.switches if sw.previous_iteration]
         with self._lock:
-            if self._issuer is None and (
-                self._cuda or any(sw.delay_us > 0 for sw in schedule.switches)
-            ):
-                self._issuer = SwitchIssuer(self.actuator, on_error=self._issue_failed)
+            if self._cuda or any(sw.delay_us > 0 for sw in schedule.switches):
+                self._start_issuer()
             self.schedule, self._switch_at, self._first = schedule, switch_at, first
             self._off = self.op_index > 0  # mid-iteration: start at the next one
 
-    def per_iteration(self, skip: int = 1) -> dict[str, float | None]:
-        """Mean wall time (s) and energy (J, when measured) per iteration after the first ``skip``.
-
-        Times are taken on the host at each optimizer step: with asynchronous CUDA work they
-        average out over many iterations, not one.
-        """
-        ends = np.asarray(self.iteration_ends_s[skip:], dtype=float)
-        energy = np.asarray(self.iteration_energy_j[skip:], dtype=float)
-        n = len(ends) - 1
-        if n < 1:
-            return {"iterations": 0, "time_s": None, "energy_j": None}
-        return {
-            "iterations": n,
-            "time_s": float((ends[-1] - ends[0]) / n),
-            "energy_j": float((energy[-1] - energy[0]) / n) if len(energy) == n + 1 else None,
-        }
-
-    @property
-    def issuer(self) -> SwitchIssuer | None:
-        """The worker thread that issues switches off the dispatch path.
-
-        None while every switch is issued at once on the dispatching thread (the CPU, no
-        ``delay_us``).
-        """
-        return self._issuer
-
-    @property
-    def diverged(self) -> bool:
-        """Whether any iteration failed to match the schedule."""
-        return bool(self.diverged_iterations)
-
-    @property
-    def abandoned(self) -> bool:
-        """Whether the schedule was given up for the rest of the run."""
-        return self._gave_up or self._streak >= self.max_diverged
-
-    def halt(self) -> None:
-        """Stop every switch for good: nothing is set from now on (the clock is being restored).
-
-        Safe in a signal handler: it takes no lock, waits for nothing and joins nothing; a switch
-        the worker thread is issuing at this moment is undone by the worker itself.
-        """
-        self._halted = True
-        if self._issuer is not None:
-            self._issuer.halt()
-
     def _where(self) -> None:
         self.actuator.at(self.iteration, self.op_index)
-
-    def _issue_failed(self, exc: BaseException) -> None:
-        self.errors.append(exc)
-        warnings.warn(f"opdvfs: a clock switch failed: {exc}", stacklevel=2)
 
     def _trigger(self, switches: list[Switch]) -> None:
         """Issue (or hand to the worker) the switches triggered by the op being dispatched."""
@@ -307,27 +255,6 @@ class ScheduleExecutor(_IterationMode):
                 marker, sw.delay_us * 1e-6, sw.freq_mhz, self.iteration, self.op_index
             )
 
-    def __exit__(self, *exc: object) -> None:
-        if self._issuer is not None:
-            self._issuer.close()  # nothing may land after this: the clock is restored next
-        super().__exit__(*exc)
-
-    def _diverge(self, why: str) -> None:
-        if self._issuer is not None:
-            self._issuer.cancel()
-        self._off = True
-        if not self.diverged_iterations or self.diverged_iterations[-1] != self.iteration:
-            self.diverged_iterations.append(self.iteration)
-            self._streak += 1
-        if self.first_divergence is None:
-            self.first_divergence = why
-        if not self._warned:
-            self._warned = True
-            warnings.warn(f"opdvfs: {why}; falling back to the maximum clock", stacklevel=3)
-        if not self._halted:
-            self._where()
-            self.actuator.set_freq_mhz(max(self.actuator.supported_freqs_mhz()))
-
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if not func._schema.name.startswith(_COUNTED):
             return func(*args, **(kwargs or {}))
@@ -336,12 +263,12 @@ class ScheduleExecutor(_IterationMode):
             if self.schedule is not None and not self._off and not self.abandoned:
                 name = func._schema.name
                 if i >= self.schedule.n_ops:
-                    self._diverge(
+                    self._fall_back(
                         f"iteration {self.iteration} has more than the "
                         f"{self.schedule.n_ops} ops the schedule plans"
                     )
                 elif self.names is not None and self.names[i] != name:
-                    self._diverge(
+                    self._fall_back(
                         f"op {i} of iteration {self.iteration} is {name}, the "
                         f"schedule expects {self.names[i]}"
                     )
@@ -357,20 +284,24 @@ class ScheduleExecutor(_IterationMode):
 
     def end_iteration(self, n_ops: int) -> None:
         """Check the finished iteration ran the planned number of ops; re-arm for the next."""
-        try:
-            energy_j = self.actuator.read_energy_j()
-        except Exception:  # a failed read leaves a gap, never breaks the program
-            energy_j = float("nan")
-        if energy_j is not None:  # None: the device has no energy counter
-            self.iteration_energy_j.append(float(energy_j))
+        self._read_energy()
+        if self.compile_seen and not self._compile_warned:
+            self._compile_warned = True
+            warnings.warn(f"opdvfs: {COMPILED_HINT}", stacklevel=3)
         if self.schedule is None:
             return
         if not self._off and not self.abandoned and n_ops != self.schedule.n_ops:
-            self._diverge(
-                f"iteration {self.iteration} ran {n_ops} ops, the schedule plans "
+            unseen = (
+                " (none the dispatch mode can see: a compiled graph or CUDA graph replay? "
+                "use --trigger time)"
+                if n_ops == 0
+                else ""
+            )
+            self._fall_back(
+                f"iteration {self.iteration} ran {n_ops} ops{unseen}, the schedule plans "
                 f"{self.schedule.n_ops}"
             )
-        if self._streak >= self.max_diverged:
+        if self.abandoned:
             self._gave_up = True
         elif not self._off:
             self._streak = 0  # a clean iteration ends a diverging streak

@@ -1,9 +1,10 @@
 """The worker thread that issues clock switches off the dispatch path (DESIGN §5).
 
-The executor only *marks* a trigger point as its operator is dispatched: a CUDA event recorded
-on the current stream on a GPU (the op runs later than the host dispatches it), an already-set
-marker on the CPU. This thread waits for the mark, then ``delay_s`` more (the switch's
-``delay_us``: what is left of its latency lead), then calls the actuator. Switches are issued in
+The executor only *marks* a trigger point as its operator is dispatched (``--trigger op``) or as
+an iteration starts (``--trigger time``): a CUDA event recorded on the current stream on a GPU
+(the device runs later than the host dispatches), an already-set marker on the CPU. This thread
+waits for the mark, then ``delay_s`` more (the switch's ``delay_us``, or its planned offset
+from the iteration's start), then calls the actuator. Switches are issued in
 order; :meth:`SwitchIssuer.cancel` drops the pending ones and waits out a call in progress, so
 that nothing is set after the clock is restored.
 """
@@ -41,21 +42,32 @@ def immediate_marker() -> Marker:
 
 @dataclass(frozen=True)
 class PendingSwitch:
-    """One switch to issue: after ``marker`` fires and ``delay_s`` passes, set ``freq_mhz``."""
+    """One switch to issue: after ``marker`` fires and ``delay_s`` passes, set ``freq_mhz``.
+
+    ``offset_s`` is where the switch belongs on the plan's time line (after its trigger op, or
+    after the iteration's start for a switch issued by time); the actuator is told it plus how
+    late the call actually went out. ``then`` runs after a successful call (on the worker).
+    """
 
     marker: Marker
     delay_s: float
     freq_mhz: float
     iteration: int
-    op_index: int
+    op_index: int | None
     generation: int
     submitted_s: float  # time.monotonic() at the trigger op's dispatch
+    cancelled: threading.Event
+    offset_s: float
+    then: Callable[[], None] | None = None
 
 
 class SwitchIssuer:
     """Issue switches on a daemon thread, in order, each after its marker and its delay.
 
-    ``on_error`` receives an actuator failure (the thread keeps running; the executor decides).
+    Both trigger modes use it: the operator-counting executor submits a switch at its trigger
+    op (marker: that op), the time-anchored one submits an iteration's switches at its anchor
+    (one marker, each switch with its planned offset as the delay). ``on_error`` receives an
+    actuator failure (the thread keeps running; the executor decides).
     """
 
     def __init__(
@@ -67,24 +79,59 @@ class SwitchIssuer:
         self._generation = 0
         self._calling = threading.Lock()  # held while the actuator is being called
         self._stop = threading.Event()
+        # one event per generation, set when it is cancelled: a switch waiting out its delay
+        # wakes at once, whenever the cancel came (no window between checking and waiting)
         self._cancelled = threading.Event()
         self._halted = False
+        self._fired: tuple[Marker | None, float] = (None, 0.0)
         self._thread = threading.Thread(target=self._work, name="opdvfs-switch", daemon=True)
         self._thread.start()
 
     def submit(
-        self, marker: Marker, delay_s: float, freq_mhz: float, iteration: int, op_index: int
+        self,
+        marker: Marker,
+        delay_s: float,
+        freq_mhz: float,
+        iteration: int,
+        op_index: int | None,
+        *,
+        offset_s: float | None = None,
+        then: Callable[[], None] | None = None,
     ) -> None:
-        """Queue a switch (returns at once)."""
+        """Queue a switch (returns at once).
+
+        Parameters
+        ----------
+        marker
+            Fires when the point the delay counts from is reached (trigger op, anchor).
+        delay_s
+            Seconds after the marker fires to issue the switch.
+        freq_mhz, iteration, op_index
+            The clock to set, and where in the program it belongs (for the actuator's record).
+        offset_s
+            Its place on the plan's time line (default: ``delay_s``).
+        then
+            Called on the worker thread after the actuator call succeeded.
+        """
         item = PendingSwitch(
-            marker, delay_s, freq_mhz, iteration, op_index, self._generation, time.monotonic()
+            marker,
+            delay_s,
+            freq_mhz,
+            iteration,
+            op_index,
+            self._generation,
+            time.monotonic(),
+            self._cancelled,
+            delay_s if offset_s is None else offset_s,
+            then,
         )
         self._queue.put(item)
 
     def cancel(self) -> None:
         """Drop every pending switch and wait for a call in progress to finish."""
         self._generation += 1
-        self._cancelled.set()
+        cancelled, self._cancelled = self._cancelled, threading.Event()
+        cancelled.set()
         while True:
             try:
                 self._queue.get_nowait()
@@ -92,7 +139,6 @@ class SwitchIssuer:
                 break
         with self._calling:  # a call that started before the cancel has ended
             pass
-        self._cancelled.clear()
 
     def halt(self) -> None:
         """Issue nothing more, ever (the clock is being restored; safe in a signal handler).
@@ -102,6 +148,7 @@ class SwitchIssuer:
         """
         self._halted = True
         self._generation += 1
+        self._cancelled.set()
 
     def is_alive(self) -> bool:
         """Whether the worker thread still runs (False once :meth:`close` has returned)."""
@@ -114,31 +161,45 @@ class SwitchIssuer:
         self._queue.put(None)
         self._thread.join(timeout=5.0)
 
+    def _fired_at(self, item: PendingSwitch) -> float:
+        """When ``item``'s marker fired (``time.monotonic()``), waiting for it if need be."""
+        last, fired = self._fired
+        if item.marker is last:  # the time-anchored executor's switches share one anchor
+            return fired
+        waited = time.monotonic()
+        item.marker.synchronize()
+        done = time.monotonic()
+        # now if we had to wait for it, else (it fired while earlier switches were being
+        # issued) its dispatch, the earliest it can have fired
+        fired = done if done - waited > 1e-4 else item.submitted_s
+        self._fired = (item.marker, fired)
+        return fired
+
     def _work(self) -> None:
         while not self._stop.is_set():
             item = self._queue.get()
             if item is None:
                 return
-            waited = time.monotonic()
-            item.marker.synchronize()
-            done = time.monotonic()
-            # the delay counts from when the mark fired: now if we had to wait for it, else (it
-            # fired while earlier switches were being issued) from its dispatch, the earliest
-            fired = done if done - waited > 1e-4 else item.submitted_s
-            left = fired + item.delay_s - done
-            if left > 0 and self._cancelled.wait(left):
+            if item.generation != self._generation:
+                continue
+            due = self._fired_at(item) + item.delay_s
+            left = due - time.monotonic()
+            if left > 0 and item.cancelled.wait(left):
                 continue  # cancelled while waiting
             with self._calling:
                 if item.generation != self._generation or self._stop.is_set() or self._halted:
                     continue
-                self._issue(item)
+                self._issue(item, late_s=max(time.monotonic() - due, 0.0))
                 if self._halted:  # the restore raced this call: undo what it set
                     self.actuator.reset()
 
-    def _issue(self, item: PendingSwitch) -> None:
+    def _issue(self, item: PendingSwitch, *, late_s: float) -> None:
         try:
-            self.actuator.at(item.iteration, item.op_index)
+            self.actuator.at(item.iteration, item.op_index, item.offset_s + late_s)
             self.actuator.set_freq_mhz(item.freq_mhz)
         except Exception as exc:  # reported to the executor; never kills the thread
             if self.on_error is not None:
                 self.on_error(exc)
+            return
+        if item.then is not None:
+            item.then()

@@ -82,7 +82,9 @@ class Actuator(ABC):
             )
         return float(freq_mhz)
 
-    def at(self, iteration: int | None, op_index: int | None) -> None:
+    def at(
+        self, iteration: int | None, op_index: int | None, offset_s: float | None = None
+    ) -> None:
         """Tell the actuator where in the program its next call happens.
 
         Recording actuators (dry run, Ascend, twin) store it with each call; the default
@@ -93,7 +95,11 @@ class Actuator(ABC):
         iteration
             Training iteration (0-based; optimizer steps counted), or None outside any.
         op_index
-            Position of the trigger operator in that iteration (0-based), or None.
+            Position of the trigger operator in that iteration (0-based), or None: a switch
+            issued by time (``--trigger time``), counted from the iteration's start.
+        offset_s
+            Seconds after that operator started (or after the iteration started, for
+            ``op_index`` None) that the call is issued, on the plan's time line; None: at once.
         """
         return None
 

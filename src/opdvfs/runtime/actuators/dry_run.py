@@ -18,8 +18,9 @@ __all__ = ["DryRunActuator"]
 class DryRunActuator(Actuator):
     """Pretend to set clocks; keep ``calls`` and optionally append them to a JSON-lines log.
 
-    Each record is ``{"kind": "set"|"restore", "iteration", "op_index", "freq_mhz", "t_s"}``;
-    the executor sets ``iteration`` and ``op_index`` through :meth:`at` before each call. The log
+    Each record is ``{"kind": "set"|"restore", "iteration", "op_index", "freq_mhz", "t_s",
+    "offset_s"}``; the executor sets ``iteration``, ``op_index`` and ``offset_s`` through
+    :meth:`at` before each call. The log
     is appended to and opened at the first record, which a header line ``{"kind": "run", "t_s",
     "pid", "freqs_mhz", ...header}`` precedes, so runs sharing one file can be told apart.
 
@@ -48,13 +49,16 @@ class DryRunActuator(Actuator):
         # re-entrant: a signal handler restoring the clock may interrupt a record on this thread
         self._lock = threading.RLock()
         self._where: tuple[int | None, int | None] = (None, None)
+        self._offset_s: float | None = None
         self._log: TextIO | None = None
         self._log_path = Path(log) if log else None
         self._header = dict(header or {})
         self.calls: list[dict[str, Any]] = []
         self.current_mhz: float | None = None
 
-    def at(self, iteration: int | None, op_index: int | None) -> None:
+    def at(
+        self, iteration: int | None, op_index: int | None, offset_s: float | None = None
+    ) -> None:
         """Store where in the program the next call happens (written into its record).
 
         Parameters
@@ -62,9 +66,14 @@ class DryRunActuator(Actuator):
         iteration
             Training iteration (0-based), or None outside any.
         op_index
-            Position of the trigger operator in that iteration (0-based), or None.
+            Position of the trigger operator in that iteration (0-based), or None (a switch
+            issued by time, counted from the iteration's start).
+        offset_s
+            Seconds after that operator (or the iteration) started that the call is issued,
+            on the plan's time line; None: at once. Recorded as ``offset_s``.
         """
         self._where = (iteration, op_index)
+        self._offset_s = offset_s
 
     @property
     def where(self) -> tuple[int | None, int | None]:
@@ -79,6 +88,7 @@ class DryRunActuator(Actuator):
             "op_index": op_index,
             "freq_mhz": freq,
             "t_s": time.time(),
+            "offset_s": self._offset_s,
         }
         line = json.dumps(entry) + "\n"
         with self._lock:
