@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from opdvfs.plan import dp
 from opdvfs.plan.dp import StageTables, solve, stage_tables, viterbi
 from opdvfs.plan.milp import milp_solve
 
@@ -183,3 +184,40 @@ def test_greedy_fill_closes_most_of_a_nonconvex_gap_without_the_exact_programme(
     assert quick.time_s <= budget * (1 + 1e-9)
     assert quick.lower_bound_j <= optimum * (1 + 1e-9)  # still a valid certificate
     assert quick.energy_j <= optimum * 1.01  # within 1% of the optimum
+
+
+def _viterbi_reference(tables: StageTables, lam: float) -> np.ndarray:
+    """The recursion one stage at a time, one multiplier, no reactive lag: the readable form."""
+    cost = tables.energy_j + lam * tables.time_s
+    jump = tables.switch_energy_j + lam * tables.switch_time_s
+    best = cost[0].copy()
+    back = []
+    for s in range(1, tables.shape[0]):
+        origin = int(np.argmin(best))
+        switch = best[origin] + jump
+        keep = best <= switch  # staying wins a tie
+        back.append(np.where(keep, np.arange(len(best)), origin))
+        best = np.where(keep, best, switch) + cost[s]
+    clock = [int(np.argmin(best))]
+    for pointers in reversed(back):
+        clock.append(int(pointers[clock[-1]]))
+    return np.asarray(clock[::-1])
+
+
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("block", [3, 16384])
+def test_viterbi_equals_the_stage_by_stage_recursion(seed, block, monkeypatch):
+    # same plans, ties included (rounded tables, clocks that cost the same), in blocks or not
+    monkeypatch.setattr(dp, "_BLOCK_STAGES", block)
+    rng = np.random.default_rng(seed)
+    n_stages, n_clocks = int(rng.integers(1, 40)), int(rng.integers(1, 7))
+    time_s, energy_j = rng.random((n_stages, n_clocks)), rng.random((n_stages, n_clocks))
+    if seed % 2:
+        time_s, energy_j = np.round(time_s, 1), np.round(energy_j, 1)
+    if seed % 3 == 0:
+        energy_j[: n_stages // 2] = energy_j[: n_stages // 2, :1]
+    switch = (0.0, 0.0) if seed % 4 else (0.05, 0.2)
+    tables = StageTables(time_s, energy_j, switch_time_s=switch[0], switch_energy_j=switch[1])
+    lams = np.r_[0.0, 0.5, 1.0, rng.random(3) * 4]
+    expected = np.stack([_viterbi_reference(tables, lam) for lam in lams])
+    np.testing.assert_array_equal(viterbi(tables, lams), expected)

@@ -1,3 +1,4 @@
+import heapq
 import json
 
 import numpy as np
@@ -12,7 +13,9 @@ from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel
 from opdvfs.plan import PlanInputs, plan_grouped, plan_schedule, stage_problem
+from opdvfs.plan import segment as segment_module
 from opdvfs.plan.classify import HIGH, LOW, classify_by_ratios, classify_by_sensitivity, sensitivity
+from opdvfs.plan.planner import plan_frontier, predict
 from opdvfs.plan.segment import segment
 from opdvfs.profile import Profile
 from opdvfs.schedule import DISPATCHES, OBJECTIVES
@@ -62,6 +65,54 @@ def test_segment_respects_the_interval_and_keeps_long_runs():
     lfc = np.flatnonzero(stage_class == LOW)
     assert len(lfc) == 1
     assert np.add.reduceat(dur, starts)[lfc[0]] >= 50 * 1000.0
+
+
+def _segment_reference(classes, dur, interval_us):
+    """Merge the shortest stage under the interval into its shorter neighbour, one at a time."""
+    first = np.flatnonzero(np.r_[True, classes[1:] != classes[:-1]]).tolist()
+    time = np.add.reduceat(dur, first).tolist()
+    high = np.add.reduceat(np.where(classes == HIGH, dur, 0.0), first).tolist()
+    heap = [(t, i) for i, t in enumerate(time) if t < interval_us]
+    heapq.heapify(heap)
+    alive = list(range(len(time)))  # stage ids in sequence order
+    while heap and len(alive) > 1:
+        t, i = heapq.heappop(heap)
+        if i not in alive or t != time[i]:
+            continue  # merged away, or an entry from before it grew
+        at = alive.index(i)
+        left = alive[at - 1] if at > 0 else None
+        right = alive[at + 1] if at + 1 < len(alive) else None
+        into = left if right is None or (left is not None and time[left] <= time[right]) else right
+        keep, drop = min(i, into), max(i, into)
+        time[keep] += time[drop]
+        high[keep] += high[drop]
+        alive.remove(drop)
+        if time[keep] < interval_us:
+            heapq.heappush(heap, (time[keep], keep))
+    starts = np.asarray([first[i] for i in alive])
+    stage_time, stage_high = (
+        np.asarray([time[i] for i in alive]),
+        np.asarray([high[i] for i in alive]),
+    )
+    return starts, np.where(stage_high * 2 >= stage_time, HIGH, LOW)
+
+
+@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("stalled", [1, 64, 10**9])
+def test_segment_equals_merging_one_stage_at_a_time(seed, stalled, monkeypatch):
+    # rounds only, rounds then the heap, the heap only; ties and zero-length stages included
+    monkeypatch.setattr(segment_module, "_STALLED", stalled)
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 200))
+    classes = np.where(rng.random(n) < 0.5, HIGH, LOW)
+    dur = np.round(rng.random(n) * 4) if seed % 2 else rng.exponential(1.0, n)
+    if seed % 5 == 0:
+        dur = np.arange(1.0, n + 1)  # stages growing along the sequence: one merge per round
+    interval_us = float(rng.choice([0.5, 3.0, 10.0, 1e9]))
+    starts, stage_class = segment(classes, dur, interval_us=interval_us)
+    expected = _segment_reference(classes, dur, interval_us)
+    np.testing.assert_array_equal(starts, expected[0])
+    np.testing.assert_array_equal(stage_class, expected[1])
 
 
 @pytest.fixture(scope="module")
@@ -395,3 +446,34 @@ def test_planner_errors_are_typed(bert_models):
         plan_schedule(models, short, target=0.02)
     with pytest.raises(ValidationError, match="no ratio_"):
         classify_by_ratios(pd.DataFrame({"stream": ["compute"]}))
+
+
+def test_predict_once_plan_many_gives_the_same_plans(bert_models):
+    _, _, models, inputs = bert_models
+    predictions = predict(models, inputs)
+    for options in (
+        {"objective": "energy"},
+        {"objective": "core-energy", "dispatch": "reactive"},
+        {"objective": "power", "interval_ms": 0.0},
+    ):
+        once = plan_schedule(predictions, inputs, target=0.04, **options)
+        again = plan_schedule(models, inputs, target=0.04, **options)
+        assert once.model_dump(exclude={"plan_seconds"}) == again.model_dump(
+            exclude={"plan_seconds"}
+        )
+    pd.testing.assert_frame_equal(plan_frontier(predictions, inputs), plan_frontier(models, inputs))
+    grouped = plan_grouped(predictions, inputs, inputs.phases, target=0.04)
+    assert (
+        grouped.predicted_energy_j
+        == plan_grouped(models, inputs, inputs.phases, target=0.04).predicted_energy_j
+    )
+
+
+def test_predictions_refuse_other_values_and_inputs(bert_models):
+    _, w, models, inputs = bert_models
+    predictions = predict(models, inputs)
+    with pytest.raises(ValidationError, match="values 'auto', not 'model'"):
+        plan_schedule(predictions, inputs, target=0.02, values="model")
+    fewer = PlanInputs.from_workload(w, ASCEND.spec.freqs_mhz[:-1], device=ASCEND.spec.name)
+    with pytest.raises(ValidationError, match="predict again with these inputs"):
+        plan_schedule(predictions, fewer, target=0.02)

@@ -18,7 +18,7 @@ from opdvfs.models.attribution import sensor_iterations
 from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel
-from opdvfs.plan.planner import PlanInputs
+from opdvfs.plan.planner import PlanInputs, Predictions, predict
 from opdvfs.profile import Profile
 from opdvfs.result import RunResult
 from opdvfs.schedule import Schedule
@@ -41,6 +41,8 @@ class Bench:
     inputs: PlanInputs
     baseline: RunResult
     iterations: int
+    #: The models' predictions for ``inputs``, made once for every plan of the bench.
+    predictions: Predictions
 
     def with_latency(self, switch_latency_ms: float) -> SimulatedDevice:
         """Return the same device (same seed), its switches landing ``switch_latency_ms`` late."""
@@ -87,7 +89,8 @@ def prepare(
         PerfModel().fit(profile), PowerModel().fit(profile, device=spec), device=spec
     )
     inputs = PlanInputs.from_workload(work, spec.freqs_mhz, device=spec.name)
-    return Bench(device_name, sim, work, profile, models, inputs, baseline, iterations)
+    predictions = predict(models, inputs)
+    return Bench(device_name, sim, work, profile, models, inputs, baseline, iterations, predictions)
 
 
 def saving_pct(base: float | None, value: float | None) -> float:

@@ -118,7 +118,7 @@ def _quiet(_: str) -> None:
 def _plan(bench: Bench, target: float, objective: Objective, **options: Any) -> Schedule:
     latency = options.pop("switch_latency_ms", bench.device.spec.switch_latency_ms)
     return plan_schedule(
-        bench.models,
+        bench.predictions,
         bench.inputs,
         target=target,
         objective=objective,
@@ -393,7 +393,7 @@ def run_paper_suite(
     per_phase = measure(
         gpt3,
         plan_grouped(
-            gpt3.models,
+            gpt3.predictions,
             gpt3.inputs,
             gpt3.inputs.phases,
             target=target,

@@ -13,20 +13,24 @@ states the same problem for HiGHS (the reference the tests check against) and
 
 from opdvfs.plan.planner import (
     PlanInputs,
+    Predictions,
     StageProblem,
     plan_frontier,
     plan_grouped,
     plan_schedule,
+    predict,
     stage_problem,
 )
 from opdvfs.schedule import Schedule
 
 __all__ = [
     "PlanInputs",
+    "Predictions",
     "Schedule",
     "StageProblem",
     "plan_frontier",
     "plan_grouped",
     "plan_schedule",
+    "predict",
     "stage_problem",
 ]

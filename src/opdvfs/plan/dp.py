@@ -162,9 +162,9 @@ def _viterbi_free(tables: StageTables, lams: np.ndarray) -> np.ndarray:
         carry = reach[:, -1]
         at_min = best == reach[:, :, None]
         origin[:, lo:hi] = np.argmax(at_min, axis=2)
-        for s in np.flatnonzero((at_min.sum(axis=2) > 1).any(axis=0)):
-            tied[lo + int(s)] = at_min[:, s]
-    clock = origin
+        for j in np.flatnonzero((at_min.sum(axis=2) > 1).any(axis=0)):
+            tied[lo + int(j)] = at_min[:, j]
+    clock = origin.copy()
     rows = np.arange(k)
     # from the last stage back, a stage with a tied minimum keeps its successor's clock when
     # that clock is one of the minima (the loop prefers staying)

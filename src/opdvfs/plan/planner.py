@@ -20,6 +20,10 @@ Energies in the schedule are operator energies (idle time between ops costs the 
 clock); ``lower_bound_energy_j`` and ``gap_pct`` are on the objective's rail. The latency a
 reactive dispatch cannot hide is charged: the stage's first ``switch_latency`` at the previous
 clock (``StageTables.lag_s``).
+
+Predict once, plan many: :func:`predict` returns every op's time and energy at every clock
+(:class:`Predictions`), and every planner here takes it in place of the models, so a sweep of
+targets, objectives or dispatches pays for the models' prediction once.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
+from threadpoolctl import threadpool_limits
 
 from opdvfs.devices.spec import DeviceSpec
 from opdvfs.exceptions import InfeasibleError, ValidationError
@@ -54,10 +59,12 @@ from opdvfs.workloads.workload import Workload
 
 __all__ = [
     "PlanInputs",
+    "Predictions",
     "StageProblem",
     "plan_frontier",
     "plan_grouped",
     "plan_schedule",
+    "predict",
     "stage_problem",
 ]
 
@@ -232,8 +239,63 @@ class StageProblem:
 _OpTables = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
+@dataclass(frozen=True)
+class Predictions:
+    """Every op's time and energy at every clock, as the planners use them (:func:`predict`).
+
+    Attributes
+    ----------
+    names
+        Operator names, shape (n_ops,).
+    freqs_mhz
+        The clocks, ascending (MHz), shape (n_clocks,).
+    time_us, chip_energy_j, core_energy_j
+        Time (us) and chip and core energy (J) of every op at every clock, shape
+        (n_ops, n_clocks); core energy NaN where nothing gives it.
+    values
+        What they were made from (``auto``, ``measured`` or ``model``, as in
+        :func:`plan_schedule`); a planner asked for other values refuses them.
+    """
+
+    names: np.ndarray
+    freqs_mhz: np.ndarray
+    time_us: np.ndarray
+    chip_energy_j: np.ndarray
+    core_energy_j: np.ndarray
+    values: Values = "auto"
+
+
+#: What the planners plan on: fitted models, their predictions, or nothing (all measured).
+Planned = ModelBundle | Predictions | None
+
+
+def predict(models: ModelBundle | None, inputs: PlanInputs, values: Values = "auto") -> Predictions:
+    """Predict every op at every clock once, for any number of plans over the same inputs.
+
+    Pass the result to :func:`plan_schedule`, :func:`stage_problem`, :func:`plan_frontier` or
+    :func:`plan_grouped` in place of the models, with the same ``inputs`` and ``values``.
+
+    Parameters
+    ----------
+    models
+        Fitted time and power models of the ops, or None when ``inputs`` measured every op at
+        every clock.
+    inputs
+        The device's clocks and the op sequence (and the profile's measurements).
+    values
+        ``auto``, ``measured`` or ``model``: see :func:`plan_schedule`.
+
+    Raises
+    ------
+    ValidationError
+        As :func:`plan_schedule` does for the same arguments.
+    """
+    names, (freqs, time_us, chip_j, core_j) = _op_tables(models, inputs, values)
+    return Predictions(names, freqs, time_us, chip_j, core_j, values)
+
+
 def plan_schedule(
-    models: ModelBundle | None,
+    models: Planned,
     inputs: PlanInputs,
     *,
     target: float,
@@ -250,8 +312,9 @@ def plan_schedule(
     Parameters
     ----------
     models
-        Fitted time and power models of the workload's ops (a power model is required), or
-        None when ``inputs`` measured every op at every clock.
+        Fitted time and power models of the workload's ops (a power model is required), their
+        :func:`predict` for these inputs (predict once, plan many), or None when ``inputs``
+        measured every op at every clock.
     inputs
         The device's clocks and the op sequence (streams, idle time, classes, measurements).
     target
@@ -436,7 +499,7 @@ def _on_measurements(inputs: PlanInputs, freqs: np.ndarray, per_op: np.ndarray) 
 
 
 def _op_tables(
-    models: ModelBundle | None, inputs: PlanInputs, values: Values = "auto"
+    models: Planned, inputs: PlanInputs, values: Values = "auto"
 ) -> tuple[np.ndarray, _OpTables]:
     """Op names, and clocks (ascending) with per-op time (us), chip and core energy (J) at each.
 
@@ -445,6 +508,8 @@ def _op_tables(
     when every op was measured at every clock); ``measured`` only the measurements; ``model``
     only the models. Core energy is NaN where nothing gives it.
     """
+    if isinstance(models, Predictions):
+        return _predicted(models, inputs, values)
     measured = None if values == "model" else inputs.measured
     if values == "measured" and measured is None:
         raise ValidationError(
@@ -492,8 +557,12 @@ def _op_tables(
         )
     assert names is not None
     grid = freqs if measured is None else np.union1d(freqs, measured.freqs_mhz)
-    time_us = models.perf.predict(grid)
-    power = models.power.predict(grid, time_us=time_us)
+    # The power model's temperature fixed point takes a dot product over all ops per step:
+    # OpenBLAS splits one that long across threads, and waking them on a busy machine costs
+    # milliseconds per product where one thread takes microseconds (6x the gpt3 plan).
+    with threadpool_limits(limits=1, user_api="blas"):
+        time_us = models.perf.predict(grid)
+        power = models.power.predict(grid, time_us=time_us)
     chip_j, core_j = power["chip_w"] * time_us * 1e-6, power["core_w"] * time_us * 1e-6
     if measured is not None:
         time_g, chip_g, core_g = measured.at(grid)
@@ -505,8 +574,32 @@ def _op_tables(
     return names, (freqs, time_us, chip_j, core_j)
 
 
+def _predicted(
+    predictions: Predictions, inputs: PlanInputs, values: Values
+) -> tuple[np.ndarray, _OpTables]:
+    """Return the tables of :func:`predict`, checked against the inputs and values asked for."""
+    if predictions.values != values:
+        raise ValidationError(
+            f"the predictions were made for values {predictions.values!r}, not {values!r}: "
+            "predict again with the values to plan on",
+            field="values",
+        )
+    freqs = np.sort(np.asarray(inputs.freqs_mhz, dtype=float))
+    if len(inputs.streams) != len(predictions.names) or not np.array_equal(
+        freqs, predictions.freqs_mhz
+    ):
+        raise ValidationError(
+            f"the predictions cover {len(predictions.names)} ops at "
+            f"{predictions.freqs_mhz.tolist()} MHz, the inputs {len(inputs.streams)} ops at "
+            f"{freqs.tolist()} MHz: predict again with these inputs",
+            field="freqs_mhz",
+        )
+    p = predictions
+    return p.names, (p.freqs_mhz, p.time_us, p.chip_energy_j, p.core_energy_j)
+
+
 def stage_problem(
-    models: ModelBundle | None,
+    models: Planned,
     inputs: PlanInputs,
     *,
     objective: Objective = "energy",
@@ -525,8 +618,9 @@ def stage_problem(
     Parameters
     ----------
     models
-        Fitted time and power models of the ops (a power model is required), or None when
-        ``inputs`` measured every op at every clock.
+        Fitted time and power models of the ops (a power model is required), their
+        :func:`predict` for these inputs, or None when ``inputs`` measured every op at every
+        clock.
     inputs
         The device's clocks and the op sequence.
     objective
@@ -570,7 +664,7 @@ def stage_problem(
 
 
 def plan_frontier(
-    models: ModelBundle | None,
+    models: Planned,
     inputs: PlanInputs,
     *,
     objective: Objective = "energy",
@@ -589,8 +683,9 @@ def plan_frontier(
     Parameters
     ----------
     models
-        Fitted time and power models of the ops (a power model is required), or None when
-        ``inputs`` measured every op at every clock.
+        Fitted time and power models of the ops (a power model is required), their
+        :func:`predict` for these inputs, or None when ``inputs`` measured every op at every
+        clock.
     inputs
         The device's clocks and the op sequence.
     objective
@@ -665,7 +760,7 @@ def _lead_ops(
 
 
 def plan_grouped(
-    models: ModelBundle | None,
+    models: Planned,
     inputs: PlanInputs,
     groups: np.ndarray | None,
     *,
@@ -683,8 +778,9 @@ def plan_grouped(
     Parameters
     ----------
     models
-        Fitted time and power models of the ops (a power model is required), or None when
-        ``inputs`` measured every op at every clock.
+        Fitted time and power models of the ops (a power model is required), their
+        :func:`predict` for these inputs, or None when ``inputs`` measured every op at every
+        clock.
     inputs
         The device's clocks and the op sequence.
     groups
