@@ -67,11 +67,17 @@ def op_signature(names: Iterable[str]) -> str:
 
 
 class Stage(FrozenModel):
-    """Operators ``first_op .. last_op`` (inclusive) run at ``freq_mhz``."""
+    """Operators ``first_op .. last_op`` (inclusive) run at ``freq_mhz``.
+
+    ``start_s``, when the planner knows it, is when the stage starts in the planned run
+    (seconds from the iteration's start): the time-anchored executor (``--trigger time``)
+    issues each switch at that offset minus the switch latency.
+    """
 
     first_op: NonNegativeInt
     last_op: NonNegativeInt
     freq_mhz: PositiveFloat
+    start_s: NonNegativeFloat | None = None
 
     @pydantic.model_validator(mode="after")
     def _ordered(self) -> Self:

@@ -221,6 +221,16 @@ def run(
         str | None, typer.Option("--device", "-d", help="Preset (dry-run clocks; the twin).")
     ] = None,
     iteration_at: IterationAtOption = None,
+    trigger: Annotated[
+        str,
+        typer.Option(
+            "--trigger",
+            help="time: issue each switch at its planned offset from each iteration's anchor "
+            "(no per-operator hook; torch.compile and CUDA graphs stay as they are); op: count "
+            "operators under a dispatch mode; auto: time where the switch latency is >= 1 ms "
+            "and stages >= 5x it, else op (printed).",
+        ),
+    ] = "auto",
     print_env: PrintEnvOption = False,
 ) -> None:
     """Run a PyTorch script unchanged under a schedule (clocks restored however it ends).
@@ -241,6 +251,7 @@ def run(
         "workload": workload,
         "device": device,
         "iteration_at": iteration_at,
+        "trigger": trigger,
     }
     argv = list(ctx.args)
     command = None if print_env else _program(argv)

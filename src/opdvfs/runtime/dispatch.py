@@ -89,7 +89,7 @@ class _OpMode(TorchDispatchMode):
             self.compile_seen += 1
             return original(*args, **kwargs)
 
-        torch.compile = compile  # type: ignore[assignment]
+        torch.compile = compile
         return super().__enter__()
 
     def __exit__(self, *exc: object) -> None:

@@ -18,7 +18,7 @@ from opdvfs.exceptions import DistributedError
 from opdvfs.schedule import Schedule
 
 if TYPE_CHECKING:
-    from opdvfs.runtime.dispatch import ScheduleExecutor
+    from opdvfs.runtime.applier import ScheduleApplier
 
 __all__ = ["broadcast_schedule", "share_schedule_on_group_init"]
 
@@ -61,13 +61,13 @@ def broadcast_schedule(schedule: Schedule | None, *, src: int = 0) -> Schedule:
 
 @contextmanager
 def share_schedule_on_group_init(
-    executor: ScheduleExecutor, schedule: Schedule | None, *, src: int = 0
+    executor: ScheduleApplier, schedule: Schedule | None, *, src: int = 0
 ) -> Iterator[None]:
     """Within the block, give ``executor`` rank ``src``'s schedule once the process group exists.
 
     ``torch.distributed.init_process_group`` is wrapped: after the original returns, every
     rank calls :func:`broadcast_schedule` and hands the result to
-    :meth:`~opdvfs.runtime.dispatch.ScheduleExecutor.use_schedule`, so a script run unchanged
+    :meth:`~opdvfs.runtime.applier.ScheduleApplier.use_schedule`, so a script run unchanged
     under ``torchrun`` applies one plan on all ranks. The original function is put back when the
     block ends, however it ends.
 

@@ -18,7 +18,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from opdvfs._files import write_text_atomic
 from opdvfs.exceptions import CaptureError, ScheduleMismatchError, ValidationError
@@ -26,9 +26,22 @@ from opdvfs.runtime.actuators import ClockGuard, TwinActuator, make_actuator
 from opdvfs.runtime.checks import check_schedule
 from opdvfs.runtime.iterations import IterationMarker
 from opdvfs.schedule import Schedule
+from opdvfs.sim.presets import preset_spec
 from opdvfs.workloads.library import load_workload
 
-__all__ = ["Outcome", "Session"]
+if TYPE_CHECKING:  # these import torch, which the session's callers may not have loaded
+    from opdvfs.runtime.applier import ScheduleApplier
+
+__all__ = ["TRIGGERS", "Outcome", "Session"]
+
+#: How ``opdvfs run`` triggers switches: by time from each iteration's anchor, by counting
+#: operators, or whichever suits the device and the schedule.
+TRIGGERS = ("time", "op", "auto")
+
+
+def local_device(schedule: Schedule | None) -> str | None:
+    """Return the device a schedule was planned for, if it says."""
+    return schedule.device if schedule is not None else None
 
 
 @dataclass(frozen=True)
@@ -63,6 +76,11 @@ class Session:
         has more than one rank, and one header line per run.
     iteration_at
         ``MODULE:QUALNAME`` whose every call ends an iteration (instead of optimizer steps).
+    trigger
+        Run: ``"op"`` (count operators under a dispatch mode), ``"time"`` (issue each switch by
+        time from each iteration's anchor, :class:`~opdvfs.runtime.timed.TimedExecutor`) or
+        ``"auto"`` (:func:`~opdvfs.runtime.timed.choose_trigger`; the choice is the outcome's
+        first line).
     share
         Run: ranks other than 0 take rank 0's schedule over the process group.
     report_dir
@@ -87,10 +105,12 @@ class Session:
         log: str | None = None,
         workload: str | None = None,
         iteration_at: str | None = None,
+        trigger: str = "auto",
         share: bool = False,
         report_dir: str | None = None,
     ) -> None:
         from opdvfs.runtime.dispatch import ScheduleExecutor, WorkloadRecorder
+        from opdvfs.runtime.timed import TimedExecutor, choose_trigger, plan_timing
 
         self.mode, self.out, self.name, self.report_dir = mode, out, name, report_dir
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -99,11 +119,17 @@ class Session:
         optimizer_steps = self.marker is None
         self._stack = ExitStack()
         self.recorder: WorkloadRecorder | None = None
-        self.executor: ScheduleExecutor | None = None
+        self.executor: ScheduleApplier | None = None
+        self.trigger_line: str | None = None
         if mode == "capture":
             self.recorder = WorkloadRecorder(optimizer_steps=optimizer_steps)
             return
         self.share = share and self.world > 1
+        if trigger not in TRIGGERS:
+            raise ValidationError(
+                f"--trigger {trigger!r}: expected {', '.join(TRIGGERS[:-1])} or {TRIGGERS[-1]}",
+                field="trigger",
+            )
         plan = Schedule.read(schedule) if schedule and (self.rank == 0 or not share) else None
         if log is not None and self.world > 1:
             path = Path(log)
@@ -135,10 +161,39 @@ class Session:
                     n_ops=len(self.work) if self.work is not None else None,
                     source=str(schedule),
                 )
-            names = self.work.ops["name"].tolist() if self.work is not None else None
-            self.executor = ScheduleExecutor(
-                plan, self.actuator, names=names, optimizer_steps=optimizer_steps
-            )
+            twin = self.actuator.device if isinstance(self.actuator, TwinActuator) else None
+            timing = None
+            if local is not None and trigger != "op":
+                try:
+                    timing = plan_timing(local, device=twin, workload=self.work)
+                except ValidationError:
+                    if trigger == "time":
+                        raise
+            if trigger == "auto":
+                spec = twin.spec if twin is not None else preset_spec(device or local_device(local))
+                latency_ms = (
+                    spec.switch_latency_ms
+                    if spec is not None
+                    else (local.switch_latency_ms if local is not None else 0.0)
+                )
+                trigger, why = choose_trigger(timing, latency_ms * 1e-3)
+                self.trigger_line = f"trigger: {trigger} (auto: {why})"
+            else:
+                self.trigger_line = f"trigger: {trigger}"
+            if trigger == "time":
+                self.executor = TimedExecutor(
+                    plan,
+                    self.actuator,
+                    timing=timing if plan is not None else None,
+                    device=twin,
+                    workload=self.work,
+                    optimizer_steps=optimizer_steps,
+                )
+            else:
+                names = self.work.ops["name"].tolist() if self.work is not None else None
+                self.executor = ScheduleExecutor(
+                    plan, self.actuator, names=names, optimizer_steps=optimizer_steps
+                )
         except BaseException:
             self.actuator.close()
             raise
@@ -202,18 +257,25 @@ class Session:
             return Outcome((), f"{exc}{hint}", mode="capture")
         if self.out is not None:
             work.write(self.out)
-        return Outcome(
-            (
-                f"wrote {self.out}: {len(work)} operators per iteration "
-                f"({work.meta['iterations_seen']} iterations seen)",
-            ),
-            mode="capture",
-        )
+        lines = [
+            f"wrote {self.out}: {len(work)} operators per iteration "
+            f"({work.meta['iterations_seen']} iterations seen)"
+        ]
+        if self.recorder.compile_seen:
+            lines.append(
+                "the model uses torch.compile: these are its eager operators (Dynamo does not "
+                "compile under capture's dispatch mode, so the model ran uncompiled); "
+                "`run --trigger op` counts the same ones, `--trigger time` keeps it compiled"
+            )
+        return Outcome(tuple(lines), mode="capture")
 
     def _run_outcome(self) -> Outcome:
+        from opdvfs.runtime.dispatch import COMPILED_HINT
+        from opdvfs.runtime.timed import TimedExecutor
+
         executor = self.executor
         assert executor is not None
-        lines: list[str] = []
+        lines: list[str] = [self.trigger_line] if self.trigger_line else []
         steady = executor.per_iteration()
         if steady["time_s"] is not None:
             energy = steady["energy_j"]
@@ -235,6 +297,16 @@ class Session:
             f"ran {executor.iteration} iterations; diverged in {len(executor.diverged_iterations)}"
             + (", schedule abandoned" if executor.abandoned else "")
         )
+        if isinstance(executor, TimedExecutor) and executor.timing is not None:
+            scales = executor.scales or [1.0]
+            lines.append(
+                f"time mode: {len(executor.timing.issue_s)} switches per iteration issued by time "
+                f"from each iteration's anchor (stage starts from the {executor.timing.source}, "
+                f"{executor.timing.iteration_s:.4g} s planned; offsets scaled by "
+                f"{min(scales):.3f}-{max(scales):.3f})"
+            )
+        elif getattr(executor, "compile_seen", 0):
+            lines.append(COMPILED_HINT)
         if isinstance(self.actuator, TwinActuator) and self.work is not None:
             issued, top = self.actuator.measure(self.work)
             lines.append(
@@ -255,6 +327,13 @@ class Session:
                     "MODULE:FUNCTION"
                 )
                 error = f"the schedule was never applied: no iteration ended ({how})"
+            elif isinstance(executor, TimedExecutor):
+                error = "the schedule was never applied: " + (
+                    f"no iteration's length matched the plan ({executor.first_divergence})"
+                    if executor.first_divergence
+                    else f"--trigger time anchors iterations at their ends, so it applies "
+                    f"from the second one, and {executor.iteration} ended"
+                )
             elif executor.abandoned:
                 error = (
                     f"the schedule was abandoned: none of the {executor.iteration} iterations "

@@ -12,8 +12,6 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from opdvfs.result import RunResult
 from opdvfs.runtime.actuators.dry_run import DryRunActuator
 from opdvfs.schedule import Schedule
@@ -39,8 +37,11 @@ class TwinActuator(DryRunActuator):
     def issued_schedule(self, n_ops: int, iteration: int | None = None) -> Schedule:
         """Return the switches issued in ``iteration`` (default: the last with any) as a plan.
 
-        A stage starts at each switch's op index; the clock before the first switch is the one
-        in effect when the iteration began (the last earlier switch, else the top clock).
+        Each switch is replayed where it was issued: at its op index (a switch issued by time,
+        ``op_index`` None: the iteration's first op) plus its recorded ``offset_s``. The clock
+        before the first switch is the one in effect when the iteration began (the last
+        earlier switch, else the top clock). The stages' ``first_op`` are nominal (the op the
+        switch was triggered at, kept increasing); the clocks come from the switches.
         """
         sets = [c for c in self.calls if c["kind"] == "set" and c["iteration"] is not None]
         if iteration is None:
@@ -48,15 +49,41 @@ class TwinActuator(DryRunActuator):
         before = [c for c in sets if c["iteration"] < iteration]
         first = before[-1]["freq_mhz"] if before else max(self.supported_freqs_mhz())
         starts, freqs = [0], [first]
+        triggers, delays_us = [0], [0.0]
         for c in (c for c in sets if c["iteration"] == iteration):
-            op = min(int(c["op_index"]), n_ops - 1)
-            if op == starts[-1]:
-                freqs[-1] = c["freq_mhz"]
-            else:
-                starts.append(op)
-                freqs.append(c["freq_mhz"])
-        return Schedule.from_stage_freqs(
-            np.asarray(starts), np.asarray(freqs), n_ops=n_ops, target=0.0, solver="issued"
+            op = min(int(c["op_index"] or 0), n_ops - 1)
+            delay_us = max(float(c.get("offset_s") or 0.0), 0.0) * 1e6
+            if c["freq_mhz"] == freqs[-1]:
+                continue
+            if (op == triggers[-1] and delay_us == delays_us[-1]) or starts[-1] >= n_ops - 1:
+                freqs[-1] = c["freq_mhz"]  # the same moment: the later request wins
+                triggers[-1], delays_us[-1] = op, delay_us
+                if len(freqs) > 1 and freqs[-1] == freqs[-2]:
+                    for column in (starts, freqs, triggers, delays_us):
+                        column.pop()
+                continue
+            starts.append(max(op, starts[-1] + 1))
+            freqs.append(c["freq_mhz"])
+            triggers.append(op)
+            delays_us.append(delay_us)
+        stages = [
+            {"first_op": a, "last_op": b, "freq_mhz": f}
+            for a, b, f in zip(
+                starts, [*(s - 1 for s in starts[1:]), n_ops - 1], freqs, strict=True
+            )
+        ]
+        switches = [
+            {"trigger_op": t, "stage": k, "freq_mhz": f, "delay_us": d}
+            for k, (t, f, d) in enumerate(zip(triggers, freqs, delays_us, strict=True))
+        ]
+        return Schedule.model_validate(
+            {
+                "n_ops": n_ops,
+                "stages": stages,
+                "switches": switches,
+                "target": 0.0,
+                "solver": "issued",
+            }
         )
 
     def measure(

@@ -1,0 +1,340 @@
+"""The time-anchored executor (``--trigger time``): no per-operator hook at all (DESIGN §5).
+
+Each iteration is anchored where the host sees it cheaply -- the optimizer step (or the
+``--iteration-at`` function's return) that ends the previous one; on a GPU a CUDA event recorded
+there, so the anchor is when the device gets there -- and the
+:class:`~opdvfs.runtime.issuer.SwitchIssuer` issues each switch at its planned offset from the
+anchor minus the switch latency. The offsets are the stages' start times in the planned run
+(:attr:`Stage.start_s <opdvfs.schedule.Stage.start_s>`, or the planned run simulated on the
+twin); a switch due less than the latency into the iteration is issued that long before the
+next anchor, in the iteration before (training repeats).
+
+Drift: each iteration's measured anchor-to-anchor time rescales the next one's offsets. An
+iteration whose length departs from the plan's by more than ``tolerance`` -- or that runs past
+``(1 + tolerance)`` times it before its anchor comes -- falls back to the maximum clock with one
+warning, and the schedule resumes once an iteration's length is within the tolerance again.
+
+Works unchanged under ``torch.compile`` and CUDA graphs: nothing here sees an operator.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from opdvfs.exceptions import ValidationError
+from opdvfs.runtime.actuators.base import Actuator
+from opdvfs.runtime.applier import ScheduleApplier
+from opdvfs.runtime.issuer import Marker, immediate_marker
+from opdvfs.schedule import Schedule
+
+if TYPE_CHECKING:
+    from opdvfs.sim.twin import SimulatedDevice
+    from opdvfs.workloads.workload import Workload
+
+__all__ = ["PlanTiming", "TimedExecutor", "choose_trigger", "plan_timing"]
+
+
+@dataclass(frozen=True)
+class PlanTiming:
+    """When each switch is due in the planned run, relative to the iteration's start.
+
+    Attributes
+    ----------
+    iteration_s
+        The planned iteration's length (s).
+    issue_s
+        Per switch of the schedule, in its order: its stage's start minus the switch latency
+        (s); negative for a switch issued in the iteration before.
+    freqs_mhz
+        Per switch, the clock it sets.
+    stage_s
+        Per stage, its start in the planned run (s), shape (n_stages,).
+    switch_stage
+        Per switch, the stage it serves.
+    latency_s
+        The switch latency the switches lead by (s).
+    source
+        Where the start times came from: ``"schedule"`` or ``"twin"``.
+    """
+
+    iteration_s: float
+    issue_s: np.ndarray
+    freqs_mhz: np.ndarray
+    stage_s: np.ndarray
+    switch_stage: tuple[int, ...]
+    latency_s: float
+    source: str
+
+    def held_s(self) -> np.ndarray:
+        """How long each clock is held in the planned run (s), switch by switch."""
+        starts = self.stage_s[list(self.switch_stage)]
+        return np.diff(np.r_[starts, self.iteration_s])
+
+
+def plan_timing(
+    schedule: Schedule,
+    *,
+    latency_s: float | None = None,
+    device: SimulatedDevice | None = None,
+    workload: Workload | None = None,
+) -> PlanTiming:
+    """Return when each switch of ``schedule`` is due, from the iteration's start.
+
+    Parameters
+    ----------
+    schedule
+        The plan. Its stages' ``start_s`` (all of them) and ``predicted_time_s`` give the
+        timing when present.
+    latency_s
+        The switch latency to lead by (s); default the schedule's ``switch_latency_ms``.
+    device, workload
+        Without ``start_s`` in the schedule: the planned run is simulated on this device
+        (the twin) to find them.
+
+    Raises
+    ------
+    ValidationError
+        If the schedule carries no stage start times and there is no simulated device and
+        workload to compute them with.
+    """
+    lead_s = schedule.switch_latency_ms * 1e-3 if latency_s is None else latency_s
+    known = [st.start_s for st in schedule.stages]
+    if all(s is not None for s in known) and schedule.predicted_time_s:
+        stage_s = np.asarray(known, dtype=float)
+        iteration_s, source = float(schedule.predicted_time_s), "schedule"
+    elif device is not None and workload is not None:
+        result, _ = device.run(workload, schedule, iterations=2)
+        stage_s = np.asarray([rec.start_s for rec in result.timeline], dtype=float)
+        iteration_s, source = float(result.iteration_time_s), "twin"
+    else:
+        raise ValidationError(
+            "--trigger time needs each stage's start time in the planned run: this schedule has "
+            "no stages[].start_s (and no predicted_time_s); re-plan with an opdvfs that writes "
+            "them, run on the twin, or use --trigger op",
+            field="trigger",
+        )
+    stages = tuple(sw.stage for sw in schedule.switches)
+    return PlanTiming(
+        iteration_s=iteration_s,
+        issue_s=stage_s[list(stages)] - lead_s,
+        freqs_mhz=np.asarray([sw.freq_mhz for sw in schedule.switches], dtype=float),
+        stage_s=stage_s,
+        switch_stage=stages,
+        latency_s=lead_s,
+        source=source,
+    )
+
+
+def choose_trigger(timing: PlanTiming | None, latency_s: float) -> tuple[str, str]:
+    """``--trigger auto``: ``"time"`` where switches are slow and stages long, else ``"op"``.
+
+    Time where the device's switch latency is at least 1 ms and the median clock is held at
+    least 5x the latency (operator-exact triggering buys nothing there); else op.
+
+    Returns
+    -------
+    tuple of str
+        The mode and the reason, for the line ``run`` prints.
+    """
+    if timing is None:
+        return "op", "the schedule has no stage start times"
+    if latency_s < 1e-3:
+        return "op", f"the switch latency {latency_s * 1e3:g} ms is under 1 ms"
+    held = timing.held_s()
+    median_s = float(np.median(held)) if len(held) else timing.iteration_s
+    if median_s < 5 * latency_s:
+        return "op", (
+            f"stages hold a clock {median_s * 1e3:.1f} ms (median), under 5x the "
+            f"{latency_s * 1e3:g} ms switch latency"
+        )
+    return "time", (
+        f"a {latency_s * 1e3:g} ms switch latency and stages of {median_s * 1e3:.1f} ms (median)"
+    )
+
+
+class TimedExecutor(ScheduleApplier):
+    """Apply a schedule by time from each iteration's anchor: no per-operator hook.
+
+    Use as a context manager around the training loop (like the op-counting
+    :class:`~opdvfs.runtime.dispatch.ScheduleExecutor`). The first iteration only starts the
+    clock: it runs at the clock in effect, and the schedule applies from the first optimizer
+    step (or ``--iteration-at`` return) on.
+
+    Parameters
+    ----------
+    schedule
+        The plan, or None to wait for :meth:`use_schedule` (``torchrun``: rank 0's).
+    actuator
+        Where the switches go.
+    timing
+        When each switch is due; default :func:`plan_timing` of the schedule (given ``device``
+        and ``workload`` when the schedule has no start times).
+    latency_s
+        The switch latency to lead by (s); default the schedule's.
+    tolerance
+        Largest relative departure of an iteration's length from the plan's that still counts
+        as in step (0.2: 20%). Keep it above the plan's slowdown target: an iteration at the top
+        clock is that much shorter.
+    device, workload
+        For :func:`plan_timing`.
+    optimizer_steps
+        As :class:`~opdvfs.runtime.applier.IterationCounter`.
+    """
+
+    trigger = "time"
+
+    def __init__(
+        self,
+        schedule: Schedule | None,
+        actuator: Actuator,
+        *,
+        timing: PlanTiming | None = None,
+        latency_s: float | None = None,
+        tolerance: float = 0.2,
+        device: SimulatedDevice | None = None,
+        workload: Workload | None = None,
+        optimizer_steps: bool = True,
+    ) -> None:
+        super().__init__(actuator, max_diverged=None, optimizer_steps=optimizer_steps)
+        if not 0 < tolerance < 1:
+            raise ValidationError(f"tolerance {tolerance}: expected 0 < tolerance < 1")
+        self.tolerance = tolerance
+        self.latency_s = latency_s
+        self._device, self._workload = device, workload
+        self.timing: PlanTiming | None = timing
+        self._cuda = torch.cuda.is_available()
+        self._anchor_s: float | None = None  # perf_counter() at the current iteration's anchor
+        self._armed = False  # the current iteration runs the schedule
+        self._wrapped_issued = 0  # of the next iteration's early switches, issued in this one
+        #: The scale applied to each iteration's offsets (measured / planned length).
+        self.scales: list[float] = []
+        if schedule is not None:
+            self.use_schedule(schedule)
+
+    def use_schedule(self, schedule: Schedule) -> None:
+        """Apply ``schedule`` from the next anchor on.
+
+        Raises
+        ------
+        ValidationError
+            If its timing cannot be known (see :func:`plan_timing`).
+        """
+        timing = self.timing
+        if timing is None or self.schedule is not None:
+            timing = plan_timing(
+                schedule, latency_s=self.latency_s, device=self._device, workload=self._workload
+            )
+        with self._lock:
+            self._start_issuer()
+            self.schedule, self.timing = schedule, timing
+
+    def _marker(self) -> Marker:
+        if self._cuda:
+            event = torch.cuda.Event()
+            event.record()  # the device reaches the step after the host: anchor there
+            return event
+        return immediate_marker()
+
+    def end_iteration(self, n_ops: int) -> None:
+        """At an anchor: judge the iteration that ended by its length, arm the next one."""
+        self._read_energy()
+        now = time.perf_counter()
+        length_s = None if self._anchor_s is None else now - self._anchor_s
+        self._anchor_s = now
+        if self.schedule is None or self.timing is None or self._halted:
+            return
+        planned_s = self.timing.iteration_s
+        issuer = self._start_issuer()
+        issuer.cancel()  # the next anchor came: whatever is still pending is too late
+        in_step = length_s is None or abs(length_s / planned_s - 1) <= self.tolerance
+        if self._armed and in_step and not self._off:
+            self.applied_iterations += 1
+        if not in_step:
+            assert length_s is not None
+            if not self._off:
+                self._fall_back(
+                    f"iteration {self.iteration} took {length_s:.4g} s, the schedule plans "
+                    f"{planned_s:.4g} s (more than {self.tolerance:.0%} apart)",
+                    stacklevel=4,
+                )
+            self._armed, self._wrapped_issued = False, 0
+            self._off = True  # the next iteration runs at the top clock; it is measured
+            return
+        scale = 1.0 if length_s is None else length_s / planned_s
+        self._arm(issuer, scale, catch_up=not self._armed)
+        self._off = False
+
+    def _arm(self, issuer: Any, scale: float, *, catch_up: bool) -> None:
+        """Queue the next iteration's switches, offsets scaled by ``scale``, from one anchor."""
+        assert self.timing is not None
+        timing, marker = self.timing, self._marker()
+        latency_s = timing.latency_s
+        iteration, planned_s = self.iteration + 1, timing.iteration_s
+        wrapped = np.flatnonzero(timing.issue_s < 0)
+        missed = wrapped if catch_up else wrapped[self._wrapped_issued :]
+        for k in missed:  # the previous iteration did not issue them: set them now
+            issuer.submit(
+                marker, 0.0, timing.freqs_mhz[k], iteration, None, offset_s=timing.issue_s[k]
+            )
+        for k in np.flatnonzero(timing.issue_s >= 0):
+            due_s = scale * (timing.issue_s[k] + latency_s) - latency_s
+            issuer.submit(
+                marker,
+                max(due_s, 0.0),
+                timing.freqs_mhz[k],
+                iteration,
+                None,
+                offset_s=timing.issue_s[k],
+            )
+        self._wrapped_issued = 0
+
+        def issued() -> None:
+            self._wrapped_issued += 1
+
+        for k in wrapped:  # the next iteration's earliest stages, from this anchor
+            due_s = scale * (planned_s + timing.issue_s[k] + latency_s) - latency_s
+            issuer.submit(
+                marker,
+                max(due_s, 0.0),
+                timing.freqs_mhz[k],
+                iteration,
+                None,
+                offset_s=planned_s + timing.issue_s[k],
+                then=issued,
+            )
+        # a watchdog: past (1 + tolerance) of the expected length without an anchor, the
+        # iteration no longer matches the plan (a pause, an evaluation): the top clock
+        overrun_s = (1 + self.tolerance) * scale * planned_s
+        issuer.submit(
+            marker,
+            overrun_s,
+            max(self.actuator.supported_freqs_mhz()),
+            iteration,
+            None,
+            offset_s=overrun_s / scale,
+            then=lambda: self._overran(iteration, overrun_s),
+        )
+        self._armed = True
+        self.scales.append(scale)
+
+    def _overran(self, iteration: int, overrun_s: float) -> None:
+        """Mark the iteration that ran too long (the watchdog fired; on the worker thread)."""
+        self._armed, self._off = False, True
+        if not self.diverged_iterations or self.diverged_iterations[-1] != iteration:
+            self.diverged_iterations.append(iteration)
+        if self.first_divergence is None:
+            self.first_divergence = (
+                f"iteration {iteration} ran past {overrun_s:.4g} s without ending"
+            )
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"opdvfs: {self.first_divergence}; falling back to the maximum clock",
+                stacklevel=2,
+            )
