@@ -24,6 +24,7 @@ from opdvfs.cli._app import (
     train_clocks,
 )
 from opdvfs.exceptions import ValidationError
+from opdvfs.models.perf import FORMS  # light: numpy only (pandas and scipy load on use)
 
 # The models (pandas, scipy) load inside the commands that fit them, not with `opdvfs --help`.
 if TYPE_CHECKING:
@@ -31,9 +32,6 @@ if TYPE_CHECKING:
     from opdvfs.devices.spec import VoltageCurve
     from opdvfs.models.power import Dynamic
 
-#: The names of ``opdvfs.models.perf.FORMS``, for the help text without importing the models
-#: (``opdvfs.models`` loads them all); tests/test_startup.py checks that the two agree.
-FORM_NAMES = ("func2", "func1", "func3", "pwl", "roofline")
 
 DynamicOption = Annotated[
     str,
@@ -68,7 +66,7 @@ FormOption = Annotated[
     str,
     typer.Option(
         "--form",
-        help=f"Model form: auto, {', '.join(FORM_NAMES)} (auto: best for the "
+        help=f"Model form: auto, {', '.join(FORMS)} (auto: best for the "
         "number of training clocks).",
     ),
 ]

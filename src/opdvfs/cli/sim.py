@@ -23,6 +23,7 @@ from opdvfs.cli._app import (
     stdout,
     write_profile,
 )
+from opdvfs.models.attribution import SENSOR_WINDOWS  # light: numpy only
 from opdvfs.schedule import Schedule
 
 # The simulator and the models load inside the commands that run them, not with `opdvfs --help`.
@@ -52,7 +53,7 @@ def profile(
             "-n",
             min=1,
             help="Iterations per clock (default: enough for the device's power sensor to give "
-            "40 complete windows per clock).",
+            f"{SENSOR_WINDOWS} complete windows per clock).",
         ),
     ] = None,
     seed: SeedOption = 0,
@@ -90,7 +91,7 @@ def _sensor_iterations(sim: SimulatedDevice, work: Workload, top_mhz: float) -> 
 
     One iteration at the fastest clock asked for (the shortest run) times the workload.
     """
-    from opdvfs.models.attribution import SENSOR_WINDOWS, sensor_iterations
+    from opdvfs.models.attribution import sensor_iterations
 
     iteration_s = sim.run(work, freq_mhz=top_mhz, iterations=1)[0].iteration_time_s
     sensor = sim.sensor_ms

@@ -11,13 +11,27 @@
 
 Per-op power attributed from sensor windows is in :mod:`~opdvfs.models.attribution`; the batched
 least-squares kernels under the fits in :mod:`~opdvfs.models._lsq`.
+
+Names load on first use (PEP 562), so importing the package costs nothing until one is used.
 """
 
-from opdvfs.models.bundle import ModelBundle
-from opdvfs.models.characterise import characterise_device, fit_voltage_curve
-from opdvfs.models.perf import FORMS, PerfModel
-from opdvfs.models.power import PowerModel
-from opdvfs.models.validation import validate_perf, validate_power
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from opdvfs._lazy import attach
+
+#: Exported name -> the module that defines it.
+_EXPORTS: dict[str, str] = {
+    "ModelBundle": "opdvfs.models.bundle",
+    "characterise_device": "opdvfs.models.characterise",
+    "fit_voltage_curve": "opdvfs.models.characterise",
+    "FORMS": "opdvfs.models.perf",
+    "PerfModel": "opdvfs.models.perf",
+    "PowerModel": "opdvfs.models.power",
+    "validate_perf": "opdvfs.models.validation",
+    "validate_power": "opdvfs.models.validation",
+}
 
 __all__ = [
     "FORMS",
@@ -29,3 +43,12 @@ __all__ = [
     "validate_perf",
     "validate_power",
 ]
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
+    from opdvfs.models.bundle import ModelBundle
+    from opdvfs.models.characterise import characterise_device, fit_voltage_curve
+    from opdvfs.models.perf import FORMS, PerfModel
+    from opdvfs.models.power import PowerModel
+    from opdvfs.models.validation import validate_perf, validate_power
+
+__getattr__, __dir__ = attach(__name__, _EXPORTS)
