@@ -91,6 +91,8 @@ def child(stage: str, n_ops: int, folder: Path) -> None:
 
         schedule = Schedule.model_validate_json((folder / "schedule.json").read_text())
         dev.run(_workload(n_ops), schedule, iterations=1)
+    elif stage == "inputs":
+        _inputs(folder)
     elif stage == "import csv":
         from opdvfs.io import read_profile
 
@@ -101,7 +103,7 @@ def child(stage: str, n_ops: int, folder: Path) -> None:
         read_profile(folder / "trace.json", format="torch-trace", freqs_mhz=[1800.0])
 
 
-def _inputs(n_ops: int, folder: Path) -> None:
+def _inputs(folder: Path) -> None:
     """Write the import stages' files from the profile: a long CSV and a Chrome trace."""
     from opdvfs.profile import Profile
 
@@ -151,7 +153,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             for stage in STAGES:
                 if stage == "import csv":
-                    _inputs(n_ops, Path(tmp))
+                    # in a child too: a fork inherits its parent's peak RSS, so the parent stays
+                    # small for every measurement
+                    measure([sys.executable, __file__, "--child", "inputs", str(n_ops), tmp])
                 argv = [sys.executable, __file__, "--child", stage, str(n_ops), tmp]
                 seconds, mib = measure(argv)
                 cpu[stage].append(seconds)
