@@ -76,7 +76,14 @@ FormOption = Annotated[
 @reports_errors
 def fit(
     profile_path: Annotated[Path, typer.Argument(metavar="PROFILE", help="Profile or raw file.")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="Models file to write (JSON).")],
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            "-o",
+            help="MODELS file to write: JSON, or columnar .npz (smaller, faster at scale).",
+        ),
+    ],
     form: FormOption = "auto",
     train_freqs: Annotated[
         str | None, typer.Option("--train-freqs", help="Clocks to fit on (default: all).")

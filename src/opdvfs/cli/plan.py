@@ -310,7 +310,7 @@ def plan(
             check_output_file(path)
     spec = get_preset(device).spec if device else None
     models: ModelBundle | None
-    if source.suffix == ".json":
+    if source.suffix.lower() in (".json", ".npz"):  # a MODELS file (JSON or columnar)
         models = ModelBundle.read(source)
         recorded = models.device
         if not force:
