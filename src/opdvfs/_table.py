@@ -214,16 +214,38 @@ def coerce_column(series: pd.Series, col: Column, what: str) -> pd.Series:
 
 
 def _coerce_str(series: pd.Series, col: Column, what: str) -> pd.Series:
-    values = series.astype(object)
-    missing = values.isna().to_numpy()
-    text = values.where(~missing, "").astype(str).str.strip()
-    bad = missing | (text == "").to_numpy()
+    """Return ``series`` as stripped text, checking each distinct value once.
+
+    A million profile rows hold a few hundred operator names, so the checks and the stripping run
+    over the categories, and no per-row string is created. A categorical ``series`` comes back
+    categorical (categories sorted, unused ones dropped, as ``astype("category")`` of the text
+    would give); any other comes back as an object column of the same strings.
+    """
+    import pandas as pd
+
+    values = series if isinstance(series.dtype, pd.CategoricalDtype) else series.astype("category")
+    codes = values.cat.codes.to_numpy()
+    missing = codes < 0
+    # str() of each category, as astype(str) does per row (a number in a text column is its text)
+    text = pd.Index(values.cat.categories.astype(object), dtype=object).map(str).str.strip()
+    bad_text = np.asarray(text == "", dtype=bool)
     if col.choices is not None:
-        bad |= ~text.isin(col.choices).to_numpy()
+        bad_text |= ~np.asarray(text.isin(col.choices), dtype=bool)
+    bad = missing.copy()
+    if len(text):
+        bad |= bad_text[np.where(missing, 0, codes)]
     pos = first_bad_row(bad)
     if pos is not None:
         raise _fail(what, col, series, pos, None if missing[pos] else series.iloc[pos])
-    return text.astype(object)
+    # stripping can merge categories ("mm " and "mm"); keep the used ones, sorted
+    used = np.bincount(codes, minlength=len(text)) > 0
+    merged, uniques = pd.factorize(text[used], sort=True)
+    remap = np.full(len(text), -1, dtype=np.int64)
+    remap[used] = merged
+    out = pd.Categorical.from_codes(remap[codes], categories=pd.Index(uniques))
+    if isinstance(series.dtype, pd.CategoricalDtype):
+        return pd.Series(out, index=series.index)
+    return pd.Series(np.asarray(out, dtype=object), index=series.index, dtype=object)
 
 
 def _coerce_number(series: pd.Series, col: Column, what: str) -> pd.Series:

@@ -224,14 +224,12 @@ class Profile:
         *,
         meta: Mapping[str, Any] | None = None,
     ) -> None:
-        table = OP_COLUMNS.validate(ops)
+        table = OP_COLUMNS.validate(_categorical_text(ops))
         if "type" not in table.columns:
             table.insert(3, "type", table["name"])
         require_unique(table, ("iteration", "op", "freq_mhz"), "profile")
         _require_one_name_per_op(table)
-        self._ops = _compact(
-            table.sort_values(["iteration", "freq_mhz", "op"], kind="stable").reset_index(drop=True)
-        )
+        self._ops = _compact(_sorted_rows(table).reset_index(drop=True))
         self._samples: pd.DataFrame | None = None
         if samples is not None:
             smp = SAMPLE_COLUMNS.validate(samples)
@@ -451,6 +449,36 @@ class Profile:
             return cls(frame, samples, meta=header.get("meta", {}))
         except ValidationError as exc:
             raise ProfileFormatError(f"{src}: {exc}") from None
+
+
+def _categorical_text(ops: pd.DataFrame) -> pd.DataFrame:
+    """Return ``ops`` with its text columns as categoricals (a shallow copy when any changes).
+
+    Done before validation, so the text checks run once per distinct name rather than per row,
+    and the validated table already holds the categoricals the profile keeps.
+    """
+    import pandas as pd
+
+    text = {
+        name: ops[name].astype("category")
+        for name in _CATEGORICAL
+        if name in ops.columns and not isinstance(ops[name].dtype, pd.CategoricalDtype)
+    }
+    return ops.assign(**text) if text else ops
+
+
+def _sorted_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """Return ``table`` stably sorted by iteration, clock and op position.
+
+    Profiles mostly arrive in that order already (the simulator, files this class wrote), and
+    then no sorted copy of every column is made.
+    """
+    order = np.lexsort(
+        (table["op"].to_numpy(), table["freq_mhz"].to_numpy(), table["iteration"].to_numpy())
+    )
+    if np.array_equal(order, np.arange(len(table))):
+        return table
+    return table.take(order)
 
 
 def _compact(table: pd.DataFrame) -> pd.DataFrame:
