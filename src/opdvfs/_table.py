@@ -140,7 +140,8 @@ class TableSchema:
         extra = Column("", "float", min_value=0.0, allow_nan=True)
         for name in sorted(c for c in frame.columns if c not in known):
             out[name] = coerce_column(frame[name], Column(name, **_fields(extra)), self.what)
-        return pd.DataFrame(out, index=frame.index)
+        # unconsolidated: stacking the columns into one block would copy every one of them
+        return pd.DataFrame(out, index=frame.index, copy=False)
 
     def describe(self) -> list[dict[str, Any]]:
         """Return the schema as a list of JSON-ready column descriptions."""
@@ -258,6 +259,8 @@ def _coerce_number(series: pd.Series, col: Column, what: str) -> pd.Series:
             f"{what}: column {col.name!r}: expected {col.expected()}, got booleans",
             field=col.name,
         )
+    elif series.dtype == np.float64:
+        values = series.to_numpy()  # a view: a float column is checked in place, not copied
     else:
         values = series.to_numpy(dtype=float, na_value=np.nan)
     nan = np.isnan(values)
@@ -272,8 +275,10 @@ def _coerce_number(series: pd.Series, col: Column, what: str) -> pd.Series:
     if pos is not None:
         raise _fail(what, col, series, pos, series.iloc[pos])
     if col.kind == "int":
-        return pd.Series(values.astype(np.int64), index=series.index)
-    return pd.Series(values, index=series.index)
+        return pd.Series(values.astype(np.int64), index=series.index, copy=False)
+    if series.dtype == np.float64:
+        return series.rename(None)  # a lazy copy: copy-on-write still separates the two
+    return pd.Series(values, index=series.index, copy=False)
 
 
 def require_unique(frame: pd.DataFrame, keys: Sequence[str], what: str) -> None:

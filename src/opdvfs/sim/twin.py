@@ -346,7 +346,9 @@ class SimulatedDevice:
             "sources": [f"simulated:{self.spec.name}:{workload.name}"],
             "sensor": self.sensor_ms,
         }
-        return Profile(pd.concat(frames, ignore_index=True), pd.concat(samples), meta=meta)
+        rows = pd.concat(frames, ignore_index=True)
+        del frames  # the per-clock tables would otherwise stay alive through validation
+        return Profile(rows, pd.concat(samples), meta=meta)
 
     def _rows(
         self,
@@ -367,9 +369,8 @@ class SimulatedDevice:
             {
                 "iteration": iteration,
                 "op": op,
-                "name": ops["name"].to_numpy()[op],
-                "type": ops["type"].to_numpy()[op],
-                "stream": ops["stream"].to_numpy()[op],
+                # categoricals (the profile keeps them so): no per-row string objects
+                **{key: _repeat_text(ops[key], op) for key in ("name", "type", "stream")},
                 "freq_mhz": freq_mhz,
                 "time_us": run.dur_us,
                 "start_us": run.execution.start_us - first[iteration],
@@ -575,3 +576,9 @@ class SimulatedDevice:
             }
         )
         return PowerCalibration(idle=pd.DataFrame(rows), cooldown=cooldown)
+
+
+def _repeat_text(column: pd.Series, op: np.ndarray) -> pd.Categorical:
+    """Return the text ``column[op]`` as a categorical (codes taken, no string per row)."""
+    text = pd.Categorical(column)
+    return pd.Categorical.from_codes(text.codes[op], dtype=text.dtype)
