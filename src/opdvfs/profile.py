@@ -249,13 +249,17 @@ class Profile:
     # ----------------------------------------------------------------------------- accessors
     @property
     def ops(self) -> pd.DataFrame:
-        """The operator rows (a copy), sorted by iteration, clock and op position."""
-        return self._ops.copy()
+        """The operator rows (a copy), sorted by iteration, clock and op position.
+
+        A lazy copy: pandas' copy-on-write copies a column only when the caller writes to it, so
+        reading a million-row profile costs no memory.
+        """
+        return self._ops.copy(deep=False)
 
     @property
     def samples(self) -> pd.DataFrame | None:
         """The power-sensor samples (a copy), or None."""
-        return None if self._samples is None else self._samples.copy()
+        return None if self._samples is None else self._samples.copy(deep=False)
 
     @property
     def meta(self) -> dict[str, Any]:

@@ -135,8 +135,8 @@ class Workload:
 
     @property
     def ops(self) -> pd.DataFrame:
-        """The operator table (a copy); the index is the operator position."""
-        return self._ops.copy()
+        """The operator table (a lazy copy: copy-on-write); the index is the operator position."""
+        return self._ops.copy(deep=False)
 
     @property
     def meta(self) -> dict[str, Any]:
