@@ -453,6 +453,11 @@ class Profile:
             return cls(frame, samples, meta=header.get("meta", {}))
         except ValidationError as exc:
             raise ProfileFormatError(f"{src}: {exc}") from None
+        finally:
+            # Arrow's pool keeps the decoded columns that validation replaced (~50 MB per
+            # million rows) for reuse that never comes; hand them back before the models run
+            del frame
+            pa.default_memory_pool().release_unused()
 
 
 def _categorical_text(ops: pd.DataFrame) -> pd.DataFrame:
