@@ -245,8 +245,8 @@ def _coerce_str(series: pd.Series, col: Column, what: str) -> pd.Series:
     remap[used] = merged
     out = pd.Categorical.from_codes(remap[codes], categories=pd.Index(uniques))
     if isinstance(series.dtype, pd.CategoricalDtype):
-        return pd.Series(out, index=series.index)
-    return pd.Series(np.asarray(out, dtype=object), index=series.index, dtype=object)
+        return pd.Series(out, index=series.index, copy=False)
+    return pd.Series(np.asarray(out, dtype=object), index=series.index, dtype=object, copy=False)
 
 
 def _coerce_number(series: pd.Series, col: Column, what: str) -> pd.Series:
