@@ -243,7 +243,8 @@ def _coerce_str(series: pd.Series, col: Column, what: str) -> pd.Series:
     merged, uniques = pd.factorize(text[used], sort=True)
     remap = np.full(len(text), -1, dtype=np.int64)
     remap[used] = merged
-    out = pd.Categorical.from_codes(remap[codes], categories=pd.Index(uniques))
+    categories: Any = pd.Index(uniques)  # str dtype, as astype("category") of text gives
+    out = pd.Categorical.from_codes(remap[codes], categories=categories)
     if isinstance(series.dtype, pd.CategoricalDtype):
         return pd.Series(out, index=series.index, copy=False)
     return pd.Series(np.asarray(out, dtype=object), index=series.index, dtype=object, copy=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -578,7 +578,7 @@ class SimulatedDevice:
         return PowerCalibration(idle=pd.DataFrame(rows), cooldown=cooldown)
 
 
-def _repeat_text(column: pd.Series, op: np.ndarray) -> pd.Categorical:
+def _repeat_text(column: pd.Series, op: np.ndarray) -> pd.Categorical[Any]:
     """Return the text ``column[op]`` as a categorical (codes taken, no string per row)."""
     text = pd.Categorical(column)
     return pd.Categorical.from_codes(text.codes[op], dtype=text.dtype)
