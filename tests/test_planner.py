@@ -1,4 +1,5 @@
 import heapq
+import itertools
 import json
 
 import numpy as np
@@ -477,3 +478,12 @@ def test_predictions_refuse_other_values_and_inputs(bert_models):
     fewer = PlanInputs.from_workload(w, ASCEND.spec.freqs_mhz[:-1], device=ASCEND.spec.name)
     with pytest.raises(ValidationError, match="predict again with these inputs"):
         plan_schedule(predictions, fewer, target=0.02)
+
+
+def test_schedule_stages_carry_their_start_in_the_planned_run(bert_models):
+    """The time-anchored executor's offsets: 0 for the first stage, increasing, within the run."""
+    _, _, models, inputs = bert_models
+    schedule = plan_schedule(models, inputs, target=0.05)
+    starts = [stage.start_s for stage in schedule.stages]
+    assert starts[0] == 0.0 and all(b > a for a, b in itertools.pairwise(starts))
+    assert starts[-1] < schedule.predicted_time_s
