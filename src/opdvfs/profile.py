@@ -25,7 +25,7 @@ import io
 import json
 import os
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -460,17 +460,18 @@ class Profile:
             pa.default_memory_pool().release_unused()
 
 
-def _categorical_text(ops: pd.DataFrame) -> pd.DataFrame:
-    """Return ``ops`` with its text columns as categoricals (a shallow copy when any changes).
+def _categorical_text(ops: pd.DataFrame, names: Iterable[str] = _CATEGORICAL) -> pd.DataFrame:
+    """Return ``ops`` with its text columns ``names`` as categoricals (shallow copy if any change).
 
     Done before validation, so the text checks run once per distinct name rather than per row,
-    and the validated table already holds the categoricals the profile keeps.
+    and the validated table already holds the categoricals the table keeps (``Profile``, and
+    ``Workload`` with its own text columns).
     """
     import pandas as pd
 
     text = {
         name: ops[name].astype("category")
-        for name in _CATEGORICAL
+        for name in names
         if name in ops.columns and not isinstance(ops[name].dtype, pd.CategoricalDtype)
     }
     return ops.assign(**text) if text else ops

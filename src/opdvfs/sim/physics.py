@@ -80,11 +80,13 @@ class OpArrays:
 
 def op_arrays(ops: pd.DataFrame) -> OpArrays:
     """Look up every operator's family (by ``type``; comm stream forces COMM) as arrays."""
-    fam = ops["type"].map(FAMILIES)
-    fam = fam.where(fam.notna(), _VECTOR)
+    # looked up once per distinct type (a workload's types are categorical), then taken per op
+    types = pd.Categorical(ops["type"])
+    fam = [FAMILIES.get(t, _VECTOR) for t in types.categories]
+    codes = types.codes
     comm = (ops["stream"] == "comm").to_numpy()
     host = (ops["stream"] == "host").to_numpy()
-    unit = np.array([f.unit for f in fam], dtype=np.int8)
+    unit = np.array([f.unit for f in fam], dtype=np.int8)[codes]
     unit[comm] = COMM
     unit[host] = FIXED
     return OpArrays(
@@ -92,9 +94,9 @@ def op_arrays(ops: pd.DataFrame) -> OpArrays:
         bytes_ld=ops["bytes_loaded"].to_numpy(dtype=float),
         bytes_st=ops["bytes_stored"].to_numpy(dtype=float),
         unit=unit,
-        pingpong=np.array([f.pingpong for f in fam], dtype=bool),
-        dependent=np.array([f.dependent for f in fam], dtype=bool),
-        efficiency=np.array([f.efficiency for f in fam], dtype=float),
+        pingpong=np.array([f.pingpong for f in fam], dtype=bool)[codes],
+        dependent=np.array([f.dependent for f in fam], dtype=bool)[codes],
+        efficiency=np.array([f.efficiency for f in fam], dtype=float)[codes],
         activity=(
             ops["activity"] if "activity" in ops else pd.Series(1.0, index=ops.index)
         ).to_numpy(dtype=float),

@@ -8,6 +8,8 @@ __all__ = ["rc_temperature"]
 
 # exp() of cumulative time / tau must stay finite: restart the closed form every so often.
 _MAX_EXPONENT = 500.0
+#: Intervals per vectorised step: bounds the temporaries (a few MB) whatever the run's length.
+_CHUNK = 1 << 16
 
 
 def rc_temperature(
@@ -39,7 +41,7 @@ def rc_temperature(
         Temperature (deg C) at the end of each interval.
     """
     dt = np.asarray(dt_s, dtype=float)
-    steady = ambient_c + k_c_per_w * np.asarray(power_w, dtype=float)
+    power = np.asarray(power_w, dtype=float)
     out = np.empty_like(dt)
     x0, lo = float(start_c), 0
     cum = np.cumsum(dt) / tau_s
@@ -47,9 +49,19 @@ def rc_temperature(
         base = cum[lo - 1] if lo else 0.0
         hi = int(np.searchsorted(cum, base + _MAX_EXPONENT, side="right"))
         hi = max(hi, lo + 1)
-        log_d = cum[lo:hi] - base  # -log of the cumulative decay up to each interval end
-        decay = np.exp(-dt[lo:hi] / tau_s)
-        weight = (1.0 - decay) * steady[lo:hi] * np.exp(log_d)
-        out[lo:hi] = np.exp(-log_d) * (x0 + np.cumsum(weight))
+        # in chunks, so the temporaries stay small; the running sum carries into each chunk's
+        # first weight, which keeps the additions in the order one cumsum over [lo, hi) makes
+        total = 0.0
+        for a in range(lo, hi, _CHUNK):
+            b = min(a + _CHUNK, hi)
+            log_d = cum[a:b] - base  # -log of the cumulative decay up to each interval end
+            decay = np.exp(-dt[a:b] / tau_s)
+            steady = ambient_c + k_c_per_w * power[a:b]
+            weight = (1.0 - decay) * steady * np.exp(log_d)
+            if a > lo:
+                weight[0] += total
+            sums = np.cumsum(weight)
+            total = sums[-1]
+            out[a:b] = np.exp(-log_d) * (x0 + sums)
         x0, lo = out[hi - 1], hi
     return out

@@ -227,8 +227,10 @@ class SimulatedDevice:
         dt_us = np.stack([exe.start_us - prev_end, t_a, exe.end_us - exe.start_us - t_a], axis=1)
         temp0 = p.ambient_c + 30.0 if start_temp_c is None else start_temp_c
         temp_ops = np.full(total, temp0)
+        # one pair of (total, 3) buffers for every pass: a million ops, 24 MB each
+        chip, core = np.empty((total, 3)), np.empty((total, 3))
         for step in range(_THERMAL_PASSES):
-            chip, core = self._interval_power(act, uncore, op, ca, cb, temp_ops, f_used, v_used)
+            self._interval_power(act, uncore, op, ca, cb, temp_ops, f_used, v_used, chip, core)
             if step == 0 and start_temp_c is None:
                 # A warm device: start at the steady state of the run's own mean power.
                 temp0 = p.ambient_c + p.k_c_per_w * float((chip * dt_us).sum() / dt_us.sum())
@@ -241,8 +243,12 @@ class SimulatedDevice:
                 tau_s=p.tau_s,
             ).reshape(total, 3)
             temp_ops = ends[:, 0]  # temperature when each op starts (after its gap)
-        chip, core = self._interval_power(act, uncore, op, ca, cb, temp_ops, f_used, v_used)
-        chip_j, core_j = chip * dt_us * 1e-6, core * dt_us * 1e-6
+        self._interval_power(act, uncore, op, ca, cb, temp_ops, f_used, v_used, chip, core)
+        # energies in the power buffers themselves, (power * dt) * 1e-6 as before
+        for power in (chip, core):
+            power *= dt_us
+            power *= 1e-6
+        chip_j, core_j = chip, core
         edges = np.r_[0.0, (prev_end[:, None] + np.cumsum(dt_us, axis=1)).ravel()]
         clock_mhz = np.stack([f_used[ca], f_used[ca], f_used[cb]], axis=1)
         samples = sample_sensors(
@@ -285,22 +291,24 @@ class SimulatedDevice:
         temp_c: np.ndarray,
         f: np.ndarray,
         v: np.ndarray,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Chip and core power of (gap, work at clock_a, work at clock_b), shape (n, 3) each.
+        chip: np.ndarray,
+        core: np.ndarray,
+    ) -> None:
+        """Fill ``chip`` and ``core`` power of (gap, work at clock_a, work at clock_b), (n, 3).
 
-        ``ca``/``cb`` index the clocks ``f`` (MHz) with voltages ``v`` used by this run.
+        ``ca``/``cb`` index the clocks ``f`` (MHz) with voltages ``v`` used by this run. The
+        columns are computed one at a time into the caller's buffers, so a pass holds one
+        column's temporaries rather than three stacked copies.
         """
         p = self.params
-        core = np.stack(
-            [
-                core_power_w(0.0, f[ca], v[ca], temp_c, p),
-                core_power_w(act[op, ca], f[ca], v[ca], temp_c, p),
-                core_power_w(act[op, cb], f[cb], v[cb], temp_c, p),
-            ],
-            axis=1,
-        )
-        rest = np.stack([np.full(len(op), p.uncore_idle_w), uncore[op, ca], uncore[op, cb]], axis=1)
-        return core + rest + p.misc_w, core
+        core[:, 0] = core_power_w(0.0, f[ca], v[ca], temp_c, p)
+        core[:, 1] = core_power_w(act[op, ca], f[ca], v[ca], temp_c, p)
+        core[:, 2] = core_power_w(act[op, cb], f[cb], v[cb], temp_c, p)
+        # (core + rest) + misc, column by column: the same sums as on the stacked arrays
+        np.add(core[:, 0], p.uncore_idle_w, out=chip[:, 0])
+        np.add(core[:, 1], uncore[op, ca], out=chip[:, 1])
+        np.add(core[:, 2], uncore[op, cb], out=chip[:, 2])
+        chip += p.misc_w
 
     # ----------------------------------------------------------------------------- profiling
     def profile(
@@ -335,6 +343,7 @@ class SimulatedDevice:
             smp = run.samples.assign(t_s=run.samples["t_s"] + offset_s)
             samples.append(smp)
             offset_s = float(smp["t_s"].iloc[-1]) + 1.0
+            del run  # ~100 MB per million ops, which the next clock's run would otherwise meet
             if on_clock is not None:
                 on_clock(f)
         meta = {

@@ -17,7 +17,7 @@ import numpy as np
 from opdvfs._files import write_atomic, write_text_atomic
 from opdvfs._table import Column, TableSchema, metadata_json_ready
 from opdvfs.exceptions import InputFormatError, ValidationError
-from opdvfs.profile import OPERATOR_COLUMNS
+from opdvfs.profile import OPERATOR_COLUMNS, _categorical_text
 
 if TYPE_CHECKING:  # pandas loads with the first workload, not with `opdvfs schema`
     import pandas as pd
@@ -101,6 +101,8 @@ WORKLOAD_COLUMNS = TableSchema(
     float_prefixes=("ratio_",),
 )
 
+#: Text columns, held as categoricals.
+_TEXT = tuple(c.name for c in WORKLOAD_COLUMNS.columns if c.kind == "str")
 _META_KEY = b"opdvfs.workload"
 _JSON_FORMAT = "opdvfs.workload"
 
@@ -126,7 +128,9 @@ class Workload:
             raise ValidationError("workload: name must be non-empty", field="name")
         if len(ops) == 0:
             raise ValidationError("workload: expected at least one operator", field="name")
-        table = WORKLOAD_COLUMNS.validate(ops)
+        # categorical text: a 1M-op workload holds a few hundred distinct names, not a string
+        # object per row (~600 MiB)
+        table = WORKLOAD_COLUMNS.validate(_categorical_text(ops, _TEXT))
         if "type" not in table.columns:
             table.insert(1, "type", table["name"])
         self._ops = table.reset_index(drop=True)
@@ -135,7 +139,10 @@ class Workload:
 
     @property
     def ops(self) -> pd.DataFrame:
-        """The operator table (a lazy copy: copy-on-write); the index is the operator position."""
+        """The operator table (a lazy copy: copy-on-write); the index is the operator position.
+
+        Text columns (``name``, ``type``, ``stream``, ``phase``, ``shapes``) are categoricals.
+        """
         return self._ops.copy(deep=False)
 
     @property
