@@ -9,6 +9,10 @@ for one iteration, import the profile's rows as a generic CSV and as a PyTorch C
 ``--help`` and each command's ``--help``).
 
     .venv/bin/python benchmarks/scale.py [--sizes 18000,100000,1000000] [--no-startup]
+        [--stages import-trace,...]
+
+``--stages`` measures only the named stages (``-`` for a space); the earlier stages they read the
+files of run first, unmeasured.
 """
 
 from __future__ import annotations
@@ -46,6 +50,15 @@ COMMANDS = (
     "workloads",
 )
 _CLOCKS_MHZ = (1000.0, 1400.0, 1800.0)
+# the earlier stages whose files a stage reads
+_NEEDS = {
+    "profile": (),
+    "fit": ("profile",),
+    "plan": ("profile", "fit"),
+    "simulate": ("profile", "fit", "plan"),
+    "import csv": ("profile",),
+    "import trace": ("profile",),
+}
 
 
 def _workload(n_ops: int) -> Workload:
@@ -141,29 +154,39 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="18000,100000,1000000")
     parser.add_argument("--no-startup", action="store_true")
+    parser.add_argument("--stages", default=",".join(STAGES), help="e.g. import-trace,fit")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child[0], int(args.child[1]), Path(args.child[2]))
         return
     sizes = [int(s) for s in args.sizes.split(",")]
-    cpu: dict[str, list[float]] = {s: [] for s in STAGES}
-    rss: dict[str, list[float]] = {s: [] for s in STAGES}
+    chosen = [s.strip().replace("-", " ") for s in args.stages.split(",") if s.strip()]
+    if unknown := sorted(set(chosen) - set(STAGES)):
+        parser.error(f"unknown stage(s) {unknown}; choose from {', '.join(STAGES)}")
+    measured = [s for s in STAGES if s in chosen]
+    run = [s for s in STAGES if s in measured or any(s in _NEEDS[m] for m in measured)]
+    cpu: dict[str, list[float]] = {s: [] for s in measured}
+    rss: dict[str, list[float]] = {s: [] for s in measured}
     for n_ops in sizes:
         with tempfile.TemporaryDirectory() as tmp:
-            for stage in STAGES:
-                if stage == "import csv":
+            inputs_written = False
+            for stage in run:
+                if stage.startswith("import") and not inputs_written:
                     # in a child too: a fork inherits its parent's peak RSS, so the parent stays
                     # small for every measurement
                     measure([sys.executable, __file__, "--child", "inputs", str(n_ops), tmp])
+                    inputs_written = True
                 argv = [sys.executable, __file__, "--child", stage, str(n_ops), tmp]
                 seconds, mib = measure(argv)
+                if stage not in measured:
+                    continue
                 cpu[stage].append(seconds)
                 rss[stage].append(mib)
                 print(f"  {n_ops:>8d} ops  {stage:13s} {seconds:7.2f} s {mib:7.0f} MiB", flush=True)
     header = "".join(f"{n:>17,d}" for n in sizes)
     print(f"\nCPU s / peak RSS MiB per stage (3 clocks){header}   growth (CPU; RSS)")
-    for stage in STAGES:
+    for stage in measured:
         cells = "".join(
             f"{c:8.2f} s {m:5.0f} M" for c, m in zip(cpu[stage], rss[stage], strict=True)
         )

@@ -243,6 +243,45 @@ def test_bad_traces(tmp_path, content, needle):
         read_profile(path, freqs_mhz=[1000])
 
 
+def _odd_types(doc):
+    """Kineto's fields in types only the generic reader takes: string pids and ids."""
+    for ev in doc["traceEvents"]:
+        if ev.get("cat") == "cpu_op":
+            ev["pid"] = "host"
+            ev["args"]["External id"] = str(ev["args"]["External id"])
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("name", "doc"),
+    [
+        ("fixture", None),
+        ("gpu", training_trace()),
+        ("gpu-list", training_trace()["traceEvents"]),
+        ("warmup", training_trace(warmup_differs=True)),
+        ("odd-types", _odd_types(training_trace())),
+    ],
+)
+def test_trace_typed_reader_matches_generic_json(fixtures, tmp_path, monkeypatch, name, doc):
+    """The msgspec reader (decoded in batches) imports what json.loads + a dict per event did."""
+    from opdvfs.io import torch_trace
+
+    if doc is None:
+        path = fixtures / "torch_cpu_tinygpt.pt.trace.json.gz"
+    else:
+        path = tmp_path / "t.json"
+        path.write_text(json.dumps(doc))
+    typed = read_profile(path, format="torch-trace", freqs_mhz=[1000])
+    assert (torch_trace._load_typed(path) is None) == (name == "odd-types")
+    monkeypatch.setattr(torch_trace, "_BATCH", 7)  # batch edges inside iterations
+    batched = read_profile(path, format="torch-trace", freqs_mhz=[1000])
+    monkeypatch.setattr(torch_trace, "_load_typed", lambda path: None)
+    generic = read_profile(path, format="torch-trace", freqs_mhz=[1000])
+    for other in (batched, generic):
+        pd.testing.assert_frame_equal(typed.ops, other.ops, check_exact=True)
+        assert typed.meta == other.meta
+
+
 def test_unknown_format_name(fixtures):
     with pytest.raises(ProfileFormatError, match="unknown format 'xls'"):
         read_profile(fixtures / "generic_profile.csv", format="xls")

@@ -23,9 +23,12 @@ import json
 import re
 import zlib
 from collections import Counter
+from itertools import compress
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -47,8 +50,8 @@ def sniff_path(path: Path) -> bool:
     return path.name.endswith((".json", ".json.gz"))
 
 
-def load_trace(path: Path) -> dict[str, Any]:
-    """Load a Chrome trace (plain or gzip JSON) into a dict with a ``traceEvents`` list."""
+def _read_bytes(path: Path) -> bytes:
+    """Return the trace's JSON text, gunzipped when it is gzip data."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -62,6 +65,12 @@ def load_trace(path: Path) -> dict[str, Any]:
             raise ProfileFormatError(f"{path}: truncated or corrupt gzip data ({exc})") from None
     if not raw.strip():
         raise ProfileFormatError(f"{path}: empty file; expected a Chrome trace (JSON)")
+    return raw
+
+
+def load_trace(path: Path) -> dict[str, Any]:
+    """Load a Chrome trace (plain or gzip JSON) into a dict with a ``traceEvents`` list."""
+    raw = _read_bytes(path)
     try:
         doc = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -77,6 +86,125 @@ def load_trace(path: Path) -> dict[str, Any]:
             f"{path}: expected a PyTorch profiler trace (a JSON object with a 'traceEvents' list)"
         )
     return doc
+
+
+class _Args(msgspec.Struct, gc=False):
+    """The two ``args`` of an event the importer reads; the others are skipped undecoded."""
+
+    ext: int | None = msgspec.field(default=None, name="External id")
+    corr: int | None = msgspec.field(default=None, name="correlation")
+
+
+class _Event(msgspec.Struct, gc=False):
+    """The fields of a trace event the importer reads, in the types Kineto writes them."""
+
+    ph: str | None = None
+    cat: str | None = None
+    name: str | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: float | None = None
+    dur: float | None = None
+    args: _Args | None = None
+
+
+class _Trace(msgspec.Struct, gc=False):
+    traceEvents: list[msgspec.Raw]  # each event's text, decoded a batch at a time
+    freq_mhz: Any = msgspec.field(default=None, name=FREQ_METADATA_KEY)
+    base_ns: Any = msgspec.field(default=None, name="baseTimeNanoseconds")
+    device_properties: Any = msgspec.field(default=None, name="deviceProperties")
+
+
+_TRACE = msgspec.json.Decoder(_Trace | list[msgspec.Raw])
+_EVENTS = msgspec.json.Decoder(list[_Event])
+_BATCH = 65536
+
+
+class _Columns:
+    """The 'X' events' fields, appended a batch of decoded events at a time."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list[np.ndarray]] = {}
+        self.text: dict[str | int, str | int] = {}  # one object per distinct name, cat, pid, tid
+
+    def add(self, field: str, values: np.ndarray) -> None:
+        self.parts.setdefault(field, []).append(values)
+
+    def add_batch(self, offset: int, batch: list[_Event]) -> bool:
+        """Append the batch's 'X' events; False where one needs :func:`_events_frame`."""
+        ph = np.fromiter(map(attrgetter("ph"), batch), dtype=object, count=len(batch))
+        is_x: np.ndarray = ph == "X"
+        xs = list(compress(batch, is_x))
+        n = len(xs)
+        self.add("event", np.flatnonzero(is_x) + offset)
+        try:
+            for key in ("ts", "dur"):
+                self.add(key, np.fromiter(map(attrgetter(key), xs), dtype=np.float64, count=n))
+        except TypeError:  # a missing ts / dur: _events_frame names the event
+            return False
+        for key in ("cat", "name", "pid", "tid"):
+            values = list(map(attrgetter(key), xs))
+            if key in ("pid", "tid") and None in values:
+                return False  # from_records reads [1, None] as floats: leave those to it
+            shared = map(self.text.setdefault, values, values)
+            self.add(key, np.fromiter(shared, dtype=object, count=n))
+        args = [_NO_ARGS if a is None else a for a in map(attrgetter("args"), xs)]
+        for key in ("ext", "corr"):
+            ids = np.fromiter(map(attrgetter(key), args), dtype=object, count=n)
+            missing = pd.isna(ids)
+            ids[missing] = 0
+            try:
+                self.add(key, ids.astype(np.int64))
+            except OverflowError:  # beyond int64: _events_frame reads it as before
+                return False
+            self.add(key + "_missing", missing)
+        return True
+
+    def frame(self) -> pd.DataFrame:
+        cols = {k: np.concatenate(v) for k, v in self.parts.items()}
+        ids = {
+            k: pd.arrays.IntegerArray(cols.pop(k), cols.pop(k + "_missing"))
+            for k in ("ext", "corr")
+        }
+        index = pd.Index(cols.pop("event"), name="event")
+        return pd.DataFrame({**cols, **ids}, index=index)
+
+
+_NO_ARGS = _Args()
+
+
+def _load_typed(path: Path) -> tuple[dict[str, Any], pd.DataFrame] | None:
+    """Return the trace's metadata (as in :func:`load_trace`) and its 'X' events, unchecked.
+
+    msgspec reads the document with each event kept as its text, then decodes the events a batch
+    at a time into typed objects holding only the fields the importer uses, and the frame is
+    built from per-field arrays: no dict per event, and at most one batch of event objects at a
+    time. It covers traces whose events carry those fields in the types Kineto writes (numbers,
+    strings, integer ids); for any other (a malformed file, a string ``ts``, an 'X' event
+    without ``ts``) it returns None and :func:`load_trace` with :func:`_events_frame` read the
+    file as before, with their messages.
+    """
+    raw = _read_bytes(path)
+    try:
+        decoded = _TRACE.decode(raw)
+        trace = _Trace(decoded) if isinstance(decoded, list) else decoded
+        del decoded
+        events = trace.traceEvents
+        doc = {
+            FREQ_METADATA_KEY: trace.freq_mhz,
+            "baseTimeNanoseconds": trace.base_ns,
+            "deviceProperties": trace.device_properties,
+            "n_events": len(events),
+        }
+        columns = _Columns()
+        for offset in range(0, max(len(events), 1), _BATCH):
+            text = b"[" + b",".join(events[offset : offset + _BATCH]) + b"]"
+            if not columns.add_batch(offset, _EVENTS.decode(text)):
+                return None
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    del raw, trace, events
+    return doc, columns.frame()
 
 
 def _events_frame(path: Path, events: list[Any]) -> pd.DataFrame:
@@ -106,7 +234,11 @@ def _events_frame(path: Path, events: list[Any]) -> pd.DataFrame:
             )
         )
     columns = ["event", "cat", "name", "pid", "tid", "ts", "dur", "ext", "corr", "stream"]
-    frame = pd.DataFrame.from_records(rows, columns=columns).set_index("event")
+    return pd.DataFrame.from_records(rows, columns=columns).set_index("event")
+
+
+def _checked_frame(path: Path, frame: pd.DataFrame) -> pd.DataFrame:
+    """Check ``ts`` and ``dur`` as numbers and turn the text columns into text."""
     if frame.empty:
         raise ProfileFormatError(f"{path}: no complete ('X') events in 'traceEvents'")
     for field, spec in (
@@ -231,14 +363,22 @@ def _keep_modal_sequence(ops: pd.DataFrame, dropped: Counter[str]) -> pd.DataFra
 
 def read(path: Path, *, freq_mhz: float | None = None) -> Profile:
     """Read a PyTorch profiler Chrome trace measured at core clock ``freq_mhz``."""
-    doc = load_trace(path)
+    typed = _load_typed(path)
+    doc = load_trace(path) if typed is None else typed[0]
     clock = freq_mhz if freq_mhz is not None else doc.get(FREQ_METADATA_KEY)
     if clock is None:
         raise ProfileFormatError(
             f"{path}: the trace does not record the core clock; pass --freq-mhz or add "
             f'prof.add_metadata_json("{FREQ_METADATA_KEY}", "<MHz>") when capturing'
         )
-    ev = _events_frame(path, doc["traceEvents"])
+    if typed is None:
+        n_events = len(doc["traceEvents"])
+        ev = _checked_frame(path, _events_frame(path, doc["traceEvents"]))
+        del doc["traceEvents"]
+    else:
+        n_events = doc["n_events"]
+        ev = _checked_frame(path, typed[1])
+    del typed
     dropped: Counter[str] = Counter()
     ops = _device_rows(ev, dropped)
     if ops is None:
@@ -274,7 +414,7 @@ def read(path: Path, *, freq_mhz: float | None = None) -> Profile:
         "sources": [path.name],
         "device": device,
         "dropped": dict(dropped),
-        "trace": {"gpu": bool(frame["kernels"].sum() > 0), "events": len(doc["traceEvents"])},
+        "trace": {"gpu": bool(frame["kernels"].sum() > 0), "events": n_events},
     }
     source = {"freq_mhz": FREQ_METADATA_KEY, "time_us": "dur", "name": "name"}
     return build_profile(frame, path=path, source_columns=source, meta=meta, row_word="event")
