@@ -135,8 +135,7 @@ class TableSchema:
                 detail = f"missing required column {col.name!r}"
                 raise ValidationError(f"{self.what}: {detail}", field=col.name, detail=detail)
             elif col.default is not None:
-                fill = pd.Series([col.default] * n, index=frame.index)
-                out[col.name] = coerce_column(fill, col, self.what)
+                out[col.name] = coerce_column(_filled(col, n, frame.index), col, self.what)
         extra = Column("", "float", min_value=0.0, allow_nan=True)
         for name in sorted(c for c in frame.columns if c not in known):
             out[name] = coerce_column(frame[name], Column(name, **_fields(extra)), self.what)
@@ -168,6 +167,18 @@ class TableSchema:
         return rows
 
 
+def _filled(col: Column, n: int, index: Any) -> pd.Series:
+    """Return an absent column filled with its default: one category or one numpy fill."""
+    import pandas as pd
+
+    if col.kind == "str":
+        codes = np.zeros(n, dtype=np.int8)
+        categories = pd.Index([col.default])
+        return pd.Series(pd.Categorical.from_codes(codes, categories=categories), index=index)
+    dtype = np.int64 if col.kind == "int" else np.float64
+    return pd.Series(np.full(n, col.default, dtype=dtype), index=index, copy=False)
+
+
 def _fields(col: Column) -> dict[str, Any]:
     return {k: v for k, v in col.__dict__.items() if k != "name"}
 
@@ -184,6 +195,10 @@ def _fail(what: str, col: Column, series: pd.Series, pos: int, got: Any) -> Vali
     )
 
 
+#: Rows of text parsed as numbers at once (bounds the parser's temporaries).
+_PARSE_ROWS = 1 << 19
+
+
 def _parse_text_numbers(series: pd.Series, col: Column, what: str) -> np.ndarray:
     """Parse text cells as floats; empty cells and 'nan' become NaN, anything unparsable raises.
 
@@ -192,12 +207,16 @@ def _parse_text_numbers(series: pd.Series, col: Column, what: str) -> np.ndarray
     """
     import pandas as pd
 
-    text = series.astype(object)
-    values = np.array(pd.to_numeric(text, errors="coerce"), dtype=float)
+    # parsed as it is (object or Arrow-backed text), a block of rows at a time: an object copy
+    # of a 3M-row Arrow column, or the parser's temporaries for all of it, cost hundreds of MB
+    values = np.empty(len(series))
+    for start in range(0, len(series), _PARSE_ROWS):
+        part = pd.to_numeric(series.iloc[start : start + _PARSE_ROWS], errors="coerce")
+        values[start : start + len(part)] = part.to_numpy(dtype=float, na_value=np.nan)
     retry = np.isnan(values)
     if retry.any():
-        sub = text[retry]
-        stripped = sub.where(sub.notna(), "").astype(str).str.strip()
+        sub = series[retry].astype(object)
+        stripped: pd.Series = sub.where(sub.notna(), "").astype(str).str.strip()
         parsed = pd.to_numeric(stripped.replace("", np.nan), errors="coerce")
         missing = (stripped == "") | (stripped.str.lower() == "nan")
         pos = first_bad_row((parsed.isna() & ~missing).to_numpy())

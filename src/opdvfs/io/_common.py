@@ -6,6 +6,7 @@ that names the file, the line, the column as the *file* spells it, and what was 
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 import warnings
@@ -13,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from opdvfs._files import file_kind
@@ -60,21 +62,28 @@ def other_opdvfs_file(path: Path, doc: Any) -> ProfileFormatError | None:
     return ProfileFormatError(f"{path}: {what}, not a profile; {taken_by}")
 
 
-def _read_text(path: Path) -> str:
+def _read_bytes(path: Path) -> bytes:
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         raise ProfileFormatError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise ProfileFormatError(f"{path}: is a directory, expected a file") from None
     except OSError as exc:
         raise ProfileFormatError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def _decode(path: Path, raw: bytes) -> str:
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ProfileFormatError(
             f"{path}: byte {exc.start}: not UTF-8 text (expected a CSV file)"
         ) from None
+
+
+def _read_text(path: Path) -> str:
+    return _decode(path, _read_bytes(path))
 
 
 def read_csv_header(path: Path) -> list[str]:
@@ -92,16 +101,20 @@ def read_csv_text(path: Path) -> pd.DataFrame:
     Every cell stays a string (numbers are parsed and checked later, column by column), so a
     malformed value is reported with its line rather than silently turned into NaN.
     """
-    text = _read_text(path)
-    if not text.strip():
+    raw = _read_bytes(path)
+    _decode(path, raw)  # not UTF-8: one line naming the byte (the decoded copy goes at once)
+    if not raw or raw.isspace():
         raise ProfileFormatError(f"{path}: empty file; expected a CSV header line")
+    # pandas parses the bytes: an io.StringIO of the text would hold 4 bytes per character
+    data = io.BytesIO(raw[len(codecs.BOM_UTF8) :] if raw.startswith(codecs.BOM_UTF8) else raw)
     try:
         with warnings.catch_warnings():
             # With index_col=False pandas only warns (and drops data) when the first data row
             # has more fields than the header; make that an error.
             warnings.simplefilter("error", pd.errors.ParserWarning)
             frame = pd.read_csv(
-                io.StringIO(text),
+                data,
+                encoding="utf-8",
                 dtype=str,
                 index_col=False,
                 keep_default_na=False,
@@ -110,7 +123,7 @@ def read_csv_text(path: Path) -> pd.DataFrame:
                 skipinitialspace=True,
             )
     except pd.errors.ParserWarning:
-        raise ProfileFormatError(f"{path}: {_long_row(text)}") from None
+        raise ProfileFormatError(f"{path}: {_long_row(_decode(path, raw))}") from None
     except pd.errors.ParserError as exc:
         raise ProfileFormatError(f"{path}: {_parser_message(exc)}") from None
     except (pd.errors.EmptyDataError, csv.Error, ValueError) as exc:
@@ -120,9 +133,14 @@ def read_csv_text(path: Path) -> pd.DataFrame:
     if len(dup):
         raise ProfileFormatError(f"{path}: line 1: column {dup[0]!r} appears twice")
     frame.index = pd.RangeIndex(2, len(frame) + 2)
-    # A blank line reads as one empty cell followed by missing ones; drop such rows.
-    filled = frame.fillna("").astype(str).apply(lambda col: col.str.strip() != "")
-    frame = frame[filled.any(axis=1)]
+    # A blank line reads as one empty cell followed by missing ones; drop such rows. Only rows
+    # whose first cell is blank can be blank: look at the other cells of those alone.
+    maybe = (frame.iloc[:, 0].fillna("").astype(str).str.strip() == "").to_numpy()
+    if maybe.any():
+        cells = frame[maybe].fillna("").astype(str)
+        blank = ~cells.apply(lambda col: col.str.strip() != "").any(axis=1).to_numpy()
+        drop = np.flatnonzero(maybe)[blank]
+        frame = frame.drop(index=frame.index[drop])
     if frame.empty:
         raise ProfileFormatError(f"{path}: no data rows after the header")
     return frame
