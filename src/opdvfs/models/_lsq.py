@@ -29,6 +29,8 @@ __all__ = [
 ]
 
 _RIDGE = 1e-12
+# rows (operators) per block of the per-row solves: bounds their temporaries at any size
+_CHUNK_ROWS = 1 << 17
 
 
 def wls(design: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -78,6 +80,14 @@ def constrained_wls(
         Weighted squared error of the chosen candidate (inf where nothing was feasible).
     """
     n, p = len(y), design.shape[1]
+    if n > _CHUNK_ROWS:  # rows are independent: in blocks, the temporaries stay small
+        parts = [
+            constrained_wls(
+                design, y[i : i + _CHUNK_ROWS], w[i : i + _CHUNK_ROWS], nonneg=nonneg, extra=extra
+            )
+            for i in range(0, n, _CHUNK_ROWS)
+        ]
+        return np.concatenate([c for c, _ in parts]), np.concatenate([e for _, e in parts])
     best = np.full((n, p), np.nan)
     best_sse = np.full(n, np.inf)
     candidates: list[np.ndarray] = []  # each: (p, q) map from reduced to full coefficients

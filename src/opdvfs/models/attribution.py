@@ -19,6 +19,7 @@ iterations :func:`sensor_iterations` asks for; ``opdvfs profile`` profiles that 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -225,7 +226,9 @@ def attribute_class_power(
     return pd.concat(out, ignore_index=True)
 
 
-def power_rows(profile: Profile, window_ms: float | None = None) -> pd.DataFrame:
+def power_rows(
+    profile: Profile, window_ms: float | None = None, *, columns: Sequence[str] | None = None
+) -> pd.DataFrame:
     """Profile rows with per-op power: measured, or attributed from the sensor windows.
 
     Parameters
@@ -236,6 +239,9 @@ def power_rows(profile: Profile, window_ms: float | None = None) -> pd.DataFrame
     window_ms
         The samples' averaging window (ms, > 0); default from the profile's metadata
         (``meta["sensor"]["window_ms"]``).
+    columns
+        Keep only these of the rows' columns (those the rows have), e.g. what a fit reads: the
+        other columns are not copied. Default: every column.
 
     Returns
     -------
@@ -261,6 +267,8 @@ def power_rows(profile: Profile, window_ms: float | None = None) -> pd.DataFrame
     ops = profile.ops
     if "core_power_w" in ops or "chip_power_w" in ops:
         cols = [c for c in ("core_power_w", "chip_power_w") if c in ops]
+        if columns is not None:
+            ops = ops[[c for c in ops.columns if c in columns]]
         return ops.dropna(subset=cols)
     samples = profile.samples
     if samples is None or "wall_s" not in ops or ops["wall_s"].isna().any():
@@ -279,6 +287,8 @@ def power_rows(profile: Profile, window_ms: float | None = None) -> pd.DataFrame
     cls = attribute_class_power(ops, samples, window_s=float(window) / 1e3)
     table = cls.set_index(["freq_mhz", "type"])["power_w"]
     key = pd.MultiIndex.from_arrays([ops["freq_mhz"], ops["type"].astype(str)])
+    if columns is not None:
+        ops = ops[[c for c in ops.columns if c in columns]]
     return ops.assign(chip_power_w=table.reindex(key).to_numpy())
 
 

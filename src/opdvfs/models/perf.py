@@ -239,6 +239,14 @@ def check_physics(f_mhz: np.ndarray, t_us: np.ndarray, tol: float = PHYSICS_TOL)
     return flags
 
 
+def op_names(profile: Profile, op_ids: np.ndarray) -> np.ndarray:
+    """Name of each op in ``op_ids`` (its first row's), without copying the profile's rows."""
+    ops = profile.ops
+    first = ~ops["op"].duplicated().to_numpy()
+    names = ops["name"][first].set_axis(ops["op"].to_numpy()[first])
+    return names.loc[op_ids].to_numpy()
+
+
 def check_times(
     op_ids: np.ndarray, names: np.ndarray, train_mhz: np.ndarray, t_us: np.ndarray
 ) -> None:
@@ -340,7 +348,7 @@ class PerfModel(JsonFile):
                 f"{len(train)}",
                 field="train_freqs_mhz",
             )
-        names = profile.ops.drop_duplicates("op").set_index("op")["name"].loc[op_ids].to_numpy()
+        names = op_names(profile, op_ids)
         check_times(op_ids, names, train, times[:, cols])
         t_train = times[:, cols]
         f_ghz = train / 1e3

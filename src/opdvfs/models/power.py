@@ -57,7 +57,7 @@ from opdvfs.models._estimator import check_finite, check_is_fitted, training_clo
 from opdvfs.models._lsq import fit_fixed_effects, mean_by, per_op_static, stack_columns
 from opdvfs.models.attribution import power_rows
 from opdvfs.models.characterise import fit_voltage_curve
-from opdvfs.models.perf import check_times
+from opdvfs.models.perf import check_times, op_names
 from opdvfs.models.thermal import fit_thermal, solve_temperature
 from opdvfs.profile import Profile
 
@@ -290,6 +290,10 @@ def _fit_throughput(
     return _Coefficients(alpha + coef[:, 1], gamma, theta, beta, core_uj_per_v2=coef[:, 0])
 
 
+# the row columns the power fit reads (the rest of the profile's rows are not copied)
+_FIT_COLUMNS = ("op", "freq_mhz", "time_us", "temp_c", "core_power_w", "chip_power_w")
+
+
 def _training_rows(
     profile: Profile, train_freqs_mhz: Sequence[float] | None, window_ms: float | None
 ) -> tuple[pd.DataFrame, np.ndarray]:
@@ -299,13 +303,15 @@ def _training_rows(
     power at every training clock: one missing leaves its per-op terms unidentified (two per-op
     terms from one point), and the fit used to accept it silently.
     """
-    rows = power_rows(profile, window_ms)
+    rows = power_rows(profile, window_ms, columns=_FIT_COLUMNS)
     train = training_clocks(
         train_freqs_mhz, np.unique(rows["freq_mhz"]), "has no power data in the profile"
     )
-    rows = rows[np.isclose(rows["freq_mhz"].to_numpy()[:, None], train[None, :]).any(1)]
+    keep = np.isclose(rows["freq_mhz"].to_numpy()[:, None], train[None, :]).any(1)
+    if not keep.all():  # every clock trains by default: no copy then
+        rows = rows[keep]
     op_ids, freqs, times = profile.time_matrix_us()
-    names = profile.ops.drop_duplicates("op").set_index("op")["name"].loc[op_ids].to_numpy()
+    names = op_names(profile, op_ids)
     check_times(op_ids, names, train, times[:, np.searchsorted(freqs, train)])
     missing = np.ones((len(op_ids), len(train)), dtype=bool)
     clock = np.abs(rows["freq_mhz"].to_numpy()[:, None] - train[None, :]).argmin(axis=1)
