@@ -241,6 +241,7 @@ class Schedule(FrozenModel):
         n_ops: int,
         lead_ops: np.ndarray | list[int] | None = None,
         delay_us: np.ndarray | list[float] | None = None,
+        start_s: np.ndarray | list[float] | None = None,
         **fields: object,
     ) -> Schedule:
         """Build a schedule from stage start positions and per-stage clocks.
@@ -261,15 +262,20 @@ class Schedule(FrozenModel):
         delay_us
             For each stage, how long after its trigger op starts the switch is issued; 0 by
             default.
+        start_s
+            For each stage, when it starts in the planned run (s); unknown (None) by default.
         fields
             Other :class:`Schedule` fields (``target``, ``solver``, predictions ...).
         """
         starts = np.asarray(boundaries, dtype=int)
         freqs = np.asarray(freqs_mhz, dtype=float)
         ends = np.append(starts[1:] - 1, n_ops - 1)
+        begins: list[float | None] = (
+            [None] * len(starts) if start_s is None else [float(t) for t in start_s]
+        )
         stages = tuple(
-            Stage(first_op=int(a), last_op=int(b), freq_mhz=float(f))
-            for a, b, f in zip(starts, ends, freqs, strict=True)
+            Stage(first_op=int(a), last_op=int(b), freq_mhz=float(f), start_s=t)
+            for a, b, f, t in zip(starts, ends, freqs, begins, strict=True)
         )
         change = np.flatnonzero(np.r_[True, freqs[1:] != freqs[:-1]])
         lead = np.zeros(len(starts), dtype=int) if lead_ops is None else np.asarray(lead_ops)

@@ -109,6 +109,23 @@ class PlanResult:
     budget_s: float
     lower_bound_power_w: float | None = None
 
+    @classmethod
+    def infeasible(
+        cls, budget_s: float, *, lower_bound_j: float | None = None, lam: float = 0.0
+    ) -> PlanResult:
+        """Return the result of a budget no plan fits (no clock, infinite time and energy)."""
+        return cls(
+            clock=np.empty(0, dtype=np.int64),
+            time_s=np.inf,
+            energy_j=np.inf,
+            switches=0,
+            lower_bound_j=lower_bound_j,
+            gap_pct=np.inf,
+            status="infeasible",
+            lam=lam,
+            budget_s=budget_s,
+        )
+
 
 def viterbi(tables: StageTables, lam: float | np.ndarray) -> np.ndarray:
     """Clock per stage minimising ``E + lam T`` with switch costs, exactly, for each ``lam``.
@@ -482,17 +499,7 @@ def solve(
     """
     plan, energy, bound, lam, bound_lam = _lagrangian(tables, budget_s, tol, rounds)
     if plan is None:
-        return PlanResult(
-            clock=np.empty(0, dtype=np.int64),
-            time_s=np.inf,
-            energy_j=np.inf,
-            switches=0,
-            lower_bound_j=bound,
-            gap_pct=np.inf,
-            status="infeasible",
-            lam=lam,
-            budget_s=budget_s,
-        )
+        return PlanResult.infeasible(budget_s, lower_bound_j=bound, lam=lam)
     status: Status = "optimal" if energy - bound <= tol * abs(energy) else "feasible"
     if status == "feasible" and repair:
         plan = _greedy_fill(tables, budget_s, plan)

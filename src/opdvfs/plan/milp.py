@@ -100,17 +100,7 @@ def milp_solve(tables: StageTables, budget_s: float, *, rel_gap: float = 1e-9) -
     h.addRow(-inf, budget_s * 1e3, n, np.arange(n, dtype=np.int32), time_ms)
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-        return PlanResult(
-            clock=np.empty(0, dtype=np.int64),
-            time_s=np.inf,
-            energy_j=np.inf,
-            switches=0,
-            lower_bound_j=None,
-            gap_pct=np.inf,
-            status="infeasible",
-            lam=0.0,
-            budget_s=budget_s,
-        )
+        return PlanResult.infeasible(budget_s)
     x = np.asarray(h.getSolution().col_value[:nx]).reshape(n_stages, n_clocks)
     clock = np.argmax(x, axis=1).astype(np.int64)
     time_s, energy_j, switches = tables.evaluate(clock)

@@ -447,12 +447,14 @@ def _schedule(
     if not predictive:
         lead, delay = np.zeros_like(lead), np.zeros_like(delay)
     top = len(freqs) - 1
-    schedule = Schedule.from_stage_freqs(
+    return Schedule.from_stage_freqs(
         starts,
         freqs[per_op[starts]],
         n_ops=len(names),
         lead_ops=lead,
         delay_us=delay,
+        # each stage's start in the planned run: the time-anchored executor's offsets
+        start_s=(np.cumsum(planned_us) - planned_us)[starts] * 1e-6,
         switch_latency_ms=switch_latency_ms,
         device=inputs.device,
         workload=inputs.workload,
@@ -467,13 +469,6 @@ def _schedule(
         plan_seconds=_time.perf_counter() - started,
         **fields,
     )
-    # each stage's start in the planned run: the time-anchored executor's offsets
-    start_s = (np.cumsum(planned_us) - planned_us)[starts] * 1e-6
-    stages = tuple(
-        stage.model_copy(update={"start_s": float(t)})
-        for stage, t in zip(schedule.stages, start_s, strict=True)
-    )
-    return schedule.model_copy(update={"stages": stages})
 
 
 def _finite_sum(values: np.ndarray) -> float | None:

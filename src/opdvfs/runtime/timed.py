@@ -282,32 +282,24 @@ class TimedExecutor(ScheduleApplier):
             issuer.submit(
                 marker, 0.0, timing.freqs_mhz[k], iteration, None, offset_s=timing.issue_s[k]
             )
-        for k in np.flatnonzero(timing.issue_s >= 0):
-            due_s = scale * (timing.issue_s[k] + latency_s) - latency_s
+
+        def at_scaled(k: np.integer, offset_s: float, then: Any = None) -> None:
+            # the stage's start moves with the iteration's length; the latency does not
+            due_s = scale * (offset_s + latency_s) - latency_s
             issuer.submit(
-                marker,
-                max(due_s, 0.0),
-                timing.freqs_mhz[k],
-                iteration,
-                None,
-                offset_s=timing.issue_s[k],
-            )
+                marker, max(due_s, 0.0), timing.freqs_mhz[k], iteration, None,
+                offset_s=offset_s, then=then,
+            )  # fmt: skip
+
+        for k in np.flatnonzero(timing.issue_s >= 0):
+            at_scaled(k, timing.issue_s[k])
         self._wrapped_issued = 0
 
         def issued() -> None:
             self._wrapped_issued += 1
 
         for k in wrapped:  # the next iteration's earliest stages, from this anchor
-            due_s = scale * (planned_s + timing.issue_s[k] + latency_s) - latency_s
-            issuer.submit(
-                marker,
-                max(due_s, 0.0),
-                timing.freqs_mhz[k],
-                iteration,
-                None,
-                offset_s=planned_s + timing.issue_s[k],
-                then=issued,
-            )
+            at_scaled(k, planned_s + timing.issue_s[k], then=issued)
         # a watchdog: past (1 + tolerance) of the expected length without an anchor, the
         # iteration no longer matches the plan (a pause, an evaluation): the top clock
         overrun_s = (1 + self.tolerance) * scale * planned_s
