@@ -346,26 +346,19 @@ def test_a_bad_trigger_is_one_line(script, tmp_path):
     assert "--trigger 'soon': expected time, op or auto" in res.stderr
 
 
+def _run_argv(tmp_path: Path, trigger: str, log: Path, script: Path, mode: str) -> list[str]:
+    """``opdvfs run`` of the test schedule on ``script`` (3 steps, then ``mode``)."""
+    return [
+        *[sys.executable, "-m", "opdvfs", "run", str(tmp_path / "s.json")],
+        *["--trigger", trigger, "--log", str(log), "--", "python", str(script), "3", mode],
+    ]
+
+
 @pytest.mark.parametrize("trigger", ["op", "time"])
 def test_an_exception_restores_the_clock(script, tmp_path, trigger):
     log = tmp_path / "calls.jsonl"
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "opdvfs",
-            "run",
-            str(tmp_path / "s.json"),
-            "--trigger",
-            trigger,
-            "--log",
-            str(log),
-            "--",
-            "python",
-            str(script),
-            "3",
-            "crash",
-        ],
+        _run_argv(tmp_path, trigger, log, script, "crash"),
         capture_output=True,
         text=True,
         timeout=120,
@@ -382,22 +375,7 @@ def test_an_exception_restores_the_clock(script, tmp_path, trigger):
 def test_a_signal_restores_the_clock(script, tmp_path, trigger, sig):
     log = tmp_path / "calls.jsonl"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "opdvfs",
-            "run",
-            str(tmp_path / "s.json"),
-            "--trigger",
-            trigger,
-            "--log",
-            str(log),
-            "--",
-            "python",
-            str(script),
-            "3",
-            "wait",
-        ],
+        _run_argv(tmp_path, trigger, log, script, "wait"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
