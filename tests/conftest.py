@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -61,3 +62,8 @@ def fake_nvml():
         fake.nvmlDeviceGetTemperature.return_value = 61  # degC
         fake.nvmlDeviceGetClockInfo.return_value = 1410  # MHz
         yield fake
+
+
+def read_log(path) -> list[dict]:
+    """The records of a dry-run ``--log`` file (JSON lines), in order."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]

@@ -1,4 +1,3 @@
-import json
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from opdvfs.exceptions import (  # noqa: E402
 )
 from opdvfs.runtime.actuators import ClockGuard, DryRunActuator, NvmlActuator  # noqa: E402
 
-from conftest import NVML_CLOCKS_MHZ  # noqa: E402
+from conftest import NVML_CLOCKS_MHZ, read_log  # noqa: E402
 
 
 def test_nvml_locks_min_equals_max_and_only_on_change(fake_nvml):
@@ -136,7 +135,7 @@ def test_guard_restores_when_the_process_is_signalled(tmp_path, sig):
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
     )
     assert proc.returncode != 0
-    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    calls = read_log(log)
     assert [c["kind"] for c in calls] == ["run", "set", "restore"]
     assert calls[1]["freq_mhz"] == 1000.0
 

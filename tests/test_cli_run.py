@@ -14,6 +14,8 @@ from typer.testing import CliRunner
 from opdvfs import Schedule
 from opdvfs.cli import app
 
+from conftest import read_log
+
 TRAIN = textwrap.dedent("""
     import sys
     import torch
@@ -117,7 +119,7 @@ def test_capture_profile_plan_run(tmp_path):
             ],
         )
     assert res.exit_code == 0, res.output
-    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    calls = read_log(log)
     assert calls[-1]["kind"] == "restore" and sum(c["kind"] == "restore" for c in calls) == 1
     # only the first iteration diverges (AdamW creates its state there); the steady ones hold
     # exactly the planned clock changes at the planned trigger ops

@@ -3,7 +3,6 @@ each iteration's anchor, drift rescaling, fallback and recovery by iteration len
 model that stays compiled, `--trigger auto`, and clocks restored on exit, exception, SIGINT and
 SIGTERM in both trigger modes (needs torch)."""
 
-import json
 import os
 import signal
 import subprocess
@@ -24,6 +23,8 @@ from opdvfs.cli import app
 from opdvfs.runtime.actuators import DryRunActuator
 from opdvfs.runtime.dispatch import ScheduleExecutor
 from opdvfs.runtime.timed import TimedExecutor, choose_trigger, plan_timing
+
+from conftest import read_log
 
 FREQS = [1000.0, 1400.0, 1800.0]
 #: How far a switch may land from its planned offset on this shared 2-core machine (s): the
@@ -295,10 +296,6 @@ def script(tmp_path):
     return path
 
 
-def _log(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
 @pytest.mark.parametrize("trigger", ["op", "time"])
 def test_an_eager_model_runs_in_both_modes(script, tmp_path, trigger):
     log = tmp_path / f"{trigger}.jsonl"
@@ -319,7 +316,7 @@ def test_an_eager_model_runs_in_both_modes(script, tmp_path, trigger):
     )
     assert res.exit_code == 0, res.output
     assert f"trigger: {trigger}" in res.stdout
-    calls = _log(log)
+    calls = read_log(log)
     sets = [c for c in calls if c["kind"] == "set"]
     assert {c["freq_mhz"] for c in sets} >= {1000.0, 1400.0, 1800.0}
     assert calls[-1]["kind"] == "restore"
@@ -365,7 +362,7 @@ def test_an_exception_restores_the_clock(script, tmp_path, trigger):
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
     assert proc.returncode != 0 and "training crashed" in proc.stderr
-    calls = _log(log)
+    calls = read_log(log)
     assert "set" in [c["kind"] for c in calls] and calls[-1]["kind"] == "restore"
 
 
@@ -390,5 +387,5 @@ def test_a_signal_restores_the_clock(script, tmp_path, trigger, sig):
     assert status != 0
     if sig == signal.SIGTERM:
         assert status == 128 + signal.SIGTERM
-    calls = _log(log)
+    calls = read_log(log)
     assert "set" in [c["kind"] for c in calls] and calls[-1]["kind"] == "restore"

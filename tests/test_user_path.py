@@ -22,6 +22,8 @@ from typer.testing import CliRunner
 from opdvfs import Schedule
 from opdvfs.cli import app
 
+from conftest import read_log
+
 MYMODEL = textwrap.dedent("""
     import torch
 
@@ -92,10 +94,6 @@ def _schedule(path: Path, n_ops: int, freqs=(1000.0, 1800.0), device="ascend-910
         device=device,
     ).write(path)
     return path
-
-
-def _log(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_a_script_imports_its_sibling_and_sees_what_python_gives_it(proj):
@@ -194,7 +192,7 @@ def test_an_inference_script_is_captured_and_run_with_iteration_at(proj):
         )
     assert res.exit_code == 0, res.output
     assert "ran 4 iterations; diverged in 1" in res.stdout
-    calls = _log(proj / "calls.jsonl")
+    calls = read_log(proj / "calls.jsonl")
     steady = [
         (c["op_index"], c["freq_mhz"]) for c in calls if c["kind"] == "set" and c["iteration"] == 3
     ]
@@ -285,7 +283,7 @@ def test_each_run_appended_to_a_log_starts_with_a_header(proj):
             ],
         )
         assert res.exit_code == 0, res.output
-    calls = _log(proj / "calls.jsonl")
+    calls = read_log(proj / "calls.jsonl")
     headers = [i for i, c in enumerate(calls) if c["kind"] == "run"]
     assert len(headers) == 2 and headers[0] == 0
     assert calls[headers[1] - 1]["kind"] == "restore"  # the first run ends before the second
@@ -333,7 +331,7 @@ def test_a_launcher_that_is_not_python_runs_activated(proj, tmp_path):
     )
     assert res.returncode == 0, res.stderr
     assert "ran 4 iterations; diverged in 1" in res.stdout
-    calls = _log(proj / "calls.jsonl")
+    calls = read_log(proj / "calls.jsonl")
     assert calls[0]["kind"] == "run" and calls[-1]["kind"] == "restore"
     assert [
         (c["op_index"], c["freq_mhz"]) for c in calls if c["kind"] == "set" and c["iteration"] == 3
@@ -381,7 +379,7 @@ def test_print_env_activates_any_launcher(proj):
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
     assert proc.returncode == 0, proc.stderr
-    kinds = [c["kind"] for c in _log(proj / "calls.jsonl")]
+    kinds = [c["kind"] for c in read_log(proj / "calls.jsonl")]
     assert kinds[0] == "run" and "set" in kinds and kinds[-1] == "restore"
 
 
@@ -417,7 +415,7 @@ def test_sigterm_restores_the_clock_while_the_main_thread_is_blocked(tmp_path, b
         proc.kill()
     assert status == 128 + signal.SIGTERM, proc.stderr.read() if proc.stderr else ""
     assert time.monotonic() - start < 10
-    assert [c["kind"] for c in _log(log)] == ["run", "set", "restore"]
+    assert [c["kind"] for c in read_log(log)] == ["run", "set", "restore"]
 
 
 def test_a_signalled_run_restores_before_the_script_ends(proj):
@@ -453,7 +451,7 @@ def test_a_signalled_run_restores_before_the_script_ends(proj):
     finally:
         proc.kill()
     assert status == 128 + signal.SIGTERM
-    calls = _log(proj / "calls.jsonl")
+    calls = read_log(proj / "calls.jsonl")
     assert "set" in [c["kind"] for c in calls] and calls[-1]["kind"] == "restore"
 
 
@@ -504,7 +502,7 @@ def test_the_users_whole_flow_on_every_preset_with_default_flags(proj, device):
             "run", "s.json", "--actuator", "dry-run", "--log", "calls.jsonl",
             "--", "python", "train.py", "5",
         )  # fmt: skip
-    calls = _log(proj / "calls.jsonl")
+    calls = read_log(proj / "calls.jsonl")
     assert calls[0]["kind"] == "run" and calls[-1]["kind"] == "restore"
     planned = {s.freq_mhz for s in schedule.stages}
     # iteration 0 falls back to the top clock; from then on only planned clocks are set
