@@ -59,6 +59,7 @@ from opdvfs.models.attribution import power_rows
 from opdvfs.models.characterise import fit_voltage_curve
 from opdvfs.models.perf import check_times, op_names
 from opdvfs.models.thermal import fit_thermal, solve_temperature
+from opdvfs.models.vf_prior import fit_top_rise, prior_curve
 from opdvfs.profile import Profile
 
 __all__ = ["DYNAMIC_FORMS", "PowerModel", "fit_core_power"]
@@ -334,19 +335,28 @@ def _voltage_curve(
     train_mhz: np.ndarray,
     op: np.ndarray,
     n_ops: int,
+    top_mhz: float,
 ) -> VoltageCurve:
-    """Return the given V-f curve, else the device's, else one fitted from 3+ clocks, else flat."""
+    """Return the V-f curve the fit uses (issue 16: power is never a straight line in f).
+
+    The given curve, else the device's (a preset or a characterised ``DeviceSpec``), else: from
+    4+ clocks one fitted on them (knee and slope), from 3 the generic prior's knee with the rise
+    fitted across all ops (:func:`~opdvfs.models.vf_prior.fit_top_rise`), from 2 the generic
+    prior (:func:`~opdvfs.models.vf_prior.prior_curve`); ``top_mhz`` is the device's top clock.
+    """
     if voltage is not None:
         return voltage
     if device is not None and device.voltage is not None:
         return device.voltage
-    if len(train_mhz) >= 3:
-        col = "core_power_w" if "core_power_w" in rows else "chip_power_w"
-        grid = np.full((n_ops, len(train_mhz)), np.nan)
-        j = np.searchsorted(train_mhz, rows["freq_mhz"].to_numpy())
-        grid[op, j] = rows[col].to_numpy()
-        return fit_voltage_curve(train_mhz, grid)
-    return VoltageCurve(knee_mhz=float(train_mhz[-1]), flat_v=1.0, slope_v_per_mhz=0.0)
+    if len(train_mhz) < 3:
+        return prior_curve(top_mhz)
+    col = "core_power_w" if "core_power_w" in rows else "chip_power_w"
+    grid = np.full((n_ops, len(train_mhz)), np.nan)
+    j = np.searchsorted(train_mhz, rows["freq_mhz"].to_numpy())
+    grid[op, j] = rows[col].to_numpy()
+    if len(train_mhz) == 3:
+        return fit_top_rise(train_mhz, grid, top_mhz)
+    return fit_voltage_curve(train_mhz, grid)
 
 
 class PowerModel(JsonFile):
@@ -437,7 +447,8 @@ class PowerModel(JsonFile):
         op_ids = np.unique(profile.ops["op"])
         op = np.searchsorted(op_ids, rows["op"].to_numpy())
         rail = "core" if "core_power_w" in rows else "chip"
-        voltage = _voltage_curve(self.voltage, device, rows, train, op, len(op_ids))
+        top_mhz = device.max_freq_mhz if device is not None else float(profile.freqs_mhz.max())
+        voltage = _voltage_curve(self.voltage, device, rows, train, op, len(op_ids), top_mhz)
         # On the chip rail alone gamma cannot be told apart from the per-op uncore constants and
         # can make T = T0 + k P run away; the paper's temperature term is a core-rail term.
         use_t = self.temperature and rail == "core" and "temp_c" in rows

@@ -21,7 +21,13 @@ from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import Dynamic, PowerModel
 from opdvfs.profile import Profile
 
-__all__ = ["error_summary", "relative_errors_pct", "validate_perf", "validate_power"]
+__all__ = [
+    "error_summary",
+    "relative_errors_pct",
+    "training_plan",
+    "validate_perf",
+    "validate_power",
+]
 
 
 def relative_errors_pct(pred: np.ndarray, actual: np.ndarray) -> np.ndarray:
@@ -184,3 +190,22 @@ def validate_power(
         "train_freqs_mhz": train.tolist(),
         "test_freqs_mhz": test.tolist(),
     }
+
+
+def training_plan(freqs_mhz: Sequence[float] | np.ndarray, n_clocks: int) -> np.ndarray:
+    """Return the ``n_clocks`` clocks to profile, from the supported ``freqs_mhz``.
+
+    2: the lowest and highest; 3: and the clock nearest the middle of the range; 4: and the
+    clock nearest the middle of the upper half (the better plan: a kernel's memory-bound knee
+    and the voltage's rise both sit in the upper part of the range, between a middle and a top
+    clock). More: evenly spread over the range. Returns the distinct clocks, ascending.
+    """
+    f = np.unique(np.asarray(freqs_mhz, dtype=float))
+    lo, hi = f[0], f[-1]
+    if n_clocks >= len(f):
+        return f
+    mid, upper = (lo + hi) / 2, lo + 0.75 * (hi - lo)
+    targets = {2: [lo, hi], 3: [lo, mid, hi], 4: [lo, mid, upper, hi]}
+    want = targets.get(n_clocks, list(np.linspace(lo, hi, n_clocks)))
+    picked = np.unique(f[np.abs(f[:, None] - np.asarray(want)[None, :]).argmin(axis=0)])
+    return picked

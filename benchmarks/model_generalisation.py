@@ -1,0 +1,286 @@
+"""Models on GPUs they have never seen: every real set, leave-one-GPU-out (issue 16).
+
+Every visible real set with per-kernel board power: V100 kernels and micro-benchmarks
+(NV-DVFS-Benchmark, clocks >= 705 MHz: below, the V100 slows down faster than 1/f, see its
+SOURCE.md), Perseus A100 and A40 (GPT-3 and BLOOM pipeline stages), and the gpmtool GPUs'
+micro-benchmarks (Guerreiro et al.; power only, one set per memory clock). Training clocks: 2 =
+lowest and highest, 3 = lowest, middle, highest, 4 = those and the upper clock
+(:func:`opdvfs.models.validation.training_plan`); every other clock of the set is scored
+(mean |error| %).
+
+Power (chip/board rail, mean |error| % on held-out clocks):
+
+* ``before 2/3/4``: ``PowerModel()`` as it was before issue 16 (2 clocks: constant voltage, a
+  straight line in f per kernel; 3+: the V-f knee and slope fitted on the training clocks);
+* ``prior 2``: the generic V-f prior, derived by :func:`~opdvfs.models.vf_prior.derive_prior`
+  on every GPU *except* the one scored (leave-one-GPU-out), ``u_i + a_i f V^2`` per kernel;
+* ``curve 2``: the V-f curve characterised (:func:`~opdvfs.models.characterise.fit_voltage_curve`,
+  power alone, every clock) on another set of the same GPU (V100 kernels <-> micro-benchmarks,
+  GPT-3 <-> BLOOM on the same GPU, gpmtool: the same GPU at another memory clock); ``best
+  curve 2``: the best curve of the family (knee x rise grid) for the set itself (an oracle);
+* ``prior 3``: the prior's knee (leave-one-GPU-out), the voltage rise fitted across all kernels
+  (one shared parameter, :func:`~opdvfs.models.vf_prior.fit_top_rise`) and the per-kernel
+  ``theta_i V`` (the default now); ``curve 3``: the characterised curve, the third clock spent
+  on the per-kernel ``theta_i V``; ``before 4``: as today (V-f fitted on the 4 clocks);
+* baselines: per-kernel ``p0 + a f^3`` (2 clocks), per-kernel quadratic in f (3 clocks).
+
+Time (sets with times; kernels >= 20 us at the top training clock, kernels whose training
+points break the cycle physics counted apart): the default form at 2, 3 and 4 clocks.
+
+    .venv/bin/python benchmarks/model_generalisation.py [--root ../shared/data/real]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from opdvfs import Profile
+from opdvfs.datasets import dataset_path
+from opdvfs.devices.spec import VoltageCurve
+from opdvfs.io import read_profile
+from opdvfs.models.characterise import fit_voltage_curve
+from opdvfs.models.perf import PerfModel
+from opdvfs.models.power import PowerModel
+from opdvfs.models.validation import training_plan
+from opdvfs.models.vf_prior import derive_prior, fit_top_rise, shape_curve
+
+MIN_US = 20.0
+
+
+@dataclass
+class Set:
+    """One real set: a GPU's kernels at several clocks."""
+
+    name: str
+    gpu: str
+    profile: Profile
+    has_time: bool
+    sibling: str | None = None  # another set of the same GPU (the characterised curve)
+    scored: bool = True  # False: only the sibling of a scored set (same kernels, other memory)
+
+
+def _restrict(profile: Profile, min_mhz: float) -> Profile:
+    ops = profile.ops
+    return Profile(ops[ops["freq_mhz"] >= min_mhz], meta=profile.meta)
+
+
+def _gpmtool(path: Path) -> dict[int, Profile]:
+    """Gpmtool training file -> one power-only profile per memory clock (kernel = utilisations).
+
+    gpmtool records no time: ``time_us`` is 1 (the clock form of the power model never reads it).
+    """
+    table = pd.read_csv(path, skiprows=4, header=None)
+    util = table.iloc[:, 3:].round(6).astype(str).agg(",".join, axis=1)
+    out = {}
+    for mem, group in table.groupby(2):
+        kernel = pd.factorize(util[group.index])[0]
+        ops = pd.DataFrame(
+            {
+                "iteration": 0,
+                "op": kernel,
+                "name": [f"k{k}" for k in kernel],
+                "freq_mhz": group[1].to_numpy(float),
+                "time_us": 1.0,
+                "chip_power_w": group[0].to_numpy(float),
+            }
+        )
+        # a few kernels repeat at a clock (peak/idle rows): keep the median
+        ops = ops.groupby(["op", "freq_mhz"], as_index=False).agg(
+            {"iteration": "first", "name": "first", "time_us": "first", "chip_power_w": "median"}
+        )
+        out[int(mem)] = Profile(ops)
+    return out
+
+
+def load_sets(root: Path) -> dict[str, Set]:
+    sets: dict[str, Set] = {}
+    nv = root / "nv-dvfs-benchmark"
+    if nv.exists():
+        real = _restrict(read_profile(nv / "v100-dvfs-real-profile.csv"), 705)
+        micro = _restrict(read_profile(nv / "v100-dvfs-microbenchmark-profile.csv"), 705)
+        sets["V100 kernels"] = Set("V100 kernels", "V100", real, True, "V100 micro")
+        sets["V100 micro"] = Set("V100 micro", "V100", micro, True, "V100 kernels")
+    for gpu in ("a100", "a40"):
+        gpt3, bloom = f"Perseus GPT-3 {gpu.upper()}", f"Perseus BLOOM {gpu.upper()}"
+        sets[gpt3] = Set(
+            gpt3, gpu.upper(), read_profile(dataset_path(f"perseus-gpt3-175b-{gpu}")), True, bloom
+        )
+        sets[bloom] = Set(
+            bloom, gpu.upper(), read_profile(dataset_path(f"perseus-bloom-{gpu}")), True, gpt3
+        )
+    gpm = root / "guerreiro-gpmtool"
+    names = {
+        "titanv": "Titan V",
+        "titanxp": "Titan Xp",
+        "gtxtitanx": "GTX Titan X",
+        "teslak40c": "Tesla K40c",
+        "gtx980": "GTX 980",
+        "amdrx580": "RX 580",
+    }
+    for stem, gpu in names.items():
+        path = gpm / f"{stem}_micro.csv"
+        if not path.exists():
+            continue
+        by_mem = _gpmtool(path)
+        mems = sorted(by_mem)
+        # scored: the highest memory clock; its sibling, the next one down (same kernels)
+        top = f"{gpu} micro mem {mems[-1]}"
+        sibling = f"{gpu} micro mem {mems[-2]}" if len(mems) > 1 else None
+        sets[top] = Set(top, gpu, by_mem[mems[-1]], False, sibling)
+        if sibling is not None:
+            sets[sibling] = Set(sibling, gpu, by_mem[mems[-2]], False, None, scored=False)
+    return sets
+
+
+def power_grid(profile: Profile) -> tuple[np.ndarray, np.ndarray]:
+    table = profile.ops.pivot_table(
+        index="op", columns="freq_mhz", values="chip_power_w", aggfunc="median"
+    )
+    return table.columns.to_numpy(dtype=float), table.to_numpy(dtype=float)
+
+
+def mape(pred: np.ndarray, actual: np.ndarray) -> float:
+    ok = np.isfinite(pred) & np.isfinite(actual) & (actual > 0)
+    return float(np.mean(np.abs(pred[ok] / actual[ok] - 1.0)) * 100)
+
+
+def cubic_baseline(f, p, train, test):
+    """Per-kernel ``p0 + a f^3`` through the lowest and highest training clock."""
+    i, j = (int(np.flatnonzero(f == t)[0]) for t in (train[0], train[-1]))
+    a = (p[:, j] - p[:, i]) / (f[j] ** 3 - f[i] ** 3)
+    return (p[:, i] - a * f[i] ** 3)[:, None] + a[:, None] * test[None, :] ** 3
+
+
+def quadratic_baseline(f, p, train, test):
+    """Per-kernel quadratic in f through three clocks."""
+    cols = [int(np.flatnonzero(f == t)[0]) for t in train]
+    coef = np.linalg.solve(np.vander(np.asarray(train) / 1e3, 3), p[:, cols].T).T
+    return coef @ np.vander(test / 1e3, 3).T
+
+
+def best_curve_2(f, p, train, test) -> float:
+    """Return the 2-clock error of the family's best curve for this set (an oracle)."""
+    lo, hi = (int(np.flatnonzero(f == t)[0]) for t in (train[0], train[-1]))
+    cols = np.isin(f, test)
+    best = np.inf
+    for kf in np.arange(0.3, 1.0001, 0.025):
+        for rise in np.arange(0.0, 1.0001, 0.025):
+            volt = shape_curve(f.max(), kf, rise).voltage_v(f)
+            x = f * volt**2
+            pred = p[:, [lo]] + (p[:, [hi]] - p[:, [lo]]) * (x - x[lo]) / (x[hi] - x[lo])
+            best = min(best, mape(pred[:, cols], p[:, cols]))
+    return best
+
+
+def power_row(s: Set, sets: dict[str, Set], prior: tuple[float, float]) -> dict[str, object]:
+    f, p = power_grid(s.profile)
+    top = float(f.max())
+    prior_vf = shape_curve(top, *prior)
+    curve: VoltageCurve | None = None
+    if s.sibling is not None:
+        fs, ps = power_grid(sets[s.sibling].profile)
+        curve = fit_voltage_curve(fs, ps)
+    row: dict[str, object] = {
+        "set": s.name,
+        "prior (knee, rise)": f"{prior[0]:.3f}, {prior[1]:.3f}",
+    }
+    for k in (2, 3, 4):
+        if len(f) <= k:
+            continue
+        train = training_plan(f, k)
+        test = f[~np.isin(f, train)]
+        cols = np.isin(f, test)
+
+        def score(model: PowerModel, test=test, cols=cols) -> float:
+            return mape(model.predict(test)["chip_w"], p[:, cols])
+
+        row[f"before {k}"] = score(_before(s.profile, train))
+        if k == 2:
+            row["p0+a f^3 2"] = mape(cubic_baseline(f, p, train, test), p[:, cols])
+            row["prior 2"] = score(PowerModel(voltage=prior_vf).fit(s.profile, train))
+            row["curve 2"] = (
+                score(PowerModel(voltage=curve).fit(s.profile, train)) if curve else np.nan
+            )
+            row["best curve 2"] = best_curve_2(f, p, train, test)
+        elif k == 3:
+            row["quadratic 3"] = mape(quadratic_baseline(f, p, train, test), p[:, cols])
+            rise = fit_top_rise(train, p[:, np.isin(f, train)], top, prior[0])
+            row["prior 3"] = score(PowerModel(voltage=rise).fit(s.profile, train))
+            row["curve 3"] = (
+                score(PowerModel(voltage=curve).fit(s.profile, train)) if curve else np.nan
+            )
+    return row
+
+
+def _before(profile: Profile, train: np.ndarray) -> PowerModel:
+    """``PowerModel()`` as it was: a flat V from 2 clocks, the V-f fitted from 3 or more."""
+    if len(train) >= 3:
+        f, p = power_grid(profile)
+        vf = fit_voltage_curve(train, p[:, np.isin(f, train)])
+    else:
+        vf = VoltageCurve(knee_mhz=float(train[-1]), flat_v=1.0, slope_v_per_mhz=0.0)
+    return PowerModel(voltage=vf).fit(profile, train)
+
+
+def time_row(s: Set) -> dict[str, object]:
+    _, f, t = s.profile.time_matrix_us()
+    row: dict[str, object] = {"set": s.name}
+    for k in (2, 3, 4):
+        train = training_plan(f, k)
+        test = f[~np.isin(f, train)]
+        cols = np.isin(f, test)
+        model = PerfModel().fit(s.profile, train)
+        top = int(np.flatnonzero(f == train[-1])[0])
+        keep = t[:, top] >= MIN_US
+        flagged = model.violation_ != 0
+        pred = model.predict(test)
+        row[f"{k} clocks ({model.form_})"] = mape(
+            pred[keep & ~flagged], t[keep & ~flagged][:, cols]
+        )
+        row[f"flagged {k}"] = f"{int((keep & flagged).sum())}/{int(keep.sum())}"
+        if (keep & flagged).any():
+            row[f"flagged {k} err"] = mape(pred[keep & flagged], t[keep & flagged][:, cols])
+    return row
+
+
+def prior_by_gpu(sets: dict[str, Set]) -> dict[str, tuple[float, float]]:
+    """Return the prior for each GPU, derived on every other GPU's sets (leave-one-GPU-out)."""
+    by_gpu: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for s in sets.values():
+        by_gpu.setdefault(s.gpu, []).append(power_grid(s.profile))
+    held_out = {gpu: derive_prior({g: v for g, v in by_gpu.items() if g != gpu}) for gpu in by_gpu}
+    held_out["(all GPUs)"] = derive_prior(by_gpu)
+    return held_out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=Path("../shared/data/real"))
+    args = parser.parse_args()
+    pd.set_option("display.width", 250)
+    pd.set_option("display.max_columns", 30)
+    fmt = {"float_format": lambda v: f"{v:.2f}", "index": False, "na_rep": "-"}
+    t0 = time.perf_counter()
+    sets = load_sets(args.root)
+    priors = prior_by_gpu(sets)
+    print("V-f prior (knee fraction of the top clock, voltage rise at the top), derived without")
+    print("the GPU named (derive_prior):")
+    print("  " + "; ".join(f"{g}: {k:.3f}, {r:.3f}" for g, (k, r) in priors.items()))
+    scored = [s for s in sets.values() if s.scored]
+    power = pd.DataFrame([power_row(s, sets, priors[s.gpu]) for s in scored])
+    print("\n1. power, mean |error| % on held-out clocks (leave-one-GPU-out prior)")
+    print(power.to_string(**fmt))
+    timing = pd.DataFrame([time_row(s) for s in scored if s.has_time])
+    print(f"\n2. time, mean |error| % on held-out clocks, kernels >= {MIN_US:g} us, flagged apart")
+    print(timing.to_string(**fmt))
+    print(f"\n({time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
