@@ -12,14 +12,26 @@ instruction a clock switch follows.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 
 from opdvfs.exceptions import ValidationError
+from opdvfs.plan.dag import DagProblem
 from opdvfs.profile import Profile
 
-__all__ = ["one_f_one_b", "stage_chain"]
+__all__ = [
+    "PIPELINE_KINDS",
+    "gpipe",
+    "one_f_one_b",
+    "pipeline_dag",
+    "pipeline_graph",
+    "stage_chain",
+]
+
+#: The synchronous pipeline schedules :func:`pipeline_graph` builds.
+PIPELINE_KINDS = ("1f1b", "gpipe")
 
 _STAGE_OP = re.compile(r"^stage(\d+)\.(forward|backward)$")
 
@@ -42,6 +54,144 @@ def one_f_one_b(stage: int, n_stages: int, n_microbatches: int) -> list[str]:
         ["forward"] * warmup
         + ["forward", "backward"] * steady
         + ["backward"] * (n_microbatches - steady)
+    )
+
+
+def gpipe(stage: int, n_stages: int, n_microbatches: int) -> list[str]:
+    """Return a stage's instructions in GPipe order (Huang et al., NeurIPS'19).
+
+    Every forward, then every backward (microbatch order both times; every stage alike).
+    """
+    del stage, n_stages
+    return ["forward"] * n_microbatches + ["backward"] * n_microbatches
+
+
+def _order(kind: str) -> Callable[[int, int, int], list[str]]:
+    if kind not in PIPELINE_KINDS:
+        raise ValidationError(
+            f"pipeline schedule {kind!r}: expected one of {', '.join(PIPELINE_KINDS)}",
+            field="pipeline",
+        )
+    return one_f_one_b if kind == "1f1b" else gpipe
+
+
+def pipeline_graph(
+    forward_time_s: np.ndarray,
+    forward_energy_j: np.ndarray,
+    backward_time_s: np.ndarray,
+    backward_energy_j: np.ndarray,
+    freqs_mhz: np.ndarray,
+    n_microbatches: int,
+    *,
+    kind: str = "1f1b",
+    blocking_power_w: float = 0.0,
+) -> DagProblem:
+    """Return the dependency graph of one synchronous pipeline iteration.
+
+    Node ``forward{m}`` / ``backward{m}`` of stage ``s`` (rank ``s``) runs stage ``s``'s
+    forward or backward of microbatch ``m``. Edges: each stage's own order (1F1B or GPipe);
+    the activation send ``forward m`` of stage s -> of stage s+1; the gradient send
+    ``backward m`` of stage s+1 -> of stage s; and on the last stage its forward of m before
+    its backward of m. Sends take no time (Perseus's emulator: compute-bound stages).
+
+    Parameters
+    ----------
+    forward_time_s, forward_energy_j, backward_time_s, backward_energy_j
+        Per stage and clock (n_stages, n_clocks); NaN where a clock is unavailable.
+    freqs_mhz
+        The clocks, ascending (MHz).
+    n_microbatches
+        Microbatches per iteration.
+    kind
+        ``1f1b`` or ``gpipe``.
+    blocking_power_w
+        Power of a waiting rank (W); see :mod:`opdvfs.plan.dag`.
+    """
+    order = _order(kind)
+    n_stages = int(np.shape(forward_time_s)[0])
+    if n_microbatches < 1 or n_stages < 1:
+        raise ValidationError(
+            "a pipeline needs >= 1 stage and >= 1 microbatch", field="n_microbatches"
+        )
+    per_stage = 2 * n_microbatches
+    kinds = np.array([order(s, n_stages, n_microbatches) for s in range(n_stages)])
+    is_fwd = kinds == "forward"
+    micro = np.where(is_fwd, np.cumsum(is_fwd, axis=1) - 1, np.cumsum(~is_fwd, axis=1) - 1)
+    node = np.arange(n_stages * per_stage).reshape(n_stages, per_stage)
+    # node id of (stage, forward?, microbatch)
+    where = np.empty((n_stages, 2, n_microbatches), dtype=np.int64)
+    stage_ix = np.repeat(np.arange(n_stages), per_stage)
+    where[stage_ix, (~is_fwd).ravel().astype(int), micro.ravel()] = node.ravel()
+    own = np.c_[node[:, :-1].ravel(), node[:, 1:].ravel()]
+    sends = np.c_[where[:-1, 0].ravel(), where[1:, 0].ravel()]
+    grads = np.c_[where[1:, 1].ravel(), where[:-1, 1].ravel()]
+    turn = np.c_[where[-1, 0], where[-1, 1]]
+    edges = np.unique(np.r_[own, sends, grads, turn], axis=0)
+    rows = np.where(is_fwd.ravel()[:, None], 0, 1)
+    table_t = np.stack([np.asarray(forward_time_s), np.asarray(backward_time_s)])
+    table_e = np.stack([np.asarray(forward_energy_j), np.asarray(backward_energy_j)])
+    return DagProblem(
+        time_s=table_t[rows[:, 0], stage_ix],
+        energy_j=table_e[rows[:, 0], stage_ix],
+        freqs_mhz=np.asarray(freqs_mhz, dtype=float),
+        edges=edges,
+        rank=stage_ix,
+        names=np.array([f"{k}{m}" for k, m in zip(kinds.ravel(), micro.ravel(), strict=True)]),
+        blocking_power_w=blocking_power_w,
+    )
+
+
+def pipeline_dag(
+    profile: Profile,
+    n_microbatches: int = 8,
+    *,
+    kind: str = "1f1b",
+    blocking_power_w: float = 0.0,
+) -> DagProblem:
+    """Return a whole pipeline's graph from a stage profile (e.g. a Perseus CSV), measured.
+
+    The per-clock time and energy of each stage's forward and backward are the profile's
+    medians over iterations (:class:`~opdvfs.plan.measured.MeasuredTables`); a clock a stage
+    was not measured at is unavailable to it.
+
+    Raises
+    ------
+    ValidationError
+        If the profile is not a stage profile, or a stage lacks its forward or backward.
+    """
+    from opdvfs.plan.measured import MeasuredTables
+
+    table = MeasuredTables.from_profile(profile)
+    parsed = pd.Series(table.names).str.extract(_STAGE_OP)
+    if parsed[0].isna().any():
+        bad = table.names[int(np.flatnonzero(parsed[0].isna())[0])]
+        raise ValidationError(
+            f"op {bad!r} is not named stage<s>.forward / stage<s>.backward: not a stage profile",
+            field="name",
+        )
+    stages = parsed[0].astype(int).to_numpy()
+    backward = (parsed[1] == "backward").to_numpy()
+    n_stages = int(stages.max()) + 1
+    shape = (n_stages, len(table.freqs_mhz))
+    time_s = np.full((2, *shape), np.nan)
+    energy = np.full((2, *shape), np.nan)
+    time_s[backward.astype(int), stages] = table.time_us * 1e-6
+    energy[backward.astype(int), stages] = table.chip_energy_j
+    missing = np.isnan(time_s).all(axis=2)
+    if missing.any():
+        which, stage = np.argwhere(missing)[0]
+        raise ValidationError(
+            f"stage {stage} has no {('forward', 'backward')[which]} in the profile", field="name"
+        )
+    return pipeline_graph(
+        time_s[0],
+        energy[0],
+        time_s[1],
+        energy[1],
+        table.freqs_mhz,
+        n_microbatches,
+        kind=kind,
+        blocking_power_w=blocking_power_w,
     )
 
 

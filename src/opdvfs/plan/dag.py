@@ -1,0 +1,765 @@
+"""Clock planning on a dependency graph: every rank of a pipeline-parallel job planned together.
+
+A pipeline-parallel iteration is a DAG (DESIGN §4 "Many ranks"): its nodes are the ranks'
+computations (Perseus's *instructions*, one forward or backward of one microbatch on one stage),
+each runnable at any of the device's clocks with a measured (time, energy) per clock; its edges
+are the order on each rank, the sends/receives between ranks, and collectives (a zero-time
+barrier node). A node starts when all its predecessors have finished; the iteration's makespan is
+the longest path. :func:`solve_dag` picks one clock per node to minimise the energy subject to
+
+    makespan <= (1 + target) x makespan at the top clock (all-max).
+
+**Energy definition** (Perseus's *effective energy*, SOSP'24 §4.2; a documented choice): every
+rank draws ``blocking_power_w`` whenever it is not computing, from the iteration's start to its
+end (the makespan: the iteration ends on every rank together, at the optimizer step). So
+
+    E = sum_i E_i(c_i) + P_block x (n_ranks x makespan - sum_i t_i(c_i))
+      = sum_i [E_i(c_i) - P_block t_i(c_i)] + n_ranks x P_block x makespan,
+
+where ``n_ranks`` counts the ranks of one pipeline (data-parallel replicas multiply every term
+alike). ``blocking_power_w = 0`` charges the computations only.
+
+**Method.** (1) Each node keeps its Pareto-optimal options in (time, effective energy).
+(2) The linear relaxation (one-hot choice variables relaxed to [0, 1], start times, makespan
+variable) is solved by HiGHS: its optimum is a lower bound on every plan's energy (each node's
+options relaxed to their lower convex hull). (3) Rounding each node down to the slowest option
+not slower than its relaxed duration keeps every path no longer, so the deadline still holds;
+a greedy pass then spends the slack that rounding freed (the longest-path float of every node,
+two vectorised passes over the graph's topological levels). (4) If that plan is further than
+``rel_gap`` above the bound, the 0/1 programme is solved by HiGHS from it (warm start) until the
+gap closes or ``time_limit_s`` passes. Every result carries its certified bound and gap.
+"""
+
+from __future__ import annotations
+
+import time as _time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from opdvfs.exceptions import ValidationError
+
+__all__ = [
+    "DagPlan",
+    "DagProblem",
+    "dag_frontier",
+    "solve_dag",
+    "solve_dag_milp",
+    "topological_levels",
+]
+
+#: Relative slack on time comparisons (s): a path equal to the deadline up to rounding fits.
+_TIME_RTOL = 1e-9
+
+
+def topological_levels(n_nodes: int, edges: np.ndarray) -> np.ndarray:
+    """Return each node's depth: the edges on the longest edge-count path reaching it.
+
+    Kahn's algorithm one level at a time (a few numpy calls per level, never per node).
+
+    Raises
+    ------
+    ValidationError
+        If the graph has a cycle (some node is never reached), or an edge names no node.
+    """
+    edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    if edges.size and (edges.min() < 0 or edges.max() >= n_nodes):
+        raise ValidationError(f"an edge names a node outside 0..{n_nodes - 1}", field="edges")
+    src, dst = edges[:, 0], edges[:, 1]
+    order = np.argsort(src, kind="stable")
+    src_sorted, dst_by_src = src[order], dst[order]
+    ptr = np.searchsorted(src_sorted, np.arange(n_nodes + 1))
+    indeg = np.bincount(dst, minlength=n_nodes)
+    level = np.full(n_nodes, -1, dtype=np.int64)
+    frontier = np.flatnonzero(indeg == 0)
+    depth = 0
+    while frontier.size:
+        level[frontier] = depth
+        counts = ptr[frontier + 1] - ptr[frontier]
+        firsts = np.repeat(ptr[frontier], counts)
+        within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        targets = dst_by_src[firsts + within]
+        np.subtract.at(indeg, targets, 1)
+        touched = np.unique(targets)
+        frontier = touched[indeg[touched] == 0]
+        depth += 1
+    if (level < 0).any():
+        stuck = int(np.flatnonzero(level < 0)[0])
+        raise ValidationError(f"the graph has a cycle (node {stuck} is never ready)", field="edges")
+    return level
+
+
+@dataclass(frozen=True)
+class _Passes:
+    """The graph's edges grouped by level, for vectorised longest-path passes."""
+
+    forward: tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
+    backward: tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
+
+    @classmethod
+    def build(cls, n_nodes: int, edges: np.ndarray) -> _Passes:
+        level = topological_levels(n_nodes, edges)
+        src, dst = edges[:, 0], edges[:, 1]
+        forward = []
+        # a node's start is the max finish of its in-edges, all from lower levels
+        for lv in range(1, int(level.max(initial=0)) + 1):
+            pick = np.flatnonzero(level[dst] == lv)
+            if not pick.size:
+                continue
+            pick = pick[np.argsort(dst[pick], kind="stable")]
+            heads, seg = np.unique(dst[pick], return_index=True)
+            forward.append((src[pick], dst[pick], seg, heads))
+        backward = []
+        # a node's tail is the max (duration + tail) over its out-edges, all to higher levels
+        for lv in range(int(level.max(initial=0)) - 1, -1, -1):
+            pick = np.flatnonzero(level[src] == lv)
+            if not pick.size:
+                continue
+            pick = pick[np.argsort(src[pick], kind="stable")]
+            tails, seg = np.unique(src[pick], return_index=True)
+            backward.append((dst[pick], src[pick], seg, tails))
+        return cls(tuple(forward), tuple(backward))
+
+    def heads(self, duration: np.ndarray) -> np.ndarray:
+        """Earliest start of every node, shape like ``duration`` ((n,) or (k, n) plans)."""
+        start = np.zeros_like(duration)
+        for src, _dst, seg, nodes in self.forward:
+            start[..., nodes] = np.maximum.reduceat(start[..., src] + duration[..., src], seg, -1)
+        return start
+
+    def tails(self, duration: np.ndarray) -> np.ndarray:
+        """Longest path from each node's end to the iteration's end, shape like ``duration``."""
+        tail = np.zeros_like(duration)
+        for dst, _src, seg, nodes in self.backward:
+            tail[..., nodes] = np.maximum.reduceat(duration[..., dst] + tail[..., dst], seg, -1)
+        return tail
+
+
+@dataclass(frozen=True)
+class DagProblem:
+    """A dependency graph whose nodes each run at one of several clocks.
+
+    Parameters
+    ----------
+    time_s, energy_j
+        Each node's time (s) and energy (J) at each clock, shape (n_nodes, n_clocks); NaN where
+        a clock is not available for a node (not measured and not modelled).
+    freqs_mhz
+        The clocks, ascending (MHz), shape (n_clocks,).
+    edges
+        Precedence ``(before, after)`` pairs of node indices, shape (n_edges, 2).
+    rank
+        The rank (pipeline stage) running each node, shape (n_nodes,); -1 for a zero-time
+        barrier node (a collective) that no rank computes.
+    names
+        Each node's name (e.g. ``forward3``), shape (n_nodes,).
+    blocking_power_w
+        Power a rank draws while it waits (blocked on a receive or idle until the iteration
+        ends), W; see the module's energy definition.
+    """
+
+    time_s: np.ndarray
+    energy_j: np.ndarray
+    freqs_mhz: np.ndarray
+    edges: np.ndarray
+    rank: np.ndarray
+    names: np.ndarray
+    blocking_power_w: float = 0.0
+    _passes: _Passes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        time_s = np.asarray(self.time_s, dtype=float)
+        energy_j = np.asarray(self.energy_j, dtype=float)
+        if time_s.ndim != 2 or time_s.shape != energy_j.shape:
+            raise ValidationError(
+                f"time_s {time_s.shape} and energy_j {energy_j.shape} must be one "
+                "(n_nodes, n_clocks) table each",
+                field="time_s",
+            )
+        usable = np.isfinite(time_s) & np.isfinite(energy_j)
+        if not usable.any(axis=1).all():
+            node = int(np.flatnonzero(~usable.any(axis=1))[0])
+            raise ValidationError(
+                f"node {node} has no clock with a time and an energy", field="time_s"
+            )
+        if (time_s[usable] < 0).any() or (energy_j[usable] < 0).any():
+            raise ValidationError("a node has a negative time or energy", field="time_s")
+        if not (np.isfinite(self.blocking_power_w) and self.blocking_power_w >= 0):
+            raise ValidationError(
+                f"blocking_power_w {self.blocking_power_w} must be >= 0", field="blocking_power_w"
+            )
+        edges = np.asarray(self.edges, dtype=np.int64).reshape(-1, 2)
+        object.__setattr__(self, "time_s", np.where(usable, time_s, np.nan))
+        object.__setattr__(self, "energy_j", np.where(usable, energy_j, np.nan))
+        object.__setattr__(self, "freqs_mhz", np.asarray(self.freqs_mhz, dtype=float))
+        object.__setattr__(self, "edges", edges)
+        object.__setattr__(self, "rank", np.asarray(self.rank, dtype=np.int64))
+        object.__setattr__(self, "names", np.asarray(self.names, dtype=object))
+        object.__setattr__(self, "_passes", _Passes.build(len(time_s), edges))
+
+    @property
+    def n_nodes(self) -> int:
+        """Nodes of the graph."""
+        return int(self.time_s.shape[0])
+
+    @property
+    def n_ranks(self) -> int:
+        """Ranks that compute (barrier nodes excluded)."""
+        return int(self.rank.max(initial=-1)) + 1
+
+    def top_clock(self) -> np.ndarray:
+        """Each node's fastest available clock column (all-max where every clock is known)."""
+        times = np.where(np.isnan(self.time_s), np.inf, self.time_s)
+        # the highest clock among the fastest options (ties: the top clock is the baseline)
+        fastest = times <= times.min(axis=1, keepdims=True) * (1 + _TIME_RTOL)
+        last = self.time_s.shape[1] - 1
+        return last - np.argmax(fastest[:, ::-1], axis=1)
+
+    def evaluate(self, clock: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return makespan (s), total energy (J) and computation energy (J) of plans.
+
+        ``clock`` is one column per node, shape (n_nodes,) or (k, n_nodes) for k plans; the
+        energy follows the module's definition (computation plus blocking power while waiting).
+        """
+        clock = np.asarray(clock, dtype=np.int64)
+        rows = np.arange(self.n_nodes)
+        duration = self.time_s[rows, clock]
+        compute = self.energy_j[rows, clock].sum(axis=-1)
+        makespan = (self._passes.heads(duration) + duration).max(axis=-1)
+        idle = self.n_ranks * makespan - duration.sum(axis=-1)
+        return makespan, compute + self.blocking_power_w * idle, compute
+
+    def start_times(self, clock: np.ndarray) -> np.ndarray:
+        """Earliest start of every node (s) under a plan, shape (n_nodes,)."""
+        rows = np.arange(self.n_nodes)
+        return self._passes.heads(self.time_s[rows, np.asarray(clock, dtype=np.int64)])
+
+
+@dataclass(frozen=True)
+class DagPlan:
+    """One clock per node of a :class:`DagProblem`, with its certificate.
+
+    Attributes
+    ----------
+    clock
+        Column of ``freqs_mhz`` of every node, shape (n_nodes,).
+    freq_mhz
+        Clock of every node (MHz).
+    start_s
+        Earliest start of every node under the plan (s).
+    makespan_s, energy_j, compute_energy_j
+        The plan's makespan, total energy (module definition) and computation energy alone.
+    deadline_s
+        The makespan allowed.
+    lower_bound_j, gap_pct
+        Certified lower bound on the total energy of every plan within the deadline, and the
+        plan's distance above it (% of the plan's energy).
+    method
+        ``relaxation`` (the rounded relaxation met the gap) or ``milp`` (HiGHS closed it).
+    status
+        ``optimal`` (within the gap asked), ``feasible`` (time ran out first) or ``infeasible``.
+    plan_seconds
+        Wall time to plan (s).
+    """
+
+    clock: np.ndarray
+    freq_mhz: np.ndarray
+    start_s: np.ndarray
+    makespan_s: float
+    energy_j: float
+    compute_energy_j: float
+    deadline_s: float
+    lower_bound_j: float
+    gap_pct: float
+    method: str
+    status: str
+    plan_seconds: float
+
+
+@dataclass(frozen=True)
+class _Options:
+    """Each node's Pareto-optimal options, padded to (n_nodes, k); time ascending."""
+
+    clock: np.ndarray  # column of freqs_mhz, -1 in padding
+    time_s: np.ndarray  # inf in padding
+    cost_j: np.ndarray  # effective energy E - P_block t; inf in padding
+    valid: np.ndarray
+
+    @classmethod
+    def build(cls, problem: DagProblem) -> _Options:
+        time_s = np.where(np.isnan(problem.time_s), np.inf, problem.time_s)
+        cost = problem.energy_j - problem.blocking_power_w * problem.time_s
+        cost = np.where(np.isnan(cost), np.inf, cost)
+        order = np.lexsort((cost, time_s), axis=-1)
+        t = np.take_along_axis(time_s, order, axis=1)
+        c = np.take_along_axis(cost, order, axis=1)
+        # an option survives if it costs less than every faster (or equally fast) one
+        prev_min = np.minimum.accumulate(np.c_[np.full(len(c), np.inf), c[:, :-1]], axis=1)
+        keep = np.isfinite(t) & (c < prev_min)
+        k = int(keep.sum(axis=1).max())
+        # pack the survivors to the left, in time order
+        pos = np.argsort(~keep, axis=1, kind="stable")[:, :k]
+        valid = np.take_along_axis(keep, pos, axis=1)
+        return cls(
+            np.where(valid, np.take_along_axis(order, pos, axis=1), -1),
+            np.where(valid, np.take_along_axis(t, pos, axis=1), np.inf),
+            np.where(valid, np.take_along_axis(c, pos, axis=1), np.inf),
+            valid,
+        )
+
+
+def _deadline(problem: DagProblem, target: float) -> tuple[float, np.ndarray]:
+    """Return the deadline (1 + target) x the all-max makespan, and the all-max plan."""
+    if not (np.isfinite(target) and target >= 0):
+        raise ValidationError(f"target {target} must be a fraction >= 0", field="target")
+    top = problem.top_clock()
+    base = float(problem.evaluate(top)[0])
+    return (1 + target) * base, top
+
+
+class _Programme:
+    """The 0/1 programme on the Pareto options (times in ms: HiGHS's tolerances are absolute)."""
+
+    def __init__(self, problem: DagProblem, options: _Options) -> None:
+        import highspy
+
+        self.highspy = highspy
+        self.problem, self.options = problem, options
+        n = problem.n_nodes
+        node_of, slot = np.nonzero(options.valid)
+        self.node_of, self.slot = node_of, slot
+        nx = len(node_of)
+        self.nx, self.n = nx, n
+        t_ms = options.time_s[node_of, slot] * 1e3
+        cost = options.cost_j[node_of, slot]
+        self.cols = nx + n + 1  # x options, node starts, makespan
+        self.makespan_col = nx + n
+        ptr = np.searchsorted(node_of, np.arange(n + 1))
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", False)
+        inf = highspy.kHighsInf
+        lower = np.zeros(self.cols)
+        upper = np.r_[np.ones(nx), np.full(n + 1, inf)]
+        h.addVars(self.cols, lower, upper)
+        h.changeColsCost(
+            self.cols,
+            np.arange(self.cols, dtype=np.int32),
+            np.r_[cost, np.zeros(n), problem.n_ranks * problem.blocking_power_w * 1e-3],
+        )
+        # one option per node: sum_k x[i, k] = 1
+        h.addRows(
+            n,
+            np.ones(n),
+            np.ones(n),
+            nx,
+            ptr[:-1].astype(np.int32),
+            np.arange(nx, dtype=np.int32),
+            np.ones(nx),
+        )
+        # precedence s_j - s_i - sum_k t[i, k] x[i, k] >= 0; sinks feed the makespan column
+        out_deg = np.bincount(problem.edges[:, 0], minlength=n)
+        sinks = np.flatnonzero(out_deg == 0)
+        src = np.r_[problem.edges[:, 0], sinks]
+        dst_col = np.r_[nx + problem.edges[:, 1], np.full(len(sinks), self.makespan_col)]
+        counts = ptr[src + 1] - ptr[src]
+        width = counts + 2
+        starts = np.r_[0, np.cumsum(width)[:-1]]
+        total = int(width.sum())
+        index = np.empty(total, dtype=np.int32)
+        value = np.empty(total)
+        index[starts], value[starts] = dst_col, 1.0
+        index[starts + 1], value[starts + 1] = nx + src, -1.0
+        rel = np.arange(total) - np.repeat(starts, width)
+        opt = rel >= 2
+        row = np.repeat(np.arange(len(src)), width)
+        opt_index = ptr[src[row[opt]]] + rel[opt] - 2
+        index[opt], value[opt] = opt_index, -t_ms[opt_index]
+        h.addRows(
+            len(src),
+            np.zeros(len(src)),
+            np.full(len(src), inf),
+            total,
+            starts.astype(np.int32),
+            index,
+            value,
+        )
+        self.h = h
+
+    def set_deadline(self, deadline_s: float) -> None:
+        self.h.changeColBounds(self.makespan_col, 0.0, deadline_s * 1e3)
+
+    def _integrality(self, integer: bool) -> None:
+        kind = (
+            self.highspy.HighsVarType.kInteger if integer else self.highspy.HighsVarType.kContinuous
+        )
+        self.h.changeColsIntegrality(
+            self.nx, np.arange(self.nx, dtype=np.int32), np.full(self.nx, kind)
+        )
+
+    def relax(self) -> tuple[float, np.ndarray] | None:
+        """Solve the relaxation: optimal cost, each node's relaxed duration (s); None if infeasible."""
+        self._integrality(False)
+        self.h.run()
+        if self.h.getModelStatus() != self.highspy.HighsModelStatus.kOptimal:
+            return None
+        x = np.asarray(self.h.getSolution().col_value[: self.nx])
+        t_s = self.options.time_s[self.node_of, self.slot]
+        duration = np.bincount(self.node_of, weights=x * t_s, minlength=self.n)
+        return float(self.h.getInfo().objective_function_value), duration
+
+    def exact(
+        self,
+        slot: np.ndarray | None,
+        *,
+        rel_gap: float,
+        time_limit_s: float,
+        free: np.ndarray | None = None,
+    ) -> tuple[np.ndarray | None, float, bool]:
+        """Solve the 0/1 programme (from ``slot``, a plan as option slots): plan, bound, optimal.
+
+        With ``free`` (a node mask) only those nodes choose; the others keep ``slot``'s option
+        (a neighbourhood search step; the bound is then the neighbourhood's, not a certificate).
+        """
+        self._integrality(True)
+        h = self.h
+        if free is not None and slot is not None:
+            fixed = ~free[self.node_of]
+            on = self.slot == slot[self.node_of]
+            cols = np.arange(self.nx, dtype=np.int32)
+            h.changeColsBounds(
+                self.nx, cols, (fixed & on).astype(float), np.where(fixed & ~on, 0.0, 1.0)
+            )
+        try:
+            return self._branch_and_bound(slot, rel_gap=rel_gap, time_limit_s=time_limit_s)
+        finally:
+            if free is not None and slot is not None:
+                cols = np.arange(self.nx, dtype=np.int32)
+                h.changeColsBounds(self.nx, cols, np.zeros(self.nx), np.ones(self.nx))
+
+    def _branch_and_bound(
+        self, slot: np.ndarray | None, *, rel_gap: float, time_limit_s: float
+    ) -> tuple[np.ndarray | None, float, bool]:
+        h = self.h
+        h.setOptionValue("mip_rel_gap", rel_gap)
+        h.setOptionValue("time_limit", max(time_limit_s, 1e-3))
+        if slot is not None:
+            x = (self.slot == slot[self.node_of]).astype(float)
+            dur = self.options.time_s[np.arange(self.n), slot]
+            starts = self.problem._passes.heads(dur)
+            col = np.r_[x, starts * 1e3, (starts + dur).max() * 1e3]
+            sol = self.highspy.HighsSolution()
+            sol.col_value = list(col)
+            sol.value_valid = True
+            h.setSolution(sol)
+        try:
+            h.run()
+        finally:  # the relaxation that follows (a frontier's next deadline) runs unlimited
+            h.setOptionValue("time_limit", self.highspy.kHighsInf)
+        status = h.getModelStatus()
+        info = h.getInfo()
+        bound = float(info.mip_dual_bound)
+        if info.primal_solution_status < 2:  # no feasible point
+            return None, bound, False
+        x = np.asarray(h.getSolution().col_value[: self.nx])
+        best = np.zeros(self.n, dtype=np.int64)
+        chosen = x > 0.5
+        best[self.node_of[chosen]] = self.slot[chosen]
+        return best, bound, status == self.highspy.HighsModelStatus.kOptimal
+
+
+def _greedy_fill(
+    problem: DagProblem, options: _Options, slot: np.ndarray, deadline_s: float
+) -> np.ndarray:
+    """Move nodes to slower, cheaper options while the deadline holds; best saving rate first.
+
+    A node may take ``float = deadline - (head + duration + tail)`` more time without
+    lengthening any path past the deadline (its longest path through it is head + d + tail).
+    Each round makes the one move with the best saving per second of float consumed, then
+    recomputes the floats (two vectorised passes).
+    """
+    rows = np.arange(problem.n_nodes)
+    passes = problem._passes
+    per_makespan = problem.n_ranks * problem.blocking_power_w
+    slot = slot.copy()
+    while True:
+        dur = options.time_s[rows, slot]
+        head, tail = passes.heads(dur), passes.tails(dur)
+        through = head + dur + tail
+        makespan = float(through.max())
+        slack = deadline_s * (1 + _TIME_RTOL) - through
+        new_t = options.time_s  # (n, k)
+        longer = new_t - dur[:, None]
+        fits = options.valid & (longer <= slack[:, None]) & (longer > 0)
+        # a longer critical path also charges every rank's blocking power for the extra time
+        extra = np.maximum(head[:, None] + new_t + tail[:, None] - makespan, 0.0)
+        with np.errstate(invalid="ignore"):  # padding: inf - inf
+            saving = options.cost_j[rows, slot][:, None] - options.cost_j - per_makespan * extra
+        good = fits & (saving > 1e-12)
+        if not good.any():
+            return slot
+        rate = np.where(good, saving / np.where(longer > 0, longer, 1.0), -np.inf)
+        node, k = np.unravel_index(int(np.argmax(rate)), rate.shape)
+        slot[node] = k
+
+
+def _slot_plan(
+    problem: DagProblem,
+    options: _Options,
+    slot: np.ndarray,
+    deadline_s: float,
+    bound_j: float,
+    method: str,
+    status: str,
+    started: float,
+) -> DagPlan:
+    clock = options.clock[np.arange(problem.n_nodes), slot]
+    makespan, energy, compute = (float(v) for v in problem.evaluate(clock))
+    bound = min(bound_j, energy)
+    return DagPlan(
+        clock=clock,
+        freq_mhz=problem.freqs_mhz[clock],
+        start_s=problem.start_times(clock),
+        makespan_s=makespan,
+        energy_j=energy,
+        compute_energy_j=compute,
+        deadline_s=deadline_s,
+        lower_bound_j=bound,
+        gap_pct=max(energy - bound, 0.0) / energy * 100 if energy > 0 else 0.0,
+        method=method,
+        status=status,
+        plan_seconds=_time.perf_counter() - started,
+    )
+
+
+def _infeasible(problem: DagProblem, deadline_s: float, started: float) -> DagPlan:
+    nan = float("nan")
+    n = problem.n_nodes
+    return DagPlan(
+        np.full(n, -1),
+        np.full(n, nan),
+        np.full(n, nan),
+        nan,
+        nan,
+        nan,
+        deadline_s,
+        nan,
+        nan,
+        "relaxation",
+        "infeasible",
+        _time.perf_counter() - started,
+    )
+
+
+def _neighbourhoods(
+    problem: DagProblem, slot_start_s: np.ndarray, fractional: np.ndarray
+) -> list[np.ndarray]:
+    """Node sets re-solved exactly with the rest fixed: the relaxation's fractional nodes, then
+    windows of nodes that run at about the same time (across ranks), then pairs of ranks.
+    """
+    n = problem.n_nodes
+    size = min(n, 32)
+    by_time = np.argsort(slot_start_s, kind="stable")
+    hoods = [fractional] if fractional.any() else []
+    for first in range(0, max(n - size, 0) + 1, max(size // 2, 1)):
+        mask = np.zeros(n, dtype=bool)
+        mask[by_time[first : first + size]] = True
+        hoods.append(mask)
+    for r in range(max(problem.n_ranks - 1, 0)):
+        hoods.append(np.isin(problem.rank, [r, r + 1]))
+    return hoods
+
+
+def _search(
+    problem: DagProblem,
+    options: _Options,
+    programme: _Programme,
+    slot: np.ndarray,
+    fractional: np.ndarray,
+    deadline_s: float,
+    until: float,
+    good_enough_j: float,
+) -> np.ndarray:
+    """Return the plan improved by a large-neighbourhood search.
+
+    Node sets are re-solved exactly (HiGHS, the others fixed) while any
+    improves, time remains and the energy is above ``good_enough_j``; every accepted plan
+    meets the deadline.
+    """
+    rows = np.arange(problem.n_nodes)
+    best = slot
+    best_e = float(problem.evaluate(options.clock[rows, best])[1])
+    improved = True
+    while improved and best_e > good_enough_j:
+        improved = False
+        starts = problem.start_times(options.clock[rows, best])
+        for hood in _neighbourhoods(problem, starts, fractional):
+            left = until - _time.perf_counter()
+            if left <= 0:
+                return best
+            got, _, _ = programme.exact(best, rel_gap=1e-9, time_limit_s=min(left, 0.2), free=hood)
+            if got is None:
+                continue
+            got = _greedy_fill(problem, options, got, deadline_s)
+            makespan, energy, _ = problem.evaluate(options.clock[rows, got])
+            if energy < best_e * (1 - 1e-12) and makespan <= deadline_s * (1 + 1e-6):
+                best, best_e, improved = got, float(energy), True
+                if best_e <= good_enough_j:
+                    return best
+        fractional = np.zeros_like(fractional)
+    return best
+
+
+def solve_dag(
+    problem: DagProblem,
+    target: float,
+    *,
+    rel_gap: float = 1e-3,
+    time_limit_s: float = 1.0,
+    deadline_s: float | None = None,
+    _state: tuple[_Options, _Programme] | None = None,
+) -> DagPlan:
+    """Minimise the energy within ``(1 + target) x`` the all-max makespan; certified.
+
+    Parameters
+    ----------
+    problem
+        The graph and its per-clock tables.
+    target
+        Allowed slowdown of the makespan (0.02 = 2%).
+    rel_gap
+        Stop once the plan is certified within this fraction of the optimum (1e-3 = 0.1%).
+    time_limit_s
+        Wall-time budget: the rounded relaxation, then a neighbourhood search (up to 60% of
+        the budget), then HiGHS's branch and bound from the best plan (the rest) while the
+        certified gap exceeds ``rel_gap``. The best plan found is returned with its certified
+        gap; status ``feasible`` when that gap is above ``rel_gap``.
+    deadline_s
+        An absolute makespan limit (s) instead of ``target``.
+
+    Returns
+    -------
+    DagPlan
+        ``status`` ``infeasible`` when no plan meets the deadline.
+    """
+    started = _time.perf_counter()
+    base_deadline, _ = _deadline(problem, target)
+    deadline = base_deadline if deadline_s is None else float(deadline_s)
+    options, programme = _state or _prepare(problem)
+    programme.set_deadline(deadline * (1 + _TIME_RTOL))
+    relaxed = programme.relax()
+    if relaxed is None:
+        return _infeasible(problem, deadline, started)
+    bound, duration = relaxed
+    # the slowest option no slower than the relaxed duration: no path gets longer
+    at_or_below = options.time_s <= duration[:, None] * (1 + _TIME_RTOL) + 1e-15
+    slot = np.maximum(at_or_below.sum(axis=1) - 1, 0)
+    fractional = ~np.isclose(options.time_s, duration[:, None], rtol=1e-7, atol=0.0).any(axis=1)
+    slot = _greedy_fill(problem, options, slot, deadline)
+
+    def done(plan_slot: np.ndarray, method: str, lower: float) -> DagPlan:
+        plan = _slot_plan(problem, options, plan_slot, deadline, lower, method, "", started)
+        # HiGHS's tolerances are ~1e-7 relative: a gap below 1e-6 is closed
+        status = "optimal" if plan.gap_pct <= max(rel_gap, 1e-6) * 100 else "feasible"
+        return replace(plan, status=status)
+
+    plan = done(slot, "relaxation", bound)
+    if plan.makespan_s > deadline * (1 + 1e-6):
+        return _infeasible(problem, deadline, started)
+    if plan.status == "optimal":
+        return plan
+    slot = _search(
+        problem,
+        options,
+        programme,
+        slot,
+        fractional,
+        deadline,
+        started + 0.6 * time_limit_s,
+        bound / (1 - rel_gap),
+    )
+    plan = done(slot, "search", bound)
+    remaining = time_limit_s - (_time.perf_counter() - started)
+    if plan.status == "optimal" or remaining <= 0:
+        return plan
+    best, mip_bound, _ = programme.exact(slot, rel_gap=rel_gap, time_limit_s=remaining)
+    bound = max(bound, mip_bound)
+    if best is not None:
+        best = _greedy_fill(problem, options, best, deadline)
+        exact = done(best, "milp", bound)
+        if exact.energy_j < plan.energy_j and exact.makespan_s <= deadline * (1 + 1e-6):
+            return exact
+    return done(slot, "milp", bound)
+
+
+def _prepare(problem: DagProblem) -> tuple[_Options, _Programme]:
+    options = _Options.build(problem)
+    return options, _Programme(problem, options)
+
+
+def solve_dag_milp(
+    problem: DagProblem, target: float, *, rel_gap: float = 1e-9, time_limit_s: float = 600.0
+) -> DagPlan:
+    """Solve the 0/1 programme with HiGHS from scratch (no warm start): the reference.
+
+    Parameters
+    ----------
+    problem, target
+        As :func:`solve_dag`.
+    rel_gap
+        HiGHS's relative MIP gap (1e-9: solved to optimality).
+    time_limit_s
+        Wall-time limit; past it the best plan found is returned, status ``feasible``.
+    """
+    started = _time.perf_counter()
+    deadline, _ = _deadline(problem, target)
+    options, programme = _prepare(problem)
+    programme.set_deadline(deadline * (1 + _TIME_RTOL))
+    best, bound, optimal = programme.exact(None, rel_gap=rel_gap, time_limit_s=time_limit_s)
+    if best is None:
+        return _infeasible(problem, deadline, started)
+    return _slot_plan(
+        problem,
+        options,
+        best,
+        deadline,
+        bound,
+        "milp",
+        "optimal" if optimal else "feasible",
+        started,
+    )
+
+
+def dag_frontier(
+    problem: DagProblem,
+    targets: np.ndarray | list[float],
+    *,
+    rel_gap: float = 1e-3,
+    time_limit_s: float = 1.0,
+) -> pd.DataFrame:
+    """Plan every target on one prepared programme: the time-energy frontier.
+
+    Returns one row per target: ``target``, ``deadline_s``, ``makespan_s``, ``energy_j``,
+    ``lower_bound_j``, ``gap_pct``, ``method``, ``status``, ``plan_seconds``.
+    """
+    state = _prepare(problem)
+    rows: list[dict[str, Any]] = []
+    for target in np.asarray(targets, dtype=float):
+        plan = solve_dag(
+            problem, float(target), rel_gap=rel_gap, time_limit_s=time_limit_s, _state=state
+        )
+        rows.append(
+            {
+                "target": float(target),
+                "deadline_s": plan.deadline_s,
+                "makespan_s": plan.makespan_s,
+                "energy_j": plan.energy_j,
+                "lower_bound_j": plan.lower_bound_j,
+                "gap_pct": plan.gap_pct,
+                "method": plan.method,
+                "status": plan.status,
+                "plan_seconds": plan.plan_seconds,
+            }
+        )
+    return pd.DataFrame(rows)

@@ -1,0 +1,159 @@
+"""The DAG planner (plan/dag.py) and the pipeline graph builders (plan/pipeline.py)."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+pytest.importorskip("highspy")
+
+from opdvfs.datasets import dataset_path
+from opdvfs.exceptions import ValidationError
+from opdvfs.io import read_profile
+from opdvfs.plan.dag import (
+    DagProblem,
+    dag_frontier,
+    solve_dag,
+    solve_dag_milp,
+    topological_levels,
+)
+from opdvfs.plan.pipeline import pipeline_dag, pipeline_graph
+
+
+def random_dag(rng, n_nodes, n_clocks, n_ranks=3, blocking_power_w=0.0):
+    """A random DAG: each rank a chain, plus random forward edges across ranks."""
+    rank = rng.integers(0, n_ranks, n_nodes)
+    rank[:n_ranks] = np.arange(n_ranks)
+    edges = []
+    for r in range(n_ranks):
+        mine = np.flatnonzero(rank == r)
+        edges += list(itertools.pairwise(mine))
+    for _ in range(n_nodes):
+        a, b = sorted(rng.choice(n_nodes, 2, replace=False))
+        edges.append((a, b))
+    freqs = np.linspace(1000, 1800, n_clocks)
+    base = rng.uniform(0.5, 2.0, n_nodes)
+    sens = rng.uniform(0.2, 1.0, n_nodes)  # how much of the time scales with 1/f
+    time_s = base[:, None] * (1 - sens[:, None] + sens[:, None] * freqs[-1] / freqs[None, :])
+    power = rng.uniform(100, 300, n_nodes)[:, None] * (freqs / freqs[-1]) ** rng.uniform(1, 3)
+    energy = time_s * power * rng.uniform(0.97, 1.03, time_s.shape)  # not always monotone
+    return DagProblem(
+        time_s,
+        energy,
+        freqs,
+        np.array(edges),
+        rank,
+        [f"n{i}" for i in range(n_nodes)],
+        blocking_power_w=blocking_power_w,
+    )
+
+
+def brute_force(problem, deadline_s):
+    """Lowest energy of all plans within the deadline, by enumeration (vectorised)."""
+    n, c = problem.time_s.shape
+    plans = np.array(list(itertools.product(range(c), repeat=n)))
+    makespan, energy, _ = problem.evaluate(plans)
+    ok = makespan <= deadline_s * (1 + 1e-9)
+    return float(energy[ok].min())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_small_dags_match_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    n, c = (8, 3) if seed % 2 else (7, 4)
+    problem = random_dag(rng, n, c, blocking_power_w=[0.0, 60.0][seed % 3 == 0])
+    base, _, _ = problem.evaluate(problem.top_clock())
+    for target in (0.0, 0.05, 0.2):
+        best = brute_force(problem, (1 + target) * float(base))
+        plan = solve_dag(problem, target, rel_gap=1e-9, time_limit_s=30)
+        assert plan.status == "optimal"
+        assert plan.makespan_s <= plan.deadline_s * (1 + 1e-6)
+        assert plan.energy_j == pytest.approx(best, rel=1e-7)
+        assert plan.lower_bound_j <= best * (1 + 1e-7)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_thirty_node_dags_match_the_milp(seed):
+    rng = np.random.default_rng(100 + seed)
+    problem = random_dag(rng, 30, 3 + seed, n_ranks=4, blocking_power_w=30.0 * seed)
+    for target in (0.0, 0.05):
+        exact = solve_dag_milp(problem, target)
+        plan = solve_dag(problem, target, rel_gap=1e-3, time_limit_s=30)
+        assert exact.status == "optimal"
+        assert plan.makespan_s <= plan.deadline_s * (1 + 1e-6)
+        # certified within 0.1%, and truly within it
+        assert plan.gap_pct <= 0.1
+        assert exact.energy_j <= plan.energy_j * (1 + 1e-9) <= exact.energy_j * 1.001
+        assert plan.lower_bound_j <= exact.energy_j * (1 + 1e-7)
+
+
+def test_energy_counts_waiting_ranks_at_the_blocking_power():
+    # two ranks: a (1 s) then b (2 s) on rank 1 after a; rank 0 waits for b to end
+    problem = DagProblem(
+        np.array([[1.0], [2.0]]),
+        np.array([[10.0], [30.0]]),
+        [1000.0],
+        [[0, 1]],
+        [0, 1],
+        ["a", "b"],
+        blocking_power_w=5.0,
+    )
+    makespan, energy, compute = problem.evaluate(np.array([0, 0]))
+    # makespan 3 s; rank 0 idles 2 s, rank 1 idles 1 s
+    assert (makespan, compute, energy) == (3.0, 40.0, 40.0 + 5.0 * 3.0)
+
+
+@pytest.mark.parametrize("kind", ["1f1b", "gpipe"])
+@pytest.mark.parametrize(("stages", "micro"), [(4, 8), (8, 8), (3, 2), (1, 5)])
+def test_uniform_pipeline_makespan_is_analytic(kind, stages, micro):
+    fwd, bwd = 0.1, 0.25
+    clocks = np.array([1000.0, 1400.0])
+    t_f = np.tile([fwd * 1.4, fwd], (stages, 1))
+    t_b = np.tile([bwd * 1.4, bwd], (stages, 1))
+    problem = pipeline_graph(t_f, t_f * 100, t_b, t_b * 100, clocks, micro, kind=kind)
+    assert problem.n_nodes == 2 * stages * micro
+    makespan, _, _ = problem.evaluate(problem.top_clock())
+    # a synchronous pipeline's iteration: (M + S - 1) forward+backward slots
+    assert makespan == pytest.approx((micro + stages - 1) * (fwd + bwd))
+
+
+def test_1f1b_respects_the_dependencies():
+    problem = pipeline_graph(*(np.ones((3, 1)),) * 4, [1000.0], 4)
+    start = problem.start_times(np.zeros(problem.n_nodes, dtype=int))
+    names = problem.names.reshape(3, 8)
+    node = {(s, n): s * 8 + i for s in range(3) for i, n in enumerate(names[s])}
+    for m in range(4):
+        for s in range(2):  # activations flow down, gradients back up
+            assert start[node[s + 1, f"forward{m}"]] >= start[node[s, f"forward{m}"]] + 1
+            assert start[node[s, f"backward{m}"]] >= start[node[s + 1, f"backward{m}"]] + 1
+    assert list(names[0][:3]) == ["forward0", "forward1", "forward2"]  # 2 warm-up forwards
+
+
+def test_a_cycle_is_refused():
+    with pytest.raises(ValidationError, match="cycle"):
+        topological_levels(3, np.array([[0, 1], [1, 2], [2, 0]]))
+
+
+def test_perseus_pipeline_plan_meets_the_deadline_and_is_certified():
+    problem = pipeline_dag(read_profile([dataset_path("perseus-gpt3-175b-a100")]), 8)
+    assert problem.n_nodes == 128 and problem.n_ranks == 8
+    base, base_e, _ = problem.evaluate(problem.top_clock())
+    plan = solve_dag(problem, 0.05)
+    assert plan.makespan_s <= 1.05 * base * (1 + 1e-9)
+    assert plan.lower_bound_j <= plan.energy_j < base_e
+    assert plan.gap_pct <= 0.1
+    # the same plan, read back from its clocks
+    assert problem.evaluate(plan.clock)[1] == pytest.approx(plan.energy_j)
+
+
+def test_frontier_energy_falls_as_the_deadline_loosens():
+    problem = pipeline_dag(read_profile([dataset_path("perseus-bloom-a100")]), 4)
+    table = dag_frontier(problem, [0.0, 0.05, 0.1, 0.2])
+    assert (np.diff(table["energy_j"]) < 0).all()
+    assert (table["makespan_s"] <= table["deadline_s"] * (1 + 1e-6)).all()
+
+
+def test_an_infeasible_deadline_is_reported():
+    problem = pipeline_graph(*(np.ones((2, 1)),) * 4, [1000.0], 2)
+    plan = solve_dag(problem, 0.0, deadline_s=1.0)
+    assert plan.status == "infeasible"
