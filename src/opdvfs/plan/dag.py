@@ -399,7 +399,7 @@ class _Programme:
         )
 
     def relax(self) -> tuple[float, np.ndarray] | None:
-        """Solve the relaxation: optimal cost, each node's relaxed duration (s); None if infeasible."""
+        """Solve the relaxation: optimal cost, relaxed durations (s); None if infeasible."""
         self._integrality(False)
         self.h.run()
         if self.h.getModelStatus() != self.highspy.HighsModelStatus.kOptimal:
@@ -555,8 +555,10 @@ def _infeasible(problem: DagProblem, deadline_s: float, started: float) -> DagPl
 def _neighbourhoods(
     problem: DagProblem, slot_start_s: np.ndarray, fractional: np.ndarray
 ) -> list[np.ndarray]:
-    """Node sets re-solved exactly with the rest fixed: the relaxation's fractional nodes, then
-    windows of nodes that run at about the same time (across ranks), then pairs of ranks.
+    """Return node sets to re-solve exactly with the rest fixed.
+
+    The relaxation's fractional nodes, then windows of nodes that run at about the same time
+    (across ranks), then pairs of neighbouring ranks.
     """
     n = problem.n_nodes
     size = min(n, 32)
