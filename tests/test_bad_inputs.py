@@ -255,6 +255,37 @@ CASES = [
         "coarse sensor",
         "validate power {in}/a100.parquet --train-freqs min,max",
     ),
+    Case(
+        "validate power",
+        "throughput form without an idle floor",
+        "validate power {in}/p.parquet --train-freqs 1000,1800 --dynamic throughput",
+    ),
+    Case(
+        "validate power",
+        "schedule as --device",
+        "validate power {in}/p.parquet --train-freqs 1000,1800 --device {in}/s.json",
+    ),
+    Case(
+        "validate perf", "step past the lowest", "validate perf {in}/p.parquet --train-freqs top-3"
+    ),
+    Case(
+        "fit",
+        "throughput form without an idle floor",
+        "fit {in}/p.parquet --train-freqs 1000,1800 --dynamic throughput --out {out}/m.json",
+    ),
+    # ------------------------------------------------------------------ characterise
+    Case("characterise", "missing file", "characterise {in}/nope.parquet --out {out}/d.json"),
+    Case("characterise", "output is a directory", "characterise {in}/p.parquet --out {out}/adir"),
+    Case(
+        "characterise",
+        "existing output kept",
+        "characterise {in}/trunc.parquet --out {out}/keep.json",
+    ),
+    Case(
+        "characterise",
+        "negative switch latency",
+        "characterise {in}/p.parquet --switch-latency-ms -1 --out {out}/d.json",
+    ),
     # ------------------------------------------------------------------ profile
     Case(
         "profile",

@@ -20,6 +20,7 @@ import pytest
 
 from opdvfs import Profile
 from opdvfs.calibration import PowerCalibration
+from opdvfs.devices.spec import IdlePower
 from opdvfs.exceptions import InputFormatError, NotFittedError, OpdvfsError, ValidationError
 from opdvfs.models import ModelBundle, PerfModel, PowerModel
 from opdvfs.sim import SimulatedDevice
@@ -36,6 +37,10 @@ IDLE = PowerCalibration(
 
 
 DEVICE = get_preset("ascend-910b-like").spec
+#: The same device characterised: its V-f curve and an idle chip power floor.
+CHARACTERISED = DEVICE.with_changes(
+    idle=IdlePower(rail="chip", beta_w_per_ghz_v2=20.0, theta_w_per_v=60.0)
+)
 
 
 def simulated_profile(seed: int = 0) -> Profile:
@@ -117,9 +122,20 @@ CASES = [
     power_case("power-paper-procedure", fit={"calibration": IDLE, "device": DEVICE}),
     power_case("power-clock-chip", profile="chip"),
     power_case("power-clock-chip-fitted-vf", profile="chip", train=CLOCKS_MHZ),
-    power_case("power-throughput-core", dynamic="throughput"),
+    # the throughput form's idle floor: idle runs, a characterised device, or 3 clocks (joint)
+    power_case("power-throughput-core", dynamic="throughput", fit={"calibration": IDLE}),
     power_case(
-        "power-throughput-chip", profile="chip", dynamic="throughput", fit={"device": DEVICE}
+        "power-throughput-chip-characterised",
+        profile="chip",
+        dynamic="throughput",
+        fit={"device": CHARACTERISED},
+    ),
+    power_case(
+        "power-throughput-chip-joint",
+        profile="chip",
+        train=CLOCKS_MHZ,
+        dynamic="throughput",
+        fit={"device": DEVICE},
     ),
 ]
 ids = [case.id for case in CASES]

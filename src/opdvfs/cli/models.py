@@ -1,4 +1,4 @@
-"""Commands on models: fit, validate perf, validate power."""
+"""Commands on models: fit, characterise, validate perf, validate power."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import numpy as np
 import typer
 
+from opdvfs._files import check_output_file
 from opdvfs.cli._app import (
     FormatOption,
     FreqOption,
@@ -29,8 +30,9 @@ from opdvfs.models.perf import FORMS  # light: numpy only (pandas and scipy load
 # The models (pandas, scipy) load inside the commands that fit them, not with `opdvfs --help`.
 if TYPE_CHECKING:
     from opdvfs.calibration import PowerCalibration
-    from opdvfs.devices.spec import VoltageCurve
+    from opdvfs.devices.spec import DeviceSpec, VoltageCurve
     from opdvfs.models.power import Dynamic
+    from opdvfs.profile import Profile
 
 
 DynamicOption = Annotated[
@@ -52,6 +54,58 @@ CharacteriseOption = Annotated[
         "power are fitted on them (throughput form) and used for this profile.",
     ),
 ]
+
+
+DeviceOption = Annotated[
+    str | None,
+    typer.Option(
+        "--device",
+        "-d",
+        help="Device: a preset name, or a DEVICE.json written by `opdvfs characterise` (its "
+        "V-f curve and idle power).",
+    ),
+]
+
+TrainFreqsHelp = (
+    "Clocks to fit on: MHz and/or min, mid, max, or steps down from the top: top, top-1, top-2 "
+    "(the profile's clocks)."
+)
+
+
+def device_spec(text: str | None) -> DeviceSpec | None:
+    """Resolve ``--device``: a DeviceSpec JSON file (a path ending in .json) or a preset name."""
+    from opdvfs.devices.spec import DeviceSpec
+    from opdvfs.sim.presets import get_preset
+
+    if text is None:
+        return None
+    if text.lower().endswith(".json") or Path(text).is_file():
+        return DeviceSpec.read(text)
+    return get_preset(text).spec
+
+
+def step_clocks(text: str | None, profile: Profile) -> list[float] | None:
+    """Parse ``--train-freqs``: MHz, min/mid/max, and ``top``, ``top-N`` (N steps below the top).
+
+    Step names count the profile's clocks down from its highest (``top-1`` is the next one).
+    """
+    if text is None:
+        return None
+    grid = np.asarray(profile.freqs_mhz, dtype=float)
+    items = []
+    for item in (t.strip() for t in text.split(",")):
+        word = item.lower().replace(" ", "")
+        if word == "top" or word.startswith("top-"):
+            steps = word[4:] or "0"
+            if not steps.isdigit() or int(steps) >= len(grid):
+                raise UsageError(
+                    f"clock {item!r}: expected top or top-N with N below {len(grid)} (the "
+                    "profile's clocks)"
+                )
+            items.append(f"{grid[len(grid) - 1 - int(steps)]:g}")
+        else:
+            items.append(item)
+    return train_clocks(",".join(items), profile)
 
 
 validate_app = typer.Typer(
@@ -86,10 +140,12 @@ def fit(
     ],
     form: FormOption = "auto",
     train_freqs: Annotated[
-        str | None, typer.Option("--train-freqs", help="Clocks to fit on (default: all).")
+        str | None,
+        typer.Option("--train-freqs", help=TrainFreqsHelp.replace(":", " (default: all):", 1)),
     ] = None,
     dynamic: DynamicOption = "clock",
     characterise: CharacteriseOption = None,
+    device: DeviceOption = None,
     fmt: FormatOption = None,
     freq_mhz: FreqOption = None,
     as_json: JsonOption = False,
@@ -100,13 +156,15 @@ def fit(
     from opdvfs.models.power import PowerModel
     from opdvfs.sim.presets import preset_spec
 
+    spec = device_spec(device)
     profile = load_profile([profile_path], fmt, freq_mhz)
-    train = train_clocks(train_freqs, profile)
+    train = step_clocks(train_freqs, profile)
     perf = PerfModel(form=form).fit(profile, train)
     voltage, calibration = _characterised(characterise)
     power = None
-    # the profile's device, when a preset: its V-f curve, and plan MODELS needs no --device
-    spec = preset_spec(profile.meta.get("device"))
+    # --device, else the profile's device when a preset: its V-f curve (and idle power), and
+    # plan MODELS then needs no --device
+    spec = spec or preset_spec(profile.meta.get("device"))
     has_power = {"core_power_w", "chip_power_w"} & set(profile.ops.columns)
     if has_power or profile.samples is not None:
         try:
@@ -114,7 +172,9 @@ def fit(
                 profile, train, device=spec, calibration=calibration
             )
         except ValidationError as exc:
-            if exc.field == "iterations":  # samples too few: re-profiling fixes it, say so
+            # samples too few, or the throughput form without an idle floor: what to add fixes
+            # it, say so
+            if exc.field in ("iterations", "calibration"):
                 raise
             stderr.print(f"opdvfs: note: no power model ({exc.detail})", highlight=False)
     ModelBundle(perf, power, device=spec).write(out)
@@ -139,13 +199,88 @@ def fit(
     )
 
 
+@app.command()
+@reports_errors
+def characterise(
+    profile_path: Annotated[
+        Path,
+        typer.Argument(
+            metavar="POWER_PROFILE",
+            help="Kernels (any: micro-benchmarks, or a workload swept once) with power at every "
+            "supported clock.",
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="DEVICE.json to write.")],
+    name: Annotated[
+        str | None,
+        typer.Option("--name", help="Device name (default: the profile's, else the file's)."),
+    ] = None,
+    switch_latency_ms: Annotated[
+        float,
+        typer.Option("--switch-latency-ms", help="Clock switch latency (NVIDIA ~15, Ascend ~1)."),
+    ] = 1.0,
+    sensor_ms: Annotated[
+        float, typer.Option("--sensor-ms", help="Power sensor averaging period (NVML: 100+).")
+    ] = 1.0,
+    fmt: FormatOption = None,
+    freq_mhz: FreqOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Characterise a device once: its V-f curve from power alone, and its idle power.
+
+    Writes a DeviceSpec JSON that --device takes wherever a preset name is accepted (fit,
+    validate power, plan): the path for a GPU opdvfs has no preset for.
+    """
+    from opdvfs.models.characterise import characterise_spec
+
+    check_output_file(out)
+    if not (switch_latency_ms >= 0 and sensor_ms > 0):
+        raise UsageError("--switch-latency-ms must be >= 0 and --sensor-ms > 0")
+    profile = load_profile([profile_path], fmt, freq_mhz)
+    with spinner() as progress:
+        progress.add_task(f"characterising the device on {profile_path.name}", total=None)
+        spec = characterise_spec(
+            profile,
+            name=name or str(profile.meta.get("device") or profile_path.stem),
+            switch_latency_ms=switch_latency_ms,
+            power_sample_period_ms=sensor_ms,
+            source=f"opdvfs characterise {profile_path.name}: {profile.n_ops} kernels at "
+            f"{len(profile.freqs_mhz)} clocks",
+        )
+    spec.write(out)
+    vf = spec.voltage
+    assert vf is not None  # characterise_spec sets both
+    assert spec.idle is not None
+    rise = vf.slope_v_per_mhz * max(spec.max_freq_mhz - vf.knee_mhz, 0.0) / vf.flat_v
+    idle_top = float(spec.idle.power_w(spec.max_freq_mhz, vf))
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "out": str(out),
+                    "name": spec.name,
+                    "clocks": len(spec.freqs_mhz),
+                    "knee_mhz": vf.knee_mhz,
+                    "top_rise": rise,
+                    "idle_rail": spec.idle.rail,
+                    "idle_top_w": idle_top,
+                }
+            )
+        )
+        return
+    stdout.print(
+        f"wrote {out}: {spec.name}, {len(spec.freqs_mhz)} clocks "
+        f"{spec.min_freq_mhz:g}-{spec.max_freq_mhz:g} MHz; V flat to {vf.knee_mhz:.0f} MHz, "
+        f"+{rise * 100:.1f}% at the top; idle {spec.idle.rail} power {idle_top:.1f} W at the top",
+        highlight=False,
+    )
+
+
 @validate_app.command("perf")
 @reports_errors
 def validate_perf_command(
     profile_path: Annotated[Path, typer.Argument(metavar="PROFILE", help="Profile or raw file.")],
-    train_freqs: Annotated[
-        str, typer.Option("--train-freqs", help="Clocks to fit on: MHz and/or min, mid, max.")
-    ],
+    train_freqs: Annotated[str, typer.Option("--train-freqs", help=TrainFreqsHelp)],
     form: FormOption = "auto",
     min_us: Annotated[
         float, typer.Option("--min-us", help="Exclude ops shorter than this (paper: 20 us).")
@@ -159,7 +294,7 @@ def validate_perf_command(
 
     profile = load_profile([profile_path], fmt, freq_mhz)
     result = validate_perf(
-        profile, train_clocks(train_freqs, profile) or [], form=form, min_us=min_us
+        profile, step_clocks(train_freqs, profile) or [], form=form, min_us=min_us
     )
     if as_json:
         print(json.dumps(result))
@@ -180,16 +315,11 @@ def validate_perf_command(
 @reports_errors
 def validate_power_command(
     profile_path: Annotated[Path, typer.Argument(metavar="PROFILE", help="Profile or raw file.")],
-    train_freqs: Annotated[
-        str, typer.Option("--train-freqs", help="Clocks to fit on: MHz and/or min, mid, max.")
-    ],
+    train_freqs: Annotated[str, typer.Option("--train-freqs", help=TrainFreqsHelp)],
     no_temperature: Annotated[
         bool, typer.Option("--no-temperature", help="Drop the gamma dT V term.")
     ] = False,
-    device: Annotated[
-        str | None,
-        typer.Option("--device", "-d", help="Device preset whose V-f curve to use."),
-    ] = None,
+    device: DeviceOption = None,
     calibrate: Annotated[
         bool,
         typer.Option(
@@ -218,7 +348,7 @@ def validate_power_command(
 ) -> None:
     """Fit power models on the training clocks, predict every other clock, report the error."""
     from opdvfs.models.validation import validate_power
-    from opdvfs.sim.presets import get_preset, preset_spec
+    from opdvfs.sim.presets import preset_spec
 
     if calibrate and device is None:
         raise UsageError("--calibrate needs --device (the simulated device to measure)")
@@ -227,12 +357,14 @@ def validate_power_command(
     profile = load_profile([profile_path], fmt, freq_mhz)
     voltage, calibration = _characterised(characterise)
     # The V-f curve comes from --device, else from the device the profile says it ran on.
-    spec = get_preset(device).spec if device else preset_spec(profile.meta.get("device"))
+    spec = device_spec(device) or preset_spec(profile.meta.get("device"))
     if calibrate and device:
+        if spec is not None and not spec.simulated:
+            raise UsageError(f"--calibrate measures a simulated --device; {device} is not one")
         calibration = simulator(device, 0).calibration_runs()
     result = validate_power(
         profile,
-        train_clocks(train_freqs, profile) or [],
+        step_clocks(train_freqs, profile) or [],
         temperature=not no_temperature,
         device=spec,
         calibration=calibration,

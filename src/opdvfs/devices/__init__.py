@@ -3,6 +3,6 @@
 Simulated presets of it live with the simulator, in :mod:`opdvfs.sim.presets`.
 """
 
-from opdvfs.devices.spec import DeviceSpec, VoltageCurve
+from opdvfs.devices.spec import DeviceSpec, IdlePower, VoltageCurve
 
-__all__ = ["DeviceSpec", "VoltageCurve"]
+__all__ = ["DeviceSpec", "IdlePower", "VoltageCurve"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Self
+from typing import Literal, Self
 
 import numpy as np
 import pydantic
@@ -11,7 +11,7 @@ from pydantic import Field, PositiveFloat
 
 from opdvfs._model import FrozenModel
 
-__all__ = ["DeviceSpec", "VoltageCurve"]
+__all__ = ["DeviceSpec", "IdlePower", "VoltageCurve"]
 
 
 class VoltageCurve(FrozenModel):
@@ -31,6 +31,25 @@ class VoltageCurve(FrozenModel):
         return self.flat_v + self.slope_v_per_mhz * np.maximum(0.0, f - self.knee_mhz)
 
 
+class IdlePower(FrozenModel):
+    """A rail's idle power, ``beta f V^2 + theta V`` (paper eq. 12), f in GHz, V from the curve.
+
+    The power floor the throughput form of the power model stands on when a profile trains on
+    two clocks (its two per-op terms cannot also identify it); ``opdvfs characterise`` fits it
+    with the device's V-f curve (relative volts, like the curve).
+    """
+
+    rail: Literal["core", "chip"]
+    beta_w_per_ghz_v2: float = Field(ge=0.0)
+    theta_w_per_v: float = Field(ge=0.0)
+
+    def power_w(self, freq_mhz: np.ndarray | float, voltage: VoltageCurve) -> np.ndarray:
+        """Return the idle power (W) at each clock in ``freq_mhz`` on ``voltage``."""
+        f = np.asarray(freq_mhz, dtype=float)
+        volt = voltage.voltage_v(f)
+        return self.beta_w_per_ghz_v2 * f / 1e3 * volt**2 + self.theta_w_per_v * volt
+
+
 class DeviceSpec(FrozenModel):
     """An accelerator's clock domain, its V-f curve, switching and sensing behaviour.
 
@@ -43,7 +62,10 @@ class DeviceSpec(FrozenModel):
     simulated
         Whether the device is the built-in simulator (reports then say results are simulated).
     voltage
-        V-f curve, if known; the power model fits one when it is not.
+        V-f curve, if known (a preset's, or ``opdvfs characterise``'s from power alone); the
+        power model uses the generic prior or fits one when it is not.
+    idle
+        Idle power on ``voltage`` (``opdvfs characterise``), if known.
     switch_latency_ms
         Time from a clock request to the clock taking effect (Ascend ~1 ms, NVIDIA ~15 ms).
     power_sample_period_ms
@@ -61,6 +83,7 @@ class DeviceSpec(FrozenModel):
     simulated: bool = False
     vendor: str = "unknown"
     voltage: VoltageCurve | None = None
+    idle: IdlePower | None = None
     switch_latency_ms: float = Field(default=1.0, ge=0.0)
     power_sample_period_ms: PositiveFloat = 1.0
     tdp_w: PositiveFloat | None = None

@@ -22,12 +22,12 @@ import numpy as np
 import pandas as pd
 
 from opdvfs.calibration import PowerCalibration
-from opdvfs.devices.spec import VoltageCurve
+from opdvfs.devices.spec import DeviceSpec, IdlePower, VoltageCurve
 from opdvfs.exceptions import ValidationError
 from opdvfs.models._lsq import fit_fixed_effects
 from opdvfs.profile import Profile
 
-__all__ = ["characterise_device", "fit_voltage_curve"]
+__all__ = ["characterise_device", "characterise_spec", "fit_voltage_curve", "power_grid"]
 
 _Fitted = TypeVar("_Fitted")
 
@@ -99,7 +99,7 @@ def fit_voltage_curve(
 
 
 def characterise_device(
-    profile: Profile, *, knees: int = 28, slopes: int = 31
+    profile: Profile, *, knees: int = 28, slopes: int = 31, voltage: VoltageCurve | None = None
 ) -> tuple[VoltageCurve, PowerCalibration]:
     """Fit a device's V-f curve and idle power on benchmark kernels run at 3+ clocks.
 
@@ -120,6 +120,9 @@ def characterise_device(
         Kernels with ``time_us`` and ``core_power_w`` or ``chip_power_w`` at 3 or more clocks.
     knees, slopes
         Grid size of the knee and slope search.
+    voltage
+        A V-f curve to keep (e.g. :func:`fit_voltage_curve`'s, from power alone): then only the
+        idle power is fitted on it (one solve).
 
     Returns
     -------
@@ -156,7 +159,80 @@ def characterise_device(
         resid = power - np.einsum("rk,rk->r", per_op, coef[op]) - shared @ idle
         return float(weight @ resid**2), idle
 
-    curve, (beta, theta) = _best_curve(clocks, knees, slopes, sse_of)
+    if voltage is not None:
+        curve, idle = voltage, sse_of(voltage)[1]
+    else:
+        curve, idle = _best_curve(clocks, knees, slopes, sse_of)
+    beta, theta = idle
     volt = curve.voltage_v(clocks)
     idle_w = beta * clocks / 1e3 * volt**2 + theta * volt
     return curve, PowerCalibration(idle=pd.DataFrame({"freq_mhz": clocks, column: idle_w}))
+
+
+def power_grid(profile: Profile) -> tuple[str, np.ndarray, np.ndarray]:
+    """Each op's median power at each clock: ``(rail, clocks (k,), power (n_ops, k))``.
+
+    The rail is the core where measured, else the chip; NaN where an op has no power.
+    """
+    ops = profile.ops
+    rail = "core" if "core_power_w" in ops and ops["core_power_w"].notna().any() else "chip"
+    if f"{rail}_power_w" not in ops:
+        raise ValidationError(
+            "characterising a device needs measured power per kernel (chip_power_w or "
+            "core_power_w)",
+            field="chip_power_w",
+        )
+    table = ops.pivot_table(index="op", columns="freq_mhz", values=f"{rail}_power_w")
+    return rail, table.columns.to_numpy(dtype=float), table.to_numpy(dtype=float)
+
+
+def characterise_spec(
+    profile: Profile,
+    *,
+    name: str,
+    switch_latency_ms: float = 1.0,
+    power_sample_period_ms: float = 1.0,
+    source: str = "",
+) -> DeviceSpec:
+    """Characterise a device once, from kernels run at every supported clock (issue 16).
+
+    The V-f curve comes from power alone (:func:`fit_voltage_curve`: each kernel's power is
+    ``u_i + a_i f V(f)^2``, the curve shared by all kernels), so any kernels do: a
+    micro-benchmark set or a workload swept once. The idle power ``beta f V^2 + theta V`` (the
+    floor the throughput form needs) is then fitted on that curve with the kernels' times
+    (:func:`characterise_device` with the curve kept). The profile's clocks become the
+    device's supported clocks.
+
+    Raises
+    ------
+    ValidationError
+        If the profile has no power per kernel or fewer than 3 clocks with power.
+    """
+    rail, clocks, power = power_grid(profile)
+    if len(clocks) < 3:
+        raise ValidationError(
+            f"characterising a device needs power at 3 or more clocks, the profile has "
+            f"{len(clocks)}",
+            field="freq_mhz",
+        )
+    curve = fit_voltage_curve(clocks, power)
+    _, calibration = characterise_device(profile, voltage=curve)
+    idle = calibration.idle
+    volt = curve.voltage_v(clocks)
+    design = np.stack([clocks / 1e3 * volt**2, volt], axis=1)
+    # the idle table is beta f V^2 + theta V on the curve: its two numbers back, exactly
+    beta, theta = np.linalg.lstsq(design, idle[f"{rail}_power_w"].to_numpy(float), rcond=None)[0]
+    idle_power = IdlePower(
+        rail="core" if rail == "core" else "chip",
+        beta_w_per_ghz_v2=max(float(beta), 0.0),
+        theta_w_per_v=max(float(theta), 0.0),
+    )
+    return DeviceSpec(
+        name=name,
+        freqs_mhz=tuple(float(f) for f in clocks),
+        voltage=curve,
+        idle=idle_power,
+        switch_latency_ms=switch_latency_ms,
+        power_sample_period_ms=power_sample_period_ms,
+        source=source,
+    )

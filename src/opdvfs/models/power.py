@@ -291,6 +291,38 @@ def _fit_throughput(
     return _Coefficients(alpha + coef[:, 1], gamma, theta, beta, core_uj_per_v2=coef[:, 0])
 
 
+def _idle_floor(
+    calibration: PowerCalibration | None,
+    device: DeviceSpec | None,
+    voltage: VoltageCurve,
+    rail: str,
+    train_mhz: np.ndarray,
+) -> PowerCalibration | None:
+    """Return the idle runs the throughput form stands on, or None to fit them jointly.
+
+    Two per-op terms take two clocks each; the clock-independent floor ``beta f V^2 + theta V``
+    then comes from idle runs, a characterised device (``DeviceSpec.idle`` on the same rail) or,
+    with 3+ training clocks, the joint fit. Without any of them the form has no floor at all
+    (issue 16): refused, saying what to add.
+    """
+    if calibration is not None:
+        return calibration
+    idle = device.idle if device is not None else None
+    if idle is not None and idle.rail == rail:
+        assert device is not None
+        clocks = np.asarray(device.freqs_mhz, dtype=float)
+        power = idle.power_w(clocks, device.voltage or voltage)
+        return PowerCalibration(idle=pd.DataFrame({"freq_mhz": clocks, f"{rail}_power_w": power}))
+    if len(train_mhz) >= 3:
+        return None
+    raise ValidationError(
+        "the throughput power form needs an idle power floor: add idle runs (--calibrate), a "
+        "characterised device (--device DEVICE.json from `opdvfs characterise`, or "
+        "--characterise BENCH), or a third training clock",
+        field="calibration",
+    )
+
+
 # the row columns the power fit reads (the rest of the profile's rows are not copied)
 _FIT_COLUMNS = ("op", "freq_mhz", "time_us", "temp_c", "core_power_w", "chip_power_w")
 
@@ -464,6 +496,7 @@ class PowerModel(JsonFile):
             throughput=self.dynamic == "throughput",
         )
         if self.dynamic == "throughput":
+            calibration = _idle_floor(calibration, device, voltage, rail, train)
             coef = _fit_throughput(design, rail, calibration, voltage, ambient_c)
         elif rail == "core" and calibration is not None:
             coef = _fit_paper_procedure(design, calibration, voltage, ambient_c)
