@@ -29,6 +29,7 @@ __all__ = [
 #: each is and which command takes it, so a misplaced one is named rather than misparsed.
 FILE_KINDS: dict[str, tuple[str, str]] = {
     "opdvfs.schedule": ("an opdvfs schedule", "opdvfs simulate and opdvfs run take it"),
+    "opdvfs.pipeline-schedule": ("an opdvfs pipeline schedule", "opdvfs run takes it"),
     "opdvfs.models": ("an opdvfs MODELS file from opdvfs fit", "opdvfs plan takes it"),
     "opdvfs.profile-samples": (
         "the sensor samples of an opdvfs profile",

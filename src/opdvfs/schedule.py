@@ -6,21 +6,25 @@ executor dispatches ``trigger_op`` and meant to land by the first operator of ``
 predictive dispatch the trigger precedes the stage (the switch latency is hidden, paper §5.3);
 with reactive dispatch it is the stage's first operator.
 
-The file is JSON with a published JSON Schema (``opdvfs schema schedule``).
+The file is JSON with a published JSON Schema (``opdvfs schema schedule``). A pipeline-parallel
+job planned as a whole gets a :class:`PipelineSchedule`: one ``Schedule`` per pipeline stage
+(``opdvfs schema pipeline-schedule``).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Sequence
 from typing import Literal, Self, get_args
 
 import numpy as np
 import pydantic
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
+from opdvfs._files import read_json
 from opdvfs._model import FrozenModel
-from opdvfs.exceptions import ScheduleFormatError
+from opdvfs.exceptions import ScheduleFormatError, ValidationError
 
 __all__ = [
     "DISPATCHES",
@@ -29,12 +33,15 @@ __all__ = [
     "VALUES",
     "Dispatch",
     "Objective",
+    "PipelineSchedule",
     "Schedule",
     "Solver",
     "Stage",
     "Switch",
     "Values",
     "op_signature",
+    "read_any_schedule",
+    "stage_of_rank",
 ]
 
 #: What a plan minimises within its slowdown budget: chip energy, core (AICore) energy, mean
@@ -311,3 +318,115 @@ class Schedule(FrozenModel):
     def n_switches(self) -> int:
         """Clock changes per iteration, not counting the initial setting."""
         return len(self.switches) - 1
+
+
+def stage_of_rank(rank: int, world_size: int, n_stages: int, rank_map: Sequence[int] | None) -> int:
+    """Return the pipeline stage that rank ``rank`` runs.
+
+    With ``rank_map`` (the stage of every rank, in rank order) it is looked up there; without,
+    ranks are split into ``n_stages`` contiguous blocks, the layout of Megatron-LM and of
+    ``torch.distributed.pipelining`` with the pipeline as the outermost dimension (rank r of W
+    runs stage ``r * n_stages // W``): data-parallel and tensor-parallel replicas of a stage
+    share its schedule.
+
+    Raises
+    ------
+    ValidationError
+        If the map is too short or names a stage the schedule does not have, or the world size
+        is not a multiple of the stages.
+    """
+    if rank_map is not None:
+        if rank >= len(rank_map):
+            raise ValidationError(
+                f"--rank-map gives {len(rank_map)} ranks' stages, but this is rank {rank}",
+                field="rank_map",
+            )
+        stage = int(rank_map[rank])
+        if not 0 <= stage < n_stages:
+            raise ValidationError(
+                f"--rank-map sends rank {rank} to stage {stage}; the schedule has stages "
+                f"0-{n_stages - 1}",
+                field="rank_map",
+            )
+        return stage
+    if world_size % n_stages:
+        raise ValidationError(
+            f"{world_size} ranks do not split into the schedule's {n_stages} pipeline stages: "
+            "give --rank-map (the stage of each rank)",
+            field="rank_map",
+        )
+    return rank * n_stages // world_size
+
+
+class PipelineSchedule(FrozenModel):
+    """One :class:`Schedule` per pipeline stage of a pipeline-parallel job, planned together.
+
+    The stages' schedules come from one plan of the whole job's dependency graph
+    (:mod:`opdvfs.plan.dag`): each is meant for the ranks that run its stage, and only
+    together do they meet the makespan. ``opdvfs run`` gives each rank its stage's schedule
+    (:meth:`for_rank`). Each stage's operators are its instructions (forward/backward per
+    microbatch) in its execution order.
+
+    Parameters
+    ----------
+    stages
+        Schedule of each pipeline stage, stage 0 first.
+    pipeline
+        The pipeline schedule planned (``1f1b`` or ``gpipe``).
+    n_microbatches
+        Microbatches per iteration.
+    target
+        Allowed makespan slowdown over all-max.
+    blocking_power_w
+        The power a waiting rank draws, charged in the energies (Perseus's effective energy:
+        each rank draws it whenever it is not computing until the iteration ends).
+    baseline_makespan_s, predicted_makespan_s
+        Iteration time of the whole pipeline at the top clocks and under the plan.
+    baseline_energy_j, predicted_energy_j
+        Energy of one iteration of the whole pipeline (one replica), computation plus waiting.
+    lower_bound_energy_j, gap_pct
+        Certified lower bound on ``predicted_energy_j`` of any plan within the deadline, and
+        the plan's gap above it (%).
+    rank_map
+        Pipeline stage of each rank, when the planner was told; else contiguous blocks.
+    """
+
+    format: Literal["opdvfs.pipeline-schedule"] = "opdvfs.pipeline-schedule"
+    version: Literal[1] = 1
+    stages: tuple[Schedule, ...] = Field(min_length=1)
+    pipeline: str = Field(min_length=1)
+    n_microbatches: PositiveInt
+    target: NonNegativeFloat
+    solver: str = Field(min_length=1)
+    device: str | None = None
+    workload: str | None = None
+    blocking_power_w: NonNegativeFloat = 0.0
+    baseline_makespan_s: NonNegativeFloat | None = None
+    predicted_makespan_s: NonNegativeFloat | None = None
+    baseline_energy_j: NonNegativeFloat | None = None
+    predicted_energy_j: NonNegativeFloat | None = None
+    lower_bound_energy_j: NonNegativeFloat | None = None
+    gap_pct: NonNegativeFloat | None = None
+    plan_seconds: NonNegativeFloat | None = None
+    rank_map: tuple[NonNegativeInt, ...] | None = None
+
+    file_error = ScheduleFormatError
+
+    def stage_of(self, rank: int, world_size: int, rank_map: Sequence[int] | None = None) -> int:
+        """Return rank ``rank``'s stage (``rank_map`` first, then the file's, then blocks)."""
+        chosen = rank_map if rank_map is not None else self.rank_map
+        return stage_of_rank(rank, world_size, len(self.stages), chosen)
+
+    def for_rank(
+        self, rank: int, world_size: int, rank_map: Sequence[int] | None = None
+    ) -> Schedule:
+        """Return the schedule that rank ``rank`` of ``world_size`` applies."""
+        return self.stages[self.stage_of(rank, world_size, rank_map)]
+
+
+def read_any_schedule(path: str | os.PathLike[str]) -> Schedule | PipelineSchedule:
+    """Read a schedule or a pipeline schedule file (by its ``format`` tag)."""
+    doc = read_json(path, ScheduleFormatError)
+    if isinstance(doc, dict) and doc.get("format") == "opdvfs.pipeline-schedule":
+        return PipelineSchedule.read(path)
+    return Schedule.read(path)

@@ -23,7 +23,7 @@ from opdvfs.cli._app import (
 )
 from opdvfs.io import FORMATS
 from opdvfs.profile import OP_COLUMNS, SAMPLE_COLUMNS
-from opdvfs.schedule import Schedule
+from opdvfs.schedule import PipelineSchedule, Schedule
 
 
 def _ratio(value: float, reference: float) -> str:
@@ -142,6 +142,7 @@ def _schemas() -> dict[str, Callable[[], dict[str, Any]]]:
 
     return {
         "schedule": Schedule.model_json_schema,
+        "pipeline-schedule": PipelineSchedule.model_json_schema,
         "device": DeviceSpec.model_json_schema,
         "run-result": RunResult.model_json_schema,
         "profile": lambda: {"columns": OP_COLUMNS.describe(), "samples": SAMPLE_COLUMNS.describe()},
@@ -152,7 +153,10 @@ def _schemas() -> dict[str, Callable[[], dict[str, Any]]]:
 @app.command()
 def schema(
     name: Annotated[
-        str, typer.Argument(help="schedule, device, run-result (JSON Schema); profile, workload.")
+        str,
+        typer.Argument(
+            help="schedule, pipeline-schedule, device, run-result (JSON Schema); profile, workload."
+        ),
     ],
 ) -> None:
     """Print the JSON Schema of a file format (e.g. opdvfs schema schedule)."""

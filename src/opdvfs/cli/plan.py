@@ -220,6 +220,86 @@ def _summary_line(out: Path, schedule: Schedule, objective: Objective) -> str:
     )
 
 
+#: The slowdowns ``plan --pipeline --frontier`` plans (0-30% in 1% steps).
+PIPELINE_FRONTIER_TARGETS = tuple(i / 100 for i in range(31))
+
+
+def _plan_pipeline(
+    source: Path,
+    out: Path,
+    *,
+    kind: str,
+    target: float,
+    microbatches: int,
+    blocking_power_w: float,
+    device: str | None,
+    objective: Objective,
+    frontier_csv: Path | None,
+    as_json: bool,
+) -> None:
+    """Plan every stage of a pipeline together on its dependency graph; write one file."""
+    from opdvfs.plan.dag import dag_frontier, solve_dag
+    from opdvfs.plan.pipeline import PIPELINE_KINDS, pipeline_dag, pipeline_schedule
+
+    if kind not in PIPELINE_KINDS:
+        raise UsageError(f"--pipeline {kind!r}: expected one of {', '.join(PIPELINE_KINDS)}")
+    if objective != "energy" or source.suffix.lower() in (".json", ".npz"):
+        raise UsageError(
+            "--pipeline plans the energy (--objective energy) of a measured stage PROFILE "
+            "(ops stage<s>.forward / stage<s>.backward), not a MODELS file"
+        )
+    profile = load_profile([source], None, None)
+    problem = pipeline_dag(profile, microbatches, kind=kind, blocking_power_w=blocking_power_w)
+    plan = solve_dag(problem, target)
+    if plan.status == "infeasible":
+        raise InfeasibleError(f"no plan of {source} meets a {target:.2%} slowdown")
+    recorded = profile.meta.get("device")
+    schedule = pipeline_schedule(
+        problem,
+        plan,
+        target=target,
+        kind=kind,
+        n_microbatches=microbatches,
+        device=device or (str(recorded) if recorded else None),
+        workload=source.name,
+    )
+    schedule.write(out)
+    if frontier_csv is not None:
+        table = dag_frontier(problem, list(PIPELINE_FRONTIER_TARGETS))
+        write_text_atomic(frontier_csv, table.to_csv(index=False))
+    s = schedule
+    if as_json:
+        summary = {
+            name: getattr(s, name)
+            for name in (
+                "pipeline",
+                "n_microbatches",
+                "target",
+                "solver",
+                "blocking_power_w",
+                "baseline_makespan_s",
+                "predicted_makespan_s",
+                "baseline_energy_j",
+                "predicted_energy_j",
+                "lower_bound_energy_j",
+                "gap_pct",
+                "plan_seconds",
+            )
+        }
+        summary["stages"] = len(s.stages)
+        summary["switches"] = [len(stage.switches) for stage in s.stages]
+        print(json.dumps(summary))
+        return
+    stdout.print(
+        f"wrote {out}: {len(s.stages)} pipeline stages x {2 * microbatches} instructions "
+        f"({kind}); predicted {_change(s.predicted_makespan_s, s.baseline_makespan_s)} "
+        f"makespan, {_change(s.predicted_energy_j, s.baseline_energy_j)} energy (certified "
+        f"within {s.gap_pct or 0:.3f}% of the optimum; waiting at {blocking_power_w:g} W); "
+        f"planned in {s.plan_seconds or 0:.2f} s",
+        highlight=False,
+    )
+
+
 @app.command()
 @reports_errors
 def plan(
@@ -255,7 +335,10 @@ def plan(
         Dispatch,
         typer.Option("--dispatch", help="predictive (ahead of the stage) or reactive (at it)."),
     ] = "predictive",
-    device: Annotated[str | None, typer.Option("--device", "-d", help="Device preset.")] = None,
+    device: Annotated[
+        str | None,
+        typer.Option("--device", "-d", help="Device preset, or DEVICE.json (opdvfs characterise)."),
+    ] = None,
     workload: Annotated[
         str | None,
         typer.Option("--workload", "-w", help="Workload (op streams and idle gaps), name or file."),
@@ -294,21 +377,58 @@ def plan(
             "the profile's, or clocks outside the profiled range.",
         ),
     ] = False,
+    pipeline: Annotated[
+        str | None,
+        typer.Option(
+            "--pipeline",
+            help="Plan a whole pipeline-parallel job from a stage PROFILE (ops named "
+            "stage<s>.forward / stage<s>.backward, e.g. a Perseus CSV): 1f1b or gpipe. Writes "
+            "one schedule per pipeline stage (opdvfs schema pipeline-schedule).",
+        ),
+    ] = None,
+    microbatches: Annotated[
+        int, typer.Option("--microbatches", min=1, help="With --pipeline: microbatches.")
+    ] = 8,
+    blocking_power_w: Annotated[
+        float,
+        typer.Option(
+            "--blocking-power-w",
+            min=0.0,
+            help="With --pipeline: power (W) a rank draws while it waits, charged in the "
+            "energy (Perseus's effective energy; 0: computation only).",
+        ),
+    ] = 0.0,
     as_json: JsonOption = False,
 ) -> None:
     """Plan per-stage clocks that save the most energy within a slowdown budget."""
+    from opdvfs.cli.models import device_spec
     from opdvfs.models.bundle import ModelBundle
     from opdvfs.models.perf import PerfModel
     from opdvfs.models.power import PowerModel
     from opdvfs.plan.planner import PlanInputs, plan_frontier, plan_schedule
-    from opdvfs.sim.presets import get_preset, preset_spec
+    from opdvfs.sim.presets import preset_spec
     from opdvfs.workloads.library import load_workload
 
     # refuse a bad output before any work, so that nothing is half written
     for path in (out, frontier_csv):
         if path is not None:
             check_output_file(path)
-    spec = get_preset(device).spec if device else None
+    if pipeline is not None:
+        _plan_pipeline(
+            source,
+            out,
+            kind=pipeline,
+            target=target * budget_scale,
+            microbatches=microbatches,
+            blocking_power_w=blocking_power_w,
+            device=device,
+            objective=objective,
+            frontier_csv=frontier_csv,
+            as_json=as_json,
+        )
+        return
+    spec = device_spec(device)
+    device = spec.name if spec is not None else None
     models: ModelBundle | None
     if source.suffix.lower() in (".json", ".npz"):  # a MODELS file (JSON or columnar)
         models = ModelBundle.read(source)
@@ -328,7 +448,7 @@ def plan(
             _check_device(profile.meta.get("device"), device, "profile")
             _check_range(profile.freqs_mhz, inputs, "profile")
         # the device planned for (--device, else the profile's preset) brings the V-f curve
-        spec = preset_spec(inputs.device)
+        spec = spec or preset_spec(inputs.device)
         models = None
         assert inputs.measured is not None
         covered = inputs.measured.covers(inputs.freqs_mhz, core=objective == "core-energy")

@@ -337,7 +337,9 @@ class _Programme:
         self.cols = nx + n + 1  # x options, node starts, makespan
         self.makespan_col = nx + n
         ptr = np.searchsorted(node_of, np.arange(n + 1))
-        h = highspy.Highs()
+        # the core class: highspy.Highs's constructor prints a banner on stdout (fd 1) before
+        # output_flag can be unset, which would break `--json` (one object on stdout)
+        h = getattr(highspy, "_Highs", highspy.Highs)()
         h.setOptionValue("output_flag", False)
         inf = highspy.kHighsInf
         lower = np.zeros(self.cols)
@@ -499,7 +501,8 @@ def _greedy_fill(
         good = fits & (saving > 1e-12)
         if not good.any():
             return slot
-        rate = np.where(good, saving / np.where(longer > 0, longer, 1.0), -np.inf)
+        with np.errstate(invalid="ignore"):
+            rate = np.where(good, saving / np.where(good, longer, 1.0), -np.inf)
         node, k = np.unravel_index(int(np.argmax(rate)), rate.shape)
         slot[node] = k
 

@@ -18,8 +18,9 @@ import numpy as np
 import pandas as pd
 
 from opdvfs.exceptions import ValidationError
-from opdvfs.plan.dag import DagProblem
+from opdvfs.plan.dag import DagPlan, DagProblem
 from opdvfs.profile import Profile
+from opdvfs.schedule import PipelineSchedule, Schedule
 
 __all__ = [
     "PIPELINE_KINDS",
@@ -27,6 +28,7 @@ __all__ = [
     "one_f_one_b",
     "pipeline_dag",
     "pipeline_graph",
+    "pipeline_schedule",
     "stage_chain",
 ]
 
@@ -246,3 +248,76 @@ def stage_chain(profile: Profile, stage: int, n_microbatches: int = 8) -> Profil
     table = chain.merge(measured, on="instruction").drop(columns="instruction")
     meta = {**profile.meta, "workload": f"stage {stage} of {n_stages}, 1F1B x{n_microbatches}"}
     return Profile(table, meta=meta)
+
+
+def pipeline_schedule(
+    problem: DagProblem,
+    plan: DagPlan,
+    *,
+    target: float,
+    kind: str,
+    n_microbatches: int,
+    device: str | None = None,
+    workload: str | None = None,
+    rank_map: tuple[int, ...] | None = None,
+) -> PipelineSchedule:
+    """Return the per-stage schedules of a plan of a pipeline graph (:func:`pipeline_graph`).
+
+    Stage ``s``'s schedule runs its instructions in execution order (the graph's node order on
+    rank ``s``), one schedule stage per run of equal clocks, each with its planned start. Its
+    time and energy fields are the stage's share of one iteration: the whole pipeline's
+    makespan, and the stage's computation plus its waiting at the blocking power.
+    """
+    top = problem.top_clock()
+    base_makespan, base_energy, _ = problem.evaluate(top)
+    rows = np.arange(problem.n_nodes)
+    power = problem.blocking_power_w
+
+    def rank_energy(clock: np.ndarray, makespan: float, mine: np.ndarray) -> float:
+        busy = problem.time_s[rows[mine], clock[mine]]
+        return float(
+            problem.energy_j[rows[mine], clock[mine]].sum() + power * (makespan - busy.sum())
+        )
+
+    schedules = []
+    for stage in range(problem.n_ranks):
+        mine = problem.rank == stage
+        freqs = plan.freq_mhz[mine]
+        first = np.flatnonzero(np.r_[True, freqs[1:] != freqs[:-1]])
+        schedules.append(
+            Schedule.from_stage_freqs(
+                first,
+                freqs[first],
+                n_ops=int(mine.sum()),
+                start_s=plan.start_s[mine][first],
+                target=target,
+                solver="dag",
+                device=device,
+                workload=f"{workload or 'pipeline'}: stage {stage} of {problem.n_ranks}, "
+                f"{kind} x{n_microbatches}",
+                values="measured",
+                baseline_time_s=float(base_makespan),
+                predicted_time_s=plan.makespan_s,
+                baseline_energy_j=rank_energy(top, float(base_makespan), mine),
+                predicted_energy_j=rank_energy(plan.clock, plan.makespan_s, mine),
+                plan_seconds=plan.plan_seconds,
+            )
+        )
+    return PipelineSchedule(
+        stages=tuple(schedules),
+        pipeline=kind,
+        n_microbatches=n_microbatches,
+        target=target,
+        solver=f"dag ({plan.method})",
+        device=device,
+        workload=workload,
+        blocking_power_w=power,
+        baseline_makespan_s=float(base_makespan),
+        predicted_makespan_s=plan.makespan_s,
+        baseline_energy_j=float(base_energy),
+        predicted_energy_j=plan.energy_j,
+        lower_bound_energy_j=max(plan.lower_bound_j, 0.0),
+        gap_pct=plan.gap_pct,
+        plan_seconds=plan.plan_seconds,
+        rank_map=rank_map,
+    )
