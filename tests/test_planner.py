@@ -188,8 +188,15 @@ def test_predictive_switches_land_when_their_stage_starts():
         PerfModel().fit(profile), PowerModel().fit(profile, [1000, 1800], device=ASCEND.spec)
     )
     inputs = PlanInputs.from_workload(w, ASCEND.spec.freqs_mhz, device=ASCEND.spec.name)
+    # stages no shorter than the switch: a request issued before the previous one lands would
+    # supersede it (SetFreq semantics, opdvfs.sim.timeline)
     plan = plan_schedule(
-        models, inputs, target=0.05, objective="core-energy", switch_latency_ms=15.0
+        models,
+        inputs,
+        target=0.05,
+        objective="core-energy",
+        switch_latency_ms=15.0,
+        interval_ms=15.0,
     )
     assert plan.n_switches > 2 and any(s.delay_us > 0 for s in plan.switches)
     # the stages that begin < 15 ms into the iteration are triggered in the previous one

@@ -24,8 +24,14 @@ class TwinParams(FrozenModel):
     Power: core rail ``beta f V^2 + I_leak(T) V + cdyn a(f) f V^2`` with leakage exponential in
     temperature (``I_leak = leak_a * 2**((T - leak_ref_c) / leak_doubling_c)``; the paper's model
     is linear in T, so the twin is not the model) and activity ``a(f)`` from how busy the units
-    really are at that clock; uncore rail ``uncore_idle_w`` plus energy per byte moved; chip =
-    core + uncore + misc. Thermal: first-order RC, ``T_ss = ambient_c + k_c_per_w P_chip``.
+    really are at that clock; uncore rail ``uncore_idle_w`` plus energy per byte moved, plus
+    non-AICore logic clocked with the AI cores (``uncore_coupled_w f V^2``, in gaps too) and
+    non-AICore leakage with the same temperature law; chip = core + uncore + misc. Thermal:
+    first-order RC, ``T_ss = ambient_c + k_c_per_w P_chip``.
+
+    The parameters added for issue 18 default to the old physics (0 / None), so a preset that
+    does not set them behaves as before; ``docs/twin-calibration.md`` says where the Ascend-like
+    values come from.
     """
 
     # --- timeline
@@ -37,6 +43,21 @@ class TwinParams(FrozenModel):
     vector_flops_per_cycle: PositiveFloat = Field(description="vector-unit FLOP/cycle per core")
     tile_bytes: PositiveFloat = Field(description="bytes moved per tile (sets n)")
     max_tiles: PositiveInt = 64
+    vector_ldst_bytes_per_cycle: PositiveFloat | None = Field(
+        default=None,
+        description="C of eq. (1) for vector-unit ops (None: as the cube's). Narrower vector "
+        "load/store paths put the vector ops' saturation clock f_s inside the clock range",
+    )
+    tile_overhead_cycles: NonNegativeFloat = Field(
+        default=0.0,
+        description="core-domain cycles per tile (synchronisation, scalar set-up): "
+        "clock-sensitive time even in a memory-bound op",
+    )
+    cube_bytes_per_flop: NonNegativeFloat = Field(
+        default=0.0,
+        description="operand re-reads from L2/HBM per matrix FLOP (tiling): a large matmul "
+        "moves at least flops * this, so some are load-bound at the top clocks",
+    )
     launch_overhead_us: NonNegativeFloat = Field(description="fixed per-op launch cost")
     noise_rel: NonNegativeFloat = Field(description="multiplicative time noise (sigma)")
     jitter_us: NonNegativeFloat = Field(description="absolute time jitter (sigma)")
@@ -52,6 +73,15 @@ class TwinParams(FrozenModel):
     leak_ref_c: float = 25.0
     leak_doubling_c: PositiveFloat = Field(description="leakage doubles every this many deg C")
     uncore_idle_w: NonNegativeFloat
+    uncore_coupled_w: NonNegativeFloat = Field(
+        default=0.0,
+        description="non-AICore logic on the AI cores' clock and voltage, W per GHz V^2: "
+        "chip rail, drawn in gaps too",
+    )
+    uncore_leak_w: NonNegativeFloat = Field(
+        default=0.0,
+        description="non-AICore leakage (W) at leak_ref_c, doubling every leak_doubling_c",
+    )
     uncore_pj_per_byte: NonNegativeFloat = Field(description="HBM/L2 energy per byte moved")
     comm_w: NonNegativeFloat = Field(description="extra uncore power while a collective runs")
     misc_w: NonNegativeFloat = Field(description="rest of the chip/board (W)")

@@ -15,7 +15,17 @@ import pandas as pd
 
 from opdvfs.sim.params import TwinParams
 
-__all__ = ["FAMILIES", "Family", "OpArrays", "Timing", "core_power_w", "op_arrays", "op_timing"]
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "OpArrays",
+    "Timing",
+    "core_power_w",
+    "coupled_power_w",
+    "leakage_scale",
+    "op_arrays",
+    "op_timing",
+]
 
 # Unit codes: which engine runs an op.
 CUBE, VECTOR, COMM, FIXED = 0, 1, 2, 3
@@ -139,17 +149,30 @@ def op_timing(ops: OpArrays, freqs_mhz: np.ndarray, p: TwinParams) -> Timing:
         Arrays of shape (n_ops, n_freqs).
     """
     f = np.asarray(freqs_mhz, dtype=float)[None, :] * 1e6  # Hz
-    moved = ops.bytes_ld + ops.bytes_st
+    cube = ops.unit == CUBE
+    # A matmul re-reads its operand panels from L2/HBM once per output tile: its load volume is
+    # at least its FLOPs times the re-read bytes per FLOP (eq. 3's M counts every byte moved),
+    # which makes the largest matmuls load-bound at the top clocks (not perfectly clock-bound).
+    bytes_ld = np.where(
+        cube, np.maximum(ops.bytes_ld, ops.flops * p.cube_bytes_per_flop), ops.bytes_ld
+    )
+    moved = bytes_ld + ops.bytes_st
     n = np.clip(np.round(moved / p.tile_bytes), 1, p.max_tiles)
     n = np.where(ops.pingpong, np.maximum(n, 2), n)[:, None]
     bw = p.uncore_bw_gbs * 1e9
-    port = p.ldst_bytes_per_cycle * p.core_num
-    m_ld, m_st = (ops.bytes_ld / n[:, 0])[:, None], (ops.bytes_st / n[:, 0])[:, None]
+    # eq. (1)-(2): the vector units' narrower load/store paths give them a higher f_s
+    port_c = (
+        p.ldst_bytes_per_cycle
+        if p.vector_ldst_bytes_per_cycle is None
+        else p.vector_ldst_bytes_per_cycle
+    )
+    port = np.where(ops.unit == VECTOR, port_c, p.ldst_bytes_per_cycle)[:, None] * p.core_num
+    m_ld, m_st = (bytes_ld / n[:, 0])[:, None], (ops.bytes_st / n[:, 0])[:, None]
     # eq. (4): cycles of one tile's load/store, flat below f_s = BW / (C core_num), linear above
     ld = np.maximum(m_ld * f / bw, m_ld / port)
     st = np.maximum(m_st * f / bw, m_st / port)
     t0 = p.access_overhead_ns * 1e-9 * f
-    per_cycle = np.where(ops.unit == CUBE, p.cube_flops_per_cycle, p.vector_flops_per_cycle)
+    per_cycle = np.where(cube, p.cube_flops_per_cycle, p.vector_flops_per_cycle)
     core = (ops.flops / (n[:, 0] * p.core_num * per_cycle * ops.efficiency))[:, None]
     pp, dep = ops.pingpong[:, None], ops.dependent[:, None]
     cycles = np.select(
@@ -167,14 +190,19 @@ def op_timing(ops: OpArrays, freqs_mhz: np.ndarray, p: TwinParams) -> Timing:
         + np.maximum(np.maximum(ld + t0, st + t0), core)
         + n * t0,  # eq. (8)
     )
+    # Per-tile synchronisation between the load, compute and store pipes (flag set/wait on the
+    # scalar unit) is serial and counted in core cycles: even a load-bound op keeps a little
+    # clock sensitivity (the paper's Gelu gives up ~2% at a lower clock).
+    cycles = cycles + n * p.tile_overhead_cycles
     cycles = np.maximum(cycles, 1.0)
     time_us = cycles / f * 1e6 + p.launch_overhead_us
     # Collectives run on their own engine and links; fixed ops on the AI CPU / host: neither
     # depends on the core clock.
     # A collective or point-to-point op first waits for its peer (a pipeline bubble shows up as
     # a long Recv), then moves its bytes.
-    comm_us = p.comm_latency_us + moved / (p.comm_link_gbs * 1e3) + ops.wait_us
-    fixed_us = p.launch_overhead_us + moved / 1e4 + ops.flops / 1e4
+    raw = ops.bytes_ld + ops.bytes_st
+    comm_us = p.comm_latency_us + raw / (p.comm_link_gbs * 1e3) + ops.wait_us
+    fixed_us = p.launch_overhead_us + raw / 1e4 + ops.flops / 1e4
     off_core = ops.unit >= COMM
     time_us = np.where((ops.unit == COMM)[:, None], comm_us[:, None], time_us)
     time_us = np.where((ops.unit == FIXED)[:, None], fixed_us[:, None], time_us)
@@ -219,12 +247,43 @@ def core_power_w(
     """
     f_ghz = np.asarray(freq_mhz) / 1e3
     fv2 = f_ghz * np.asarray(volt_v) ** 2
-    leak = p.leak_a * np.exp2((np.asarray(temp_c) - p.leak_ref_c) / p.leak_doubling_c)
+    leak = p.leak_a * leakage_scale(temp_c, p)
     return p.core_beta_w * fv2 + leak * np.asarray(volt_v) + p.core_cdyn_w * np.asarray(act) * fv2
 
 
+def leakage_scale(temp_c: np.ndarray | float, p: TwinParams) -> np.ndarray:
+    """Leakage relative to ``leak_ref_c``: doubling every ``leak_doubling_c`` (exponential)."""
+    return np.exp2((np.asarray(temp_c) - p.leak_ref_c) / p.leak_doubling_c)
+
+
+def coupled_power_w(
+    freq_mhz: np.ndarray | float,
+    volt_v: np.ndarray | float,
+    temp_c: np.ndarray | float,
+    p: TwinParams,
+) -> np.ndarray:
+    """Non-AICore chip power that follows the AI cores' clock and the chip's temperature.
+
+    ``uncore_coupled_w f V^2`` (f in GHz) is the logic outside the metered AICore rail that runs
+    on the AI cores' clock and voltage (on a 910B-class chip: the vector cores, the task
+    scheduler, the L1/L2 interconnect slices); it is drawn whether or not an op runs, so it falls
+    in gaps and bubbles too when the clock is lowered. The paper's Table 3 shows non-AICore SoC
+    power falling 0.65-1x as much as AICore power, which stretched time alone cannot give.
+    ``uncore_leak_w`` is the rest of the chip's leakage, with the same temperature law as the
+    core's: a cooler chip (lower power) leaks less everywhere.
+    """
+    f_ghz = np.asarray(freq_mhz) / 1e3
+    fv2 = f_ghz * np.asarray(volt_v) ** 2
+    return p.uncore_coupled_w * fv2 + p.uncore_leak_w * leakage_scale(temp_c, p)
+
+
 def uncore_power_w(ops: OpArrays, time_us: np.ndarray, p: TwinParams) -> np.ndarray:
-    """Uncore/HBM rail while each op runs: idle plus energy per byte moved; no clock scaling."""
+    """Uncore/HBM rail while each op runs: idle plus energy per byte moved; no clock scaling.
+
+    The bytes are the op's own HBM traffic; a matmul's operand re-reads
+    (``cube_bytes_per_flop``) are served mostly by L2 and are not charged here.
+    The clock- and temperature-dependent non-AICore part is :func:`coupled_power_w`.
+    """
     moved = (ops.bytes_ld + ops.bytes_st)[:, None]
     dynamic = p.uncore_pj_per_byte * 1e-12 * moved / (time_us * 1e-6)
     comm = np.where((ops.unit == COMM)[:, None], p.comm_w, 0.0)

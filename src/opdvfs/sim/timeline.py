@@ -1,9 +1,14 @@
-"""When each operator starts and ends, and at which clock(s) it runs, given clock switches.
+"""When each operator starts and ends, and at which clock it runs, given clock switches.
 
-A clock request is issued ``delay_us`` after its trigger operator starts (0: as it starts) and
-lands ``latency_us`` later; an operator
-in flight at that moment runs the rest of its work at the new clock. Between events every step is
-a vectorised cumulative sum, so a run costs O(n_ops + n_switches), not a Python loop over ops.
+SetFreq semantics (paper §7.1: SetFreq is an operator on its own stream): a request is issued
+``delay_us`` after its trigger operator starts (0: as it starts), requests are issued in order
+(one stream), and a request lands ``latency_us`` after it is issued. A request issued while an
+earlier one is still pending supersedes it: the earlier one never lands (the frequency
+regulator takes the newest target), so a stage shorter than the latency loses its clock
+altogether, as on hardware. An operator runs wholly at the clock in effect when it starts: a
+request landing while it runs takes effect from the next operator (or part-way through the idle
+gap before it). Between events every step is a vectorised cumulative sum, so a run costs
+O(n_ops + n_switches), not a Python loop over ops.
 """
 
 from __future__ import annotations
@@ -18,27 +23,34 @@ __all__ = ["Execution", "SwitchEvent", "execute", "execute_loop"]
 
 @dataclass(frozen=True)
 class SwitchEvent:
-    """A clock request, issued at ``issue_us`` (``trigger_op`` starts), effective at ``land_us``."""
+    """A clock request, issued at ``issue_us`` (``trigger_op`` starts), effective at ``land_us``.
+
+    ``landed`` is False for a request superseded by a later one before ``land_us``: it never
+    took effect.
+    """
 
     trigger_op: int
     clock: int
     issue_us: float
     land_us: float
+    landed: bool = True
 
 
 @dataclass(frozen=True)
 class Execution:
     """Per-op timeline, shape (n_ops,) each.
 
-    An op starts at ``start_us`` at clock index ``clock_a``; if a switch landed while it ran, the
-    share ``frac_a`` of its work ran at ``clock_a`` and the rest at ``clock_b``.
+    Op ``i`` runs from ``start_us`` to ``end_us`` at clock index ``clock``. The idle gap before
+    it (from the previous op's end, or the run's start) runs at ``gap_clock`` until
+    ``gap_land_us`` (NaN: the whole gap) and at ``clock`` after it. If several requests land in
+    one gap, the time after the first landing is at ``clock``.
     """
 
     start_us: np.ndarray
     end_us: np.ndarray
-    clock_a: np.ndarray
-    clock_b: np.ndarray
-    frac_a: np.ndarray
+    clock: np.ndarray
+    gap_clock: np.ndarray
+    gap_land_us: np.ndarray
     switches: tuple[SwitchEvent, ...]
 
     @property
@@ -46,10 +58,10 @@ class Execution:
         """End of the last operator."""
         return float(self.end_us[-1]) if len(self.end_us) else 0.0
 
-    def time_at_a_us(self, dur_us: np.ndarray) -> np.ndarray:
-        """Time each op spent at ``clock_a`` (given the duration matrix used to execute)."""
-        idx = np.arange(len(self.start_us))
-        return self.frac_a * dur_us[idx, self.clock_a]
+    @property
+    def landed(self) -> tuple[SwitchEvent, ...]:
+        """The requests that took effect (not superseded), in time order."""
+        return tuple(e for e in self.switches if e.landed)
 
 
 def _segment(
@@ -79,7 +91,7 @@ def execute(
     start_us: float = 0.0,
     delay_us: np.ndarray | None = None,
 ) -> Execution:
-    """Run ops with durations ``dur_us[i, clock]`` under a list of clock switches.
+    """Run ops with durations ``dur_us[i, clock]`` under a list of clock requests.
 
     Parameters
     ----------
@@ -88,7 +100,7 @@ def execute(
     initial_clock
         Clock index in effect when the first op starts.
     triggers, clocks
-        Switch ``k`` is issued when op ``triggers[k]`` starts and requests ``clocks[k]``;
+        Request ``k`` is issued when op ``triggers[k]`` starts and asks for ``clocks[k]``;
         ``triggers`` non-decreasing.
     latency_us
         Time from issue to landing.
@@ -100,57 +112,60 @@ def execute(
     start_us
         Time the first op may start.
     delay_us
-        Time from each trigger op's start to issuing its switch, shape (n_switches,), or None.
-        Landings keep their order (a request never overtakes an earlier one).
+        Time from each trigger op's start to issuing its request, shape (n_switches,), or None.
+        Requests are issued in order (one SetFreq stream): never before the previous one.
     """
     n = dur_us.shape[0]
     gap = np.zeros(n) if gap_us is None else np.asarray(gap_us, dtype=float)
     start, end = np.empty(n), np.empty(n)
-    clock_a = np.empty(n, dtype=np.int64)
-    clock_b = np.empty(n, dtype=np.int64)
-    frac_a = np.ones(n)
-    events: list[SwitchEvent] = []
-    pending: deque[tuple[float, int]] = deque()
+    clock = np.empty(n, dtype=np.int64)
+    gap_clock = np.empty(n, dtype=np.int64)
+    gap_land = np.full(n, np.nan)
+    issued: list[list[float]] = []  # per request: trigger, clock, issue, land, landed
+    pending: deque[int] = deque()  # requests not landed yet, oldest first (lands increase)
     delay = None if delay_us is None else np.asarray(delay_us, dtype=float)
     cur, i, t, k = int(initial_clock), 0, float(start_us), 0
+    last_issue = -np.inf
+    # the gap before the next op to place: clock at its start, first landing in it
+    g_clock, g_land = cur, np.nan
     n_sw = len(triggers)
     while i < n:
         stop = int(triggers[k]) if k < n_sw else n
-        if stop <= i:  # issue switch k as op i starts
+        if stop <= i:  # issue request k as op i starts (plus its delay)
             s_i = max(t + gap[i], host_us[i] if host_us is not None else -np.inf)
-            issue = s_i + (delay[k] if delay is not None else 0.0)
-            land = max(issue + latency_us, pending[-1][0] if pending else -np.inf)
-            events.append(SwitchEvent(int(triggers[k]), int(clocks[k]), issue, land))
-            pending.append((land, int(clocks[k])))
+            issue = max(s_i + (delay[k] if delay is not None else 0.0), last_issue)
+            last_issue = issue
+            if pending and issued[pending[-1]][3] > issue:
+                issued[pending.pop()][4] = 0.0  # superseded before it landed
+            pending.append(len(issued))
+            issued.append([float(triggers[k]), float(clocks[k]), issue, issue + latency_us, 1.0])
             k += 1
             continue
         host = None if host_us is None else host_us[i:stop]
         s, e = _segment(t, dur_us[i:stop, cur], gap[i:stop], host)
-        land, new = pending[0] if pending else (np.inf, cur)
-        q = int(np.searchsorted(e, land, side="right")) if land < e[-1] else stop - i
-        if q < stop - i:  # the switch lands while op i+q runs (or before it starts)
-            j = i + q
-            start[i:j], end[i:j], clock_a[i:j], clock_b[i:j] = s[:q], e[:q], cur, cur
-            pending.popleft()
-            if s[q] >= land:  # lands in the gap before op j: op j runs wholly at the new clock
-                cur, i, t = new, j, (e[q - 1] if q else t)
-                continue
-            done = (land - s[q]) / dur_us[j, cur]
-            start[j], clock_a[j], frac_a[j] = s[q], cur, done
-            left, at = 1.0 - done, land
-            # Further switches landing before this op ends split it again; its time stays exact,
-            # its energy books the later pieces at the last clock.
-            while pending and pending[0][0] < at + left * dur_us[j, new]:
-                nxt, clock = pending.popleft()
-                left -= (nxt - at) / dur_us[j, new]
-                at, new = nxt, clock
-            clock_b[j] = new
-            end[j] = at + left * dur_us[j, new]
-            cur, i, t = new, j + 1, end[j]
+        land = issued[pending[0]][3] if pending else np.inf
+        # the first op that starts at or after the landing runs at the new clock
+        q = int(np.searchsorted(s, land, side="left")) if land <= s[-1] else stop - i
+        j = i + q
+        start[i:j], end[i:j], clock[i:j] = s[:q], e[:q], cur
+        gap_clock[i:j], gap_land[i:j] = cur, np.nan
+        if q:
+            gap_clock[i], gap_land[i] = g_clock, g_land
+            g_clock, g_land = cur, np.nan
+        if q == stop - i:
+            i, t = stop, e[-1]
             continue
-        start[i:stop], end[i:stop], clock_a[i:stop], clock_b[i:stop] = s, e, cur, cur
-        i, t = stop, e[-1]
-    return Execution(start, end, clock_a, clock_b, frac_a, tuple(events))
+        new = int(issued[pending.popleft()][1])
+        t = e[q - 1] if q else t
+        if land > t and np.isnan(g_land):  # lands in the idle gap before op j
+            g_land = land
+        elif land <= t:  # landed while op j - 1 ran: it kept its clock, op j's gap has the new
+            g_clock = new
+        cur, i = new, j
+    events = tuple(
+        SwitchEvent(int(a), int(c), issue, land, bool(ok)) for a, c, issue, land, ok in issued
+    )
+    return Execution(start, end, clock, gap_clock, gap_land, events)
 
 
 def execute_loop(
@@ -163,31 +178,30 @@ def execute_loop(
     gap_us: np.ndarray | None = None,
     host_us: np.ndarray | None = None,
     delay_us: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Op-by-op reference of :func:`execute`: the same semantics, a readable Python loop.
 
-    Returns the start and end of every op. Tests check :func:`execute` against it, and the
-    speed benchmark measures it as the baseline.
+    Returns the start, end and clock index of every op. Tests check :func:`execute` against
+    it, and the speed benchmark measures it as the baseline.
     """
     n = dur_us.shape[0]
     gap = np.zeros(n) if gap_us is None else gap_us
     host = np.full(n, -np.inf) if host_us is None else host_us
-    t, cur, k = 0.0, initial_clock, 0
-    pending: deque[tuple[float, int]] = deque()
+    t, cur, k, last_issue = 0.0, initial_clock, 0, -np.inf
+    pending: list[tuple[float, int]] = []  # (land, clock), oldest first
     start, end = np.empty(n), np.empty(n)
+    clock = np.empty(n, dtype=np.int64)
     for i in range(n):
         s = max(t + gap[i], host[i])
         while k < len(triggers) and triggers[k] == i:
-            land = s + (0.0 if delay_us is None else delay_us[k]) + latency_us
-            pending.append((max(land, pending[-1][0]) if pending else land, int(clocks[k])))
+            issue = max(s + (0.0 if delay_us is None else delay_us[k]), last_issue)
+            last_issue = issue
+            if pending and pending[-1][0] > issue:
+                pending.pop()  # a newer request supersedes the pending one
+            pending.append((issue + latency_us, int(clocks[k])))
             k += 1
-        while pending and pending[0][0] <= s:
-            cur = pending.popleft()[1]
-        left, at = 1.0, s
-        while pending and pending[0][0] < at + left * dur_us[i, cur]:
-            land, new = pending.popleft()
-            left -= (land - at) / dur_us[i, cur]
-            at, cur = land, new
-        start[i], end[i] = s, at + left * dur_us[i, cur]
+        while pending and pending[0][0] <= s:  # requests landed by the time op i starts
+            cur = pending.pop(0)[1]
+        start[i], end[i], clock[i] = s, s + dur_us[i, cur], cur
         t = end[i]
-    return start, end
+    return start, end, clock

@@ -10,7 +10,7 @@ every result is deterministic.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypedDict
 
 import numpy as np
@@ -28,6 +28,7 @@ from opdvfs.sim.physics import (
     VECTOR,
     activity,
     core_power_w,
+    coupled_power_w,
     op_arrays,
     op_timing,
     uncore_power_w,
@@ -55,6 +56,8 @@ class SimRun:
     ``op_*_energy_j`` cover each op's own execution only.
     """
 
+    #: The timeline: per-op arrays index the clocks the run used; ``switches[k].clock`` indexes
+    #: the device's clock list.
     execution: Execution
     dur_us: np.ndarray
     op_chip_energy_j: np.ndarray
@@ -217,20 +220,29 @@ class SimulatedDevice:
             host_us=host,
             delay_us=delay_us,
         )
+        # the requests' clocks as indices of the device's clock list (the arrays keep `used`)
+        exe = replace(
+            exe, switches=tuple(replace(e, clock=int(used[e.clock])) for e in exe.switches)
+        )
         act = activity(arrays, timing, p)
         uncore = uncore_power_w(arrays, timing.time_us, p)
-        ca, cb = exe.clock_a, exe.clock_b
-        t_a = exe.frac_a * dur[np.arange(total), ca]
+        clk, gclk = exe.clock, exe.gap_clock
         # Three intervals per op instance: the idle gap before it (the run starts at 0, so the
-        # first op's gap counts too), its work at clock_a, at clock_b.
+        # first op's gap counts too) at the clock in effect when the gap began, the rest of the
+        # gap after a request landed in it, and the op itself, wholly at one clock (SetFreq
+        # semantics, :mod:`opdvfs.sim.timeline`): every piece is booked at its own clock.
         prev_end = np.r_[0.0, exe.end_us[:-1]]
-        dt_us = np.stack([exe.start_us - prev_end, t_a, exe.end_us - exe.start_us - t_a], axis=1)
+        split = np.where(np.isnan(exe.gap_land_us), exe.start_us, exe.gap_land_us)
+        dt_us = np.stack(
+            [split - prev_end, exe.start_us - split, exe.end_us - exe.start_us], axis=1
+        )
         temp0 = p.ambient_c + 30.0 if start_temp_c is None else start_temp_c
         temp_ops = np.full(total, temp0)
         # one pair of (total, 3) buffers for every pass: a million ops, 24 MB each
         chip, core = np.empty((total, 3)), np.empty((total, 3))
+        temp_cols = np.full((total, 3), temp0)
         for step in range(_THERMAL_PASSES):
-            self._interval_power(act, uncore, op, ca, cb, temp_ops, f_used, v_used, chip, core)
+            self._interval_power(act, uncore, op, clk, gclk, temp_cols, f_used, v_used, chip, core)
             if step == 0 and start_temp_c is None:
                 # A warm device: start at the steady state of the run's own mean power.
                 temp0 = p.ambient_c + p.k_c_per_w * float((chip * dt_us).sum() / dt_us.sum())
@@ -242,15 +254,18 @@ class SimulatedDevice:
                 k_c_per_w=p.k_c_per_w,
                 tau_s=p.tau_s,
             ).reshape(total, 3)
-            temp_ops = ends[:, 0]  # temperature when each op starts (after its gap)
-        self._interval_power(act, uncore, op, ca, cb, temp_ops, f_used, v_used, chip, core)
+            # each interval's power is taken at its starting temperature
+            temp_cols[:, 0] = np.r_[temp0, ends[:-1, 2]]
+            temp_cols[:, 1:] = ends[:, :2]
+            temp_ops = ends[:, 1]  # temperature when each op starts (after its gap)
+        self._interval_power(act, uncore, op, clk, gclk, temp_cols, f_used, v_used, chip, core)
         # energies in the power buffers themselves, (power * dt) * 1e-6 as before
         for power in (chip, core):
             power *= dt_us
             power *= 1e-6
         chip_j, core_j = chip, core
         edges = np.r_[0.0, (prev_end[:, None] + np.cumsum(dt_us, axis=1)).ravel()]
-        clock_mhz = np.stack([f_used[ca], f_used[ca], f_used[cb]], axis=1)
+        clock_mhz = np.stack([f_used[gclk], f_used[clk], f_used[clk]], axis=1)
         samples = sample_sensors(
             edges * 1e-6,
             np.r_[0.0, np.cumsum(chip_j)],
@@ -266,19 +281,19 @@ class SimulatedDevice:
         return SimRun(
             execution=exe,
             dur_us=exe.end_us - exe.start_us,
-            op_chip_energy_j=chip_j[:, 1:].sum(axis=1),
-            op_core_energy_j=core_j[:, 1:].sum(axis=1),
+            op_chip_energy_j=chip_j[:, 2].copy(),
+            op_core_energy_j=core_j[:, 2].copy(),
             chip_energy_j=float(chip_j.sum()),
             core_energy_j=float(core_j.sum()),
             temp_start_c=temp_ops,
             samples=samples,
             iterations=iterations,
             n_ops=n,
-            core_busy=timing.core_busy[op, ca],
-            ld_busy=timing.ld_busy[op, ca],
-            st_busy=timing.st_busy[op, ca],
+            core_busy=timing.core_busy[op, clk],
+            ld_busy=timing.ld_busy[op, clk],
+            st_busy=timing.st_busy[op, clk],
             unit=arrays.unit[op],
-            freq_mhz=f_used[ca],
+            freq_mhz=f_used[clk],
         )
 
     def _interval_power(
@@ -286,28 +301,30 @@ class SimulatedDevice:
         act: np.ndarray,
         uncore: np.ndarray,
         op: np.ndarray,
-        ca: np.ndarray,
-        cb: np.ndarray,
+        clk: np.ndarray,
+        gclk: np.ndarray,
         temp_c: np.ndarray,
         f: np.ndarray,
         v: np.ndarray,
         chip: np.ndarray,
         core: np.ndarray,
     ) -> None:
-        """Fill ``chip`` and ``core`` power of (gap, work at clock_a, work at clock_b), (n, 3).
+        """Fill ``chip`` and ``core`` power of (gap at its first clock, rest of gap, op), (n, 3).
 
-        ``ca``/``cb`` index the clocks ``f`` (MHz) with voltages ``v`` used by this run. The
-        columns are computed one at a time into the caller's buffers, so a pass holds one
-        column's temporaries rather than three stacked copies.
+        ``clk``/``gclk`` index the clocks ``f`` (MHz) with voltages ``v`` used by this run;
+        ``temp_c`` is each interval's starting temperature, (n, 3). The columns are computed one
+        at a time into the caller's buffers, so a pass holds one column's temporaries rather
+        than three stacked copies.
         """
         p = self.params
-        core[:, 0] = core_power_w(0.0, f[ca], v[ca], temp_c, p)
-        core[:, 1] = core_power_w(act[op, ca], f[ca], v[ca], temp_c, p)
-        core[:, 2] = core_power_w(act[op, cb], f[cb], v[cb], temp_c, p)
-        # (core + rest) + misc, column by column: the same sums as on the stacked arrays
-        np.add(core[:, 0], p.uncore_idle_w, out=chip[:, 0])
-        np.add(core[:, 1], uncore[op, ca], out=chip[:, 1])
-        np.add(core[:, 2], uncore[op, cb], out=chip[:, 2])
+        for col, c, a in ((0, gclk, 0.0), (1, clk, 0.0), (2, clk, None)):
+            t = temp_c[:, col]
+            core[:, col] = core_power_w(act[op, c] if a is None else a, f[c], v[c], t, p)
+            # the rest of the chip: its idle (or the op's traffic), plus the part on the AI
+            # cores' clock and the temperature-dependent leakage, plus misc
+            rest = p.uncore_idle_w if a is not None else uncore[op, c]
+            np.add(core[:, col], rest, out=chip[:, col])
+            chip[:, col] += coupled_power_w(f[c], v[c], t, p)
         chip += p.misc_w
 
     # ----------------------------------------------------------------------------- profiling
@@ -452,7 +469,7 @@ class SimulatedDevice:
             delay_us=delays,
             rng=rng,
         )
-        seq = np.r_[initial, [e.clock for e in sim.execution.switches]]
+        seq = np.r_[initial, [e.clock for e in sim.execution.landed]]
         changes = int(np.count_nonzero(seq[1:] != seq[:-1]))
         iter_s = sim.iteration_time_s
         chip_j = sim.chip_energy_j / iterations
