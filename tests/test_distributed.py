@@ -90,3 +90,127 @@ def test_the_hook_is_undone_however_the_block_ends():
     with pytest.raises(RuntimeError, match="script crashed"):
         crashing_script()
     assert dist.init_process_group is original
+
+
+PIPELINE_SCRIPT = """
+import sys
+import time
+import torch
+import torch.distributed as dist
+
+# a toy 2-stage pipeline (GPipe: both forwards, then both backwards), activations and
+# gradients over send/recv; rank r runs stage r. Each instruction also takes 80 ms, so that
+# iterations last about as planned (0.33 s: the ranks' sleeps overlap) and --trigger time
+# applies the plan.
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(rank)
+stage = torch.nn.Linear(16, 16)
+opt = torch.optim.SGD(stage.parameters(), lr=0.01)
+for step in range(int(sys.argv[1])):
+    opt.zero_grad()
+    outs, ins = [], []
+    for m in range(2):
+        time.sleep(0.08)
+        if rank == 0:
+            y = stage(torch.randn(8, 16))
+            dist.send(y.detach(), 1)
+            outs.append(y)
+        else:
+            x = torch.empty(8, 16)
+            dist.recv(x, 0)
+            x.requires_grad_()
+            ins.append(x)
+            outs.append(stage(x).square().mean())
+    for m in range(2):
+        time.sleep(0.08)
+        if rank == 0:
+            grad = torch.empty(8, 16)
+            dist.recv(grad, 1)
+            outs[m].backward(grad)
+        else:
+            outs[m].backward()
+            dist.send(ins[m].grad, 0)
+    opt.step()
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def _stage_schedule(freqs, starts):
+    """One stage's 4 instructions (F0 F1 B0 B1), a clock and a planned start each."""
+    return Schedule.from_stage_freqs(
+        [0, 1, 2, 3],
+        freqs,
+        n_ops=4,
+        start_s=starts,
+        target=0.0,
+        solver="dag",
+        predicted_time_s=0.33,
+    )
+
+
+def test_torchrun_gives_each_pipeline_rank_its_own_schedule(tmp_path):
+    import subprocess
+    import sys
+
+    from opdvfs.schedule import PipelineSchedule
+
+    from conftest import read_log
+
+    # clocks only stage 0 uses, and clocks only stage 1 uses
+    mine = {0: [1410.0, 1005.0, 1200.0, 1095.0], 1: [1350.0, 960.0, 1305.0, 915.0]}
+    pipe = PipelineSchedule(
+        stages=(
+            # about the toy pipeline's own timeline
+            _stage_schedule(mine[0], [0.0, 0.055, 0.22, 0.275]),
+            _stage_schedule(mine[1], [0.055, 0.11, 0.165, 0.22]),
+        ),
+        pipeline="gpipe",
+        n_microbatches=2,
+        target=0.0,
+        solver="dag",
+    )
+    path = tmp_path / "pipe.json"
+    pipe.write(path)
+    script = tmp_path / "pipe_train.py"
+    script.write_text(PIPELINE_SCRIPT)
+    log = tmp_path / "calls.jsonl"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--standalone",
+            "-m",
+            "opdvfs",
+            "run",
+            str(path),
+            "--actuator",
+            "dry-run",
+            "--trigger",
+            "time",  # a pipeline stage's operators are its instructions, not aten ops
+            "--log-file",
+            str(log),
+            "--",
+            "python",
+            str(script),
+            "6",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in (0, 1):
+        calls = read_log(tmp_path / f"calls.rank{rank}.jsonl")
+        header = [c for c in calls if c.get("kind") == "header" or "command" in c]
+        assert header and header[0].get("pipeline_stage") == rank, calls[:2]
+        sets = {c["freq_mhz"] for c in calls if c.get("kind") == "set"}
+        # every clock of its own stage was set, and none of the other stage's
+        assert set(mine[rank]) - {1410.0} <= sets, (rank, sets)
+        assert not sets & set(mine[1 - rank]), (rank, sets)

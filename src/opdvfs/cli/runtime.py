@@ -231,13 +231,22 @@ def run(
             "and stages >= 5x it, else op (printed).",
         ),
     ] = "auto",
+    rank_map: Annotated[
+        str | None,
+        typer.Option(
+            "--rank-map",
+            help="With a pipeline schedule (opdvfs plan --pipeline): the pipeline stage of each "
+            "rank, comma-separated (0,0,1,1); default: rank r of W runs stage r*stages//W.",
+        ),
+    ] = None,
     print_env: PrintEnvOption = False,
 ) -> None:
     """Run a PyTorch script unchanged under a schedule (clocks restored however it ends).
 
     The schedule is checked against the actuator's clocks, --device and --workload before the
     script starts. Under torchrun, rank 0 reads SCHEDULE and sends it on when the script makes
-    its group; give --log-file: one log per rank (calls.rank1.jsonl). After -- comes `python
+    its group; give --log-file: one log per rank (calls.rank1.jsonl). A pipeline schedule gives
+    each rank its own pipeline stage's schedule (--rank-map). After -- comes `python
     [FLAGS] SCRIPT|-m MODULE ARGS` or a launcher (`accelerate launch train.py`). A schedule that
     no iteration ran under ends with exit status 2.
     """
@@ -252,6 +261,7 @@ def run(
         "device": device,
         "iteration_at": iteration_at,
         "trigger": trigger,
+        "rank_map": rank_map,
     }
     argv = list(ctx.args)
     command = None if print_env else _program(argv)

@@ -1,5 +1,9 @@
 """One schedule for every rank: rank 0 loads (or plans) it and broadcasts it (needs torch).
 
+A pipeline-parallel job's file holds one schedule per pipeline stage
+(:class:`~opdvfs.schedule.PipelineSchedule`): it travels whole, and each rank applies its own
+stage's.
+
 Under ``torchrun`` each rank applies the schedule to its own device; they must all apply the
 *same* plan, so rank 0's copy is sent to the others over the default process group (gloo or
 nccl) as JSON text. The user's script creates that group, so :func:`share_schedule_on_group_init`
@@ -8,14 +12,14 @@ waits for it: it hooks ``torch.distributed.init_process_group`` and broadcasts r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
 from opdvfs.exceptions import DistributedError
-from opdvfs.schedule import Schedule
+from opdvfs.schedule import PipelineSchedule, Schedule
 
 if TYPE_CHECKING:
     from opdvfs.runtime.applier import ScheduleApplier
@@ -23,22 +27,31 @@ if TYPE_CHECKING:
 __all__ = ["broadcast_schedule", "share_schedule_on_group_init"]
 
 
-def broadcast_schedule(schedule: Schedule | None, *, src: int = 0) -> Schedule:
+def broadcast_schedule(
+    schedule: Schedule | PipelineSchedule | None,
+    *,
+    src: int = 0,
+    rank_map: Sequence[int] | None = None,
+) -> Schedule:
     """Return rank ``src``'s schedule on every rank (the argument is ignored elsewhere).
 
-    Without an initialised process group this is the identity (a single process).
+    A :class:`~opdvfs.schedule.PipelineSchedule` travels whole, and each rank keeps its own
+    pipeline stage's schedule (:meth:`~opdvfs.schedule.PipelineSchedule.for_rank`).
+    Without an initialised process group this is the identity (a single process; rank 0 of 1).
 
     Parameters
     ----------
     schedule
-        This rank's schedule; only rank ``src``'s is used (the others may pass None).
+        This rank's schedule file; only rank ``src``'s is used (the others may pass None).
     src
         The rank whose schedule every rank receives.
+    rank_map
+        For a pipeline schedule: the stage of each rank (else contiguous blocks).
 
     Returns
     -------
     Schedule
-        Rank ``src``'s schedule.
+        Rank ``src``'s schedule, or this rank's stage of rank ``src``'s pipeline schedule.
 
     Raises
     ------
@@ -48,6 +61,8 @@ def broadcast_schedule(schedule: Schedule | None, *, src: int = 0) -> Schedule:
     if not (dist.is_available() and dist.is_initialized()):
         if schedule is None:
             raise DistributedError("no schedule and no process group to receive one from")
+        if isinstance(schedule, PipelineSchedule):
+            return schedule.for_rank(0, 1, rank_map)
         return schedule
     payload = [schedule.to_json() if dist.get_rank() == src and schedule is not None else None]
     if dist.get_rank() == src and schedule is None:
@@ -56,12 +71,19 @@ def broadcast_schedule(schedule: Schedule | None, *, src: int = 0) -> Schedule:
     text = payload[0]
     if text is None:
         raise DistributedError(f"rank {src} sent no schedule")
+    if '"format": "opdvfs.pipeline-schedule"' in text:  # to_json's own spelling of the tag
+        pipeline = PipelineSchedule.from_json(text, source=f"rank {src}")
+        return pipeline.for_rank(dist.get_rank(), dist.get_world_size(), rank_map)
     return Schedule.from_json(text, source=f"rank {src}")
 
 
 @contextmanager
 def share_schedule_on_group_init(
-    executor: ScheduleApplier, schedule: Schedule | None, *, src: int = 0
+    executor: ScheduleApplier,
+    schedule: Schedule | PipelineSchedule | None,
+    *,
+    src: int = 0,
+    rank_map: Sequence[int] | None = None,
 ) -> Iterator[None]:
     """Within the block, give ``executor`` rank ``src``'s schedule once the process group exists.
 
@@ -76,15 +98,18 @@ def share_schedule_on_group_init(
     executor
         The executor the schedule is given to (it may start without one).
     schedule
-        This rank's schedule (rank ``src`` must have one; the others may pass None).
+        This rank's schedule file (rank ``src`` must have one; the others may pass None); a
+        pipeline schedule gives each rank its own stage's.
     src
         The rank whose schedule every rank applies.
+    rank_map
+        For a pipeline schedule: the stage of each rank.
     """
     original = dist.init_process_group
 
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         out = original(*args, **kwargs)
-        executor.use_schedule(broadcast_schedule(schedule, src=src))
+        executor.use_schedule(broadcast_schedule(schedule, src=src, rank_map=rank_map))
         return out
 
     dist.init_process_group = init_process_group

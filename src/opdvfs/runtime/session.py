@@ -25,7 +25,7 @@ from opdvfs.exceptions import CaptureError, ScheduleMismatchError, ValidationErr
 from opdvfs.runtime.actuators import ClockGuard, TwinActuator, make_actuator
 from opdvfs.runtime.checks import check_schedule
 from opdvfs.runtime.iterations import IterationMarker
-from opdvfs.schedule import Schedule
+from opdvfs.schedule import PipelineSchedule, Schedule, read_any_schedule
 from opdvfs.sim.presets import preset_spec
 from opdvfs.workloads.library import load_workload
 
@@ -59,6 +59,22 @@ class Outcome:
             raise (CaptureError if self.mode == "capture" else ScheduleMismatchError)(self.error)
 
 
+def parse_rank_map(text: str | None) -> tuple[int, ...] | None:
+    """Parse ``--rank-map`` (the pipeline stage of each rank, comma-separated: ``0,0,1,1``)."""
+    if text is None or not text.strip():
+        return None
+    try:
+        stages = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValidationError(
+            f"--rank-map {text!r}: expected the stage of each rank, comma-separated (0,0,1,1)",
+            field="rank_map",
+        ) from None
+    if min(stages) < 0:
+        raise ValidationError(f"--rank-map {text!r}: a stage is negative", field="rank_map")
+    return stages
+
+
 class Session:
     """Capture a workload from, or apply a schedule to, the program run inside the block.
 
@@ -83,6 +99,10 @@ class Session:
         first line).
     share
         Run: ranks other than 0 take rank 0's schedule over the process group.
+    rank_map
+        Run with a pipeline schedule (one schedule per pipeline stage): the stage of each rank,
+        comma-separated; without it rank r of W runs stage ``r * n_stages // W``. Each rank
+        applies its own stage's schedule (data-parallel replicas share one).
     report_dir
         Launched processes write their :class:`Outcome` there (one JSON file per process).
 
@@ -108,6 +128,7 @@ class Session:
         trigger: str = "auto",
         share: bool = False,
         report_dir: str | None = None,
+        rank_map: str | None = None,
     ) -> None:
         from opdvfs.runtime.dispatch import ScheduleExecutor, WorkloadRecorder
         from opdvfs.runtime.timed import TimedExecutor, choose_trigger, plan_timing
@@ -130,15 +151,29 @@ class Session:
                 f"--trigger {trigger!r}: expected {', '.join(TRIGGERS[:-1])} or {TRIGGERS[-1]}",
                 field="trigger",
             )
-        plan = Schedule.read(schedule) if schedule and (self.rank == 0 or not share) else None
+        self.rank_map = parse_rank_map(rank_map)
+        #: The file as read (a pipeline schedule holds every stage's); rank 0's is shared.
+        self.document = (
+            read_any_schedule(schedule) if schedule and (self.rank == 0 or not share) else None
+        )
+        plan = self._own(self.document)
         if log is not None and self.world > 1:
             path = Path(log)
             log = str(path.with_name(f"{path.stem}.rank{self.rank}{path.suffix}"))
         self.work = load_workload(workload) if workload else None
-        local = plan
-        if local is None and schedule and Path(schedule).is_file():
-            local = Schedule.read(schedule)  # this rank's clocks and checks; rank 0's plan runs
-        header = {"command": mode, "schedule": schedule, "actuator": actuator, "rank": self.rank}
+        seen = self.document
+        if seen is None and schedule and Path(schedule).is_file():
+            # this rank's clocks and checks; the plan it runs arrives from rank 0
+            seen = read_any_schedule(schedule)
+        local = self._own(seen)
+        header: dict[str, Any] = {
+            "command": mode,
+            "schedule": schedule,
+            "actuator": actuator,
+            "rank": self.rank,
+        }
+        if isinstance(seen, PipelineSchedule):
+            header["pipeline_stage"] = seen.stage_of(self.rank, self.world, self.rank_map)
         self.actuator = make_actuator(
             actuator, device=device, schedule=local, log=log, header=header
         )
@@ -198,6 +233,12 @@ class Session:
             self.actuator.close()
             raise
 
+    def _own(self, document: Schedule | PipelineSchedule | None) -> Schedule | None:
+        """Return this rank's schedule: the file's, or its pipeline stage's (``--rank-map``)."""
+        if isinstance(document, PipelineSchedule):
+            return document.for_rank(self.rank, self.world, self.rank_map)
+        return document
+
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> Session:
         """Build a session from :func:`~opdvfs.runtime.launch.activation_env`'s settings."""
@@ -218,7 +259,9 @@ class Session:
                     from opdvfs.runtime.distributed import share_schedule_on_group_init
 
                     stack.enter_context(
-                        share_schedule_on_group_init(self.executor, self.executor.schedule)
+                        share_schedule_on_group_init(
+                            self.executor, self.document, rank_map=self.rank_map
+                        )
                     )
                 stack.enter_context(ClockGuard(self.actuator, before_restore=self.executor.halt))
             mode = self.mode_object
