@@ -41,6 +41,7 @@ __all__ = [
     "ROOFLINE_P_TWO_CLOCKS",
     "VIOLATION_CONCAVE",
     "VIOLATION_FASTER_THAN_1_OVER_F",
+    "VIOLATION_LOW_CLOCK_OFF_TREND",
     "PerfModel",
     "check_physics",
     "check_times",
@@ -53,6 +54,11 @@ __all__ = [
 VIOLATION_FASTER_THAN_1_OVER_F = 1
 #: Flag: cycles at an interior training clock lie above the chord of its neighbours.
 VIOLATION_CONCAVE = 2
+#: Flag: the lowest training clock is slower than the trend of the higher ones (4+ clocks): the
+#: default form fitted on the other 3+, extrapolated down, under-predicts it by more than the
+#: tolerance. Real boards do this at their lowest clocks (the V100 below ~945 MHz slows down more
+#: than its cycles allow: a power-state or memory-clock artefact, not the kernel's physics).
+VIOLATION_LOW_CLOCK_OFF_TREND = 4
 #: Relative tolerance of the physics checks: measurement noise is ~0.5-1% per point, and an
 #: interior-point check compares three noisy points (3% keeps false flags near 1%).
 PHYSICS_TOL = 0.03
@@ -239,6 +245,29 @@ def check_physics(f_mhz: np.ndarray, t_us: np.ndarray, tol: float = PHYSICS_TOL)
     return flags
 
 
+def low_clock_off_trend(
+    f_ghz: np.ndarray, t_us: np.ndarray, tol: float = PHYSICS_TOL
+) -> np.ndarray:
+    """Flag ops whose time at the lowest clock is off the trend of the higher ones (4+ clocks).
+
+    The default form for the other clocks (:func:`default_form`) is fitted on them and
+    extrapolated to the lowest; an op measured slower than that by more than ``tol`` gets
+    :data:`VIOLATION_LOW_CLOCK_OFF_TREND`. Faster is not flagged (a memory-bound op's time
+    extrapolated down is an over-estimate). With 3 clocks the trend would rest on two points,
+    one of them the top, where a board at its power cap (the A40 above ~1455 MHz) no longer runs
+    the clock asked for: every A40 stage came out flagged, so 4 clocks are needed (the better
+    profiling plan, :func:`~opdvfs.models.validation.training_plan`). Returns the bitmask per op.
+    """
+    if len(f_ghz) < 4:
+        return np.zeros(len(t_us), dtype=np.int64)
+    form = default_form(len(f_ghz) - 1)
+    coef = fit_times(form, f_ghz[1:], t_us[:, 1:])
+    trend = predict_times(form, coef, f_ghz[:1], f_ghz[1:])[:, 0]
+    with np.errstate(invalid="ignore"):
+        slow = t_us[:, 0] > trend * (1.0 + tol)
+    return np.where(slow, VIOLATION_LOW_CLOCK_OFF_TREND, 0).astype(np.int64)
+
+
 def op_names(profile: Profile, op_ids: np.ndarray) -> np.ndarray:
     """Name of each op in ``op_ids`` (its first row's), without copying the profile's rows."""
     ops = profile.ops
@@ -360,7 +389,7 @@ class PerfModel(JsonFile):
         fitted = predict_times(form, self.coef_, f_ghz, f_ghz)
         with np.errstate(invalid="ignore", divide="ignore"):
             self.residual_ = np.sqrt(np.nanmean((fitted / t_train - 1.0) ** 2, axis=1))
-        self.violation_ = check_physics(train, t_train)
+        self.violation_ = check_physics(train, t_train) | low_clock_off_trend(f_ghz, t_train)
         check_finite(self, op_ids, coef_=self.coef_, residual_=self.residual_)
         return self
 
