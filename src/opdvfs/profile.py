@@ -269,7 +269,7 @@ class Profile:
     @property
     def freqs_mhz(self) -> np.ndarray:
         """Distinct core clocks in the profile, ascending (MHz)."""
-        return np.unique(self._ops["freq_mhz"].to_numpy())
+        return np.sort(_distinct(self._ops["freq_mhz"].to_numpy()))
 
     @property
     def n_ops(self) -> int:
@@ -321,14 +321,29 @@ class Profile:
         time_us : ndarray, shape (n_ops, n_freqs)
             Median over iterations; NaN where an op was not measured at a clock.
         """
-        table = self._ops.pivot_table(
-            index="op", columns="freq_mhz", values="time_us", aggfunc="median"
-        )
-        return (
-            table.index.to_numpy(),
-            table.columns.to_numpy(dtype=float),
-            table.to_numpy(dtype=float),
-        )
+        # Without pandas' pivot_table: at a million ops it built ~250 MB of group keys and took
+        # ~0.8 s; here one int64 key per row. The median is pandas' own: the middle value, or
+        # (lower + upper) / 2 of the two middle ones for an even count.
+        op = self._ops["op"].to_numpy()
+        op_ids, op_index = _dense_codes(op)
+        freqs = np.sort(_distinct(self._ops["freq_mhz"].to_numpy()))
+        key = op_index * len(freqs) + np.searchsorted(freqs, self._ops["freq_mhz"].to_numpy())
+        del op_index
+        time_us = self._ops["time_us"].to_numpy()
+        times = np.full(len(op_ids) * len(freqs), np.nan)
+        counts = np.bincount(key, minlength=len(times))
+        if counts.max(initial=0) <= 1:  # one iteration: every (op, clock) has one row
+            times[key] = time_us
+        else:
+            order = np.lexsort((time_us, key))
+            ordered = time_us[order]
+            del order
+            cells = np.flatnonzero(counts)
+            n = counts[cells]
+            start = np.cumsum(counts)[cells] - n
+            lower, upper = ordered[start + (n - 1) // 2], ordered[start + n // 2]
+            times[cells] = np.where(n % 2 == 1, lower, (lower + upper) / 2)
+        return op_ids, freqs.astype(float), times.reshape(len(op_ids), len(freqs))
 
     def summary(self) -> dict[str, Any]:
         """Return a JSON-ready summary (the payload of ``opdvfs info --json``)."""
@@ -491,15 +506,53 @@ def _sorted_rows(table: pd.DataFrame) -> pd.DataFrame:
     return table.take(order)
 
 
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """Distinct values of ``values``, unordered: a hash pass, not a sort of every row."""
+    import pandas as pd
+
+    return np.asarray(pd.unique(values))
+
+
+def _dense_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return the distinct integers of ``values`` (ascending) and each value's index in them.
+
+    Op positions are dense (0 to n-1, a few missing): a table of which occur replaces the sort
+    that ``np.unique`` would make of every row.
+    """
+    if len(values) and values.min() >= 0 and values.max() < 4 * len(values):
+        present = np.zeros(int(values.max()) + 1, dtype=bool)
+        present[values] = True
+        return np.flatnonzero(present).astype(values.dtype), (np.cumsum(present) - 1)[values]
+    ids, index = np.unique(values, return_inverse=True)
+    return ids, index.reshape(-1)
+
+
 def _compact(table: pd.DataFrame) -> pd.DataFrame:
     """Give ``table`` (the caller's own) categorical text and int32 positions; return it."""
     for name in table.columns:
         column = table[name]
         if name in _CATEGORICAL:
-            table[name] = column.astype("category")
+            table[name] = _python_categories(column.astype("category"))
         elif name in _INT32 and (column.empty or column.max() <= np.iinfo(np.int32).max):
             table[name] = column.astype(np.int32)
     return table
+
+
+def _python_categories(column: pd.Series) -> pd.Series:
+    """Return the categorical ``column`` with its categories as Python strings (object).
+
+    pandas' default ``str`` categories live in Arrow: every row read out as text (an op's name
+    per op: a million of them to fit a million ops) became a new Python string, 74 MB and ~1 s.
+    With Python strings the rows share the few hundred category objects. Same values and codes.
+    """
+    import pandas as pd
+
+    categories = column.cat.categories
+    if categories.dtype == object:
+        return column
+    dtype = pd.CategoricalDtype(categories.astype(object), ordered=column.cat.ordered)
+    codes = column.cat.codes.to_numpy()
+    return pd.Series(pd.Categorical.from_codes(codes, dtype=dtype), index=column.index, copy=False)
 
 
 def _write_parquet(frame: pd.DataFrame, path: Path, metadata: Mapping[bytes, bytes]) -> None:
@@ -521,8 +574,34 @@ def _row_groups(rows: int) -> Iterator[int]:
 
 
 def _to_pandas(parquet: Any) -> pd.DataFrame:
-    """Return a Parquet file's table as pandas, freeing the Arrow buffers as they convert."""
-    return parquet.read().to_pandas(self_destruct=True, split_blocks=True)
+    """Return a Parquet file's table as pandas, a column at a time, in numpy's own memory.
+
+    Decoding the whole table and then converting it held the file's data twice at the peak, and
+    left the columns in Arrow's memory pool, whose allocator kept ~300 MB of a million-op
+    profile resident after the buffers were freed. Each column is decoded, converted and (if
+    Arrow still owns it) copied out before the next; the values and dtypes are those of one
+    whole-table conversion. A file whose pandas index is not the plain row numbers (another
+    tool's) or whose column names repeat converts whole, as before.
+    """
+    import pandas as pd
+
+    schema = parquet.schema_arrow
+    index = (schema.pandas_metadata or {}).get("index_columns", [])
+    plain = all(
+        isinstance(i, dict) and i.get("kind") == "range" and i.get("start", 0) == 0
+        and i.get("step", 1) == 1
+        for i in index
+    )  # fmt: skip
+    if not plain or len(set(schema.names)) != len(schema.names):
+        return parquet.read().to_pandas(self_destruct=True, split_blocks=True)
+    columns = {}
+    for name in schema.names:
+        series = parquet.read(columns=[name]).column(0).to_pandas()
+        values = series.to_numpy() if isinstance(series.dtype, np.dtype) else None
+        if values is not None and values.dtype.kind in "biuf" and not values.flags.owndata:
+            series = pd.Series(values.copy(), name=name, copy=False)
+        columns[name] = series
+    return pd.DataFrame(columns, copy=False)
 
 
 def _read_samples(

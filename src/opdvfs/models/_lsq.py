@@ -205,8 +205,11 @@ def fit_fixed_effects(
         Min-norm where an op's rows do not pin all k (fewer distinct points than columns).
     shared_coef : ndarray, shape (s,)
     """
-    root = np.sqrt(weight) if weight is not None else np.ones(len(target))
-    b = per_op * root[:, None]
+    # Unweighted, the columns are used as given (x * 1 is x: the same numbers without a copy of
+    # each); at 3M rows every full-length temporary is 24 MB a column, so none is kept longer
+    # than it is needed and the per-row products run in blocks of rows.
+    root = np.sqrt(weight) if weight is not None else None
+    b = per_op if root is None else per_op * root[:, None]
     k = b.shape[1]
     gram = np.empty((n_ops, k, k))
     for i in range(k):
@@ -221,18 +224,29 @@ def fit_fixed_effects(
         rhs = np.stack([np.bincount(op, b[:, i] * col, minlength=n_ops) for i in range(k)], 1)
         return np.einsum("nij,nj->ni", inv, rhs)
 
-    def within(col: np.ndarray) -> np.ndarray:
-        return col - np.einsum("rk,rk->r", b, per_op_fit(col)[op])
+    def within(col: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """``col`` less each row's op fit of it, into ``out`` (rows are independent)."""
+        fit = per_op_fit(col)
+        for start in range(0, len(col), _CHUNK_ROWS):
+            rows = slice(start, start + _CHUNK_ROWS)
+            np.subtract(col[rows], np.einsum("rk,rk->r", b[rows], fit[op[rows]]), out=out[rows])
+        return out
 
-    y = target * root
-    cols = shared * root[:, None]
-    design = np.stack([within(c) for c in cols.T], axis=1) if cols.shape[1] else cols
+    y = target if root is None else target * root
+    cols = shared if root is None else shared * root[:, None]
+    del root
+    if not cols.shape[1]:
+        return per_op_fit(y), np.zeros(0)
+    design = np.empty(cols.shape)
+    for c in range(cols.shape[1]):
+        within(cols[:, c], design[:, c])
     norm = np.linalg.norm(cols, axis=0)
     design[:, np.linalg.norm(design, axis=0) <= 1e-9 * np.maximum(norm, 1e-300)] = 0.0
     # scipy.optimize takes ~0.5 s to import: only where nnls runs, not with every command
     import scipy.optimize
 
-    shared_coef = scipy.optimize.nnls(design, within(y))[0] if cols.shape[1] else np.zeros(0)
+    shared_coef = scipy.optimize.nnls(design, within(y, np.empty(len(y))))[0]
+    del design
     return per_op_fit(y - cols @ shared_coef), shared_coef
 
 
@@ -244,13 +258,13 @@ def per_op_static(
     The 3x3 normal equations of every op are built with ``bincount`` and solved as one batch;
     an op whose points do not pin three parameters keeps theta = 0 and the two-parameter line.
     """
-    basis = np.stack([np.ones_like(x), volt, x], axis=1)
+    basis = (np.ones_like(x), volt, x)  # the columns as they are, not stacked into a copy
     gram = np.zeros((n_ops, 3, 3))
     rhs = np.zeros((n_ops, 3))
     for a in range(3):
-        rhs[:, a] = np.bincount(op, basis[:, a] * power, minlength=n_ops)
+        rhs[:, a] = np.bincount(op, basis[a] * power, minlength=n_ops)
         for b in range(3):
-            gram[:, a, b] = np.bincount(op, basis[:, a] * basis[:, b], minlength=n_ops)
+            gram[:, a, b] = np.bincount(op, basis[a] * basis[b], minlength=n_ops)
     ok = np.linalg.cond(gram) < 1e12
     coef = np.zeros((n_ops, 3))
     coef[ok] = np.linalg.solve(gram[ok], rhs[ok][..., None])[..., 0]
