@@ -257,6 +257,37 @@ def time_row(s: Set) -> dict[str, object]:
     return row
 
 
+def speed(n: int = 100_000) -> pd.DataFrame:
+    """Seconds to fit every power form on ``n`` ops x 3 clocks (no device: the prior's knee)."""
+    rng = np.random.default_rng(0)
+    f = np.array([1000.0, 1400.0, 1800.0])
+    op, ff = np.repeat(np.arange(n), 3), np.tile(f, n)
+    volt = shape_curve(1800.0, 0.75, 0.25).voltage_v(ff)
+    power = rng.uniform(40, 120, n)[op] + rng.uniform(20, 100, n)[op] * ff / 1e3 * volt**2
+    rows = pd.DataFrame(
+        {
+            "iteration": 0,
+            "op": op,
+            "name": "k",
+            "freq_mhz": ff,
+            "time_us": rng.uniform(20, 500, n)[op] * 1800 / ff,
+            "chip_power_w": power,
+        }
+    )
+    chip, core = Profile(rows), Profile(rows.assign(core_power_w=0.5 * power))
+    out = []
+    for label, profile, dynamic in (
+        ("clock form, core rail", core, "clock"),
+        ("clock form, chip rail", chip, "clock"),
+        ("throughput form, core rail", core, "throughput"),
+        ("throughput form, chip rail", chip, "throughput"),
+    ):
+        t0 = time.perf_counter()
+        PowerModel(dynamic=dynamic).fit(profile)  # type: ignore[arg-type]
+        out.append({"power form": label, "ops": n, "seconds": time.perf_counter() - t0})
+    return pd.DataFrame(out)
+
+
 def prior_by_gpu(sets: dict[str, Set]) -> dict[str, tuple[float, float]]:
     """Return the prior for each GPU, derived on every other GPU's sets (leave-one-GPU-out)."""
     by_gpu: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
@@ -287,6 +318,8 @@ def main() -> None:
     timing = pd.DataFrame([time_row(s) for s in scored if s.has_time])
     print(f"\n2. time, mean |error| % on held-out clocks, kernels >= {MIN_US:g} us, flagged apart")
     print(timing.to_string(**fmt))
+    print("\n3. fitting speed, 100k ops x 3 clocks (perf forms: benchmarks/perf_models.py)")
+    print(speed().to_string(**fmt))
     print(f"\n({time.perf_counter() - t0:.0f} s)")
 
 

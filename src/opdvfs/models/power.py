@@ -242,13 +242,13 @@ def _fit_chip(design: _Design, voltage: VoltageCurve, train_mhz: np.ndarray) -> 
     Fitted jointly; ``u_i`` is the kernel's memory/uncore power and stands in for ``theta V``.
     """
     d = design
-    alpha, gamma, _ = fit_core_power(d.x, d.volt, d.dtemp, d.target, d.op, d.n_ops, intercept=True)
-    theta_op = None
     if d.dtemp is None and np.ptp(voltage.voltage_v(train_mhz)) > 0 and len(train_mhz) >= 3:
         # three clocks or more, the voltage moving among them: each kernel gets its own
         # V-proportional static term too (its power is not one f V^2 shape plus a constant)
         alpha, theta_op = per_op_static(d.x, d.volt, d.target, d.op, d.n_ops)
-    return _Coefficients(alpha=alpha, gamma=gamma, theta=0.0, theta_op=theta_op)
+        return _Coefficients(alpha=alpha, gamma=0.0, theta=0.0, theta_op=theta_op)
+    alpha, gamma, _ = fit_core_power(d.x, d.volt, d.dtemp, d.target, d.op, d.n_ops, intercept=True)
+    return _Coefficients(alpha=alpha, gamma=gamma, theta=0.0)
 
 
 def _fit_throughput(
