@@ -22,7 +22,14 @@ from opdvfs import Schedule
 from opdvfs.cli import app
 from opdvfs.runtime.actuators import DryRunActuator
 from opdvfs.runtime.dispatch import ScheduleExecutor
-from opdvfs.runtime.timed import TimedExecutor, choose_trigger, plan_timing
+from opdvfs.runtime.timed import (
+    GUARD_S,
+    TimedExecutor,
+    choose_trigger,
+    issued_by_time,
+    measured_timing,
+    plan_timing,
+)
 
 from conftest import read_log
 
@@ -85,20 +92,21 @@ def test_switches_land_at_their_planned_offsets_from_each_anchor():
     shift = time.time() - time.perf_counter()
     anchors = run_loop(ex, [length] * 4)
     sets = set_calls(act)
-    planned = {1400.0: 0.4 * length - 0.005, 1800.0: 0.7 * length - 0.005}
+    lead = 0.005 + GUARD_S  # the latency and the guard
+    planned = {1400.0: 0.4 * length - lead, 1800.0: 0.7 * length - lead}
     checked = 0
     for c in sets:
         if c["iteration"] in (2, 3) and c["freq_mhz"] in planned:
             anchor = anchors[c["iteration"] - 1]
             got = wall_to_perf(c["t_s"], shift) - anchor
             scale = ex.scales[c["iteration"] - 1]
-            want = scale * (planned[c["freq_mhz"]] + 0.005) - 0.005
+            want = scale * (planned[c["freq_mhz"]] + lead) - lead
             assert abs(got - want) < OFFSET_TOL_S, (c, got, want)
             assert c["op_index"] is None  # issued by time, not at an operator
             assert c["offset_s"] == pytest.approx(planned[c["freq_mhz"]], abs=OFFSET_TOL_S)
             checked += 1
     assert checked == 4
-    # stage 0 (1000 MHz) is due 5 ms before each anchor: issued in the iteration before
+    # stage 0 (1000 MHz) is due 6 ms before each anchor: issued in the iteration before
     wrapped = [c for c in sets if c["freq_mhz"] == 1000.0 and c["iteration"] >= 1]
     assert wrapped and all(c["offset_s"] > 0.9 * length for c in wrapped[1:])
     assert ex.applied_iterations == 3 and not ex.diverged
@@ -175,7 +183,11 @@ def test_plan_timing_and_auto():
     plan = timed_plan(1.0, latency_ms=15.0)
     timing = plan_timing(plan)
     assert timing.source == "schedule"
-    assert timing.issue_s.tolist() == pytest.approx([-0.015, 0.385, 0.685])
+    assert timing.guard_s == GUARD_S
+    assert timing.issue_s.tolist() == pytest.approx(
+        [-0.015 - GUARD_S, 0.385 - GUARD_S, 0.685 - GUARD_S]
+    )
+    assert plan_timing(plan, guard_s=0.0).issue_s.tolist() == pytest.approx([-0.015, 0.385, 0.685])
     assert choose_trigger(timing, 0.015)[0] == "time"  # stages of 300-400 ms, 15 ms switches
     assert choose_trigger(timing, 0.0005)[0] == "op"  # a fast switch: count operators
     assert choose_trigger(plan_timing(timed_plan(0.05, latency_ms=15.0)), 0.015)[0] == "op"
@@ -198,6 +210,87 @@ def test_the_twin_gives_start_times_when_the_schedule_has_none():
     )
     timing = plan_timing(plan, device=dev, workload=work)
     assert timing.source == "twin" and 0 < timing.stage_s[1] < timing.iteration_s
+
+
+def _bert_on_twin():
+    from opdvfs.sim import SimulatedDevice
+    from opdvfs.workloads.library import load_workload
+
+    return SimulatedDevice.from_preset("a100-like"), load_workload("bert")
+
+
+def _three_stages(n: int, **planned) -> Schedule:
+    """Three stages on the a100-like (15 ms switches), the first one at op 0."""
+    return Schedule.from_stage_freqs(
+        [0, n // 3, 2 * n // 3],
+        [1005.0, 1410.0, 1095.0],
+        n_ops=n,
+        target=0.1,
+        solver="m",
+        switch_latency_ms=15.0,
+        **planned,
+    )
+
+
+def test_a_measured_run_beats_the_planned_start_times():
+    dev, work = _bert_on_twin()
+    n = len(work)
+    # start times the planner got wrong (its models drift from the executed run)
+    plan = _three_stages(n, start_s=[0.0, 0.01, 0.02], predicted_time_s=0.05)
+    run, _ = dev.run(work, plan, iterations=2)
+    measured = [rec.start_s for rec in run.timeline]
+    timing = plan_timing(plan, device=dev, workload=work)
+    assert timing.source == "twin"  # the twin measures even where the plan has start times
+    assert timing.stage_s.tolist() == pytest.approx(measured)
+    assert timing.iteration_s == pytest.approx(run.iteration_time_s)
+    assert timing.issue_s.tolist() == pytest.approx(
+        [t - 0.015 - GUARD_S for t in measured]  # each switch leads its stage
+    )
+    assert measured[1] > 0.03  # not where the plan said
+    planned = plan_timing(plan)
+    assert planned.source == "schedule"
+    assert planned.stage_s.tolist() == pytest.approx([0.0, 0.01, 0.02])
+    # the same run handed over as a measurement gives the same timing
+    learned = measured_timing(plan, run)
+    assert learned.source == "measured"
+    assert learned.issue_s.tolist() == pytest.approx(timing.issue_s.tolist())
+    from opdvfs.exceptions import ValidationError
+
+    other = Schedule.from_stage_freqs(
+        [0, n // 2], [1410.0, 1005.0], n_ops=n, target=0.1, solver="m"
+    )
+    with pytest.raises(ValidationError, match="3 stage records; the schedule has 2"):
+        measured_timing(other, run)
+
+
+def test_issued_by_time_is_what_the_executor_sends():
+    from opdvfs.runtime.actuators import TwinActuator
+
+    dev, work = _bert_on_twin()
+    n = len(work)
+    plan = _three_stages(n)
+    act = TwinActuator(dev)
+    ex = TimedExecutor(plan, act, device=dev, workload=work, optimizer_steps=False)
+    timing = ex.timing
+    assert timing is not None and timing.issue_s[0] < 0 <= timing.issue_s[1]
+    run_loop(ex, [timing.iteration_s] * 4)
+    sent = issued_by_time(plan, timing)
+    # stage 0's switch is due before the iteration starts: sent in the one before
+    assert [sw.previous_iteration for sw in sent.switches] == [True, False, False]
+    assert all(sw.trigger_op == 0 for sw in sent.switches)
+    want_s = sorted(sw.delay_us * 1e-6 for sw in sent.switches)
+    assert want_s[-1] == pytest.approx(timing.iteration_s + timing.issue_s[0])
+    # what the executor issued in iteration 2, as the twin replays it: the clock stage 0's
+    # switch set at the end of iteration 1, then each switch at its offset
+    replay = act.issued_schedule(n, iteration=2)
+    got = replay.switches
+    assert [sw.freq_mhz for sw in got] == [1005.0, 1410.0, 1095.0, 1005.0]
+    for sw, want in zip(got[1:], want_s, strict=True):
+        assert sw.delay_us * 1e-6 == pytest.approx(want, abs=OFFSET_TOL_S)
+    # on the twin, the two take the same time (the executor's lateness is a few ms at most)
+    issued, _ = act.measure(work, iteration=2)
+    simulated, _ = dev.run(work, sent, iterations=2)
+    assert issued.iteration_time_s == pytest.approx(simulated.iteration_time_s, rel=0.01)
 
 
 class _CountingBackend:

@@ -34,10 +34,32 @@ from opdvfs.runtime.issuer import Marker, immediate_marker
 from opdvfs.schedule import Schedule
 
 if TYPE_CHECKING:
+    from opdvfs.result import RunResult
     from opdvfs.sim.twin import SimulatedDevice
     from opdvfs.workloads.workload import Workload
 
-__all__ = ["PlanTiming", "TimedExecutor", "choose_trigger", "plan_timing"]
+__all__ = [
+    "GUARD_S",
+    "PlanTiming",
+    "TimedExecutor",
+    "choose_trigger",
+    "issued_by_time",
+    "measured_timing",
+    "plan_timing",
+]
+
+
+#: How much earlier than the latency a time-triggered switch is issued (s). A switch issued by
+#: time lands where the clock says, and the executed run is never exactly the run its offsets
+#: were measured on: on the simulated a100-like, a GPT-3 plan's stages start up to 1.5 ms
+#: earlier when its switches are issued by time than in the operator-triggered run they were
+#: learned from, and the worker thread wakes 0.1-0.5 ms late on this CPU. A switch landing
+#: after its stage's first op has started leaves that op at the previous clock -- a long one
+#: (a pipeline ``Send`` waiting 0.85 s, planned at a low clock) costs 0.25% of the iteration's
+#: energy on that plan -- while one landing a millisecond early moves a sliver of the
+#: previous stage: measured there, a 1 ms guard keeps time mode's saving at op mode's for
+#: +0.005% time, 2 ms costs +0.1%, 5 ms +0.3%.
+GUARD_S = 1e-3
 
 
 @dataclass(frozen=True)
@@ -50,7 +72,7 @@ class PlanTiming:
         The planned iteration's length (s).
     issue_s
         Per switch of the schedule, in its order: its stage's start minus the switch latency
-        (s); negative for a switch issued in the iteration before.
+        and the guard (s); negative for a switch issued in the iteration before.
     freqs_mhz
         Per switch, the clock it sets.
     stage_s
@@ -60,7 +82,10 @@ class PlanTiming:
     latency_s
         The switch latency the switches lead by (s).
     source
-        Where the start times came from: ``"schedule"`` or ``"twin"``.
+        Where the start times came from: ``"schedule"`` (the planner's prediction),
+        ``"twin"`` or ``"measured"``.
+    guard_s
+        How much earlier than the latency the switches are issued (:data:`GUARD_S`).
     """
 
     iteration_s: float
@@ -70,6 +95,7 @@ class PlanTiming:
     switch_stage: tuple[int, ...]
     latency_s: float
     source: str
+    guard_s: float = 0.0
 
     def held_s(self) -> np.ndarray:
         """How long each clock is held in the planned run (s), switch by switch."""
@@ -83,52 +109,145 @@ def plan_timing(
     latency_s: float | None = None,
     device: SimulatedDevice | None = None,
     workload: Workload | None = None,
+    guard_s: float = GUARD_S,
 ) -> PlanTiming:
     """Return when each switch of ``schedule`` is due, from the iteration's start.
+
+    A measured run beats the planner's prediction: given the simulated device and the
+    workload, the schedule is run on the twin (switches at their trigger ops, as the
+    operator-counting executor issues them) and the stages' start times are read from that
+    run (:func:`measured_timing`). Without them, the stages' ``start_s`` that the planner
+    wrote are used -- sums of its fitted models' op times, which drift from the executed
+    run along the iteration (a GPT-3 plan on the simulated ``a100-like``: its last stage
+    starts 145 ms later than predicted, 1% of the iteration, several switch latencies).
 
     Parameters
     ----------
     schedule
-        The plan. Its stages' ``start_s`` (all of them) and ``predicted_time_s`` give the
-        timing when present.
+        The plan. Without a device: its stages' ``start_s`` (all of them) and
+        ``predicted_time_s`` give the timing.
     latency_s
         The switch latency to lead by (s); default the schedule's ``switch_latency_ms``.
     device, workload
-        Without ``start_s`` in the schedule: the planned run is simulated on this device
-        (the twin) to find them.
+        The twin to measure the planned run on (both, or neither).
+    guard_s
+        How much earlier than the latency to issue each switch (:data:`GUARD_S`).
 
     Raises
     ------
     ValidationError
         If the schedule carries no stage start times and there is no simulated device and
-        workload to compute them with.
+        workload to measure them with.
     """
-    lead_s = schedule.switch_latency_ms * 1e-3 if latency_s is None else latency_s
-    known = [st.start_s for st in schedule.stages]
-    if all(s is not None for s in known) and schedule.predicted_time_s:
-        stage_s = np.asarray(known, dtype=float)
-        iteration_s, source = float(schedule.predicted_time_s), "schedule"
-    elif device is not None and workload is not None:
+    if device is not None and workload is not None:
         result, _ = device.run(workload, schedule, iterations=2)
-        stage_s = np.asarray([rec.start_s for rec in result.timeline], dtype=float)
-        iteration_s, source = float(result.iteration_time_s), "twin"
-    else:
+        return measured_timing(
+            schedule, result, latency_s=latency_s, source="twin", guard_s=guard_s
+        )
+    known = [st.start_s for st in schedule.stages]
+    if not (all(s is not None for s in known) and schedule.predicted_time_s):
         raise ValidationError(
             "--trigger time needs each stage's start time in the planned run: this schedule has "
             "no stages[].start_s (and no predicted_time_s); re-plan with an opdvfs that writes "
             "them, run on the twin, or use --trigger op",
             field="trigger",
         )
+    return _timing(
+        schedule,
+        np.asarray(known, dtype=float),
+        float(schedule.predicted_time_s),
+        latency_s=latency_s,
+        source="schedule",
+        guard_s=guard_s,
+    )
+
+
+def measured_timing(
+    schedule: Schedule,
+    run: RunResult,
+    *,
+    latency_s: float | None = None,
+    source: str = "measured",
+    guard_s: float = GUARD_S,
+) -> PlanTiming:
+    """Return the timing of ``schedule`` learned from a run of it that was measured.
+
+    ``run`` is an iteration (or the mean of several) with ``schedule`` applied, whose
+    :attr:`~opdvfs.result.RunResult.timeline` has one record per stage of the schedule, as
+    :meth:`SimulatedDevice.run <opdvfs.sim.twin.SimulatedDevice.run>` returns it: the switches
+    are then due where the stages really began, not where the planner predicted them
+    (``latency_s`` and ``guard_s`` as :func:`plan_timing`).
+
+    Raises
+    ------
+    ValidationError
+        If the run's timeline does not have one record per stage of the schedule.
+    """
+    if len(run.timeline) != len(schedule.stages):
+        raise ValidationError(
+            f"the measured run has {len(run.timeline)} stage records; the schedule has "
+            f"{len(schedule.stages)} stages (measure the run with this schedule applied)",
+            field="timeline",
+        )
+    stage_s = np.asarray([rec.start_s for rec in run.timeline], dtype=float)
+    return _timing(
+        schedule,
+        stage_s,
+        float(run.iteration_time_s),
+        latency_s=latency_s,
+        source=source,
+        guard_s=guard_s,
+    )
+
+
+def _timing(
+    schedule: Schedule,
+    stage_s: np.ndarray,
+    iteration_s: float,
+    *,
+    latency_s: float | None,
+    source: str,
+    guard_s: float,
+) -> PlanTiming:
+    if guard_s < 0:
+        raise ValidationError(f"guard {guard_s} s: expected >= 0", field="guard_s")
+    lead_s = schedule.switch_latency_ms * 1e-3 if latency_s is None else latency_s
     stages = tuple(sw.stage for sw in schedule.switches)
     return PlanTiming(
         iteration_s=iteration_s,
-        issue_s=stage_s[list(stages)] - lead_s,
+        issue_s=stage_s[list(stages)] - lead_s - guard_s,
         freqs_mhz=np.asarray([sw.freq_mhz for sw in schedule.switches], dtype=float),
         stage_s=stage_s,
         switch_stage=stages,
         latency_s=lead_s,
         source=source,
+        guard_s=guard_s,
     )
+
+
+def issued_by_time(schedule: Schedule, timing: PlanTiming) -> Schedule:
+    """Return ``schedule`` as the time-anchored executor issues it, for the twin to run.
+
+    Every switch is issued from the iteration's start (trigger op 0) after its due time
+    (``delay_us``); one due before the iteration starts is issued in the previous
+    iteration, ``iteration_s`` plus its (negative) due time after that iteration's start.
+    That is what :class:`TimedExecutor` sends when each iteration lasts ``timing``'s length
+    (the offsets' scale is 1) and the worker thread is never late; the stages are the
+    schedule's, so a run of it on the twin has a record per planned stage.
+    """
+    wrapped = timing.issue_s < 0  # the earliest stages' switches: a prefix, as required
+    due_s = np.where(wrapped, timing.iteration_s + timing.issue_s, timing.issue_s)
+    switches = tuple(
+        sw.model_copy(
+            update={
+                "trigger_op": 0,
+                "delay_us": max(float(due), 0.0) * 1e6,
+                "previous_iteration": bool(back),
+            }
+        )
+        for sw, due, back in zip(schedule.switches, due_s, wrapped, strict=True)
+    )
+    return schedule.model_copy(update={"switches": switches})
 
 
 def choose_trigger(timing: PlanTiming | None, latency_s: float) -> tuple[str, str]:
@@ -173,10 +292,12 @@ class TimedExecutor(ScheduleApplier):
     actuator
         Where the switches go.
     timing
-        When each switch is due; default :func:`plan_timing` of the schedule (given ``device``
-        and ``workload`` when the schedule has no start times).
+        When each switch is due; default :func:`plan_timing` of the schedule (measured on the
+        twin when ``device`` and ``workload`` are given, else the planner's start times).
     latency_s
         The switch latency to lead by (s); default the schedule's.
+    guard_s
+        How much earlier than the latency to issue each switch (:data:`GUARD_S`).
     tolerance
         Largest relative departure of an iteration's length from the plan's that still counts
         as in step (0.2: 20%). Keep it above the plan's slowdown target: an iteration at the top
@@ -196,6 +317,7 @@ class TimedExecutor(ScheduleApplier):
         *,
         timing: PlanTiming | None = None,
         latency_s: float | None = None,
+        guard_s: float = GUARD_S,
         tolerance: float = 0.2,
         device: SimulatedDevice | None = None,
         workload: Workload | None = None,
@@ -205,7 +327,7 @@ class TimedExecutor(ScheduleApplier):
         if not 0 < tolerance < 1:
             raise ValidationError(f"tolerance {tolerance}: expected 0 < tolerance < 1")
         self.tolerance = tolerance
-        self.latency_s = latency_s
+        self.latency_s, self.guard_s = latency_s, guard_s
         self._device, self._workload = device, workload
         self.timing: PlanTiming | None = timing
         self._cuda = torch.cuda.is_available()
@@ -228,7 +350,11 @@ class TimedExecutor(ScheduleApplier):
         timing = self.timing
         if timing is None or self.schedule is not None:
             timing = plan_timing(
-                schedule, latency_s=self.latency_s, device=self._device, workload=self._workload
+                schedule,
+                latency_s=self.latency_s,
+                device=self._device,
+                workload=self._workload,
+                guard_s=self.guard_s,
             )
         with self._lock:
             self._start_issuer()
@@ -274,7 +400,8 @@ class TimedExecutor(ScheduleApplier):
         """Queue the next iteration's switches, offsets scaled by ``scale``, from one anchor."""
         assert self.timing is not None
         timing, marker = self.timing, self._marker()
-        latency_s = timing.latency_s
+        # the switches lead their stages by the latency and the guard: neither scales
+        lead_s = timing.latency_s + timing.guard_s
         iteration, planned_s = self.iteration + 1, timing.iteration_s
         wrapped = np.flatnonzero(timing.issue_s < 0)
         missed = wrapped if catch_up else wrapped[self._wrapped_issued :]
@@ -284,8 +411,8 @@ class TimedExecutor(ScheduleApplier):
             )
 
         def at_scaled(k: np.integer, offset_s: float, then: Any = None) -> None:
-            # the stage's start moves with the iteration's length; the latency does not
-            due_s = scale * (offset_s + latency_s) - latency_s
+            # the stage's start moves with the iteration's length; the lead does not
+            due_s = scale * (offset_s + lead_s) - lead_s
             issuer.submit(
                 marker, max(due_s, 0.0), timing.freqs_mhz[k], iteration, None,
                 offset_s=offset_s, then=then,
