@@ -14,8 +14,11 @@ with ``alpha_i`` per operator instance, ``beta f V^2 + theta V`` the idle power 
   or ``gamma`` comes from a cool-down trace (``dP/dT = gamma V`` while the chip cools idle);
 * the chip/board rail is the core model plus a per-op constant (uncore power does not scale with
   the core clock: paper §7), or, when only chip power is measured, ``alpha_i f V^2 + u_i``;
-* ``V(f)`` comes from the device (``DeviceSpec.voltage``) or is fitted jointly across all ops
-  (flat below a knee, linear above; needs 3+ training clocks);
+* ``V(f)`` comes from the device (``DeviceSpec.voltage``: a preset's, or characterised from
+  power alone by ``opdvfs characterise``), else never a constant (power is convex in ``f`` on
+  every real GPU measured): from 2 clocks the generic GPU prior of :mod:`opdvfs.models.vf_prior`,
+  from 3 its knee with the rise fitted jointly across all ops (one shared number), from 4+ the
+  knee and slope fitted jointly (flat below a knee, linear above);
 * ``T0`` and ``k`` come from the profile's load runs: the mean temperature and chip power of each
   profiled clock;
 * ``dT`` at a new clock: the fixed point of ``T = T0 + k P`` with ``P`` the op's own chip power
@@ -397,8 +400,8 @@ class PowerModel(JsonFile):
     Parameters
     ----------
     voltage
-        V-f curve; default: the device's (``fit(device=...)``), else fitted from 3+ clocks, else
-        flat (V = 1).
+        V-f curve; default: the device's (``fit(device=...)``), else the generic prior (2
+        clocks), its knee with a fitted rise (3), or one fitted on the clocks (4+).
     temperature
         Whether to model ``gamma dT V`` (the paper reports 4.62% with it, 4.97% without).
     thermal
@@ -406,7 +409,8 @@ class PowerModel(JsonFile):
     dynamic
         ``"clock"`` (default, the paper's ``alpha_i f V^2``) or ``"throughput"``: plus each
         op's energy per launch over its time at the clock (module docstring); :meth:`predict`
-        then needs the ops' times.
+        then needs the ops' times, and :meth:`fit` an idle floor (idle runs in the
+        calibration, a device with ``idle``, or 3+ training clocks).
 
     Attributes
     ----------
