@@ -400,7 +400,9 @@ def test_cli_fit_and_validate_the_throughput_form(tmp_path):
     )
     measured = json.loads(res.stdout)
     assert measured["times"] == "measured"
-    assert measured["mape_pct"] < 1.0  # V-f on the characterisation grid's resolution
+    # the V-f curve comes from power alone (u_i + a_i f V^2 per kernel: one curve for both
+    # forms), not from these kernels' own throughput shape: ~2%, not the grid's resolution
+    assert measured["mape_pct"] < 2.5
     clock = json.loads(CliRunner().invoke(app, base).stdout)
     assert clock["times"] is None and clock["mape_pct"] > measured["mape_pct"]
     res = CliRunner().invoke(app, [*base, "--dynamic", "cubic"])

@@ -50,8 +50,9 @@ CharacteriseOption = Annotated[
     typer.Option(
         "--characterise",
         metavar="PROFILE",
-        help="Benchmark kernels run at 3+ clocks on the same device: the V-f curve and idle "
-        "power are fitted on them (throughput form) and used for this profile.",
+        help="Benchmark kernels run at 3+ clocks on the same device: the V-f curve (from power "
+        "alone) and idle power are fitted on them, as by `opdvfs characterise`, and used for "
+        "this profile.",
     ),
 ]
 
@@ -400,12 +401,17 @@ def _dynamic(text: str) -> Dynamic:
 
 
 def _characterised(path: Path | None) -> tuple[VoltageCurve | None, PowerCalibration | None]:
-    """Fit the V-f curve and idle power on a benchmark profile (``--characterise``)."""
-    from opdvfs.models.characterise import characterise_device
+    """Fit the V-f curve (power alone) and idle power on a benchmark profile (--characterise).
+
+    The same characterisation as ``opdvfs characterise``: one curve for both power forms.
+    """
+    from opdvfs.models.characterise import characterise_spec, idle_calibration
 
     if path is None:
         return None, None
     bench = load_profile([path], None, None)
     with spinner() as progress:
         progress.add_task(f"characterising the device on {path.name}", total=None)
-        return characterise_device(bench)
+        spec = characterise_spec(bench, name=path.stem)
+    assert spec.idle is not None  # characterise_spec fits both
+    return spec.voltage, idle_calibration(spec, spec.idle.rail)

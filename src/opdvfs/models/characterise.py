@@ -27,7 +27,13 @@ from opdvfs.exceptions import ValidationError
 from opdvfs.models._lsq import fit_fixed_effects
 from opdvfs.profile import Profile
 
-__all__ = ["characterise_device", "characterise_spec", "fit_voltage_curve", "power_grid"]
+__all__ = [
+    "characterise_device",
+    "characterise_spec",
+    "fit_voltage_curve",
+    "idle_calibration",
+    "power_grid",
+]
 
 _Fitted = TypeVar("_Fitted")
 
@@ -236,3 +242,19 @@ def characterise_spec(
         power_sample_period_ms=power_sample_period_ms,
         source=source,
     )
+
+
+def idle_calibration(
+    device: DeviceSpec, rail: str, voltage: VoltageCurve | None = None
+) -> PowerCalibration | None:
+    """Return the device's idle power on ``rail`` as idle runs at its clocks, or None.
+
+    What a characterised device gives the throughput form in place of the paper's idle runs
+    (eq. 12); ``voltage`` stands in when the device has no curve of its own.
+    """
+    idle, curve = device.idle, device.voltage or voltage
+    if idle is None or idle.rail != rail or curve is None:
+        return None
+    clocks = np.asarray(device.freqs_mhz, dtype=float)
+    power = idle.power_w(clocks, curve)
+    return PowerCalibration(idle=pd.DataFrame({"freq_mhz": clocks, f"{rail}_power_w": power}))

@@ -59,7 +59,7 @@ from opdvfs.exceptions import InputFormatError, ValidationError
 from opdvfs.models._estimator import check_finite, check_is_fitted, training_clocks
 from opdvfs.models._lsq import fit_fixed_effects, mean_by, per_op_static, stack_columns
 from opdvfs.models.attribution import power_rows
-from opdvfs.models.characterise import fit_voltage_curve
+from opdvfs.models.characterise import fit_voltage_curve, idle_calibration
 from opdvfs.models.perf import check_times, op_names
 from opdvfs.models.thermal import fit_thermal, solve_temperature
 from opdvfs.models.vf_prior import fit_top_rise, prior_curve
@@ -310,12 +310,9 @@ def _idle_floor(
     """
     if calibration is not None:
         return calibration
-    idle = device.idle if device is not None else None
-    if idle is not None and idle.rail == rail:
-        assert device is not None
-        clocks = np.asarray(device.freqs_mhz, dtype=float)
-        power = idle.power_w(clocks, device.voltage or voltage)
-        return PowerCalibration(idle=pd.DataFrame({"freq_mhz": clocks, f"{rail}_power_w": power}))
+    characterised = idle_calibration(device, rail, voltage) if device is not None else None
+    if characterised is not None:
+        return characterised
     if len(train_mhz) >= 3:
         return None
     raise ValidationError(
