@@ -36,6 +36,12 @@ def timing_of(workload, freqs=FINE, params=ASCEND.twin):
 
 
 # ------------------------------------------------------------------ physics (paper §4)
+#: The paper's own timeline: eqs. (5)-(8) with sharp maxima, no re-reads, no per-tile overhead.
+SHARP = ASCEND.twin.model_copy(
+    update={"tile_spread": 0.0, "cube_bytes_per_flop": 0.0, "tile_overhead_cycles": 0.0}
+)
+
+
 @pytest.mark.parametrize("kind", ["MatMul", "Gelu", "LayerNorm", "Gather"])
 def test_cycles_convex_piecewise_linear_in_f(kind):
     rng = np.random.default_rng(3)
@@ -43,31 +49,71 @@ def test_cycles_convex_piecewise_linear_in_f(kind):
     w = one_op_workload(
         [kind] * n, rng.uniform(1e6, 1e11, n), rng.uniform(1e4, 1e8, n), rng.uniform(1e4, 1e8, n)
     )
-    cycles = timing_of(w).cycles
+    for params in (SHARP, ASCEND.twin):
+        cycles = timing_of(w, params=params).cycles
+        second = np.diff(cycles, 2, axis=1)
+        scale = np.abs(cycles).max(axis=1, keepdims=True)
+        assert (second >= -1e-9 * scale).all()  # convex, with or without the tile spread
+    # the paper's timeline is piecewise linear: the second difference vanishes except at a
+    # few breakpoints
+    cycles = timing_of(w, params=SHARP).cycles
     second = np.diff(cycles, 2, axis=1)
-    scale = np.abs(cycles).max(axis=1, keepdims=True)
-    assert (second >= -1e-9 * scale).all()  # convex
-    # piecewise linear: the second difference vanishes except at a few breakpoints
-    kinks = (np.abs(second) > 1e-7 * scale).sum(axis=1)
+    kinks = (np.abs(second) > 1e-7 * np.abs(cycles).max(axis=1, keepdims=True)).sum(axis=1)
     assert kinks.max() <= 5
 
 
-def test_memory_bound_op_flat_above_saturation():
+def f_s_mhz(c_bytes_per_cycle, p=ASCEND.twin):
+    """Eq. (2): the saturation clock of a load/store path, MHz."""
+    return p.uncore_bw_gbs * 1e9 / (c_bytes_per_cycle * p.core_num) / 1e6
+
+
+def test_memory_bound_vector_op_saturates_inside_the_clock_range():
+    """Fig. 16: Add / RealDiv / ReduceMean slow visibly between 1200 and 1600 MHz.
+
+    The vector units' narrower load/store path puts their f_s inside the range; above it, only
+    the per-tile core-domain overhead (n * cycles / f) still follows the clock.
+    """
     p = ASCEND.twin
-    f_s = p.uncore_bw_gbs * 1e9 / (p.ldst_bytes_per_cycle * p.core_num) / 1e6  # eq. (2), MHz
+    f_s = f_s_mhz(p.vector_ldst_bytes_per_cycle)
+    assert 1200 < f_s < 1600 < f_s_mhz(p.ldst_bytes_per_cycle) * 2
     w = one_op_workload(["Add"], [1.0], [512e6], [256e6])
-    t = timing_of(w).time_us[0]
+    flat = p.model_copy(update={"tile_overhead_cycles": 0.0, "tile_spread": 0.0})
+    t = timing_of(w, params=flat).time_us[0]
     above = FINE > f_s * 1.01
     np.testing.assert_allclose(t[above], t[above][0], rtol=1e-9)
     below = FINE < f_s * 0.99
     assert (np.diff(t[below]) < 0).all()  # still speeding up below f_s
+    # the tile overhead adds exactly n * cycles / f above f_s
+    n = p.max_tiles
+    extra = timing_of(w, params=flat.model_copy(update={"tile_overhead_cycles": 300.0})).time_us
+    np.testing.assert_allclose((extra[0] - t)[above], n * 300.0 / FINE[above], rtol=1e-9)
+    # Fig. 16's range on the calibrated twin: slower at 1200 than at 1600 by several percent
+    t = timing_of(w, freqs=np.array([1200.0, 1600.0, 1800.0])).time_us[0]
+    assert t[0] / t[1] > 1.05 and 1.0 < t[1] / t[2] < 1.03
 
 
 def test_compute_bound_time_inverse_in_f():
     w = one_op_workload(["MatMul"], [4e13], [1e6], [1e6])
-    t = timing_of(w).time_us[0] - ASCEND.twin.launch_overhead_us
+    t = timing_of(w, params=SHARP).time_us[0] - ASCEND.twin.launch_overhead_us
     product = t * FINE
     np.testing.assert_allclose(product, product[0], rtol=0.01)
+
+
+def test_operand_rereads_make_large_matmuls_load_bound_at_the_top_clocks():
+    """Re-read traffic (flops x bytes/FLOP) caps a large matmul at BW / (bytes/FLOP)."""
+    p = ASCEND.twin.model_copy(update={"tile_spread": 0.0})
+    w = one_op_workload(["MatMul"], [4e13], [1e6], [1e6])
+    t = timing_of(w, params=p).time_us[0] - p.launch_overhead_us
+    load_us = 4e13 * p.cube_bytes_per_flop / (p.uncore_bw_gbs * 1e3)
+    rate = p.core_num * p.cube_flops_per_cycle * FAMILIES["MatMul"].efficiency
+    knee_mhz = p.uncore_bw_gbs * 1e9 / (p.cube_bytes_per_flop * rate) / 1e6
+    assert 1000 < knee_mhz < 1800  # inside the clock range
+    high, low = FINE > knee_mhz * 1.05, FINE < knee_mhz * 0.95
+    np.testing.assert_allclose(t[high], load_us, rtol=0.02)  # load-bound: flat
+    np.testing.assert_allclose(t[low] * FINE[low], t[low][0] * FINE[low][0], rtol=0.02)
+    # with the tile spread the knee is gradual: time still falls a little above it
+    smooth = timing_of(w).time_us[0]
+    assert (np.diff(smooth) <= 1e-9).all() and smooth[high][0] > smooth[high][-1] * 1.001
 
 
 def test_comm_ops_ignore_core_clock():
@@ -245,13 +291,16 @@ def test_energy_is_booked_at_each_pieces_clock_at_any_switch_density():
 
 
 def test_lower_clock_saves_core_energy_on_memory_bound_work():
+    """The paper's Gelu: a little slower (~2%) for a much larger power saving (>= 5%)."""
     dev = SimulatedDevice.from_preset("ascend-910b-like")
     # 2 FLOP per byte, like a BF16 GeLU: memory-bound
     w = one_op_workload(["Gelu"] * 100, [1.2e9] * 100, [3e8] * 100, [3e8] * 100)
     hi, _ = dev.run(w)
-    lo, _ = dev.run(w, freq_mhz=1000.0)
-    assert lo.iteration_time_s / hi.iteration_time_s < 1.02
-    assert lo.core_energy_j < 0.8 * hi.core_energy_j
+    lo, _ = dev.run(w, freq_mhz=1500.0)  # just above the vector ops' f_s
+    slower = lo.iteration_time_s / hi.iteration_time_s - 1
+    assert 0.0 < slower < 0.03
+    assert lo.core_power_w < 0.95 * hi.core_power_w
+    assert lo.core_energy_j < 0.9 * hi.core_energy_j
 
 
 def test_host_bound_inference_insensitive_to_clock():
@@ -338,10 +387,12 @@ def test_presets_simulate_gpt3_like_block(name):
 
 
 def test_gpt3_on_ascend_matches_the_paper_scale():
-    """Calibration targets (paper Table 3 / §7): ~11 s of work, ~18k ops, SoC ~250 W.
+    """Calibration targets (paper Table 3 / §7, docs/twin-calibration.md): ~18k ops, SoC 250 W
+    and AICore 45.9 W at 1800 MHz, the 1F1B bubble inside the iteration.
 
-    The stage also waits out the 1F1B bubble, (pp - 1) / (microbatches + pp - 1) = 7/39 of the
-    iteration, with its core idle: that pulls the mean AICore power below the paper's 45.9 W.
+    The iteration runs 15 s against the paper's 11.29 s: with the matmuls load-bound at the top
+    clocks (operand re-reads), this GPT-3 stage's work takes longer than the paper's (a known
+    gap, named in the calibration document).
     """
     dev = SimulatedDevice.from_preset("ascend-910b-like")
     w = BUILDERS["gpt3"]()
@@ -350,10 +401,12 @@ def test_gpt3_on_ascend_matches_the_paper_scale():
     assert len(prof) == 2 * len(w)
     result, _ = dev.run(w)
     bubble_s = w.meta["pipeline_wait_us"] * 1e-6
-    assert bubble_s / result.iteration_time_s == pytest.approx(7 / 39, rel=0.1)
-    assert result.iteration_time_s - bubble_s == pytest.approx(11.3, rel=0.1)
-    assert result.chip_power_w == pytest.approx(250, rel=0.08)
-    assert result.core_power_w == pytest.approx(41, rel=0.1)
+    assert bubble_s / result.iteration_time_s == pytest.approx(7 / 39, rel=0.15)
+    assert 11.29 < result.iteration_time_s < 1.4 * 11.29
+    assert result.chip_power_w == pytest.approx(250.04, rel=0.03)
+    assert result.core_power_w == pytest.approx(45.92, rel=0.05)
+    # the non-AICore part is ~80% of the SoC (paper §8)
+    assert 0.75 < 1 - result.core_power_w / result.chip_power_w < 0.85
 
 
 def test_activity_scales_dynamic_core_power_only():

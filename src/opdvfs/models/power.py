@@ -423,6 +423,9 @@ class PowerModel(JsonFile):
         Load-independent dynamic coefficient from idle calibration (0 when folded in alpha).
     uncore_w_ : ndarray, shape (n_ops,)
         Chip power not on the core rail, per op (constant in the clock).
+    uncore_beta_ : float
+        Chip power not on the core rail that follows the core clock, W per GHz V^2 (one for
+        every op, paper eq. 16's ``alpha_SoC f V^2``); 0 on the chip rail alone.
     ambient_c_, k_c_per_w_ : float
         Thermal model ``T = T0 + k P_chip``.
     rail_ : str
@@ -515,10 +518,27 @@ class PowerModel(JsonFile):
             np.zeros(n_ops) if coef.core_uj_per_v2 is None else coef.core_uj_per_v2
         )
         self.uncore_uj_ = np.zeros(n_ops) if coef.uncore_uj is None else coef.uncore_uj
-        # what the chip rail measures beyond the core model: the op's uncore power
+        # what the chip rail measures beyond the core model: the op's uncore power, plus the
+        # part of it that follows the core clock (paper eq. 16, alpha_SoC f V^2: non-AICore
+        # logic on the AI cores' clock), one slope for every op, fitted across the clocks
         model = self._core(op, design.x, design.volt, design.dtemp, design.inv_t)
         measured = rows["chip_power_w"].to_numpy(dtype=float) if "chip_power_w" in rows else model
-        self.uncore_w_ = mean_by(op, measured - model, n_ops)
+        rest = measured - model
+        x_op = mean_by(op, design.x, n_ops)
+        dx = design.x - x_op[op]
+        # the slope from the ops whose time does not follow the clock (collectives, waits,
+        # load-bound kernels): their traffic power is the same at every clock, so it cannot
+        # pass for clock-coupled power
+        spread = pd.Series(rows["time_us"].to_numpy(dtype=float)).groupby(op).agg(["min", "max"])
+        t_lo = spread["min"].reindex(range(n_ops)).to_numpy()
+        t_hi = spread["max"].reindex(range(n_ops)).to_numpy()
+        flat = (t_hi <= 1.02 * t_lo)[op]
+        use = flat if (flat & (dx != 0)).any() else np.ones_like(flat)
+        dr = (rest - mean_by(op, rest, n_ops)[op])[use]
+        dxu = dx[use]
+        slope = float(dxu @ dr) / float(dxu @ dxu) if dxu.any() else 0.0
+        self.uncore_beta_ = max(slope, 0.0) if rail == "core" else 0.0
+        self.uncore_w_ = mean_by(op, rest, n_ops) - self.uncore_beta_ * x_op
         self.use_temperature_ = bool(use_t)
         self.op_ids_ = op_ids
         times = profile.ops.groupby("op")["time_us"].median()
@@ -591,7 +611,7 @@ class PowerModel(JsonFile):
 
             def chip_at(dt: np.ndarray, x=x, vv=vv, it=it) -> np.ndarray:
                 p = self._core(ops, x, vv, dt if self.use_temperature_ else None, it)
-                p = p + self.uncore_w_
+                p = p + self.uncore_w_ + self.uncore_beta_ * x
                 return np.asarray(weight @ p) if self.thermal == "workload" else p
 
             if self.use_temperature_ and self.k_c_per_w_ > 0:
@@ -600,7 +620,8 @@ class PowerModel(JsonFile):
                 dtemp = np.zeros(n)
             core[:, j] = self._core(ops, x, vv, dtemp if self.use_temperature_ else None, it)
             temps[:, j] = self.ambient_c_ + dtemp
-        chip = core + self.uncore_w_[:, None]
+        fv2 = freqs / 1e3 * self.voltage_.voltage_v(freqs) ** 2
+        chip = core + self.uncore_w_[:, None] + self.uncore_beta_ * fv2[None, :]
         if self.rail_ == "chip":
             core, chip = chip, chip
         return {"core_w": core, "chip_w": chip, "temp_c": temps, "iterations": steps}
@@ -646,6 +667,7 @@ class PowerModel(JsonFile):
             "core_uj_per_v2": self.core_uj_per_v2_.tolist(),
             "uncore_uj": self.uncore_uj_.tolist(),
             "uncore_w": self.uncore_w_.tolist(),
+            "uncore_beta": self.uncore_beta_,
             "time_weight": self.time_weight_.tolist(),
         }
 
@@ -675,6 +697,7 @@ class PowerModel(JsonFile):
             model.core_uj_per_v2_ = np.asarray(doc.get("core_uj_per_v2", zeros), float)
             model.uncore_uj_ = np.asarray(doc.get("uncore_uj", zeros), float)
             model.uncore_w_ = np.asarray(doc["uncore_w"], dtype=float)
+            model.uncore_beta_ = float(doc.get("uncore_beta", 0.0))
             model.time_weight_ = np.asarray(doc["time_weight"], dtype=float)
         except (KeyError, TypeError, ValueError) as exc:
             raise InputFormatError(f"{source}: malformed power model ({exc})") from None

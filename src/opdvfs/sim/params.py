@@ -53,6 +53,14 @@ class TwinParams(FrozenModel):
         description="core-domain cycles per tile (synchronisation, scalar set-up): "
         "clock-sensitive time even in a memory-bound op",
     )
+    tile_spread: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="relative spread of a tile's load time around its mean (L2 hits vary tile "
+        "to tile): 0 gives eq. (7)-(8)'s sharp max; > 0 blends the load- and compute-bound "
+        "regimes smoothly (still convex)",
+    )
     cube_bytes_per_flop: NonNegativeFloat = Field(
         default=0.0,
         description="operand re-reads from L2/HBM per matrix FLOP (tiling): a large matmul "
@@ -69,6 +77,13 @@ class TwinParams(FrozenModel):
     vector_activity: PositiveFloat = Field(description="vector-unit power relative to matrix")
     mte_activity: NonNegativeFloat = Field(description="load/store-unit power relative to matrix")
     base_activity: NonNegativeFloat = Field(description="activity of an op's control overhead")
+    stall_activity: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="share of a unit's busy power it still draws while stalled inside an op "
+        "(clock tree, ungated pipeline registers): stalled cycles cost f V^2 too",
+    )
     leak_a: NonNegativeFloat = Field(description="core leakage current at leak_ref_c (A)")
     leak_ref_c: float = 25.0
     leak_doubling_c: PositiveFloat = Field(description="leakage doubles every this many deg C")

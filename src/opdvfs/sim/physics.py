@@ -175,20 +175,16 @@ def op_timing(ops: OpArrays, freqs_mhz: np.ndarray, p: TwinParams) -> Timing:
     per_cycle = np.where(cube, p.cube_flops_per_cycle, p.vector_flops_per_cycle)
     core = (ops.flops / (n[:, 0] * p.core_num * per_cycle * ops.efficiency))[:, None]
     pp, dep = ops.pingpong[:, None], ops.dependent[:, None]
+    # the overlapped stage of a double-buffered tile: max(Cycle(Ld), Cycle(St), Cycle(core))
+    overlap = _mean_max(ld, np.maximum(st + t0, core) - t0, p.tile_spread) + t0
     cycles = np.select(
         [~pp & ~dep, ~pp & dep, pp & ~dep],
         [
             ld + st + n * core + (n - 1) * np.maximum(ld, st) + (n + 1) * t0,  # eq. (5)
             n * (ld + st + core + 2 * t0),  # eq. (6)
-            ld
-            + core
-            + st
-            + (n - 1) * np.maximum(np.maximum(ld + t0, st + t0), core)
-            + 2 * t0,  # eq. (7)
+            ld + core + st + (n - 1) * overlap + 2 * t0,  # eq. (7)
         ],
-        (n / 2) * (ld + core + st)
-        + np.maximum(np.maximum(ld + t0, st + t0), core)
-        + n * t0,  # eq. (8)
+        (n / 2) * (ld + core + st) + overlap + n * t0,  # eq. (8)
     )
     # Per-tile synchronisation between the load, compute and store pipes (flag set/wait on the
     # scalar unit) is serial and counted in core cycles: even a load-bound op keeps a little
@@ -217,16 +213,35 @@ def op_timing(ops: OpArrays, freqs_mhz: np.ndarray, p: TwinParams) -> Timing:
     )
 
 
+def _mean_max(load: np.ndarray, other: np.ndarray, spread: float) -> np.ndarray:
+    """``E[max(L, other)]`` with ``L`` uniform on ``load * [1 - spread, 1 + spread]``.
+
+    With ``spread`` 0 this is eq. (7)-(8)'s ``max``. Real tiles do not all load alike (L2 hits
+    vary), so an op's move from compute-bound to load-bound is gradual: the mean of the max is
+    convex in the clock (a mean of convex functions) but not piecewise linear.
+    """
+    if spread == 0.0:
+        return np.maximum(load, other)
+    lo, hi = load * (1.0 - spread), load * (1.0 + spread)
+    width = np.maximum(hi - lo, 1e-300)
+    c = np.clip(other, lo, hi)
+    blend = (c * (c - lo) + 0.5 * (hi * hi - c * c)) / width
+    return np.where(other >= hi, other, np.where(other <= lo, load, blend))
+
+
 def activity(ops: OpArrays, timing: Timing, p: TwinParams) -> np.ndarray:
     """Switching activity of the core rail while each op runs, shape (n_ops, n_freqs).
 
     A memory-bound op's compute units idle more at a high clock (their busy share falls), so its
     activity falls with the clock: a constant alpha per op is only an approximation of this.
+    Stalled cycles are not free: a stalled unit draws ``stall_activity`` of its busy power.
     """
     unit_weight = np.where(ops.unit == CUBE, 1.0, p.vector_activity)[:, None]
     on_core = (ops.unit < COMM)[:, None]
+    # a stalled unit (waiting on its loads) still clocks: it costs f V^2 at stall_activity
+    busy = timing.core_busy + p.stall_activity * (1.0 - timing.core_busy)
     a = (
-        unit_weight * timing.core_busy
+        unit_weight * busy
         + p.mte_activity * 0.5 * (timing.ld_busy + timing.st_busy)
         + p.base_activity
     )

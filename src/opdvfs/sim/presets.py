@@ -10,7 +10,11 @@ measurements, and every result on them is simulated. Sources, by constant:
   1 ms switch and ~1 ms power sensor (paper §7, lpmi_tool), SoC ~250 W / AICore ~46 W on GPT-3
   at 1800 MHz (paper Table 3, used to calibrate power), thermal slope k from paper Fig. 10
   (50 -> 85 deg C over 200 -> 400 W: 0.175 deg C/W). 24 AI cores with a 16x16x16 cube (8192
-  FLOP/cycle), ~1.6 TB/s HBM (public 910B figures).
+  FLOP/cycle), ~1.6 TB/s HBM (public 910B figures). The issue-18 constants (clock-coupled
+  non-AICore power, per-cycle AICore share, vector f_s inside the range, per-tile overhead,
+  matmul re-reads, tile spread, uncore leakage) are calibrated on facts that involve no DVFS
+  outcome: ``docs/twin-calibration.md`` names each fact and ``benchmarks/twin_calibration.py``
+  prints the twin beside it.
 * a100-like: 108 SMs, NVML clock list 210-1410 MHz in 15 MHz steps, 312 TFLOP/s dense FP16
   tensor (2048 FLOP/cycle/SM), 2.0 TB/s HBM2e, 400 W TDP (NVIDIA A100 datasheet); ~15 ms clock
   switch (paper §5.3, V100 measurement); NVML power averaged over 100 ms.
@@ -71,19 +75,26 @@ _ASCEND = Preset(
         cube_flops_per_cycle=8192.0,
         vector_flops_per_cycle=512.0,
         tile_bytes=1 << 20,
+        vector_ldst_bytes_per_cycle=46.0,
+        tile_overhead_cycles=300.0,
+        tile_spread=0.3,
+        cube_bytes_per_flop=0.0062,
         launch_overhead_us=3.0,
         noise_rel=0.006,
         jitter_us=1.0,
         comm_link_gbs=150.0,
         comm_latency_us=15.0,
-        core_beta_w=6.0,
-        core_cdyn_w=35.0,
+        core_beta_w=18.0,
+        core_cdyn_w=18.0,
         vector_activity=0.45,
         mte_activity=0.25,
         base_activity=0.05,
-        leak_a=4.4,
+        stall_activity=0.5,
+        leak_a=5.0,
         leak_doubling_c=30.0,
-        uncore_idle_w=142.0,
+        uncore_idle_w=91.0,
+        uncore_coupled_w=28.0,
+        uncore_leak_w=4.6,
         uncore_pj_per_byte=30.0,
         comm_w=15.0,
         misc_w=55.0,
