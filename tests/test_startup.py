@@ -23,16 +23,31 @@ sys.stderr.write("HEAVY=" + json.dumps(heavy) + "\\n")
 """
 
 
-def heavy_imports(*args: str) -> list[str]:
-    """Return the heavy packages ``opdvfs ARGS`` imports, in a fresh interpreter."""
+def heavy_imports(*args: str, names: tuple[str, ...] = HEAVY) -> list[str]:
+    """Return which of the packages ``names`` ``opdvfs ARGS`` imports, in a fresh interpreter."""
     done = subprocess.run(
-        [sys.executable, "-c", _PROBE, json.dumps(args), json.dumps(HEAVY)],
+        [sys.executable, "-c", _PROBE, json.dumps(args), json.dumps(names)],
         capture_output=True,
         text=True,
         check=True,
     )
     line = next(x for x in done.stderr.splitlines() if x.startswith("HEAVY="))
     return json.loads(line.removeprefix("HEAVY="))
+
+
+def test_version_imports_only_the_package_face():
+    # `opdvfs --version` parses nothing: no CLI framework, no numpy, no command module
+    light = ("typer", "rich", "click", "pydantic", "numpy", "msgspec", "highspy")
+    assert heavy_imports("--version", names=HEAVY + light) == []
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.argv = ['opdvfs', '--version']\n"
+         "from opdvfs.cli import main\nmain()\n"
+         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'opdvfs'))"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    version, modules = done.stdout.splitlines()
+    assert version.startswith("opdvfs ")
+    assert modules == "['opdvfs', 'opdvfs._lazy', 'opdvfs.cli']"
 
 
 @pytest.mark.parametrize(
