@@ -14,11 +14,14 @@
 3. Real V100 board power (NV-DVFS-Benchmark, ../shared): 20 kernels, trained on 705 and
    1380 MHz (or 705, 1087, 1380), scored on the other clocks >= 705 MHz. Clock form with the V-f
    of the v100-like preset, of ``fit_voltage_curve`` on the 138 micro-benchmark kernels of the
-   same GPU, or fitted on the kernels' own clocks (3 only). Throughput form with the V-f curve
-   and idle power from ``characterise_device`` on the micro-benchmarks (all clocks >= 705 MHz: a
-   device characterisation, like the paper's idle runs), the held-out times from the
-   performance model fitted on the same training clocks (what a plan sees) or measured (the
-   power model's own error, given the op's time).
+   same GPU, or with no device: the generic V-f prior (2 clocks), its knee with the rise fitted
+   on the kernels (3; ``opdvfs.models.vf_prior``). Throughput form on the device
+   ``opdvfs characterise`` makes of the micro-benchmarks (``characterise_spec``, all clocks >= 705
+   MHz: the V-f curve from power alone, the one the clock form uses, and the idle power on it,
+   like the paper's idle runs), beside the curve fitted jointly with the throughput form
+   (``characterise_device``, what ``--characterise`` used before issue 16), the held-out times
+   from the performance model fitted on the same training clocks (what a plan sees) or measured
+   (the power model's own error, given the op's time).
 
     .venv/bin/python benchmarks/power_models.py [--root ../shared/data/real]
 """
@@ -34,7 +37,11 @@ import pandas as pd
 from opdvfs import Profile
 from opdvfs.io import read_profile
 from opdvfs.models.attribution import attribute_class_power
-from opdvfs.models.characterise import characterise_device, fit_voltage_curve
+from opdvfs.models.characterise import (
+    characterise_device,
+    characterise_spec,
+    fit_voltage_curve,
+)
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel
 from opdvfs.sim import SimulatedDevice
@@ -186,7 +193,8 @@ def v100_table(root: Path) -> pd.DataFrame | None:
     micro_profile = Profile(micro[micro["freq_mhz"] >= 705])
     f_micro, p_micro = grid(micro_profile, "chip_power_w")
     characterised = fit_voltage_curve(f_micro, p_micro)
-    device_vf, device_idle = characterise_device(micro_profile)
+    device = characterise_spec(micro_profile, name="V100 (micro-benchmarks >= 705 MHz)")
+    joint_vf, joint_idle = characterise_device(micro_profile)
     columns = {}
     for train in ([705.0, 1380.0], [705.0, 1087.0, 1380.0]):
         test = f[~np.isin(f, train)]
@@ -195,8 +203,11 @@ def v100_table(root: Path) -> pd.DataFrame | None:
         def score(model: PowerModel, time_us: np.ndarray | None = None, cols=cols, test=test):
             return mape(model.predict(test, time_us=time_us)["chip_w"], actual[:, cols])
 
-        throughput = PowerModel(voltage=device_vf, dynamic="throughput", temperature=False).fit(
-            profile, train, calibration=device_idle
+        throughput = PowerModel(dynamic="throughput", temperature=False).fit(
+            profile, train, device=device
+        )
+        joint = PowerModel(voltage=joint_vf, dynamic="throughput", temperature=False).fit(
+            profile, train, calibration=joint_idle
         )
         perf_us = PerfModel().fit(profile, train).predict(test)
         column = {
@@ -206,15 +217,18 @@ def v100_table(root: Path) -> pd.DataFrame | None:
             "clock form, V-f from micro-benchmarks": score(
                 PowerModel(voltage=characterised, temperature=False).fit(profile, train)
             ),
-            "clock form, V-f fitted on the kernels": score(
+            "clock form, no device (V-f prior; 3 clocks: its knee, rise fitted)": score(
                 PowerModel(temperature=False).fit(profile, train)
-            )
-            if len(train) >= 3
-            else np.nan,
+            ),
             "throughput form, device from micro-benchmarks, perf-model times": score(
                 throughput, perf_us
             ),
             "  same, measured times (power model alone)": score(throughput, measured_us[:, cols]),
+            "  V-f fitted jointly with the throughput form": score(joint, perf_us),
+            "    same, measured times": score(joint, measured_us[:, cols]),
+            "  clock form with that joint V-f": score(
+                PowerModel(voltage=joint_vf, temperature=False).fit(profile, train)
+            ),
             "p0 + a f^3 (lowest, highest clock)": mape(
                 cubic_baseline(f, actual, [train[0], train[-1]], test), actual[:, cols]
             ),
