@@ -50,6 +50,11 @@ __all__ = [
     "topological_levels",
 ]
 
+#: A neighbourhood's nodes choose among the options this many slots either side of their
+#: current one (the search moves in small steps; the full choice makes each step slow).
+_BAND = 3
+#: Nodes per time window of the neighbourhood search, and windows per window length.
+_WINDOW, _STRIDE = 32, 2
 #: Relative slack on time comparisons (s): a path equal to the deadline up to rounding fits.
 _TIME_RTOL = 1e-9
 
@@ -210,12 +215,14 @@ class DagProblem:
         return int(self.rank.max(initial=-1)) + 1
 
     def top_clock(self) -> np.ndarray:
-        """Each node's fastest available clock column (all-max where every clock is known)."""
-        times = np.where(np.isnan(self.time_s), np.inf, self.time_s)
-        # the highest clock among the fastest options (ties: the top clock is the baseline)
-        fastest = times <= times.min(axis=1, keepdims=True) * (1 + _TIME_RTOL)
+        """Each node's highest available clock column: the all-max plan (the baseline).
+
+        Not its fastest: where time is flat at the top (an A40 at its power cap from ~1455 MHz)
+        a lower clock can measure a little faster; the plans may use it, the baseline does not.
+        """
+        known = ~np.isnan(self.time_s)
         last = self.time_s.shape[1] - 1
-        return last - np.argmax(fastest[:, ::-1], axis=1)
+        return last - np.argmax(known[:, ::-1], axis=1)
 
     def evaluate(self, clock: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Return makespan (s), total energy (J) and computation energy (J) of plans.
@@ -418,20 +425,27 @@ class _Programme:
         rel_gap: float,
         time_limit_s: float,
         free: np.ndarray | None = None,
+        band: int | None = None,
     ) -> tuple[np.ndarray | None, float, bool]:
         """Solve the 0/1 programme (from ``slot``, a plan as option slots): plan, bound, optimal.
 
-        With ``free`` (a node mask) only those nodes choose; the others keep ``slot``'s option
-        (a neighbourhood search step; the bound is then the neighbourhood's, not a certificate).
+        With ``free`` (a node mask) only those nodes choose, among the options within ``band``
+        slots of their current one (all if None); the others keep ``slot``'s option (a
+        neighbourhood search step; the bound is then the neighbourhood's, not a certificate).
         """
         self._integrality(True)
         h = self.h
         if free is not None and slot is not None:
+            current = slot[self.node_of]
+            near = np.abs(self.slot - current) <= (band if band is not None else self.nx)
             fixed = ~free[self.node_of]
-            on = self.slot == slot[self.node_of]
+            on = self.slot == current
             cols = np.arange(self.nx, dtype=np.int32)
             h.changeColsBounds(
-                self.nx, cols, (fixed & on).astype(float), np.where(fixed & ~on, 0.0, 1.0)
+                self.nx,
+                cols,
+                (fixed & on).astype(float),
+                np.where((fixed & ~on) | (~fixed & ~near), 0.0, 1.0),
             )
         try:
             return self._branch_and_bound(slot, rel_gap=rel_gap, time_limit_s=time_limit_s)
@@ -564,10 +578,10 @@ def _neighbourhoods(
     (across ranks), then pairs of neighbouring ranks.
     """
     n = problem.n_nodes
-    size = min(n, 32)
+    size = min(n, _WINDOW)
     by_time = np.argsort(slot_start_s, kind="stable")
     hoods = [fractional] if fractional.any() else []
-    for first in range(0, max(n - size, 0) + 1, max(size // 2, 1)):
+    for first in range(0, max(n - size, 0) + 1, max(size // _STRIDE, 1)):
         mask = np.zeros(n, dtype=bool)
         mask[by_time[first : first + size]] = True
         hoods.append(mask)
@@ -603,7 +617,9 @@ def _search(
             left = until - _time.perf_counter()
             if left <= 0:
                 return best
-            got, _, _ = programme.exact(best, rel_gap=1e-9, time_limit_s=min(left, 0.2), free=hood)
+            got, _, _ = programme.exact(
+                best, rel_gap=1e-9, time_limit_s=min(left, 0.2), free=hood, band=_BAND
+            )
             if got is None:
                 continue
             got = _greedy_fill(problem, options, got, deadline_s)
