@@ -67,9 +67,9 @@ _ABLATION_KEYS = {
 
 def paper_figures(o: Outcome) -> dict[str, float] | None:
     """Return the paper's figures for the same row (Table 3 or Fig. 18), if it reports one."""
-    if o.label.startswith("reference"):
+    if o.workload == "gpt3" and o.label.startswith("reference"):
         return PAPER_ABLATIONS["reference"]
-    if o.label in _ABLATION_KEYS:
+    if o.workload == "gpt3" and o.label in _ABLATION_KEYS:
         return PAPER_ABLATIONS[_ABLATION_KEYS[o.label]]
     if o.label.endswith("%"):
         return PAPER_TABLE3.get((o.workload, round(o.target_pct)))
