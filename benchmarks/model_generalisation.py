@@ -290,9 +290,12 @@ def speed(n: int = 100_000) -> pd.DataFrame:
         ("throughput form, core rail", core, "throughput"),
         ("throughput form, chip rail", chip, "throughput"),
     ):
-        t0 = time.perf_counter()
-        PowerModel(dynamic=dynamic).fit(profile)  # type: ignore[arg-type]
-        out.append({"power form": label, "ops": n, "seconds": time.perf_counter() - t0})
+        seconds = []
+        for _ in range(3):  # best of 3: the machine is shared, the first also imports scipy
+            t0 = time.perf_counter()
+            PowerModel(dynamic=dynamic).fit(profile)  # type: ignore[arg-type]
+            seconds.append(time.perf_counter() - t0)
+        out.append({"power form": label, "ops": n, "seconds (best of 3)": min(seconds)})
     return pd.DataFrame(out)
 
 
