@@ -72,12 +72,20 @@ def test_an_unreachable_target_says_so_and_keeps_the_least_slowdown():
     assert all(b >= 0 for b in seen) and len(seen) <= 6
 
 
+def test_a_budget_found_on_the_twin_starts_the_real_rounds():
+    seen, measure = responding(lambda b: b + 0.012)
+    fit = fit_budget(plan_at, measure, target=TARGET, start=0.0075)
+    assert seen == [0.0075] and fit.met and len(fit.rounds) == 1  # already within
+
+
 def test_bad_arguments():
     _seen, measure = responding(lambda b: b)
     with pytest.raises(ValidationError, match="target 0"):
         fit_budget(plan_at, measure, target=0.0)
     with pytest.raises(ValidationError, match="rounds 0"):
         fit_budget(plan_at, measure, target=TARGET, rounds=0)
+    with pytest.raises(ValidationError, match="start -0.01"):
+        fit_budget(plan_at, measure, target=TARGET, start=-0.01)
 
 
 def test_on_the_twin_the_closed_loop_brings_both_modes_within_the_target():

@@ -88,20 +88,21 @@ def fit_budget(
     target: float,
     rounds: int = 6,
     slack: float = 0.1,
+    start: float | None = None,
 ) -> BudgetFit:
     """Find the planning budget whose plan measures within ``target``: a small closed loop.
 
-    Round 1 plans at ``target`` itself. The loop aims at the middle of the window
-    ``[target * (1 - slack), target]`` -- the measured slowdown is not a smooth function of
-    the budget (each plan is a different set of stages), so aiming at the target's edge
-    lands above it half the time. Round 2 assumes the measured slowdown moves one for one
-    with the budget (the overshoot is the models' error and the switches' cost, about the
-    same for nearby budgets); later rounds interpolate between the two measured points
-    nearest the aim, or, once the target is bracketed, between the largest budget that
-    measured within it and the smallest larger one that measured above it (halving that
-    bracket where the interpolation would repeat a budget). The loop stops when a
-    round measures within the window, when the next budget is one already planned, or after
-    ``rounds`` rounds.
+    Round 1 plans at ``start`` (default: the target itself). The loop aims at the middle of
+    the window ``[target * (1 - slack), target]``: the measured slowdown is not a smooth
+    function of the budget (each plan is a different set of stages), so aiming at the
+    target's edge lands above it half the time. Round 2 assumes the measured slowdown moves
+    one for one with the budget (the overshoot is the models' error and the switches' cost,
+    about the same for nearby budgets); later rounds interpolate between the two measured
+    points nearest the aim, or, once the target is bracketed, between the largest budget
+    that measured within it and the smallest larger one that measured above it (halving
+    that bracket where the interpolation would repeat a budget). The loop stops when a
+    round measures within the window, when the next budget is one already planned, or
+    after ``rounds`` rounds.
 
     Parameters
     ----------
@@ -116,18 +117,23 @@ def fit_budget(
     slack
         How far below the target a measured slowdown may stay and still end the loop (0.1:
         within 10% of the target), since every point below it gives up saving.
+    start
+        The budget of round 1, when a cheaper measurement (the twin) has already found
+        one near the answer and the rounds now measure the real program.
 
     Raises
     ------
     ValidationError
-        If ``target`` is not positive or ``rounds`` is less than 1.
+        If ``target`` is not positive, ``rounds`` is less than 1 or ``start`` is negative.
     """
     if not target > 0:
         raise ValidationError(f"target {target}: expected a slowdown > 0", field="target")
     if rounds < 1:
         raise ValidationError(f"rounds {rounds}: expected at least 1", field="rounds")
+    if start is not None and start < 0:
+        raise ValidationError(f"start {start}: expected a budget >= 0", field="start")
     done: list[BudgetRound] = []
-    budget = target
+    budget = target if start is None else start
     for _ in range(rounds):
         schedule = plan_at(budget)
         done.append(BudgetRound(budget, schedule, measure(schedule)))
