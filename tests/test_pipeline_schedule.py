@@ -98,3 +98,24 @@ def test_plan_pipeline_refuses_a_profile_that_is_not_staged(tmp_path):
     assert res.exit_code == 2
     assert "stage<s>.forward" in res.output
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("rank_map", "message"),
+    [("0,x", "comma-separated"), ("-1", "negative"), ("9", "stage 9"), ("", "do not split")],
+)
+def test_run_refuses_a_bad_rank_map_before_the_script_starts(tmp_path, rank_map, message):
+    problem = pipeline_dag(read_profile([PERSEUS]), 2)
+    pipe = pipeline_schedule(
+        problem, solve_dag(problem, 0.1), target=0.1, kind="1f1b", n_microbatches=2
+    )
+    path = tmp_path / "pipe.json"
+    pipe.write(path)
+    script = tmp_path / "never.py"
+    script.write_text("open('ran', 'w').write('yes')\n")
+    res = CliRunner().invoke(
+        app, ["run", str(path), "--rank-map", rank_map, "--", "python", str(script)]
+    )
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "ran").exists()
