@@ -24,9 +24,10 @@ Power (chip/board rail, mean |error| % on held-out clocks):
   on the per-kernel ``theta_i V``; ``before 4``: as today (V-f fitted on the 4 clocks);
 * baselines: per-kernel ``p0 + a f^3`` (2 clocks), per-kernel quadratic in f (3 clocks).
 
-Time (sets with times; kernels >= 20 us at the top training clock, kernels whose training
-points break the cycle physics counted apart): the default form at 2, 3 and 4 clocks, the
-lowest clock's off-trend flag (4 clocks), and the noise floor: ``func1`` fitted on every clock and
+Time (sets with times, and the V100 at clocks >= 945 MHz, where its physics holds; kernels >= 20
+us at the top training clock, kernels whose training points break the cycle physics counted
+apart): the default form at 2, 3 and 4 clocks, the lowest clock's off-trend flag (4 clocks), and
+the noise floor: ``func1`` fitted on every clock and
 scored on them (no model from fewer clocks can beat the points' own scatter about a smooth curve;
 the A40 runs some clocks slower than the clock below, e.g. GPT-3 at 990 vs 945 MHz).
 
@@ -71,6 +72,7 @@ class Set:
     has_time: bool
     sibling: str | None = None  # another set of the same GPU (the characterised curve)
     scored: bool = True  # False: only the sibling of a scored set (same kernels, other memory)
+    time_only: bool = False  # scored for time only (the V100 above its off-trend clocks)
 
 
 def _restrict(profile: Profile, min_mhz: float) -> Profile:
@@ -114,6 +116,10 @@ def load_sets(root: Path) -> dict[str, Set]:
         micro = _restrict(read_profile(nv / "v100-dvfs-microbenchmark-profile.csv"), 705)
         sets["V100 kernels"] = Set("V100 kernels", "V100", real, True, "V100 micro")
         sets["V100 micro"] = Set("V100 micro", "V100", micro, True, "V100 kernels")
+        # where the V100's time physics holds: the 4-clock trend flag marks 705 MHz off-trend
+        # (12 of 20 kernels) and 945 MHz not (0 of 20), as SOURCE.md and issue 16 say
+        for name, profile in (("V100 kernels >=945", real), ("V100 micro >=945", micro)):
+            sets[name] = Set(name, "V100", _restrict(profile, 945), True, time_only=True)
     for gpu in ("a100", "a40"):
         gpt3, bloom = f"Perseus GPT-3 {gpu.upper()}", f"Perseus BLOOM {gpu.upper()}"
         sets[gpt3] = Set(
@@ -303,7 +309,8 @@ def prior_by_gpu(sets: dict[str, Set]) -> dict[str, tuple[float, float]]:
     """Return the prior for each GPU, derived on every other GPU's sets (leave-one-GPU-out)."""
     by_gpu: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     for s in sets.values():
-        by_gpu.setdefault(s.gpu, []).append(power_grid(s.profile))
+        if not s.time_only:  # a subset of another set's clocks: the same kernels again
+            by_gpu.setdefault(s.gpu, []).append(power_grid(s.profile))
     held_out = {gpu: derive_prior({g: v for g, v in by_gpu.items() if g != gpu}) for gpu in by_gpu}
     held_out["(all GPUs)"] = derive_prior(by_gpu)
     return held_out
@@ -322,11 +329,11 @@ def main() -> None:
     print("V-f prior (knee fraction of the top clock, voltage rise at the top), derived without")
     print("the GPU named (derive_prior):")
     print("  " + "; ".join(f"{g}: {k:.3f}, {r:.3f}" for g, (k, r) in priors.items()))
-    scored = [s for s in sets.values() if s.scored]
+    scored = [s for s in sets.values() if s.scored and not s.time_only]
     power = pd.DataFrame([power_row(s, sets, priors[s.gpu]) for s in scored])
     print("\n1. power, mean |error| % on held-out clocks (leave-one-GPU-out prior)")
     print(power.to_string(**fmt))
-    timing = pd.DataFrame([time_row(s) for s in scored if s.has_time])
+    timing = pd.DataFrame([time_row(s) for s in sets.values() if s.has_time and s.scored])
     print(f"\n2. time, mean |error| % on held-out clocks, kernels >= {MIN_US:g} us, flagged apart")
     print(timing.to_string(**fmt))
     print("\n3. fitting speed, 100k ops x 3 clocks (perf forms: benchmarks/perf_models.py)")
