@@ -3,7 +3,9 @@
 Every visible real set with per-kernel board power: V100 kernels and micro-benchmarks
 (NV-DVFS-Benchmark, clocks >= 705 MHz: below, the V100 slows down faster than 1/f, see its
 SOURCE.md), Perseus A100 and A40 (GPT-3 and BLOOM pipeline stages), and the gpmtool GPUs'
-micro-benchmarks (Guerreiro et al.; power only, one set per memory clock). Training clocks: 2 =
+micro-benchmarks (Guerreiro et al.; power only, one set per memory clock); and the P100's 30 apps
+(NV-DVFS-Benchmark legacy, 5 clocks), a GPU kept out of every derivation of the prior, scored
+with the shipped one: an independent check. Training clocks: 2 =
 lowest and highest, 3 = lowest, middle, highest, 4 = those and the upper clock
 (:func:`opdvfs.models.validation.training_plan`); every other clock of the set is scored
 (mean |error| %).
@@ -73,6 +75,7 @@ class Set:
     sibling: str | None = None  # another set of the same GPU (the characterised curve)
     scored: bool = True  # False: only the sibling of a scored set (same kernels, other memory)
     time_only: bool = False  # scored for time only (the V100 above its off-trend clocks)
+    in_prior: bool = True  # False: a GPU no prior is derived on (scored with the shipped one)
 
 
 def _restrict(profile: Profile, min_mhz: float) -> Profile:
@@ -120,6 +123,13 @@ def load_sets(root: Path) -> dict[str, Set]:
         # (12 of 20 kernels) and 945 MHz not (0 of 20), as SOURCE.md and issue 16 say
         for name, profile in (("V100 kernels >=945", real), ("V100 micro >=945", micro)):
             sets[name] = Set(name, "V100", _restrict(profile, 945), True, time_only=True)
+    legacy = nv / "legacy" / "p100-dvfs-real-Performance-Power.csv"
+    if legacy.exists():
+        # a GPU the shipped prior never saw (not among those it is derived on): 30 apps at 5
+        # core clocks, one memory clock
+        sets["P100 apps (legacy)"] = Set(
+            "P100 apps (legacy)", "P100", read_profile(legacy), True, in_prior=False
+        )
     for gpu in ("a100", "a40"):
         gpt3, bloom = f"Perseus GPT-3 {gpu.upper()}", f"Perseus BLOOM {gpu.upper()}"
         sets[gpt3] = Set(
@@ -309,10 +319,13 @@ def prior_by_gpu(sets: dict[str, Set]) -> dict[str, tuple[float, float]]:
     """Return the prior for each GPU, derived on every other GPU's sets (leave-one-GPU-out)."""
     by_gpu: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     for s in sets.values():
-        if not s.time_only:  # a subset of another set's clocks: the same kernels again
+        # a subset of another set's clocks is the same kernels again; the P100 stays unseen
+        if not s.time_only and s.in_prior:
             by_gpu.setdefault(s.gpu, []).append(power_grid(s.profile))
     held_out = {gpu: derive_prior({g: v for g, v in by_gpu.items() if g != gpu}) for gpu in by_gpu}
     held_out["(all GPUs)"] = derive_prior(by_gpu)
+    for s in sets.values():
+        held_out.setdefault(s.gpu, held_out["(all GPUs)"])  # a GPU kept out of every derivation
     return held_out
 
 
