@@ -26,7 +26,7 @@ from opdvfs.models.perf import (
     low_clock_off_trend,
 )
 from opdvfs.models.power import PowerModel
-from opdvfs.models.validation import training_plan
+from opdvfs.models.validation import training_plan, validate_perf
 from opdvfs.models.vf_prior import (
     PRIOR_KNEE_FRACTION,
     PRIOR_TOP_RISE,
@@ -135,6 +135,12 @@ def test_lowest_clock_off_trend_is_flagged_from_four_clocks():
     model = PerfModel().fit(rows, [700.0, 1000.0, 1200.0, 1400.0])
     assert model.violation_[1] & VIOLATION_LOW_CLOCK_OFF_TREND
     assert not model.violation_[0]
+    # validate perf counts them (a fifth clock to score)
+    f5 = np.array([0.7, 1.0, 1.1, 1.2, 1.4])
+    t5 = 1000.0 / f5 * np.ones((2, 1))
+    t5[1, 0] *= 1.15
+    result = validate_perf(kernels(np.full((2, 5), 100.0), f5 * 1e3, t5), [700, 1000, 1200, 1400])
+    assert result["flagged_ops"] == result["low_clock_off_trend_ops"] == 1
 
 
 def test_throughput_form_without_an_idle_floor_is_refused():

@@ -195,7 +195,8 @@ def fit(
     stdout.print(
         f"wrote {out}: {payload['form']} for {payload['operators']} operators on "
         f"{', '.join(f'{f:g}' for f in payload['train_freqs_mhz'])} MHz, {power_text}; "
-        f"{payload['flagged_ops']} operators flagged (points break the cycle physics)",
+        f"{payload['flagged_ops']} operators flagged (points break the cycle physics, or the "
+        "lowest clock runs slower than the trend of the others)",
         highlight=False,
     )
 
@@ -307,7 +308,8 @@ def validate_perf_command(
         f"{result['median_pct']:.2f}%, within 5%: {result['within5_pct']:.1f}%, within 10%: "
         f"{result['within10_pct']:.1f}% over {result['n_points']} points; excluded "
         f"{result['excluded_ops']} ops < {min_us:g} us ({result['excluded_time_pct']:.1f}% of "
-        f"time); {result['flagged_ops']} ops flagged",
+        f"time); {result['flagged_ops']} ops flagged ({result['low_clock_off_trend_ops']} "
+        "with the lowest clock off the trend of the others)",
         highlight=False,
     )
 

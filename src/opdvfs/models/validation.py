@@ -17,7 +17,7 @@ from opdvfs.calibration import PowerCalibration
 from opdvfs.devices.spec import DeviceSpec, VoltageCurve
 from opdvfs.exceptions import ValidationError
 from opdvfs.models.attribution import power_rows
-from opdvfs.models.perf import PerfModel
+from opdvfs.models.perf import VIOLATION_LOW_CLOCK_OFF_TREND, PerfModel
 from opdvfs.models.power import Dynamic, PowerModel
 from opdvfs.profile import Profile
 
@@ -85,7 +85,8 @@ def validate_perf(
     dict
         ``form, n_points, mape_pct, median_pct, within5_pct, within10_pct, excluded_ops,
         excluded_time_pct`` plus ``flagged_ops`` (included ops whose training points violate the
-        physics),
+        physics), ``low_clock_off_trend_ops`` (those of them whose lowest clock is off the trend
+        of the others, 4+ clocks),
         ``train_freqs_mhz`` and ``test_freqs_mhz``.
     """
     model = PerfModel(form=form).fit(profile, train_freqs_mhz)
@@ -103,6 +104,9 @@ def validate_perf(
         "excluded_ops": int(short.sum()),
         "excluded_time_pct": float(np.nansum(times[short]) / total * 100.0) if total else 0.0,
         "flagged_ops": int(((model.violation_ != 0) & ~short).sum()),
+        "low_clock_off_trend_ops": int(
+            (((model.violation_ & VIOLATION_LOW_CLOCK_OFF_TREND) != 0) & ~short).sum()
+        ),
         "train_freqs_mhz": train.tolist(),
         "test_freqs_mhz": test.tolist(),
     }
