@@ -287,10 +287,11 @@ def test_issued_by_time_is_what_the_executor_sends():
     assert [sw.freq_mhz for sw in got] == [1005.0, 1410.0, 1095.0, 1005.0]
     for sw, want in zip(got[1:], want_s, strict=True):
         assert sw.delay_us * 1e-6 == pytest.approx(want, abs=OFFSET_TOL_S)
-    # on the twin, the two take the same time (the executor's lateness is a few ms at most)
+    # on the twin, the two take the same time (the executor's lateness: a few ms at most on a
+    # 117 ms iteration)
     issued, _ = act.measure(work, iteration=2)
     simulated, _ = dev.run(work, sent, iterations=2)
-    assert issued.iteration_time_s == pytest.approx(simulated.iteration_time_s, rel=0.01)
+    assert issued.iteration_time_s == pytest.approx(simulated.iteration_time_s, rel=0.02)
 
 
 class _CountingBackend:

@@ -57,8 +57,8 @@ __all__ = [
 #: after its stage's first op has started leaves that op at the previous clock -- a long one
 #: (a pipeline ``Send`` waiting 0.85 s, planned at a low clock) costs 0.25% of the iteration's
 #: energy on that plan -- while one landing a millisecond early moves a sliver of the
-#: previous stage: measured there, a 1 ms guard keeps time mode's saving at op mode's for
-#: +0.005% time, 2 ms costs +0.1%, 5 ms +0.3%.
+#: previous stage: measured there (20 ms stages), a 1 ms guard keeps time mode's saving at op
+#: mode's for +0.005 points of slowdown; 2 ms costs +0.1 points, 5 ms +0.3.
 GUARD_S = 1e-3
 
 
@@ -118,8 +118,8 @@ def plan_timing(
     operator-counting executor issues them) and the stages' start times are read from that
     run (:func:`measured_timing`). Without them, the stages' ``start_s`` that the planner
     wrote are used -- sums of its fitted models' op times, which drift from the executed
-    run along the iteration (a GPT-3 plan on the simulated ``a100-like``: its last stage
-    starts 145 ms later than predicted, 1% of the iteration, several switch latencies).
+    run along the iteration (a 2% GPT-3 plan on the simulated ``a100-like``: its last stage
+    starts 136-148 ms later than predicted, 1% of the iteration, ten switch latencies).
 
     Parameters
     ----------
@@ -237,17 +237,10 @@ def issued_by_time(schedule: Schedule, timing: PlanTiming) -> Schedule:
     """
     wrapped = timing.issue_s < 0  # the earliest stages' switches: a prefix, as required
     due_s = np.where(wrapped, timing.iteration_s + timing.issue_s, timing.issue_s)
-    switches = tuple(
-        sw.model_copy(
-            update={
-                "trigger_op": 0,
-                "delay_us": max(float(due), 0.0) * 1e6,
-                "previous_iteration": bool(back),
-            }
-        )
-        for sw, due, back in zip(schedule.switches, due_s, wrapped, strict=True)
-    )
-    return schedule.model_copy(update={"switches": switches})
+    doc = schedule.model_dump()
+    for sw, due, back in zip(doc["switches"], due_s, wrapped, strict=True):
+        sw.update(trigger_op=0, delay_us=max(float(due), 0.0) * 1e6, previous_iteration=bool(back))
+    return Schedule.model_validate(doc)  # checked like any schedule
 
 
 def choose_trigger(timing: PlanTiming | None, latency_s: float) -> tuple[str, str]:
