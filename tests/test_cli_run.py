@@ -180,12 +180,13 @@ def test_run_on_the_twin_measures_the_switches_as_issued(tiny, tmp_path):
         )
     assert res.exit_code == 0, res.output
     assert "on the twin (ascend-910b-like, simulated, 1 ms switches)" in res.stdout
-    # a third of the iteration at 1000 MHz: the tiny ops are launch-bound on the simulated NPU,
-    # so no slower, but the core rail is cheaper
+    # a third of the iteration at 1000 MHz: the tiny ops are mostly launch-bound on the simulated
+    # NPU (their per-tile core-domain overhead, a few hundred cycles, still follows the clock), so
+    # a little slower, and the core rail is cheaper
     line = next(x for x in res.stdout.splitlines() if "on the twin" in x)
     time_change = float(line.split("take ")[1].split("%")[0])
     core_change = float(line.split("chip energy, ")[1].split("%")[0])
-    assert abs(time_change) < 1.0 and core_change < 0
+    assert 0.0 <= time_change < 3.0 and core_change < 0
 
 
 def test_twin_actuator_replays_issued_switches_as_a_schedule():
