@@ -3,11 +3,15 @@
 Each iteration is anchored where the host sees it cheaply -- the optimizer step (or the
 ``--iteration-at`` function's return) that ends the previous one; on a GPU a CUDA event recorded
 there, so the anchor is when the device gets there -- and the
-:class:`~opdvfs.runtime.issuer.SwitchIssuer` issues each switch at its planned offset from the
-anchor minus the switch latency. The offsets are the stages' start times in the planned run
-(:attr:`Stage.start_s <opdvfs.schedule.Stage.start_s>`, or the planned run simulated on the
-twin); a switch due less than the latency into the iteration is issued that long before the
-next anchor, in the iteration before (training repeats).
+:class:`~opdvfs.runtime.issuer.SwitchIssuer` issues each switch at its stage's offset from the
+anchor minus the switch latency and a small guard (:data:`GUARD_S`). The offsets are the stages'
+start times in a measured run of the plan where there is one (the twin: :func:`plan_timing`;
+any measured :class:`~opdvfs.result.RunResult`: :func:`measured_timing`), else the planner's
+prediction (:attr:`Stage.start_s <opdvfs.schedule.Stage.start_s>`), which drifts from the
+executed run along the iteration; a switch due less than the latency into the iteration is
+issued that long before the next anchor, in the iteration before (training repeats).
+:func:`issued_by_time` writes what the executor sends as a schedule the twin can run, so a plan
+can be measured the way time mode applies it (:mod:`opdvfs.runtime.tuning`).
 
 Drift: each iteration's measured anchor-to-anchor time rescales the next one's offsets. An
 iteration whose length departs from the plan's by more than ``tolerance`` -- or that runs past
