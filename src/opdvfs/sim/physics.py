@@ -254,15 +254,18 @@ def core_power_w(
     volt_v: np.ndarray | float,
     temp_c: np.ndarray | float,
     p: TwinParams,
+    *,
+    leak_scale: np.ndarray | None = None,
 ) -> np.ndarray:
     """Core-rail power: ``beta f V^2 + I_leak(T) V + cdyn a f V^2`` (f in GHz), broadcasting.
 
     Leakage is exponential in temperature (doubling every ``leak_doubling_c``), unlike the
     paper's linear model (eq. 10): the twin must not be the model it is used to test.
+    ``leak_scale`` is :func:`leakage_scale` of ``temp_c`` when the caller already has it.
     """
     f_ghz = np.asarray(freq_mhz) / 1e3
     fv2 = f_ghz * np.asarray(volt_v) ** 2
-    leak = p.leak_a * leakage_scale(temp_c, p)
+    leak = p.leak_a * (leakage_scale(temp_c, p) if leak_scale is None else leak_scale)
     return p.core_beta_w * fv2 + leak * np.asarray(volt_v) + p.core_cdyn_w * np.asarray(act) * fv2
 
 
@@ -276,6 +279,8 @@ def coupled_power_w(
     volt_v: np.ndarray | float,
     temp_c: np.ndarray | float,
     p: TwinParams,
+    *,
+    leak_scale: np.ndarray | None = None,
 ) -> np.ndarray:
     """Non-AICore chip power that follows the AI cores' clock and the chip's temperature.
 
@@ -289,7 +294,8 @@ def coupled_power_w(
     """
     f_ghz = np.asarray(freq_mhz) / 1e3
     fv2 = f_ghz * np.asarray(volt_v) ** 2
-    return p.uncore_coupled_w * fv2 + p.uncore_leak_w * leakage_scale(temp_c, p)
+    scale = leakage_scale(temp_c, p) if leak_scale is None else leak_scale
+    return p.uncore_coupled_w * fv2 + p.uncore_leak_w * scale
 
 
 def uncore_power_w(ops: OpArrays, time_us: np.ndarray, p: TwinParams) -> np.ndarray:

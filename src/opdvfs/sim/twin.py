@@ -29,6 +29,7 @@ from opdvfs.sim.physics import (
     activity,
     core_power_w,
     coupled_power_w,
+    leakage_scale,
     op_arrays,
     op_timing,
     uncore_power_w,
@@ -319,12 +320,15 @@ class SimulatedDevice:
         p = self.params
         for col, c, a in ((0, gclk, 0.0), (1, clk, 0.0), (2, clk, None)):
             t = temp_c[:, col]
-            core[:, col] = core_power_w(act[op, c] if a is None else a, f[c], v[c], t, p)
+            fc, vc = f[c], v[c]
+            scale = leakage_scale(t, p)  # once for both rails
+            activity = act[op, c] if a is None else a
+            core[:, col] = core_power_w(activity, fc, vc, t, p, leak_scale=scale)
             # the rest of the chip: its idle (or the op's traffic), plus the part on the AI
             # cores' clock and the temperature-dependent leakage, plus misc
             rest = p.uncore_idle_w if a is not None else uncore[op, c]
             np.add(core[:, col], rest, out=chip[:, col])
-            chip[:, col] += coupled_power_w(f[c], v[c], t, p)
+            chip[:, col] += coupled_power_w(fc, vc, t, p, leak_scale=scale)
         chip += p.misc_w
 
     # ----------------------------------------------------------------------------- profiling
