@@ -300,49 +300,59 @@ def twin(iterations: int = 2, target: float = 0.02) -> None:
     )
 
 
-def _op_mode(device, work, plan, iterations: int) -> tuple[TwinActuator, int]:
-    """Apply ``plan`` by op count, the loop reaching each trigger op when the run does.
+def _paced(device, work, plan):
+    """Return one iteration of the program's loop at the device's pace, and its length (s).
 
-    Returns the actuator and the last iteration it applied in full.
+    One aten op per workload op, each op at a switch's trigger reached when the plan's run on
+    the twin reaches it, iterations of that run's length. Both modes run it, so the host is
+    as busy (the GIL as contended) in each.
     """
     _, sim = device.run(work, plan, iterations=2)
     n = len(work)
     start_us = sim.execution.start_us[n:] - sim.execution.start_us[n]
-    triggers = {sw.trigger_op for sw in plan.switches}
+    pace_at = {sw.trigger_op for sw in plan.switches}
     length_s = float(sim.execution.end_us[-1] - sim.execution.start_us[n]) * 1e-6
+    x = torch.zeros(1)
+
+    def iteration(t0: float) -> None:
+        for i in range(n):
+            if i in pace_at:
+                left = t0 + start_us[i] * 1e-6 - time.perf_counter()
+                if left > 0:
+                    time.sleep(left)
+            x.add_(1.0)
+        time.sleep(max(t0 + length_s - time.perf_counter(), 0.0))
+
+    return iteration, length_s
+
+
+def _op_mode(device, work, plan, iterations: int) -> tuple[TwinActuator, int]:
+    """Apply ``plan`` by op count in the paced loop; the actuator and its last full iteration."""
+    iteration, _ = _paced(device, work, plan)
     act = TwinActuator(device)
     ex = ScheduleExecutor(plan, act, optimizer_steps=False)
-    x = torch.zeros(1)
     with ex:
         for _ in range(iterations):
-            t0 = time.perf_counter()
-            for i in range(n):
-                if i in triggers:  # reach each trigger op when the planned run does
-                    left = t0 + start_us[i] * 1e-6 - time.perf_counter()
-                    if left > 0:
-                        time.sleep(left)
-                x.add_(1.0)
-            time.sleep(max(t0 + length_s - time.perf_counter(), 0.0))
+            iteration(time.perf_counter())
             ex.mark_iteration()
     return act, iterations - 1
 
 
 def _time_mode(device, work, plan, iterations: int) -> tuple[TwinActuator, int]:
-    """Apply ``plan`` by time (offsets learned on the twin), iterations of the run's length.
+    """Apply ``plan`` by time (offsets learned on the twin) in the same paced loop.
 
-    The device's pace is the twin's, as for op mode: no jitter is added beyond the host's own
-    (a length that varies from iteration to iteration would move the stages on the device,
-    which a replay on the twin, one iteration's switches at their offsets, cannot show).
-    Returns the actuator and the last iteration it applied in full (the first one only
-    starts the clock; the one after the last anchor is cut short by the exit).
+    No jitter is added to the iteration's length beyond the host's own, as for op mode (a
+    length that varies would move the stages on the device, which a replay on the twin, one
+    iteration's switches at their offsets, cannot show). Returns the actuator and the last
+    iteration it applied in full (the first one only starts the clock; the one after the
+    last anchor is cut short by the exit).
     """
+    iteration, _ = _paced(device, work, plan)
     act = TwinActuator(device)
     ex = TimedExecutor(plan, act, device=device, workload=work, optimizer_steps=False)
-    assert ex.timing is not None
-    t0 = time.perf_counter()
     with ex:
-        for k in range(1, iterations + 2):  # the first iteration only starts the clock
-            time.sleep(max(t0 + k * ex.timing.iteration_s - time.perf_counter(), 0.0))
+        for _ in range(iterations + 1):
+            iteration(time.perf_counter())
             ex.mark_iteration()
     return act, iterations
 
