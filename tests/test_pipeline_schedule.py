@@ -112,7 +112,7 @@ def test_run_refuses_a_bad_rank_map_before_the_script_starts(tmp_path, rank_map,
     path = tmp_path / "pipe.json"
     pipe.write(path)
     script = tmp_path / "never.py"
-    script.write_text("open('ran', 'w').write('yes')\n")
+    script.write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('yes')\n")
     res = CliRunner().invoke(
         app, ["run", str(path), "--rank-map", rank_map, "--", "python", str(script)]
     )
