@@ -102,6 +102,24 @@ def topological_levels(n_nodes: int, edges: np.ndarray) -> np.ndarray:
     return level
 
 
+def _by_level(
+    levels: range, key: np.ndarray, other: np.ndarray, level: np.ndarray
+) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]:
+    """Group edges by the level of their ``key`` end, sorted by it, for ``maximum.reduceat``.
+
+    Each group is (the other ends, the key ends, segment starts, the distinct key nodes).
+    """
+    groups = []
+    for lv in levels:
+        pick = np.flatnonzero(level[key] == lv)
+        if not pick.size:
+            continue
+        pick = pick[np.argsort(key[pick], kind="stable")]
+        nodes, seg = np.unique(key[pick], return_index=True)
+        groups.append((other[pick], key[pick], seg, nodes))
+    return tuple(groups)
+
+
 @dataclass(frozen=True)
 class _Passes:
     """The graph's edges grouped by level, for vectorised longest-path passes."""
@@ -113,25 +131,13 @@ class _Passes:
     def build(cls, n_nodes: int, edges: np.ndarray) -> _Passes:
         level = topological_levels(n_nodes, edges)
         src, dst = edges[:, 0], edges[:, 1]
-        forward = []
-        # a node's start is the max finish of its in-edges, all from lower levels
-        for lv in range(1, int(level.max(initial=0)) + 1):
-            pick = np.flatnonzero(level[dst] == lv)
-            if not pick.size:
-                continue
-            pick = pick[np.argsort(dst[pick], kind="stable")]
-            heads, seg = np.unique(dst[pick], return_index=True)
-            forward.append((src[pick], dst[pick], seg, heads))
-        backward = []
-        # a node's tail is the max (duration + tail) over its out-edges, all to higher levels
-        for lv in range(int(level.max(initial=0)) - 1, -1, -1):
-            pick = np.flatnonzero(level[src] == lv)
-            if not pick.size:
-                continue
-            pick = pick[np.argsort(src[pick], kind="stable")]
-            tails, seg = np.unique(src[pick], return_index=True)
-            backward.append((dst[pick], src[pick], seg, tails))
-        return cls(tuple(forward), tuple(backward))
+        top = int(level.max(initial=0))
+        # a node's start is the max finish of its in-edges, all from lower levels; its tail
+        # the max (duration + tail) over its out-edges, all to higher levels
+        return cls(
+            _by_level(range(1, top + 1), dst, src, level),
+            _by_level(range(top - 1, -1, -1), src, dst, level),
+        )
 
     def heads(self, duration: np.ndarray) -> np.ndarray:
         """Earliest start of every node, shape like ``duration`` ((n,) or (k, n) plans)."""
