@@ -4,8 +4,8 @@
 per stage ``x[s, c]``, a switch indicator ``y[s] >= |x[s, c] - x[s-1, c]|`` for every clock,
 ``sum T x + t_sw sum y <= B``, minimise ``sum E x + e_sw sum y``) and hands it to a MILP
 solver, so the tests and ``benchmarks/real_planning.py`` can check the exact programme against
-it. Nothing in planning needs it at run time: ``highspy`` is imported on first use and is a
-development dependency, not a runtime one.
+it. Planning a single chain does not need it at run time; ``highspy`` (a runtime dependency
+since the pipeline planner, :mod:`opdvfs.plan.dag`, solves with it) is imported on first use.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def milp_solve(tables: StageTables, budget_s: float, *, rel_gap: float = 1e-9) -
         If the tables carry a reactive lag or a non-finite value.
     """
     _check(tables, budget_s)
-    import highspy  # a development dependency: only checks need it
+    import highspy  # imported on first use: only checks need this programme
 
     n_stages, n_clocks = tables.shape
     nx, ny = n_stages * n_clocks, n_stages - 1
