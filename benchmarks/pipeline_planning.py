@@ -5,7 +5,7 @@ the 1F1B dependency graph of one iteration (8 stages x 8 microbatches = 128 inst
 at any measured clock: 38 on A100, 60 on A40) and minimise its energy within a makespan of
 (1 + d) x all-max for d in {0, 2, 5, 10}%, on the measured tables:
 
-- ``opdvfs``: :func:`opdvfs.plan.dag.solve_dag` with its default 1 s budget and 0.1% target
+- ``opdvfs``: :func:`opdvfs.plan.dag.solve_dag` with its default 0.9 s budget and 0.1% target
   gap (relaxation, rounding, neighbourhood search, then HiGHS branch and bound from the best
   plan); its certified gap is against its own lower bound;
 - ``exact``: the same 0/1 programme solved by HiGHS to a 1e-6 gap from opdvfs's plan, within

@@ -649,7 +649,7 @@ def solve_dag(
     target: float,
     *,
     rel_gap: float = 1e-3,
-    time_limit_s: float = 1.0,
+    time_limit_s: float = 0.9,
     deadline_s: float | None = None,
     _state: tuple[_Options, _Programme] | None = None,
 ) -> DagPlan:
@@ -769,7 +769,7 @@ def dag_frontier(
     targets: np.ndarray | list[float],
     *,
     rel_gap: float = 1e-3,
-    time_limit_s: float = 1.0,
+    time_limit_s: float = 0.9,
 ) -> pd.DataFrame:
     """Plan every target on one prepared programme: the time-energy frontier.
 
