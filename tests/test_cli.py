@@ -213,3 +213,21 @@ def test_devices_and_workloads_lists():
     res = invoke("workloads", "--json")
     names = {r["workload"] for r in json.loads(res.stdout)}
     assert {"gpt3", "bert", "resnet50", "llama2-infer"} <= names
+
+
+def test_plan_warns_when_stages_are_shorter_than_the_switch(tmp_path):
+    profile = tmp_path / "p.parquet"
+    res = invoke(
+        "profile", "--device", "a100-like", "--workload", "resnet50", "--freqs",
+        "min,810,max", "--out", profile,
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    # a100-like switches in 15 ms: the default 5 ms interval plans stages most switches miss
+    res = invoke("plan", profile, "--target", "0.05", "--out", tmp_path / "s.json")
+    assert res.exit_code == 0, res.output
+    assert "shorter than the device's 15 ms switch latency" in res.stderr
+    res = invoke(
+        "plan", profile, "--target", "0.05", "--interval-ms", "15", "--out", tmp_path / "t.json"
+    )
+    assert res.exit_code == 0, res.output
+    assert "switch latency" not in res.stderr

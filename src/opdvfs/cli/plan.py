@@ -462,6 +462,14 @@ def plan(
         latency = spec.switch_latency_ms if spec is not None else 1.0
     elif not force:
         _check_latency(latency, spec)
+    if interval_ms < latency:
+        # A request still pending when the next is issued is superseded (SetFreq semantics,
+        # docs/twin-calibration.md): stages shorter than the switch mostly never run at their clock.
+        _warn(
+            f"--interval-ms {interval_ms:g} is shorter than the device's {latency:g} ms switch "
+            f"latency: most switches would land after their stage; use --interval-ms {latency:g} "
+            "or more"
+        )
     schedule = plan_schedule(
         models,
         inputs,
