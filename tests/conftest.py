@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -67,3 +68,18 @@ def fake_nvml():
 def read_log(path) -> list[dict]:
     """The records of a dry-run ``--log`` file (JSON lines), in order."""
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def torchrun_opdvfs(nproc: int, *args: str) -> list[str]:
+    """The argv of ``torchrun --standalone --nproc-per-node N -m opdvfs ARGS`` on this Python."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--standalone",
+        "-m",
+        "opdvfs",
+        *args,
+    ]

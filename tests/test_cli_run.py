@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from opdvfs import Schedule
 from opdvfs.cli import app
 
-from conftest import read_log
+from conftest import read_log, torchrun_opdvfs
 
 TRAIN = textwrap.dedent("""
     import sys
@@ -242,7 +242,6 @@ def test_ascend_actuator_logs_requests_and_reads_through_dcmi(tmp_path):
 def test_torchrun_rank0_schedule_reaches_rank1(tiny, tmp_path):
     import os
     import subprocess
-    import sys
     import time
 
     _, _, schedule, n = tiny
@@ -255,15 +254,8 @@ def test_torchrun_rank0_schedule_reaches_rank1(tiny, tmp_path):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     start = time.monotonic()
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--standalone",
-            "-m",
-            "opdvfs",
+        torchrun_opdvfs(
+            2,
             "run",
             str(schedule),
             "--actuator",
@@ -274,7 +266,7 @@ def test_torchrun_rank0_schedule_reaches_rank1(tiny, tmp_path):
             "python",
             str(script),
             "4",
-        ],
+        ),
         capture_output=True,
         text=True,
         env=env,

@@ -152,11 +152,10 @@ def _stage_schedule(freqs, starts):
 
 def test_torchrun_gives_each_pipeline_rank_its_own_schedule(tmp_path):
     import subprocess
-    import sys
 
     from opdvfs.schedule import PipelineSchedule
 
-    from conftest import read_log
+    from conftest import read_log, torchrun_opdvfs
 
     # clocks only stage 0 uses, and clocks only stage 1 uses
     mine = {0: [1410.0, 1005.0, 1200.0, 1095.0], 1: [1350.0, 960.0, 1305.0, 915.0]}
@@ -177,15 +176,8 @@ def test_torchrun_gives_each_pipeline_rank_its_own_schedule(tmp_path):
     script.write_text(PIPELINE_SCRIPT)
     log = tmp_path / "calls.jsonl"
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
-            "--standalone",
-            "-m",
-            "opdvfs",
+        torchrun_opdvfs(
+            2,
             "run",
             str(path),
             "--actuator",
@@ -198,7 +190,7 @@ def test_torchrun_gives_each_pipeline_rank_its_own_schedule(tmp_path):
             "python",
             str(script),
             "6",
-        ],
+        ),
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
