@@ -8,6 +8,7 @@ linear in ``f`` and ``time(f) = cycles(f) / f``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,6 +132,65 @@ class Timing:
     st_busy: np.ndarray
 
 
+#: Rows per block of the elementwise (ops, clocks) tables: a million-op run would otherwise hold
+#: a dozen full-size temporaries at once; a block's are ~8 MB each at 9 clocks.
+_ROW_BLOCK = 1 << 17
+
+
+def _row_blocks(n_rows: int) -> Iterator[slice]:
+    """Slices of at most ``_ROW_BLOCK`` rows covering ``range(n_rows)``."""
+    for start in range(0, n_rows, _ROW_BLOCK):
+        yield slice(start, start + _ROW_BLOCK)
+
+
+def _eq5(
+    ld: np.ndarray,
+    st: np.ndarray,
+    core: np.ndarray,
+    n: np.ndarray,
+    overlap: np.ndarray,
+    t0: np.ndarray,
+) -> np.ndarray:
+    """Cycles of a serial op without double buffering or dependence (paper eq. 5)."""
+    return ld + st + n * core + (n - 1) * np.maximum(ld, st) + (n + 1) * t0
+
+
+def _eq6(
+    ld: np.ndarray,
+    st: np.ndarray,
+    core: np.ndarray,
+    n: np.ndarray,
+    overlap: np.ndarray,
+    t0: np.ndarray,
+) -> np.ndarray:
+    """Cycles of a serial op whose tiles depend on each other (paper eq. 6)."""
+    return n * (ld + st + core + 2 * t0)
+
+
+def _eq7(
+    ld: np.ndarray,
+    st: np.ndarray,
+    core: np.ndarray,
+    n: np.ndarray,
+    overlap: np.ndarray,
+    t0: np.ndarray,
+) -> np.ndarray:
+    """Cycles of a double-buffered op (paper eq. 7)."""
+    return ld + core + st + (n - 1) * overlap + 2 * t0
+
+
+def _eq8(
+    ld: np.ndarray,
+    st: np.ndarray,
+    core: np.ndarray,
+    n: np.ndarray,
+    overlap: np.ndarray,
+    t0: np.ndarray,
+) -> np.ndarray:
+    """Cycles of a double-buffered op whose tiles depend on each other (paper eq. 8)."""
+    return (n / 2) * (ld + core + st) + overlap + n * t0
+
+
 def op_timing(ops: OpArrays, freqs_mhz: np.ndarray, p: TwinParams) -> Timing:
     """Return the execution time of every op at every clock (paper eqs. 1-8), vectorised.
 
@@ -169,23 +229,29 @@ def op_timing(ops: OpArrays, freqs_mhz: np.ndarray, p: TwinParams) -> Timing:
     port = np.where(ops.unit == VECTOR, port_c, p.ldst_bytes_per_cycle)[:, None] * p.core_num
     m_ld, m_st = (bytes_ld / n[:, 0])[:, None], (ops.bytes_st / n[:, 0])[:, None]
     # eq. (4): cycles of one tile's load/store, flat below f_s = BW / (C core_num), linear above
-    ld = np.maximum(m_ld * f / bw, m_ld / port)
-    st = np.maximum(m_st * f / bw, m_st / port)
+    ld, st = m_ld * f, m_st * f  # then / bw and max with the port's cycles, in place
+    for cycles_tile, m in ((ld, m_ld), (st, m_st)):
+        cycles_tile /= bw
+        np.maximum(cycles_tile, m / port, out=cycles_tile)
     t0 = p.access_overhead_ns * 1e-9 * f
     per_cycle = np.where(cube, p.cube_flops_per_cycle, p.vector_flops_per_cycle)
     core = (ops.flops / (n[:, 0] * p.core_num * per_cycle * ops.efficiency))[:, None]
     pp, dep = ops.pingpong[:, None], ops.dependent[:, None]
     # the overlapped stage of a double-buffered tile: max(Cycle(Ld), Cycle(St), Cycle(core))
-    overlap = _mean_max(ld, np.maximum(st + t0, core) - t0, p.tile_spread) + t0
-    cycles = np.select(
-        [~pp & ~dep, ~pp & dep, pp & ~dep],
-        [
-            ld + st + n * core + (n - 1) * np.maximum(ld, st) + (n + 1) * t0,  # eq. (5)
-            n * (ld + st + core + 2 * t0),  # eq. (6)
-            ld + core + st + (n - 1) * overlap + 2 * t0,  # eq. (7)
-        ],
-        (n / 2) * (ld + core + st) + overlap + n * t0,  # eq. (8)
-    )
+    other = st + t0
+    np.maximum(other, core, out=other)
+    other -= t0
+    overlap = _mean_max(ld, other, p.tile_spread)
+    del other
+    overlap += t0
+    # Each op takes one of eqs. (5)-(8) by its own flags: evaluated on that op's rows only, so
+    # a million-op table holds one (ops, clocks) result rather than four candidates.
+    cycles = np.empty(np.broadcast_shapes(ld.shape, core.shape))
+    cases = ((~pp & ~dep, _eq5), (~pp & dep, _eq6), (pp & ~dep, _eq7), (pp & dep, _eq8))
+    for b in _row_blocks(len(cycles)):
+        for rows, equation in cases:
+            r = np.flatnonzero(rows[b, 0]) + b.start
+            cycles[r] = equation(ld[r], st[r], core[r], n[r], overlap[r], t0)
     # Per-tile synchronisation between the load, compute and store pipes (flag set/wait on the
     # scalar unit) is serial and counted in core cycles: even a load-bound op keeps a little
     # clock sensitivity (the paper's Gelu gives up ~2% at a lower clock).
@@ -200,16 +266,29 @@ def op_timing(ops: OpArrays, freqs_mhz: np.ndarray, p: TwinParams) -> Timing:
     comm_us = p.comm_latency_us + raw / (p.comm_link_gbs * 1e3) + ops.wait_us
     fixed_us = p.launch_overhead_us + raw / 1e4 + ops.flops / 1e4
     off_core = ops.unit >= COMM
-    time_us = np.where((ops.unit == COMM)[:, None], comm_us[:, None], time_us)
-    time_us = np.where((ops.unit == FIXED)[:, None], fixed_us[:, None], time_us)
-    zero = np.zeros_like(cycles)
-    busy = np.where(off_core[:, None], zero, np.minimum(n * core / cycles, 1.0))
+    comm, fixed = ops.unit == COMM, ops.unit == FIXED
+    time_us[comm] = comm_us[comm, None]
+    time_us[fixed] = fixed_us[fixed, None]
+    del overlap
+
+    def busy_share(work: np.ndarray) -> np.ndarray:
+        """``min(work / cycles, 1)``, 0 off the core, in ``work`` when it is a full table."""
+        share = np.divide(work, cycles, out=work if work.shape == cycles.shape else None)
+        np.minimum(share, 1.0, out=share)
+        share[off_core] = 0.0
+        return share
+
+    core_busy = busy_share(n * core)
+    # n (ld + t0) / cycles, in the tile tables themselves (not needed after this)
+    for tile in (ld, st):
+        tile += t0
+        tile *= n
     return Timing(
         time_us=time_us,
         cycles=cycles,
-        core_busy=busy,
-        ld_busy=np.where(off_core[:, None], zero, np.minimum(n * (ld + t0) / cycles, 1.0)),
-        st_busy=np.where(off_core[:, None], zero, np.minimum(n * (st + t0) / cycles, 1.0)),
+        core_busy=core_busy,
+        ld_busy=busy_share(ld),
+        st_busy=busy_share(st),
     )
 
 
@@ -222,11 +301,16 @@ def _mean_max(load: np.ndarray, other: np.ndarray, spread: float) -> np.ndarray:
     """
     if spread == 0.0:
         return np.maximum(load, other)
-    lo, hi = load * (1.0 - spread), load * (1.0 + spread)
-    width = np.maximum(hi - lo, 1e-300)
-    c = np.clip(other, lo, hi)
-    blend = (c * (c - lo) + 0.5 * (hi * hi - c * c)) / width
-    return np.where(other >= hi, other, np.where(other <= lo, load, blend))
+    out = np.empty(np.broadcast_shapes(load.shape, other.shape))
+    for b in _row_blocks(len(out)):
+        load_b, other_b = np.broadcast_arrays(load[b], other[b])
+        lo, hi = load_b * (1.0 - spread), load_b * (1.0 + spread)
+        # wholly above the spread, or wholly below it; inside it, the blend
+        out[b] = np.where(other_b >= hi, other_b, load_b)
+        mid = (other_b > lo) & (other_b < hi)
+        c, lo, hi = other_b[mid], lo[mid], hi[mid]
+        out[b][mid] = (c * (c - lo) + 0.5 * (hi * hi - c * c)) / np.maximum(hi - lo, 1e-300)
+    return out
 
 
 def activity(ops: OpArrays, timing: Timing, p: TwinParams) -> np.ndarray:
@@ -238,14 +322,18 @@ def activity(ops: OpArrays, timing: Timing, p: TwinParams) -> np.ndarray:
     """
     unit_weight = np.where(ops.unit == CUBE, 1.0, p.vector_activity)[:, None]
     on_core = (ops.unit < COMM)[:, None]
-    # a stalled unit (waiting on its loads) still clocks: it costs f V^2 at stall_activity
-    busy = timing.core_busy + p.stall_activity * (1.0 - timing.core_busy)
-    a = (
-        unit_weight * busy
-        + p.mte_activity * 0.5 * (timing.ld_busy + timing.st_busy)
-        + p.base_activity
-    )
-    return np.where(on_core, a * ops.activity[:, None], 0.0)
+    out = np.empty_like(timing.core_busy)
+    for b in _row_blocks(len(out)):
+        core_busy = timing.core_busy[b]
+        # a stalled unit (waiting on its loads) still clocks: it costs f V^2 at stall_activity
+        busy = core_busy + p.stall_activity * (1.0 - core_busy)
+        a = (
+            unit_weight[b] * busy
+            + p.mte_activity * 0.5 * (timing.ld_busy[b] + timing.st_busy[b])
+            + p.base_activity
+        )
+        out[b] = np.where(on_core[b], a * ops.activity[b, None], 0.0)
+    return out
 
 
 def core_power_w(
@@ -306,6 +394,9 @@ def uncore_power_w(ops: OpArrays, time_us: np.ndarray, p: TwinParams) -> np.ndar
     The clock- and temperature-dependent non-AICore part is :func:`coupled_power_w`.
     """
     moved = (ops.bytes_ld + ops.bytes_st)[:, None]
-    dynamic = p.uncore_pj_per_byte * 1e-12 * moved / (time_us * 1e-6)
     comm = np.where((ops.unit == COMM)[:, None], p.comm_w, 0.0)
-    return p.uncore_idle_w + dynamic + comm
+    out = np.empty(np.broadcast_shapes(moved.shape, time_us.shape))
+    for b in _row_blocks(len(out)):
+        dynamic = p.uncore_pj_per_byte * 1e-12 * moved[b] / (time_us[b] * 1e-6)
+        out[b] = p.uncore_idle_w + dynamic + comm[b]
+    return out

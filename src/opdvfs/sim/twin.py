@@ -202,7 +202,12 @@ class SimulatedDevice:
         jitter = np.abs(rng.normal(0.0, p.jitter_us, total))
         # the peer wait is the other ranks' time, not this op's: no measurement noise on it
         wait = arrays.wait_us[op][:, None]
-        dur = (timing.time_us[op] - wait) * mult[:, None] + wait + jitter[:, None]
+        # (time - wait) * mult + wait + jitter, in place: one (total, clocks) array, not four
+        dur = timing.time_us[op]
+        dur -= wait
+        dur *= mult[:, None]
+        dur += wait
+        dur += jitter[:, None]
         gap = np.tile(workload.ops["gap_before_us"].to_numpy(dtype=float), iterations)
         host = None
         dispatch_us = workload.ops["host_us"].to_numpy(dtype=float)
@@ -228,6 +233,10 @@ class SimulatedDevice:
         act = activity(arrays, timing, p)
         uncore = uncore_power_w(arrays, timing.time_us, p)
         clk, gclk = exe.clock, exe.gap_clock
+        # what the result keeps of the (ops, clocks) timing tables, gathered now so that the
+        # tables (hundreds of MB at a million ops) are freed before the thermal passes
+        busy = (timing.core_busy[op, clk], timing.ld_busy[op, clk], timing.st_busy[op, clk])
+        del timing, dur
         # Three intervals per op instance: the idle gap before it (the run starts at 0, so the
         # first op's gap counts too) at the clock in effect when the gap began, the rest of the
         # gap after a request landed in it, and the op itself, wholly at one clock (SetFreq
@@ -290,9 +299,9 @@ class SimulatedDevice:
             samples=samples,
             iterations=iterations,
             n_ops=n,
-            core_busy=timing.core_busy[op, clk],
-            ld_busy=timing.ld_busy[op, clk],
-            st_busy=timing.st_busy[op, clk],
+            core_busy=busy[0],
+            ld_busy=busy[1],
+            st_busy=busy[2],
             unit=arrays.unit[op],
             freq_mhz=f_used[clk],
         )
