@@ -50,7 +50,6 @@ from typing import Any, Literal, Self, get_args
 
 import numpy as np
 import pandas as pd
-import scipy.optimize
 
 from opdvfs._files import JsonFile, check_format
 from opdvfs.calibration import PowerCalibration
@@ -208,6 +207,8 @@ def _idle_fit(
     if gamma and "temp_c" in idle:
         rise = (idle["temp_c"].to_numpy(float) - ambient_c) * volt * gamma
     design = np.stack([f / 1e3 * volt**2, volt], axis=1)
+    import scipy.optimize  # only calibrated fits need it; ~0.2 s that `plan` should not pay
+
     coef = scipy.optimize.nnls(design, idle[column].to_numpy(float) - rise)[0]
     return float(coef[0]), float(coef[1])
 
