@@ -143,54 +143,6 @@ def _row_blocks(n_rows: int) -> Iterator[slice]:
         yield slice(start, start + _ROW_BLOCK)
 
 
-def _eq5(
-    ld: np.ndarray,
-    st: np.ndarray,
-    core: np.ndarray,
-    n: np.ndarray,
-    overlap: np.ndarray,
-    t0: np.ndarray,
-) -> np.ndarray:
-    """Cycles of a serial op without double buffering or dependence (paper eq. 5)."""
-    return ld + st + n * core + (n - 1) * np.maximum(ld, st) + (n + 1) * t0
-
-
-def _eq6(
-    ld: np.ndarray,
-    st: np.ndarray,
-    core: np.ndarray,
-    n: np.ndarray,
-    overlap: np.ndarray,
-    t0: np.ndarray,
-) -> np.ndarray:
-    """Cycles of a serial op whose tiles depend on each other (paper eq. 6)."""
-    return n * (ld + st + core + 2 * t0)
-
-
-def _eq7(
-    ld: np.ndarray,
-    st: np.ndarray,
-    core: np.ndarray,
-    n: np.ndarray,
-    overlap: np.ndarray,
-    t0: np.ndarray,
-) -> np.ndarray:
-    """Cycles of a double-buffered op (paper eq. 7)."""
-    return ld + core + st + (n - 1) * overlap + 2 * t0
-
-
-def _eq8(
-    ld: np.ndarray,
-    st: np.ndarray,
-    core: np.ndarray,
-    n: np.ndarray,
-    overlap: np.ndarray,
-    t0: np.ndarray,
-) -> np.ndarray:
-    """Cycles of a double-buffered op whose tiles depend on each other (paper eq. 8)."""
-    return (n / 2) * (ld + core + st) + overlap + n * t0
-
-
 def op_timing(ops: OpArrays, freqs_mhz: np.ndarray, p: TwinParams) -> Timing:
     """Return the execution time of every op at every clock (paper eqs. 1-8), vectorised.
 
@@ -244,14 +196,24 @@ def op_timing(ops: OpArrays, freqs_mhz: np.ndarray, p: TwinParams) -> Timing:
     overlap = _mean_max(ld, other, p.tile_spread)
     del other
     overlap += t0
-    # Each op takes one of eqs. (5)-(8) by its own flags: evaluated on that op's rows only, so
-    # a million-op table holds one (ops, clocks) result rather than four candidates.
+    # Each op takes one of eqs. (5)-(8) by its own flags, by row blocks: a million-op table
+    # holds one (ops, clocks) result rather than four full-size candidates.
     cycles = np.empty(np.broadcast_shapes(ld.shape, core.shape))
-    cases = ((~pp & ~dep, _eq5), (~pp & dep, _eq6), (pp & ~dep, _eq7), (pp & dep, _eq8))
     for b in _row_blocks(len(cycles)):
-        for rows, equation in cases:
-            r = np.flatnonzero(rows[b, 0]) + b.start
-            cycles[r] = equation(ld[r], st[r], core[r], n[r], overlap[r], t0)
+        ld_b, st_b, core_b, n_b, pp_b, dep_b = ld[b], st[b], core[b], n[b], pp[b], dep[b]
+        cycles[b] = np.select(
+            [~pp_b & ~dep_b, ~pp_b & dep_b, pp_b & ~dep_b],
+            [
+                ld_b
+                + st_b
+                + n_b * core_b
+                + (n_b - 1) * np.maximum(ld_b, st_b)
+                + (n_b + 1) * t0,  # eq. (5)
+                n_b * (ld_b + st_b + core_b + 2 * t0),  # eq. (6)
+                ld_b + core_b + st_b + (n_b - 1) * overlap[b] + 2 * t0,  # eq. (7)
+            ],
+            (n_b / 2) * (ld_b + core_b + st_b) + overlap[b] + n_b * t0,  # eq. (8)
+        )
     # Per-tile synchronisation between the load, compute and store pipes (flag set/wait on the
     # scalar unit) is serial and counted in core cycles: even a load-bound op keeps a little
     # clock sensitivity (the paper's Gelu gives up ~2% at a lower clock).
