@@ -44,6 +44,7 @@ import numpy as np
 import pandas as pd
 
 from opdvfs.exceptions import ValidationError
+from opdvfs.plan.dp import gap_pct
 
 __all__ = [
     "DagPlan",
@@ -555,7 +556,7 @@ def _slot_plan(
         compute_energy_j=compute,
         deadline_s=deadline_s,
         lower_bound_j=bound,
-        gap_pct=max(energy - bound, 0.0) / energy * 100 if energy > 0 else 0.0,
+        gap_pct=gap_pct(energy, bound),
         method=method,
         status=status,
         plan_seconds=_time.perf_counter() - started,

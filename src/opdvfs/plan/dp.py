@@ -70,6 +70,11 @@ class StageTables:
         return float(time[0]), float(energy[0]), int(np.count_nonzero(np.diff(clock)))
 
 
+def gap_pct(energy_j: float, lower_bound_j: float) -> float:
+    """Certified optimality gap (%): how far ``energy_j`` may lie above the optimum."""
+    return max(energy_j - lower_bound_j, 0.0) / energy_j * 100 if energy_j > 0 else 0.0
+
+
 def stage_tables(
     op_time_us: np.ndarray,
     op_energy_j: np.ndarray,
@@ -515,7 +520,7 @@ def solve(
             _, energy, _ = tables.evaluate(plan)
             bound, status = energy, "optimal"
     t, e, switches = tables.evaluate(plan)
-    gap = max(e - bound, 0.0) / e * 100 if e > 0 else 0.0
+    gap = gap_pct(e, bound)
     return PlanResult(
         clock=plan,
         time_s=t,

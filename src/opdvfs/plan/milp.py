@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from opdvfs.exceptions import ValidationError
-from opdvfs.plan.dp import PlanResult, StageTables
+from opdvfs.plan.dp import PlanResult, StageTables, gap_pct
 
 __all__ = ["milp_solve"]
 
@@ -112,7 +112,7 @@ def milp_solve(tables: StageTables, budget_s: float, *, rel_gap: float = 1e-9) -
         energy_j=energy_j,
         switches=switches,
         lower_bound_j=bound,
-        gap_pct=max(energy_j - bound, 0.0) / energy_j * 100 if energy_j > 0 else 0.0,
+        gap_pct=gap_pct(energy_j, bound),
         status="optimal",
         lam=0.0,
         budget_s=budget_s,
