@@ -208,3 +208,38 @@ def test_train_freqs_take_steps_down_from_the_top(tmp_path):
     )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["train_freqs_mhz"] == [600.0, 1200.0, 1400.0]
+
+
+def test_plan_takes_the_same_step_names(tmp_path):
+    path = tmp_path / "p.parquet"
+    kernels(board_power(5, FREQS, prior_curve(1400.0)), FREQS).write(path)
+    runner = CliRunner()
+    out = tmp_path / "s.json"
+    res = runner.invoke(
+        app,
+        ["plan", str(path), "--target", "0.05", "--train-freqs", "min,top-1,top", "-o", str(out)],
+    )
+    assert res.exit_code == 0, res.output
+    assert out.is_file()
+    res = runner.invoke(
+        app, ["plan", str(path), "--target", "0.05", "--train-freqs", "min,top-9", "-o", str(out)]
+    )
+    assert res.exit_code == 2
+    assert "top-N with N below 9" in res.output
+    res = runner.invoke(
+        app,
+        [
+            "plan",
+            str(path),
+            "--target",
+            "0.05",
+            "--train-freqs",
+            "top",
+            "--values",
+            "measured",
+            "-o",
+            str(out),
+        ],
+    )
+    assert res.exit_code == 2
+    assert "--values measured plans without them" in res.output

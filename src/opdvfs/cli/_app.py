@@ -289,4 +289,24 @@ def simulator(device: str, seed: int) -> SimulatedDevice:
 
 
 def train_clocks(text: str | None, profile: Profile) -> list[float] | None:
-    return None if text is None else parse_clocks(text, profile.freqs_mhz)
+    """Parse ``--train-freqs``: MHz, min/mid/max, and ``top``, ``top-N`` (N steps below the top).
+
+    Step names count the profile's clocks down from its highest (``top-1`` is the next one).
+    """
+    if text is None:
+        return None
+    grid = np.asarray(profile.freqs_mhz, dtype=float)
+    items = []
+    for item in (t.strip() for t in text.split(",")):
+        word = item.lower().replace(" ", "")
+        if word == "top" or word.startswith("top-"):
+            steps = word[4:] or "0"
+            if not steps.isdigit() or int(steps) >= len(grid):
+                raise UsageError(
+                    f"clock {item!r}: expected top or top-N with N below {len(grid)} (the "
+                    "profile's clocks)"
+                )
+            items.append(f"{grid[len(grid) - 1 - int(steps)]:g}")
+        else:
+            items.append(item)
+    return parse_clocks(",".join(items), profile.freqs_mhz)

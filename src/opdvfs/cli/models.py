@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from opdvfs.calibration import PowerCalibration
     from opdvfs.devices.spec import DeviceSpec, VoltageCurve
     from opdvfs.models.power import Dynamic
-    from opdvfs.profile import Profile
 
 
 DynamicOption = Annotated[
@@ -85,30 +84,6 @@ def device_spec(text: str | None) -> DeviceSpec | None:
     return get_preset(text).spec
 
 
-def step_clocks(text: str | None, profile: Profile) -> list[float] | None:
-    """Parse ``--train-freqs``: MHz, min/mid/max, and ``top``, ``top-N`` (N steps below the top).
-
-    Step names count the profile's clocks down from its highest (``top-1`` is the next one).
-    """
-    if text is None:
-        return None
-    grid = np.asarray(profile.freqs_mhz, dtype=float)
-    items = []
-    for item in (t.strip() for t in text.split(",")):
-        word = item.lower().replace(" ", "")
-        if word == "top" or word.startswith("top-"):
-            steps = word[4:] or "0"
-            if not steps.isdigit() or int(steps) >= len(grid):
-                raise UsageError(
-                    f"clock {item!r}: expected top or top-N with N below {len(grid)} (the "
-                    "profile's clocks)"
-                )
-            items.append(f"{grid[len(grid) - 1 - int(steps)]:g}")
-        else:
-            items.append(item)
-    return train_clocks(",".join(items), profile)
-
-
 validate_app = typer.Typer(
     help="Score models on clocks they were not fitted on.", no_args_is_help=True
 )
@@ -159,7 +134,7 @@ def fit(
 
     spec = device_spec(device)
     profile = load_profile([profile_path], fmt, freq_mhz)
-    train = step_clocks(train_freqs, profile)
+    train = train_clocks(train_freqs, profile)
     perf = PerfModel(form=form).fit(profile, train)
     voltage, calibration = _characterised(characterise)
     power = None
@@ -296,7 +271,7 @@ def validate_perf_command(
 
     profile = load_profile([profile_path], fmt, freq_mhz)
     result = validate_perf(
-        profile, step_clocks(train_freqs, profile) or [], form=form, min_us=min_us
+        profile, train_clocks(train_freqs, profile) or [], form=form, min_us=min_us
     )
     if as_json:
         print(json.dumps(result))
@@ -367,7 +342,7 @@ def validate_power_command(
         calibration = simulator(device, 0).calibration_runs()
     result = validate_power(
         profile,
-        step_clocks(train_freqs, profile) or [],
+        train_clocks(train_freqs, profile) or [],
         temperature=not no_temperature,
         device=spec,
         calibration=calibration,

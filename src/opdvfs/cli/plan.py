@@ -345,7 +345,11 @@ def plan(
     ] = None,
     train_freqs: Annotated[
         str | None,
-        typer.Option("--train-freqs", help="Clocks to fit on, for a PROFILE (default: all)."),
+        typer.Option(
+            "--train-freqs",
+            help="Clocks to fit models on, for a PROFILE: MHz, min/mid/max, top, top-N (N steps "
+            "below the top); plans on the models (default: all clocks, models only where needed).",
+        ),
     ] = None,
     values: Annotated[
         Values,
@@ -452,8 +456,11 @@ def plan(
         models = None
         assert inputs.measured is not None
         covered = inputs.measured.covers(inputs.freqs_mhz, core=objective == "core-energy")
-        if values == "model" or (values == "auto" and not covered):
-            train = train_clocks(train_freqs, profile)
+        # --train-freqs asks for fitted models: with --values auto it is not silently dropped
+        train = train_clocks(train_freqs, profile)
+        if train is not None and values == "measured":
+            raise UsageError("--train-freqs fits models; --values measured plans without them")
+        if values == "model" or (values == "auto" and (not covered or train is not None)):
             models = ModelBundle(
                 PerfModel().fit(profile, train), PowerModel().fit(profile, train, device=spec)
             )
