@@ -355,7 +355,7 @@ def test_capture_profile_on_the_cpu_needs_the_clock(tiny, tmp_path):
 @pytest.mark.parametrize(
     ("options", "needle"),
     [
-        (["--actuator", "bogus"], "expected nvml, ascend, dry-run or twin"),
+        (["--actuator", "bogus"], "expected nvml, zeusd, ascend, dry-run or twin"),
         (["--actuator", "twin", "--device", "some-real-gpu"], "twin actuator simulates a preset"),
         (["--actuator", "twin"], "--actuator twin needs --workload"),
     ],

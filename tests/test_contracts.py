@@ -189,7 +189,7 @@ def test_make_actuator_nvml_opens_the_gpu(fake_nvml):
 @pytest.mark.parametrize(
     ("kind", "kwargs", "needle"),
     [
-        ("bogus", {}, "expected nvml, ascend, dry-run or twin"),
+        ("bogus", {}, "expected nvml, zeusd, ascend, dry-run or twin"),
         ("twin", {}, "twin actuator simulates a preset"),
         ("twin", {"device": "some-real-gpu"}, "twin actuator simulates a preset"),
         ("dry-run", {}, "a dry run needs the clocks"),

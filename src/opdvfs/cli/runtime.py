@@ -205,7 +205,12 @@ def run(
     ctx: typer.Context,
     schedule_path: Annotated[Path, typer.Argument(metavar="SCHEDULE", help="Schedule (JSON).")],
     actuator: Annotated[
-        str, typer.Option("--actuator", help="nvml, ascend (log only), dry-run or twin.")
+        str,
+        typer.Option(
+            "--actuator",
+            help="nvml (root), zeusd (no root: the Zeus daemon at ZEUSD_SOCK_PATH), ascend "
+            "(log only), dry-run or twin.",
+        ),
     ] = "dry-run",
     log: Annotated[
         Path | None,

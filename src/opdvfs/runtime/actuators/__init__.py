@@ -12,6 +12,7 @@ from opdvfs.runtime.actuators.base import Actuator, ClockGuard
 from opdvfs.runtime.actuators.dry_run import DryRunActuator
 from opdvfs.runtime.actuators.nvml import NvmlActuator
 from opdvfs.runtime.actuators.twin import TwinActuator
+from opdvfs.runtime.actuators.zeusd import ZeusdActuator
 from opdvfs.schedule import Schedule
 from opdvfs.sim.presets import PRESETS, preset_spec
 from opdvfs.sim.twin import SimulatedDevice
@@ -24,11 +25,12 @@ __all__ = [
     "DryRunActuator",
     "NvmlActuator",
     "TwinActuator",
+    "ZeusdActuator",
     "make_actuator",
 ]
 
 #: The kinds :func:`make_actuator` builds.
-ACTUATORS: tuple[str, ...] = ("nvml", "ascend", "dry-run", "twin")
+ACTUATORS: tuple[str, ...] = ("nvml", "zeusd", "ascend", "dry-run", "twin")
 
 #: The preset whose clocks an Ascend actuator accepts when no other preset is named.
 _ASCEND_DEFAULT = "ascend-910b-like"
@@ -47,7 +49,9 @@ def make_actuator(
     Parameters
     ----------
     kind
-        One of :data:`ACTUATORS`: ``"nvml"`` (an NVIDIA GPU, NVML device 0), ``"ascend"``
+        One of :data:`ACTUATORS`: ``"nvml"`` (an NVIDIA GPU, NVML device 0, as root),
+        ``"zeusd"`` (the same GPU without root, through Zeus's daemon at ``ZEUSD_SOCK_PATH``),
+        ``"ascend"``
         (an Ascend NPU: requests logged, not applied), ``"dry-run"`` (records what would be
         set) or ``"twin"`` (records, then replays on the simulated preset).
     device
@@ -72,7 +76,8 @@ def make_actuator(
         For an unknown ``kind``; for ``"twin"`` without a preset; for ``"dry-run"`` with neither
         a preset nor a schedule to take clocks from.
     DeviceNotFoundError
-        For ``"nvml"`` without nvidia-ml-py, a driver or a GPU.
+        For ``"nvml"`` and ``"zeusd"`` without nvidia-ml-py, a driver or a GPU; for ``"zeusd"``
+        without the daemon's address.
     """
     if kind not in ACTUATORS:
         raise ValidationError(
@@ -82,6 +87,8 @@ def make_actuator(
     spec = preset_spec(device or (schedule.device if schedule is not None else None))
     if kind == "nvml":
         return NvmlActuator()
+    if kind == "zeusd":
+        return ZeusdActuator()
     if kind == "twin":
         if spec is None:
             raise ValidationError(

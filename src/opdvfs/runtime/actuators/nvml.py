@@ -40,8 +40,9 @@ _ADVICE: dict[int, tuple[type[ActuatorError], str]] = (
     else {
         pynvml.NVML_ERROR_NO_PERMISSION: (
             PermissionDeniedError,
-            "NVML refused to {action}: changing GPU clocks needs root (run under sudo or with "
-            "CAP_SYS_ADMIN; reading clocks and power works without)",
+            "NVML refused to {action}: changing GPU clocks needs root (sudo or CAP_SYS_ADMIN) "
+            "or Zeus's daemon (--actuator zeusd with ZEUSD_SOCK_PATH set); reading clocks and "
+            "power works without either",
         ),
         pynvml.NVML_ERROR_NOT_SUPPORTED: (
             NotSupportedError,
