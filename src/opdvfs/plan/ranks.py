@@ -1,0 +1,602 @@
+"""A pipeline-parallel job's dependency graph from each rank's own operator sequence.
+
+Given one operator sequence per pipeline rank (a captured workload or a profile of it, rank 0
+first, in pipeline order), the point-to-point operators give the cross-rank edges (DESIGN §4
+"Many ranks"):
+
+- **Kinds.** An op is a *send* or a *receive* when its type (its name, where the type is the
+  name, as in torch traces: ``nccl:send``, ``c10d::send``, ``c10d::recv_``, ``Send``/``Recv``)
+  contains ``send`` or ``recv``; one that names both (a batched ``ncclDevKernel_SendRecv``
+  kernel) has no direction and is refused. A collective whose name matches ``barrier`` (a
+  regular expression) is a barrier across every rank; other collectives (tensor- or
+  data-parallel all-reduces, whose peers are outside this pipeline and run the same schedule)
+  stay rank-local operators.
+- **Peers.** The ranks are a linear pipeline: activations go from rank ``r`` to ``r + 1``,
+  gradients from ``r + 1`` back to ``r``. A message is a gradient when its op is in the
+  ``backward`` phase (workloads) or its name says ``grad``/``backward``/``bwd``, an activation
+  when its phase is ``forward`` or its name says ``activation``/``forward``/``fwd``; on the
+  first and last rank the one neighbour decides. A middle rank's message with no such hint is
+  refused (its peer is unknown).
+- **Matching.** The k-th send from rank ``a`` to rank ``b`` is the k-th receive on ``b`` from
+  ``a`` (NCCL and gloo match point-to-point messages in order per pair); a send or receive left
+  over is an error naming its rank's file and the op.
+- **Nodes.** Each send, receive and barrier op is a node of its own; each run of other ops
+  between them is one node (it runs at one clock), its time and energy per clock the sums of
+  its ops'. Edges: the rank's own order; from the node *before* a send (the moment the send is
+  posted) to the matching receive (an eager send: the receiver's transfer starts once the
+  sender posts it, so a message's transfer is on the path once, as the receive's time); each
+  rank's node before a barrier into the barrier node (zero time, no rank), and the barrier into
+  the rank's barrier op.
+
+:class:`RankLayout` is the graph's structure alone (what the twin's whole-pipeline run needs
+to compose the ranks); :meth:`RankLayout.problem` adds per-clock tables, and
+:func:`rank_tables` makes them from a profile, measurements first (:mod:`opdvfs.plan.measured`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from opdvfs.devices.spec import DeviceSpec
+from opdvfs.exceptions import ValidationError
+from opdvfs.plan.dag import DagPlan, DagProblem
+from opdvfs.profile import Profile
+from opdvfs.schedule import PipelineSchedule, Schedule, Values
+
+__all__ = [
+    "BARRIER",
+    "COMPUTE",
+    "RECV",
+    "SEND",
+    "RankLayout",
+    "RankOps",
+    "RankTables",
+    "op_kinds",
+    "rank_layout",
+    "rank_schedule",
+    "rank_tables",
+]
+
+#: Op kinds (:func:`op_kinds`).
+COMPUTE, SEND, RECV, BARRIER = 0, 1, 2, 3
+
+_GRADIENT = re.compile(r"grad|backward|bwd", re.IGNORECASE)
+_ACTIVATION = re.compile(r"activation|forward|fwd", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class RankOps:
+    """One rank's operator sequence, as the graph builder reads it.
+
+    Parameters
+    ----------
+    names, types
+        Each op's name and type (the type defaults to the name), shape (n_ops,).
+    phases
+        Each op's training phase (``forward``/``backward``/...), or None when unknown
+        (profiles): then names give the messages' direction.
+    source
+        Where the sequence came from (a file name), named in error messages.
+    """
+
+    names: np.ndarray
+    types: np.ndarray
+    phases: np.ndarray | None = None
+    source: str = "rank"
+
+    @classmethod
+    def from_frame(cls, ops: pd.DataFrame, source: str) -> RankOps:
+        """Read names, types and (when present) phases from an op table."""
+        names = ops["name"].astype(str).to_numpy()
+        types = ops["type"].astype(str).to_numpy() if "type" in ops else names
+        phases = ops["phase"].astype(str).to_numpy() if "phase" in ops else None
+        return cls(names, types, phases, source)
+
+
+def op_kinds(ops: RankOps, barrier: str | None = None) -> np.ndarray:
+    """Return each op's kind: :data:`COMPUTE`, :data:`SEND`, :data:`RECV` or :data:`BARRIER`.
+
+    Raises
+    ------
+    ValidationError
+        For an op whose type names both a send and a receive (no direction).
+    """
+    types = pd.Series(ops.types, dtype="string")
+    send = types.str.contains("send", case=False, regex=False).to_numpy(dtype=bool)
+    recv = types.str.contains("recv", case=False, regex=False).to_numpy(dtype=bool)
+    both = send & recv
+    if both.any():
+        i = int(np.flatnonzero(both)[0])
+        raise ValidationError(
+            f"{ops.source}: op {i} ({ops.names[i]}) is a batched send/receive with no direction: "
+            "capture the host ops (nccl:send / nccl:recv) that launch it",
+            field="name",
+        )
+    kind = np.where(send, SEND, np.where(recv, RECV, COMPUTE))
+    if barrier is not None:
+        names = pd.Series(ops.names, dtype="string")
+        hit = names.str.contains(barrier, regex=True).to_numpy(dtype=bool)
+        kind = np.where(hit & (kind == COMPUTE), BARRIER, kind)
+    return kind.astype(np.int8)
+
+
+def _peers(ops: RankOps, kind: np.ndarray, rank: int, n_ranks: int) -> np.ndarray:
+    """Return the peer rank of each send/receive (-1 for other ops); see the module's rules."""
+    p2p = (kind == SEND) | (kind == RECV)
+    names = pd.Series(ops.names, dtype="string")
+    gradient = names.str.contains(_GRADIENT).to_numpy(dtype=bool)
+    activation = names.str.contains(_ACTIVATION).to_numpy(dtype=bool) & ~gradient
+    if ops.phases is not None:
+        gradient = np.where(ops.phases == "backward", True, gradient)
+        activation = np.where(ops.phases == "forward", ~gradient, activation)
+    # +1: the message flows down the pipeline (activations), -1: back up (gradients)
+    flow = np.where(gradient, -1, np.where(activation, 1, 0))
+    if rank == 0:
+        # rank 0 receives gradients from rank 1 and sends activations to it
+        flow = np.where(flow == 0, np.where(kind == SEND, 1, -1), flow)
+    elif rank == n_ranks - 1:
+        flow = np.where(flow == 0, np.where(kind == SEND, -1, 1), flow)
+    unknown = p2p & (flow == 0)
+    if unknown.any():
+        i = int(np.flatnonzero(unknown)[0])
+        raise ValidationError(
+            f"{ops.source}: op {i} ({ops.names[i]}): cannot tell the peer of a send/receive on "
+            f"middle rank {rank}: name it with grad/backward (to rank {rank - 1} for a send) or "
+            f"activation/forward (to rank {rank + 1}), or give the workload's phases",
+            field="name",
+        )
+    # a send goes along the flow, a receive comes from against it
+    peer = np.where(kind == SEND, rank + flow, rank - flow)
+    bad = p2p & ((peer < 0) | (peer >= n_ranks))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        verb = "sends to" if kind[i] == SEND else "receives from"
+        raise ValidationError(
+            f"{ops.source}: op {i} ({ops.names[i]}) {verb} rank {int(peer[i])}, but {n_ranks} "
+            f"rank file(s) were given (ranks 0-{n_ranks - 1}, in pipeline order)",
+            field="rank",
+        )
+    return np.where(p2p, peer, -1)
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """The dependency graph of a multi-rank job: its nodes (runs of ops) and edges.
+
+    Attributes
+    ----------
+    n_ops
+        Ops of each rank, shape (n_ranks,).
+    node_rank
+        Rank of each node, -1 for a barrier node, shape (n_nodes,).
+    node_first_op, node_last_op
+        First and last op (position on its rank) of each node; -1 for barrier nodes.
+    node_kind
+        Each node's kind (:data:`COMPUTE`, :data:`SEND`, :data:`RECV`, :data:`BARRIER`).
+    names
+        Each node's name (its first op's name, ``+k`` when it holds k more ops).
+    edges
+        Precedence pairs ``(before, after)`` of node indices, shape (n_edges, 2).
+    n_messages
+        Matched send/receive pairs.
+    """
+
+    n_ops: np.ndarray
+    node_rank: np.ndarray
+    node_first_op: np.ndarray
+    node_last_op: np.ndarray
+    node_kind: np.ndarray
+    names: np.ndarray
+    edges: np.ndarray
+    n_messages: int
+
+    @property
+    def n_ranks(self) -> int:
+        """Ranks of the job."""
+        return len(self.n_ops)
+
+    @property
+    def n_nodes(self) -> int:
+        """Nodes of the graph (barrier nodes included)."""
+        return len(self.node_rank)
+
+    def node_sums(self, rank: int, per_op: np.ndarray) -> np.ndarray:
+        """Sum a per-op array of ``rank`` (shape (n_ops, ...)) over each of its nodes.
+
+        NaN in any op of a node makes the node's sum NaN (an unavailable clock stays so).
+        """
+        starts = self.node_first_op[self.node_rank == rank]
+        return np.add.reduceat(np.asarray(per_op, dtype=float), starts, axis=0)
+
+    def problem(
+        self,
+        time_s: Sequence[np.ndarray],
+        energy_j: Sequence[np.ndarray],
+        freqs_mhz: np.ndarray,
+        *,
+        idle_before_s: Sequence[np.ndarray] | None = None,
+        blocking_power_w: float = 0.0,
+    ) -> DagProblem:
+        """Return the planning problem: each node's time and energy at every clock.
+
+        Parameters
+        ----------
+        time_s, energy_j
+            Per rank, each op's time (s) and energy (J) at each clock, (n_ops, n_clocks); NaN
+            where a clock is unavailable.
+        freqs_mhz
+            The clocks, ascending (MHz).
+        idle_before_s
+            Per rank, the idle time before each op (s), the same at every clock; a node's time
+            includes it and its energy charges it at ``blocking_power_w``.
+        blocking_power_w
+            Power of a waiting rank (W), :mod:`opdvfs.plan.dag`'s energy definition.
+        """
+        n_clocks = len(freqs_mhz)
+        time_rows, energy_rows = [], []
+        for rank in range(self.n_ranks):
+            t = np.asarray(time_s[rank], dtype=float)
+            e = np.asarray(energy_j[rank], dtype=float)
+            if t.shape != (int(self.n_ops[rank]), n_clocks) or e.shape != t.shape:
+                raise ValidationError(
+                    f"rank {rank}: tables {t.shape} / {e.shape}, expected "
+                    f"({int(self.n_ops[rank])}, {n_clocks})",
+                    field="time_s",
+                )
+            if idle_before_s is not None:
+                gap = np.asarray(idle_before_s[rank], dtype=float)[:, None]
+                t, e = t + gap, e + blocking_power_w * gap
+            time_rows.append(self.node_sums(rank, t))
+            energy_rows.append(self.node_sums(rank, e))
+        time_tab = np.zeros((self.n_nodes, n_clocks))
+        energy_tab = np.zeros((self.n_nodes, n_clocks))
+        for rank in range(self.n_ranks):
+            mine = self.node_rank == rank
+            time_tab[mine], energy_tab[mine] = time_rows[rank], energy_rows[rank]
+        return DagProblem(
+            time_s=time_tab,
+            energy_j=energy_tab,
+            freqs_mhz=np.asarray(freqs_mhz, dtype=float),
+            edges=self.edges,
+            rank=self.node_rank,
+            names=self.names,
+            blocking_power_w=blocking_power_w,
+        )
+
+    def start_times(self, node_time_s: np.ndarray) -> np.ndarray:
+        """Earliest start of every node (s) given each node's duration (barriers: 0)."""
+        duration = np.asarray(node_time_s, dtype=float)[:, None]
+        problem = DagProblem(
+            time_s=duration,
+            energy_j=np.zeros_like(duration),
+            freqs_mhz=np.ones(1),
+            edges=self.edges,
+            rank=self.node_rank,
+            names=self.names,
+        )
+        return problem.start_times(np.zeros(self.n_nodes, dtype=np.int64))
+
+
+def _match(
+    sends: pd.DataFrame, recvs: pd.DataFrame, sources: Sequence[str], names: Sequence[np.ndarray]
+) -> pd.DataFrame:
+    """Pair the k-th send of each (src, dst) with the k-th receive; error on a left-over one."""
+    for frame in (sends, recvs):
+        frame["k"] = frame.groupby(["src", "dst"], sort=False).cumcount()
+    pairs = sends.merge(recvs, on=["src", "dst", "k"], how="outer", suffixes=("_s", "_r"))
+    lost = pairs[pairs["node_r"].isna() | pairs["node_s"].isna()]
+    if len(lost):
+        row = lost.sort_values(["src", "dst", "k"]).iloc[0]
+        src, dst = int(row["src"]), int(row["dst"])
+        n_sent = int((sends["src"].eq(src) & sends["dst"].eq(dst)).sum())
+        n_recv = int((recvs["src"].eq(src) & recvs["dst"].eq(dst)).sum())
+        if pd.isna(row["node_r"]):
+            op = int(row["op_s"])
+            raise ValidationError(
+                f"{sources[src]}: op {op} ({names[src][op]}) sends to rank {dst} with no "
+                f"matching receive: rank {dst} ({sources[dst]}) receives {n_recv} message(s) "
+                f"from rank {src}, which sends {n_sent}",
+                field="name",
+            )
+        op = int(row["op_r"])
+        raise ValidationError(
+            f"{sources[dst]}: op {op} ({names[dst][op]}) receives from rank {src} with no "
+            f"matching send: rank {src} ({sources[src]}) sends {n_sent} message(s) to rank "
+            f"{dst}, which receives {n_recv}",
+            field="name",
+        )
+    return pairs
+
+
+def rank_layout(ranks: Sequence[RankOps], *, barrier: str | None = None) -> RankLayout:
+    """Build the dependency graph of a job from each rank's op sequence (module rules).
+
+    Parameters
+    ----------
+    ranks
+        Each rank's ops, rank 0 first, in pipeline order.
+    barrier
+        Regular expression: collectives whose names match are barriers across every rank
+        (matched in order: the k-th on each rank is barrier k). None: no barrier.
+
+    Raises
+    ------
+    ValidationError
+        A send or receive with no match, a peer outside the ranks given, a middle rank's
+        message with no direction, ranks that reach a different number of barriers, or a
+        graph with a cycle; each names the rank's source and the op.
+    """
+    n_ranks = len(ranks)
+    if n_ranks < 2:
+        raise ValidationError(
+            f"a multi-rank graph needs >= 2 ranks' op sequences, got {n_ranks}", field="rank"
+        )
+    if barrier is not None:
+        try:
+            re.compile(barrier)
+        except re.error as exc:
+            raise ValidationError(
+                f"barrier {barrier!r}: not a regular expression ({exc})"
+            ) from None
+    sources = [r.source for r in ranks]
+    node_rank, first, last, kinds, names = [], [], [], [], []
+    sends, recvs, barriers = [], [], []
+    offset = 0
+    for rank, ops in enumerate(ranks):
+        kind = op_kinds(ops, barrier)
+        peer = _peers(ops, kind, rank, n_ranks)
+        n = len(kind)
+        special = kind != COMPUTE
+        opens = np.r_[True, special[1:] | special[:-1]]
+        starts = np.flatnonzero(opens)
+        ends = np.r_[starts[1:] - 1, n - 1]
+        node_of_op = np.cumsum(opens) - 1 + offset
+        node_rank.append(np.full(len(starts), rank))
+        first.append(starts)
+        last.append(ends)
+        kinds.append(kind[starts])
+        extra = ends - starts
+        names.append(
+            np.where(
+                extra > 0,
+                pd.Series(ops.names[starts], dtype=object) + "+" + pd.Series(extra).astype(str),
+                ops.names[starts],
+            )
+        )
+        is_send, is_recv = kind == SEND, kind == RECV
+        # a send is posted when the node before it ends (-1: at the rank's start)
+        node_before = node_of_op - 1
+        node_before[node_of_op == offset] = -1
+        sends.append(
+            pd.DataFrame(
+                {
+                    "src": rank,
+                    "dst": peer[is_send],
+                    "op": np.flatnonzero(is_send),
+                    "node": node_before[is_send],
+                }
+            )
+        )
+        recvs.append(
+            pd.DataFrame(
+                {
+                    "src": peer[is_recv],
+                    "dst": rank,
+                    "op": np.flatnonzero(is_recv),
+                    "node": node_of_op[is_recv],
+                }
+            )
+        )
+        at = np.flatnonzero(kind == BARRIER)
+        barriers.append((node_of_op[at], node_before[at], at))
+        offset += len(starts)
+    ops_names = [r.names for r in ranks]
+    pairs = _match(
+        pd.concat(sends, ignore_index=True), pd.concat(recvs, ignore_index=True), sources, ops_names
+    )
+    counts = [len(b[0]) for b in barriers]
+    if len(set(counts)) > 1:
+        rank = int(np.argmin(counts))
+        raise ValidationError(
+            f"{sources[rank]}: reaches {counts[rank]} barrier(s) matching {barrier!r}, rank "
+            f"{int(np.argmax(counts))} ({sources[int(np.argmax(counts))]}) {max(counts)}: every "
+            "rank must reach every barrier",
+            field="name",
+        )
+    node_rank_a = np.concatenate(node_rank)
+    rank_nodes = len(node_rank_a)
+    same = np.flatnonzero(node_rank_a[1:] == node_rank_a[:-1])
+    own = np.c_[same, same + 1]
+    posted = pairs[pairs["node_s"] >= 0]
+    msg = np.c_[posted["node_s"].to_numpy(np.int64), posted["node_r"].to_numpy(np.int64)]
+    n_barriers = counts[0]
+    barrier_ids = rank_nodes + np.arange(n_barriers)
+    into = [np.c_[b[1], barrier_ids][b[1] >= 0] for b in barriers]
+    out = [np.c_[barrier_ids, b[0]] for b in barriers]
+    edges = np.unique(np.r_[own, msg, *into, *out].reshape(-1, 2).astype(np.int64), axis=0)
+    minus = np.full(n_barriers, -1)
+    layout = RankLayout(
+        n_ops=np.array([len(r.names) for r in ranks]),
+        node_rank=np.r_[node_rank_a, minus],
+        node_first_op=np.r_[np.concatenate(first), minus],
+        node_last_op=np.r_[np.concatenate(last), minus],
+        node_kind=np.r_[np.concatenate(kinds), np.full(n_barriers, BARRIER)].astype(np.int8),
+        names=np.r_[np.concatenate(names), [f"barrier{k}" for k in range(n_barriers)]].astype(
+            object
+        ),
+        edges=edges,
+        n_messages=len(pairs),
+    )
+    from opdvfs.plan.dag import topological_levels
+
+    try:
+        topological_levels(layout.n_nodes, edges)
+    except ValidationError:
+        raise ValidationError(
+            f"the ranks' sends, receives and barriers deadlock (a cycle in the graph of "
+            f"{', '.join(sources)}): check the rank order and the message directions",
+            field="name",
+        ) from None
+    return layout
+
+
+@dataclass(frozen=True)
+class RankTables:
+    """One rank's per-op tables for planning (:func:`rank_tables`).
+
+    Attributes
+    ----------
+    ops
+        The rank's op sequence.
+    freqs_mhz
+        The clocks, ascending (MHz).
+    time_s, energy_j
+        Each op's time (s) and chip energy (J) at each clock, (n_ops, n_clocks).
+    idle_before_s
+        Idle time before each op (s).
+    values
+        ``measured`` (every cell measured) or ``auto`` (models filled some).
+    device
+        Device name, when known.
+    """
+
+    ops: RankOps
+    freqs_mhz: np.ndarray
+    time_s: np.ndarray
+    energy_j: np.ndarray
+    idle_before_s: np.ndarray
+    values: Values
+    device: str | None = None
+
+
+def rank_tables(profile: Profile, spec: DeviceSpec | None = None, *, source: str) -> RankTables:
+    """Return one rank's per-op time and energy at every clock, measurements first.
+
+    Where the profile measured an op at a clock its median is used; models fitted on the
+    profile fill only the clocks it did not measure, corrected through the measured points
+    (:mod:`opdvfs.plan.measured`, as :func:`~opdvfs.plan.planner.predict` does for one rank).
+
+    Parameters
+    ----------
+    profile
+        The rank's profile (one iteration's op sequence at one or more clocks, with power).
+    spec
+        The device planned for (its clocks); by default the profile's preset, else its clocks.
+    source
+        The profile's file name, for error messages.
+    """
+    from opdvfs.plan.planner import PlanInputs, predict
+
+    inputs = PlanInputs.from_profile(profile, spec)
+    assert inputs.measured is not None
+    models = None
+    values: Values = "measured"
+    if not inputs.measured.covers(inputs.freqs_mhz):
+        from opdvfs.models.bundle import ModelBundle
+        from opdvfs.models.perf import PerfModel
+        from opdvfs.models.power import PowerModel
+        from opdvfs.sim.presets import preset_spec
+
+        device = spec or preset_spec(inputs.device)
+        models = ModelBundle(PerfModel().fit(profile), PowerModel().fit(profile, device=device))
+        values = "auto"
+    tables = predict(models, inputs, "auto")
+    first = profile.ops.drop_duplicates("op").sort_values("op")
+    return RankTables(
+        ops=RankOps.from_frame(first, source),
+        freqs_mhz=tables.freqs_mhz,
+        time_s=tables.time_us * 1e-6,
+        energy_j=tables.chip_energy_j,
+        idle_before_s=np.asarray(inputs.idle_before_us, dtype=float) * 1e-6,
+        values=values,
+        device=inputs.device,
+    )
+
+
+def rank_schedule(
+    layout: RankLayout,
+    problem: DagProblem,
+    plan: DagPlan,
+    *,
+    target: float,
+    values: Values = "measured",
+    device: str | None = None,
+    workload: str | None = None,
+    n_microbatches: int | None = None,
+) -> PipelineSchedule:
+    """Return each rank's own schedule of a plan of :meth:`RankLayout.problem`.
+
+    Rank ``r``'s schedule covers its ops (``n_ops`` = the rank's op count, so an op-counting
+    executor can apply it): one stage per run of equal clocks over its nodes, each with its
+    planned start. Its time and energy fields are the rank's share of one iteration: the
+    makespan, and the rank's computation plus its waiting at the blocking power.
+    ``n_microbatches`` defaults to the messages rank 0 sends to rank 1.
+    """
+    top = problem.top_clock()
+    base_makespan, base_energy, _ = problem.evaluate(top)
+    rows = np.arange(problem.n_nodes)
+    power = problem.blocking_power_w
+
+    def rank_energy(clock: np.ndarray, makespan: float, mine: np.ndarray) -> float:
+        busy = problem.time_s[rows[mine], clock[mine]]
+        return float(
+            problem.energy_j[rows[mine], clock[mine]].sum() + power * (makespan - busy.sum())
+        )
+
+    schedules = []
+    for rank in range(layout.n_ranks):
+        mine = layout.node_rank == rank
+        freqs = plan.freq_mhz[mine]
+        change = np.flatnonzero(np.r_[True, freqs[1:] != freqs[:-1]])
+        schedules.append(
+            Schedule.from_stage_freqs(
+                layout.node_first_op[mine][change],
+                freqs[change],
+                n_ops=int(layout.n_ops[rank]),
+                start_s=plan.start_s[mine][change],
+                target=target,
+                solver="dag",
+                device=device,
+                workload=f"{workload or 'job'}: rank {rank} of {layout.n_ranks}",
+                values=values,
+                baseline_time_s=float(base_makespan),
+                predicted_time_s=plan.makespan_s,
+                baseline_energy_j=rank_energy(top, float(base_makespan), mine),
+                predicted_energy_j=rank_energy(plan.clock, plan.makespan_s, mine),
+                plan_seconds=plan.plan_seconds,
+            )
+        )
+    if n_microbatches is None:
+        n_microbatches = max(1, int(_messages(layout, 0, 1)))
+    return PipelineSchedule(
+        stages=tuple(schedules),
+        pipeline="ranks",
+        n_microbatches=n_microbatches,
+        target=target,
+        solver=f"dag ({plan.method})",
+        device=device,
+        workload=workload,
+        blocking_power_w=power,
+        baseline_makespan_s=float(base_makespan),
+        predicted_makespan_s=plan.makespan_s,
+        baseline_energy_j=float(base_energy),
+        predicted_energy_j=plan.energy_j,
+        lower_bound_energy_j=max(plan.lower_bound_j, 0.0),
+        gap_pct=plan.gap_pct,
+        plan_seconds=plan.plan_seconds,
+    )
+
+
+def _messages(layout: RankLayout, src: int, dst: int) -> int:
+    """Return the number of receive nodes on ``dst`` fed by a send of ``src``."""
+    recv_nodes = np.flatnonzero((layout.node_rank == dst) & (layout.node_kind == RECV))
+    if not recv_nodes.size:
+        return 0
+    from_src = layout.node_rank[layout.edges[:, 0]] == src
+    feeds = np.isin(layout.edges[:, 1], recv_nodes) & from_src
+    return int(feeds.sum())
