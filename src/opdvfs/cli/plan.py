@@ -32,7 +32,7 @@ from opdvfs.cli._app import (
 )
 from opdvfs.devices.spec import DeviceSpec
 from opdvfs.exceptions import InfeasibleError, ValidationError
-from opdvfs.schedule import Dispatch, Objective, Schedule, Solver, Values
+from opdvfs.schedule import Dispatch, Objective, PipelineSchedule, Schedule, Solver, Values
 
 # The models and the planner (pandas, scipy) load inside `plan`, not with `opdvfs --help`.
 if TYPE_CHECKING:
@@ -220,6 +220,10 @@ def _summary_line(out: Path, schedule: Schedule, objective: Objective) -> str:
     )
 
 
+#: ``--pipeline`` value that plans one profile per rank (:mod:`opdvfs.plan.ranks`).
+RANKS = "ranks"
+
+
 #: The slowdowns ``plan --pipeline --frontier`` plans (0-30% in 1% steps).
 PIPELINE_FRONTIER_TARGETS = tuple(i / 100 for i in range(31))
 
@@ -242,7 +246,9 @@ def _plan_pipeline(
     from opdvfs.plan.pipeline import PIPELINE_KINDS, pipeline_dag, pipeline_schedule
 
     if kind not in PIPELINE_KINDS:
-        raise UsageError(f"--pipeline {kind!r}: expected one of {', '.join(PIPELINE_KINDS)}")
+        raise UsageError(
+            f"--pipeline {kind!r}: expected one of {', '.join(PIPELINE_KINDS)} or {RANKS}"
+        )
     if objective != "energy" or source.suffix.lower() in (".json", ".npz"):
         raise UsageError(
             "--pipeline plans the energy (--objective energy) of a measured stage PROFILE "
@@ -267,9 +273,91 @@ def _plan_pipeline(
     if frontier_csv is not None:
         table = dag_frontier(problem, list(PIPELINE_FRONTIER_TARGETS))
         write_text_atomic(frontier_csv, table.to_csv(index=False))
+    _report_pipeline(
+        schedule,
+        out,
+        as_json,
+        f"{len(schedule.stages)} pipeline stages x {2 * microbatches} instructions ({kind})",
+    )
+
+
+def _plan_ranks(
+    sources: list[Path],
+    out: Path,
+    *,
+    target: float,
+    blocking_power_w: float,
+    device: str | None,
+    objective: Objective,
+    barrier: str | None,
+    frontier_csv: Path | None,
+    as_json: bool,
+) -> None:
+    """Plan every rank of a job together from one profile per rank; write one file."""
+    from opdvfs.cli.models import device_spec
+    from opdvfs.plan.dag import dag_frontier, solve_dag
+    from opdvfs.plan.ranks import rank_layout, rank_schedule, rank_tables
+
+    if objective != "energy":
+        raise UsageError("--pipeline ranks plans the energy (--objective energy)")
+    if len(sources) < 2:
+        raise UsageError(
+            f"--pipeline ranks takes one PROFILE per pipeline rank, rank 0 first; got "
+            f"{len(sources)}"
+        )
+    spec = device_spec(device)
+    ranks = []
+    for path in sources:
+        profile = load_profile([path], None, None)
+        _check_device(profile.meta.get("device"), device, f"profile {path}")
+        ranks.append(rank_tables(profile, spec, source=str(path)))
+    freqs = ranks[0].freqs_mhz
+    for path, rank in zip(sources, ranks, strict=True):
+        if not np.array_equal(rank.freqs_mhz, freqs):
+            raise ValidationError(
+                f"{path}: planned over {rank.freqs_mhz.tolist()} MHz but {sources[0]} over "
+                f"{freqs.tolist()} MHz: profile every rank on the same device",
+                field="freq_mhz",
+            )
+    layout = rank_layout([r.ops for r in ranks], barrier=barrier)
+    problem = layout.problem(
+        [r.time_s for r in ranks],
+        [r.energy_j for r in ranks],
+        freqs,
+        idle_before_s=[r.idle_before_s for r in ranks],
+        blocking_power_w=blocking_power_w,
+    )
+    plan = solve_dag(problem, target)
+    if plan.status == "infeasible":
+        raise InfeasibleError(f"no plan of {len(sources)} ranks meets a {target:.2%} slowdown")
+    values: Values = "measured" if all(r.values == "measured" for r in ranks) else "auto"
+    schedule = rank_schedule(
+        layout,
+        problem,
+        plan,
+        target=target,
+        values=values,
+        device=ranks[0].device,
+        workload=", ".join(p.name for p in sources),
+    )
+    schedule.write(out)
+    if frontier_csv is not None:
+        table = dag_frontier(problem, list(PIPELINE_FRONTIER_TARGETS))
+        write_text_atomic(frontier_csv, table.to_csv(index=False))
+    _report_pipeline(
+        schedule,
+        out,
+        as_json,
+        f"{layout.n_ranks} ranks, {layout.n_nodes} nodes, "
+        f"{layout.n_messages} messages ({values} values)",
+    )
+
+
+def _report_pipeline(schedule: PipelineSchedule, out: Path, as_json: bool, what: str) -> None:
+    """Print a written pipeline schedule's summary: one JSON object, or one line."""
     s = schedule
     if as_json:
-        summary = {
+        summary: dict[str, Any] = {
             name: getattr(s, name)
             for name in (
                 "pipeline",
@@ -291,11 +379,11 @@ def _plan_pipeline(
         print(json.dumps(summary))
         return
     stdout.print(
-        f"wrote {out}: {len(s.stages)} pipeline stages x {2 * microbatches} instructions "
-        f"({kind}); predicted {_change(s.predicted_makespan_s, s.baseline_makespan_s)} "
-        f"makespan, {_change(s.predicted_energy_j, s.baseline_energy_j)} energy (certified "
-        f"within {s.gap_pct or 0:.3f}% of the optimum; waiting at {blocking_power_w:g} W); "
-        f"planned in {s.plan_seconds or 0:.2f} s",
+        f"wrote {out}: {what}; predicted "
+        f"{_change(s.predicted_makespan_s, s.baseline_makespan_s)} makespan, "
+        f"{_change(s.predicted_energy_j, s.baseline_energy_j)} energy (certified within "
+        f"{s.gap_pct or 0:.3f}% of the optimum; waiting at {s.blocking_power_w:g} W); planned "
+        f"in {s.plan_seconds or 0:.2f} s",
         highlight=False,
     )
 
@@ -303,9 +391,13 @@ def _plan_pipeline(
 @app.command()
 @reports_errors
 def plan(
-    source: Annotated[
-        Path,
-        typer.Argument(metavar="PROFILE|MODELS", help="A profile (fitted here) or a MODELS file."),
+    sources: Annotated[
+        list[Path],
+        typer.Argument(
+            metavar="PROFILE|MODELS...",
+            help="A profile (fitted here) or a MODELS file; with --pipeline ranks, one profile "
+            "per pipeline rank, rank 0 first.",
+        ),
     ],
     target: Annotated[
         float, typer.Option("--target", help="Allowed slowdown (0.02 = 2%).", min=0.0)
@@ -386,8 +478,17 @@ def plan(
         typer.Option(
             "--pipeline",
             help="Plan a whole pipeline-parallel job from a stage PROFILE (ops named "
-            "stage<s>.forward / stage<s>.backward, e.g. a Perseus CSV): 1f1b or gpipe. Writes "
-            "one schedule per pipeline stage (opdvfs schema pipeline-schedule).",
+            "stage<s>.forward / stage<s>.backward, e.g. a Perseus CSV): 1f1b or gpipe; or "
+            "from one PROFILE per rank (its sends, receives and barriers give the edges): "
+            "ranks. Writes one schedule per pipeline stage (opdvfs schema pipeline-schedule).",
+        ),
+    ] = None,
+    barrier: Annotated[
+        str | None,
+        typer.Option(
+            "--barrier",
+            help="With --pipeline ranks: regular expression of the collectives that are "
+            "barriers across every rank (others stay rank-local).",
         ),
     ] = None,
     microbatches: Annotated[
@@ -417,6 +518,27 @@ def plan(
     for path in (out, frontier_csv):
         if path is not None:
             check_output_file(path)
+    if pipeline == RANKS:
+        _plan_ranks(
+            sources,
+            out,
+            target=target * budget_scale,
+            blocking_power_w=blocking_power_w,
+            device=device,
+            objective=objective,
+            barrier=barrier,
+            frontier_csv=frontier_csv,
+            as_json=as_json,
+        )
+        return
+    if len(sources) != 1:
+        raise UsageError(
+            f"got {len(sources)} PROFILE|MODELS arguments: plan takes one, or one profile per "
+            "rank with --pipeline ranks"
+        )
+    if barrier is not None:
+        raise UsageError("--barrier goes with --pipeline ranks")
+    source = sources[0]
     if pipeline is not None:
         _plan_pipeline(
             source,

@@ -120,10 +120,21 @@ def simulate(
     out: Annotated[Path | None, typer.Option("--out", "-o", help="RunResult JSON.")] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Run a workload on a simulated device under a schedule and measure it (RunResult)."""
-    from opdvfs.workloads.library import load_workload
+    """Run a workload on a simulated device under a schedule and measure it (RunResult).
+
+    With a whole pipeline (``--workload gpt3-pp8``, see ``opdvfs workloads``) every rank runs
+    one iteration under its own schedule of a pipeline SCHEDULE (or all at the top clock), and
+    the ranks are composed on the job's dependency graph: the makespan and energy of the whole
+    pipeline, beside the all-max run's.
+    """
+    from opdvfs.workloads.library import PIPELINES, load_workload
 
     sim = simulator(device, seed)
+    if workload in PIPELINES:
+        if freq_mhz is not None:
+            raise UsageError("a whole pipeline runs under a pipeline SCHEDULE or at the top clock")
+        _simulate_pipeline(sim, workload, schedule, out, as_json)
+        return
     work = load_workload(workload)
     plan = Schedule.read(schedule) if schedule is not None else None
     if plan is not None and freq_mhz is not None:
@@ -149,6 +160,74 @@ def simulate(
         f"{result.core_energy_j:.2f} J, {result.switches} switches/iteration",
         highlight=False,
     )
+
+
+def _simulate_pipeline(
+    sim: SimulatedDevice, name: str, schedule: Path | None, out: Path | None, as_json: bool
+) -> None:
+    """Run a whole pipeline on the twin, all-max and under a pipeline schedule; report both."""
+    from opdvfs._files import write_text_atomic
+    from opdvfs.experiments.pipeline import layout_of, run_pipeline
+    from opdvfs.runtime.checks import check_schedule
+    from opdvfs.schedule import PipelineSchedule, read_any_schedule
+    from opdvfs.workloads.library import load_pipeline
+
+    stages = load_pipeline(name)
+    plan: PipelineSchedule | None = None
+    if schedule is not None:
+        read = read_any_schedule(schedule)
+        if not isinstance(read, PipelineSchedule):
+            raise UsageError(
+                f"{schedule}: a whole pipeline ({name}) runs a pipeline schedule (opdvfs plan "
+                "--pipeline ranks), not a one-device schedule"
+            )
+        if len(read.stages) != len(stages):
+            raise UsageError(
+                f"{schedule}: {len(read.stages)} rank schedules, but {name} has {len(stages)} ranks"
+            )
+        plan = read
+        for rank, (mine, work) in enumerate(zip(plan.stages, stages, strict=True)):
+            check_schedule(
+                mine,
+                freqs_mhz=sim.spec.freqs_mhz,
+                device=sim.spec.name,
+                n_ops=len(work),
+                source=f"{schedule} (rank {rank})",
+            )
+    layout = layout_of(stages)
+    base = run_pipeline(sim, stages, layout=layout)
+    runs = {"all_max": base.summary()}
+    line = (
+        f"{name} on {sim.spec.name} (simulated), one iteration of {len(stages)} ranks: all-max "
+        f"{base.makespan_s:.4f} s, {base.energy_j:.1f} J (waiting at {base.wait_power_w:.1f} W)"
+    )
+    if plan is not None:
+        got = run_pipeline(sim, stages, plan, layout=layout)
+        runs["planned"] = got.summary()
+        runs["planned"].update(
+            target=plan.target,
+            deadline_s=(1 + plan.target) * base.makespan_s,
+            predicted_makespan_s=plan.predicted_makespan_s,
+            predicted_energy_j=plan.predicted_energy_j,
+            predicted_baseline_makespan_s=plan.baseline_makespan_s,
+            predicted_baseline_energy_j=plan.baseline_energy_j,
+            makespan_change=got.makespan_s / base.makespan_s - 1,
+            energy_change=got.energy_j / base.energy_j - 1,
+        )
+        predicted = (plan.predicted_energy_j or 0.0) / (plan.baseline_energy_j or 1.0) - 1
+        line += (
+            f"; planned {got.makespan_s:.4f} s ({got.makespan_s / base.makespan_s - 1:+.2%}, "
+            f"target {plan.target:.2%}), {got.energy_j:.1f} J "
+            f"({got.energy_j / base.energy_j - 1:+.2%}; predicted {predicted:+.2%}), "
+            f"{int(got.switches.sum())} clock changes"
+        )
+    payload = json.dumps({"pipeline": name, "device": sim.spec.name, "simulated": True, **runs})
+    if out is not None:
+        write_text_atomic(out, payload + "\n")
+    if as_json:
+        print(payload)
+        return
+    stdout.print(line, highlight=False)
 
 
 @app.command()
@@ -178,7 +257,7 @@ def devices(as_json: JsonOption = False) -> None:
 @app.command()
 def workloads(as_json: JsonOption = False) -> None:
     """List the built-in workloads."""
-    from opdvfs.workloads.library import BUILDERS
+    from opdvfs.workloads.library import BUILDERS, PIPELINES
 
     rows = []
     for name, build in BUILDERS.items():
@@ -189,6 +268,17 @@ def workloads(as_json: JsonOption = False) -> None:
                 "operators": len(work),
                 "tflops": work.total_flops / 1e12,
                 "description": work.meta.get("description", ""),
+            }
+        )
+    for name, build_all in PIPELINES.items():
+        stages = build_all()
+        rows.append(
+            {
+                "workload": name,
+                "operators": sum(len(w) for w in stages),
+                "tflops": sum(w.total_flops for w in stages) / 1e12,
+                "description": f"whole pipeline, {len(stages)} ranks ({name}@0 ... "
+                f"{name}@{len(stages) - 1} one each)",
             }
         )
     if as_json:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -69,7 +70,18 @@ class PipelineRun:
     passes: int
     residual_s: float
 
-    def summary(self) -> dict[str, float | int | list[float]]:
+    @property
+    def wait_power_w(self) -> float:
+        """Mean chip power of a waiting rank (W): energy outside ops over time outside ops.
+
+        What :mod:`opdvfs.plan.dag` calls the blocking power (``--blocking-power-w``).
+        """
+        outside_s = float(self.rank_wait_s.sum())
+        if outside_s <= 0:
+            return 0.0
+        return (self.energy_j - self.compute_energy_j) / outside_s
+
+    def summary(self) -> dict[str, Any]:
         """Return the JSON-ready figures."""
         return {
             "makespan_s": self.makespan_s,
@@ -77,6 +89,7 @@ class PipelineRun:
             "compute_energy_j": self.compute_energy_j,
             "rank_energy_j": self.rank_energy_j.tolist(),
             "rank_wait_s": self.rank_wait_s.tolist(),
+            "wait_power_w": self.wait_power_w,
             "switches": int(self.switches.sum()),
             "passes": self.passes,
             "residual_s": self.residual_s,
