@@ -32,9 +32,12 @@ from opdvfs.models.vf_prior import (
     PRIOR_TOP_RISE,
     curve_errors,
     derive_prior,
+    derive_rise_spread,
+    envelope_rise,
     fit_top_rise,
     prior_curve,
     shape_curve,
+    two_clock_curve,
 )
 
 FREQS = np.array([600.0, 700.0, 800.0, 900.0, 1000.0, 1100.0, 1200.0, 1300.0, 1400.0])
@@ -87,13 +90,102 @@ def test_derive_prior_recovers_the_shape_all_gpus_share_and_leaves_one_out():
     assert errors.min() < 1e-6 < 1e-2 < errors.max()
 
 
-def test_two_clocks_without_a_device_use_the_prior_not_a_straight_line():
-    power = board_power(30, FREQS, prior_curve(FREQS[-1]))
+def kernel_population(
+    n: int, freqs: np.ndarray, switching: np.ndarray, seed: int = 0, idle_w: float = 40.0
+) -> np.ndarray:
+    """Power (n, k): a shared idle floor, each kernel's own memory power (none for a third of
+    them: pure switching) and its switching ``a_i * switching(f)``; busier kernels move more
+    memory (memory power grows with ``a_i``, as on real boards)."""
+    rng = np.random.default_rng(seed)
+    a = rng.uniform(20, 120, n)
+    memory = np.where(np.arange(n) % 3 == 0, 0.0, rng.uniform(0.1, 0.6, n) * a)
+    return idle_w + memory[:, None] + a[:, None] * switching[None, :]
+
+
+def test_two_clock_envelope_recovers_the_voltage_rise_of_the_kernels():
+    for rise in (0.1, 0.3, 0.5):
+        curve = shape_curve(FREQS[-1], PRIOR_KNEE_FRACTION, rise)
+        power = kernel_population(60, FREQS, FREQS / 1e3 * curve.voltage_v(FREQS) ** 2)
+        got, sd = envelope_rise(FREQS[[0, -1]], power[:, [0, -1]], FREQS[-1])
+        assert got == pytest.approx(rise)
+        assert sd < 0.05
+        # a regression through all kernels reads memory growing with activity as a flatter V
+        p1, dp = power[:, 0], power[:, -1] - power[:, 0]
+        slope = np.cov(p1, dp)[0, 1] / np.var(dp, ddof=1)
+        g1 = FREQS[0] * curve.voltage_v(FREQS[0]) ** 2
+        g2 = FREQS[-1] * curve.voltage_v(FREQS[-1]) ** 2
+        assert slope > 1.2 * g1 / (g2 - g1)
+
+
+def test_two_clock_envelope_linear_power_gives_constant_voltage_cubic_the_steepest():
+    linear = kernel_population(60, FREQS, FREQS / 1e3, seed=1)
+    assert envelope_rise(FREQS[[0, -1]], linear[:, [0, -1]], FREQS[-1])[0] == 0.0
+    cubic = kernel_population(60, FREQS, (FREQS / 1e3) ** 3, seed=2)
+    rise, _ = envelope_rise(FREQS[[0, -1]], cubic[:, [0, -1]], FREQS[-1])
+    # V rising as fast as f is beyond the flat-then-linear family at the prior's knee: the
+    # steepest of the family, which matches the power ratio of the two clocks best
+    assert rise == pytest.approx(1.0)
+    g = (
+        FREQS[[0, -1]]
+        * shape_curve(FREQS[-1], PRIOR_KNEE_FRACTION, 1.0).voltage_v(FREQS[[0, -1]]) ** 2
+    )
+    assert g[1] / g[0] < (FREQS[-1] / FREQS[0]) ** 3
+
+
+def test_two_clock_envelope_falls_back_to_the_prior_when_it_pins_nothing():
+    curve = shape_curve(FREQS[-1], PRIOR_KNEE_FRACTION, 0.4)
+    power = kernel_population(60, FREQS, FREQS / 1e3 * curve.voltage_v(FREQS) ** 2)
+    two = power[:, [0, -1]]
+    prior = shape_curve(FREQS[-1], PRIOR_KNEE_FRACTION, PRIOR_TOP_RISE)
+    # too few kernels
+    assert envelope_rise(FREQS[[0, -1]], two[:2], FREQS[-1]) == (None, 0.0)
+    assert two_clock_curve(FREQS[[0, -1]], two[:2], FREQS[-1]) == prior
+    # low-clock power falling as switching power grows (no V-f curve does that): the prior
+    falling = np.stack([200.0 - 0.5 * two[:, 1] + two[:, 0] * 0, two[:, 1]], axis=1)
+    falling[:, 0] = 300.0 - 0.8 * (two[:, 1] - two[:, 0])
+    assert envelope_rise(FREQS[[0, -1]], falling, FREQS[-1]) == (None, 0.0)
+    assert two_clock_curve(FREQS[[0, -1]], falling, FREQS[-1]) == prior
+    # the two estimates weighed by precision: a certain prior wins, an uninformative one loses
+    top = FREQS[-1]
+    assert two_clock_curve(FREQS[[0, -1]], two, top, prior_sd=0.0) == prior
+    assert two_clock_curve(FREQS[[0, -1]], two, top, prior_sd=np.inf) == curve
+
+
+def test_two_clock_envelope_keeps_the_prior_when_the_kernels_hardly_differ():
+    # sixteen pipeline stages of one model: the same switching, 1% measurement noise; the
+    # envelope is then noise, and the rule keeps the prior (rejected or uncertain)
+    prior = prior_curve(FREQS[-1])
+    same = (40.0 + 80.0 * FREQS / 1e3 * prior.voltage_v(FREQS) ** 2)[None, :]
+    for seed in range(4):
+        power = same * np.random.default_rng(seed).normal(1.0, 0.01, (16, len(FREQS)))
+        curve = two_clock_curve(FREQS[[0, -1]], power[:, [0, -1]], FREQS[-1])
+        assert curve.voltage_v(FREQS[-1]) == pytest.approx(1 + PRIOR_TOP_RISE, abs=0.05)
+    # while 60 varied kernels with the same noise still pin their own rise
+    truth = shape_curve(FREQS[-1], PRIOR_KNEE_FRACTION, 0.5)
+    varied = kernel_population(60, FREQS, FREQS / 1e3 * truth.voltage_v(FREQS) ** 2)
+    varied = varied * np.random.default_rng(9).normal(1.0, 0.01, varied.shape)
+    rise, sd = envelope_rise(FREQS[[0, -1]], varied[:, [0, -1]], FREQS[-1])
+    assert rise == pytest.approx(0.5, abs=0.1) and sd < 0.1
+
+
+def test_rise_spread_is_how_far_gpus_rises_differ():
+    gpus = {}
+    for g, rise in enumerate((0.1, 0.3, 0.5)):
+        f = np.linspace(0.45 * 1400, 1400, 10)
+        gpus[f"gpu{g}"] = [(f, board_power(40, f, shape_curve(1400, 0.75, rise), seed=g))]
+    assert derive_rise_spread(gpus, 0.75) == pytest.approx(0.2)
+    assert derive_rise_spread({"gpu0": gpus["gpu0"]}, 0.75) == np.inf
+
+
+def test_two_clocks_without_a_device_use_the_envelope_not_a_straight_line():
+    curve = shape_curve(FREQS[-1], PRIOR_KNEE_FRACTION, 0.3)
+    power = kernel_population(30, FREQS, FREQS / 1e3 * curve.voltage_v(FREQS) ** 2)
     profile = kernels(power, FREQS)
     model = PowerModel().fit(profile, [600.0, 1400.0])
-    assert model.voltage_ == prior_curve(1400.0)
+    assert model.voltage_ == two_clock_curve(FREQS[[0, -1]], power[:, [0, -1]], 1400.0)
+    assert model.voltage_.voltage_v(1400.0) == pytest.approx(1.3, abs=0.02)
     test = FREQS[1:-1]
-    np.testing.assert_allclose(model.predict(test)["chip_w"], power[:, 1:-1], rtol=1e-9)
+    np.testing.assert_allclose(model.predict(test)["chip_w"], power[:, 1:-1], rtol=0.01)
     # the constant voltage this replaces over-predicts every clock in between
     flat = VoltageCurve(knee_mhz=1400.0, flat_v=1.0, slope_v_per_mhz=0.0)
     line = PowerModel(voltage=flat).fit(profile, [600.0, 1400.0]).predict(test)["chip_w"]

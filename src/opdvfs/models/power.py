@@ -16,8 +16,10 @@ with ``alpha_i`` per operator instance, ``beta f V^2 + theta V`` the idle power 
   the core clock: paper §7), or, when only chip power is measured, ``alpha_i f V^2 + u_i``;
 * ``V(f)`` comes from the device (``DeviceSpec.voltage``: a preset's, or characterised from
   power alone by ``opdvfs characterise``), else never a constant (power is convex in ``f`` on
-  every real GPU measured): from 2 clocks the generic GPU prior of :mod:`opdvfs.models.vf_prior`,
-  from 3 its knee with the rise fitted jointly across all ops (one shared number), from 4+ the
+  every real GPU measured): from 2 clocks the generic GPU prior's knee of
+  :mod:`opdvfs.models.vf_prior` with the rise the kernels' lower envelope gives, shrunk to the
+  prior's (:func:`~opdvfs.models.vf_prior.two_clock_curve`), from 3 its knee with the rise
+  fitted jointly across all ops (one shared number), from 4+ the
   knee and slope fitted jointly (flat below a knee, linear above);
 * ``T0`` and ``k`` come from the profile's load runs: the mean temperature and chip power of each
   profiled clock;
@@ -61,7 +63,7 @@ from opdvfs.models.attribution import power_rows
 from opdvfs.models.characterise import fit_voltage_curve, idle_calibration
 from opdvfs.models.perf import check_times, op_names
 from opdvfs.models.thermal import fit_thermal, solve_temperature
-from opdvfs.models.vf_prior import fit_top_rise, prior_curve
+from opdvfs.models.vf_prior import fit_top_rise, prior_curve, two_clock_curve
 from opdvfs.profile import Profile
 
 __all__ = ["DYNAMIC_FORMS", "PowerModel", "fit_core_power"]
@@ -374,19 +376,23 @@ def _voltage_curve(
 
     The given curve, else the device's (a preset or a characterised ``DeviceSpec``), else: from
     4+ clocks one fitted on them (knee and slope), from 3 the generic prior's knee with the rise
-    fitted across all ops (:func:`~opdvfs.models.vf_prior.fit_top_rise`), from 2 the generic
-    prior (:func:`~opdvfs.models.vf_prior.prior_curve`); ``top_mhz`` is the device's top clock.
+    fitted across all ops (:func:`~opdvfs.models.vf_prior.fit_top_rise`), from 2 the prior's
+    knee with the rise read off the kernels' lower envelope and shrunk to the prior's by
+    precision (:func:`~opdvfs.models.vf_prior.two_clock_curve`); ``top_mhz`` is the device's
+    top clock.
     """
     if voltage is not None:
         return voltage
     if device is not None and device.voltage is not None:
         return device.voltage
-    if len(train_mhz) < 3:
+    if len(train_mhz) < 2:
         return prior_curve(top_mhz)
     col = "core_power_w" if "core_power_w" in rows else "chip_power_w"
     grid = np.full((n_ops, len(train_mhz)), np.nan)
     j = np.searchsorted(train_mhz, rows["freq_mhz"].to_numpy())
     grid[op, j] = rows[col].to_numpy()
+    if len(train_mhz) == 2:
+        return two_clock_curve(train_mhz, grid, top_mhz)
     if len(train_mhz) == 3:
         return fit_top_rise(train_mhz, grid, top_mhz)
     return fit_voltage_curve(train_mhz, grid)
@@ -398,8 +404,9 @@ class PowerModel(JsonFile):
     Parameters
     ----------
     voltage
-        V-f curve; default: the device's (``fit(device=...)``), else the generic prior (2
-        clocks), its knee with a fitted rise (3), or one fitted on the clocks (4+).
+        V-f curve; default: the device's (``fit(device=...)``), else the generic prior's knee
+        with the rise from the kernels' lower envelope shrunk to the prior's (2 clocks), its
+        knee with a fitted rise (3), or one fitted on the clocks (4+).
     temperature
         Whether to model ``gamma dT V`` (the paper reports 4.62% with it, 4.97% without).
     thermal

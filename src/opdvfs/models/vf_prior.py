@@ -30,13 +30,17 @@ from opdvfs.devices.spec import VoltageCurve
 __all__ = [
     "KNEE_FRACTIONS",
     "PRIOR_KNEE_FRACTION",
+    "PRIOR_RISE_SD",
     "PRIOR_TOP_RISE",
     "TOP_RISES",
     "curve_errors",
     "derive_prior",
+    "derive_rise_spread",
+    "envelope_rise",
     "fit_top_rise",
     "prior_curve",
     "shape_curve",
+    "two_clock_curve",
 ]
 
 #: Candidate knees, as a fraction of the top clock (the grid :func:`derive_prior` searches).
@@ -53,6 +57,15 @@ _RISE_OPS = 20_000
 PRIOR_KNEE_FRACTION = 0.75
 #: Voltage rise at the top clock of the generic prior (relative), derived the same way.
 PRIOR_TOP_RISE = 0.175
+#: How far real GPUs' rises spread about the prior's (the standard deviation over the same GPUs
+#: of each one's best rise at the prior's knee, :func:`derive_rise_spread`): the weight the
+#: prior gets against a profile's own estimate (:func:`two_clock_curve`).
+PRIOR_RISE_SD = 0.25
+
+#: Resamples of the ops :func:`envelope_rise` draws to measure its own uncertainty.
+_BOOTSTRAP = 64
+#: Most ops the two-clock envelope reads (an even stride through larger profiles).
+_ENVELOPE_OPS = 5_000
 
 
 def shape_curve(top_mhz: float, knee_fraction: float, top_rise: float) -> VoltageCurve:
@@ -176,3 +189,121 @@ def derive_prior(
         knees.append(knee_fractions[i])
         rises.append(top_rises[j])
     return float(np.median(knees)), float(np.median(rises))
+
+
+def derive_rise_spread(
+    gpus: Mapping[str, Sequence[tuple[np.ndarray, np.ndarray]]],
+    knee_fraction: float = PRIOR_KNEE_FRACTION,
+    top_rises: np.ndarray = TOP_RISES,
+) -> float:
+    """Return how far real GPUs' voltage rises spread at the prior's knee (the prior's weight).
+
+    Each GPU's rise is the one on ``top_rises`` with the least RMS relative error over its sets
+    (as in :func:`derive_prior`, the knee held at ``knee_fraction``); the result is their
+    standard deviation over GPUs (``ddof=1``): how wrong the prior's rise typically is on a GPU
+    it has not seen.
+    """
+    rises = []
+    for sets in gpus.values():
+        errs = [
+            curve_errors(f, p, None, np.array([knee_fraction]), top_rises)[0] ** 2 for f, p in sets
+        ]
+        rises.append(top_rises[int(np.argmin(np.mean(errs, axis=0)))])
+    return float(np.std(rises, ddof=1)) if len(rises) > 1 else float("inf")
+
+
+def envelope_rise(
+    freqs_mhz: np.ndarray,
+    power: np.ndarray,
+    top_mhz: float,
+    knee_fraction: float = PRIOR_KNEE_FRACTION,
+    top_rises: np.ndarray = TOP_RISES,
+) -> tuple[float | None, float]:
+    """Estimate the voltage rise from many kernels at two clocks: the lower envelope.
+
+    Each kernel's board power is ``p_i(f) = S(f) + M_i + a_i g(f)`` with ``g = f V(f)^2``: a
+    floor ``S`` every kernel shares (idle power), its own clock-independent power ``M_i >= 0``
+    (memory, uncore: paper §7) and its switching term (eq. 11). With ``dp_i = p_i(f2) -
+    p_i(f1)`` that is ``p_i(f1) = S1' + M_i + dp_i g(f1) / (g(f2) - g(f1))``: in the plane
+    ``(dp_i, p_i(f1))`` every kernel lies on or above one line, the one the kernels with no
+    clock-independent power of their own sit on, whose slope ``g1 / (g2 - g1)`` is the shape of
+    ``V`` between the two clocks. (A regression through all kernels is biased: busier kernels
+    also move more memory, ``M_i`` grows with ``a_i``.) The line is the lower envelope at the
+    kernels' mean ``dp`` (the largest ``min_i(p_i(f1) - m dp_i) + m mean(dp)``), searched over the
+    slopes of the candidate rises at ``knee_fraction`` from constant ``V`` to ``V`` rising as fast
+    as ``f`` between the two clocks (dynamic power no steeper than ``f^3``).
+
+    Parameters
+    ----------
+    freqs_mhz
+        The two training clocks, shape (2,).
+    power
+        Each kernel's power at them, shape (n, 2); kernels with a missing or non-positive value
+        are skipped (larger profiles are read at an even stride of at most 5,000 kernels).
+    top_mhz
+        The top clock the knee and the rise are relative to.
+
+    Returns
+    -------
+    rise, sd
+        The rise (on the grid, clipped to the family's ends: constant ``V``, or the largest
+        rise) and its spread over bootstrap resamples of the kernels; ``(None, 0)`` when the
+        envelope lies beyond the physical range on the convex side (steeper than ``f^3``: e.g.
+        the kernels' low-clock power falls as their switching power grows, which no V-f curve
+        explains) or with fewer than 3 kernels.
+    """
+    order = np.argsort(np.asarray(freqs_mhz, dtype=float))
+    f1, f2 = np.asarray(freqs_mhz, dtype=float)[order]
+    p = np.asarray(power, dtype=float)[:, order]
+    p = p[np.isfinite(p).all(1) & (p > 0).all(1)]
+    p = p[:: -(-len(p) // _ENVELOPE_OPS)] if len(p) else p
+    if len(p) < 3 or not f1 < f2:
+        return None, 0.0
+    knee = knee_fraction * top_mhz
+    span = max(top_mhz - knee, 1e-9)
+    v1 = 1.0 + top_rises * max(0.0, f1 - knee) / span
+    v2 = 1.0 + top_rises * max(0.0, f2 - knee) / span
+    keep = v2 / v1 <= f2 / f1 * (1 + 1e-12)  # V no steeper than f between the clocks
+    rises, v1, v2 = top_rises[keep], v1[keep], v2[keep]
+    g1, g2 = f1 * v1**2, f2 * v2**2
+    slope = g1 / np.maximum(g2 - g1, 1e-300)  # (c,): decreasing as the rise grows
+    p1, dp = p[:, 0], p[:, 1] - p[:, 0]
+    above = p1[:, None] - dp[:, None] * slope[None, :]  # (n, c)
+
+    def best(rows: np.ndarray) -> int:
+        return int(np.argmax(above[rows].min(0) + slope * dp[rows].mean()))
+
+    # beyond the physical range: the envelope still climbs at V rising as fast as f (power
+    # steeper than f^3 between the clocks), i.e. the kernels on it lie below even that line
+    bound = 1.0 / ((f2 / f1) ** 3 - 1.0)
+    at_bound = p1 - bound * dp
+    lowest = at_bound <= at_bound.min() + 1e-9 * np.abs(at_bound).max()
+    if dp[lowest].min() > dp.mean():
+        return None, 0.0
+    i = best(np.arange(len(p)))
+    rng = np.random.default_rng(0)
+    boot = [rises[best(rng.integers(0, len(p), len(p)))] for _ in range(_BOOTSTRAP)]
+    return float(rises[i]), float(np.std(boot))
+
+
+def two_clock_curve(
+    freqs_mhz: np.ndarray,
+    power: np.ndarray,
+    top_mhz: float,
+    knee_fraction: float = PRIOR_KNEE_FRACTION,
+    prior_rise: float = PRIOR_TOP_RISE,
+    prior_sd: float = PRIOR_RISE_SD,
+) -> VoltageCurve:
+    """Return the V-f curve for two training clocks and no device: the profile's own, shrunk.
+
+    The prior's knee; the rise is :func:`envelope_rise`'s from the kernels themselves and the
+    prior's, each weighted by its precision (``1 / sd^2``: the envelope's from its bootstrap
+    spread, the prior's the spread of real GPUs about it, :data:`PRIOR_RISE_SD`). A profile
+    whose kernels hardly differ in switching power (a pipeline's stages) pins nothing and keeps
+    the prior; one whose envelope leaves the physical range keeps the prior outright.
+    """
+    rise, sd = envelope_rise(freqs_mhz, power, top_mhz, knee_fraction)
+    if rise is None:
+        return shape_curve(top_mhz, knee_fraction, prior_rise)
+    weight = prior_sd**2 / (prior_sd**2 + sd**2) if np.isfinite(prior_sd) else 1.0
+    return shape_curve(top_mhz, knee_fraction, weight * rise + (1 - weight) * prior_rise)
