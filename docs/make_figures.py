@@ -3,9 +3,12 @@
 * ``perseus-a100-stage0.png``: time and energy vs clock of a GPT-3 pipeline stage on an A100 (the
   bundled Perseus profile).
 * ``v100-power-forms.png``: board power vs SM clock of a compute-bound and a memory-heavy V100
-  kernel (NV-DVFS-Benchmark, in ../shared): measured, the paper's clock form and the throughput
-  form (device characterised on the 138 micro-benchmarks, held-out times from the performance
-  model), both from 705 and 1380 MHz. Skipped when the data is not there.
+  kernel (NV-DVFS-Benchmark, in ../shared): measured, and what ``PowerModel().fit`` predicts from
+  705 and 1380 MHz on the default paths: with no device (the V-f prior's knee, the rise from the
+  kernels' lower envelope), and with the device characterised on the 138 micro-benchmarks as
+  ``opdvfs characterise`` writes it (``--device DEVICE.json``: V-f from power alone, the idle
+  floor) in the paper's clock form and the throughput form (held-out times from the performance
+  model). Skipped when the data is not there.
 
     .venv/bin/python docs/make_figures.py [--root ../shared/data/real]
 """
@@ -22,7 +25,7 @@ import numpy as np
 from opdvfs import Profile
 from opdvfs.datasets import dataset_path
 from opdvfs.io import read_profile
-from opdvfs.models.characterise import characterise_device
+from opdvfs.models.characterise import characterise_spec
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel
 
@@ -30,11 +33,11 @@ V100_KERNELS = ("matrixMul/matrixMulCUDA", "vectorAdd/vectorAdd")
 V100_TRAIN = [705.0, 1380.0]
 
 
-def finish(fig, axes, title: str, name: str) -> None:
-    """Grid and legend on every panel, the title, and the PNG next to this script."""
+def finish(fig, axes, title: str, name: str, **legend) -> None:
+    """Grid and legend (``legend``: its options) on every panel, the title, and the PNG."""
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(**legend)
     fig.suptitle(title)
     out = Path(__file__).with_name(name)
     fig.savefig(out, dpi=110)
@@ -72,13 +75,15 @@ def v100_power_forms(root: Path) -> None:
     """Board power vs clock of two real V100 kernels: measured, clock and throughput forms."""
     app = at_or_above_705(root / "v100-dvfs-real-profile.csv")
     bench = at_or_above_705(root / "v100-dvfs-microbenchmark-profile.csv")
-    voltage, idle = characterise_device(bench)
+    device = characterise_spec(bench, name="v100")  # what `opdvfs characterise` writes
     clocks = np.linspace(705, 1380, 60)
-    clock_form = PowerModel(voltage=voltage, temperature=False).fit(app, V100_TRAIN)
-    throughput = PowerModel(voltage=voltage, dynamic="throughput", temperature=False).fit(
-        app, V100_TRAIN, calibration=idle
+    no_device = PowerModel(temperature=False).fit(app, V100_TRAIN)
+    clock_form = PowerModel(temperature=False).fit(app, V100_TRAIN, device=device)
+    throughput = PowerModel(dynamic="throughput", temperature=False).fit(
+        app, V100_TRAIN, device=device
     )
     times = PerfModel().fit(app, V100_TRAIN).predict(clocks)
+    pred_none = no_device.predict(clocks)["chip_w"]
     pred_clock = clock_form.predict(clocks)["chip_w"]
     pred_throughput = throughput.predict(clocks, time_us=times)["chip_w"]
     names = app.ops.drop_duplicates("op").set_index("op")["name"]
@@ -88,16 +93,19 @@ def v100_power_forms(root: Path) -> None:
         row = int(np.searchsorted(clock_form.op_ids_, op))
         measured = app.ops[app.ops["op"] == op].sort_values("freq_mhz")
         ax.plot(measured["freq_mhz"], measured["chip_power_w"], "ko", label="measured")
-        ax.plot(clocks, pred_clock[row], "--", label="clock form (paper)")
-        ax.plot(clocks, pred_throughput[row], "-", label="throughput form")
+        ax.plot(clocks, pred_none[row], ":", label="no device (prior knee, envelope rise)")
+        ax.plot(clocks, pred_clock[row], "--", label="characterised, clock form (paper)")
+        ax.plot(clocks, pred_throughput[row], "-", label="characterised, throughput form")
         for train in V100_TRAIN:
             ax.axvline(train, color="0.8", zorder=0)
         ax.set(xlabel="SM clock (MHz)", ylabel="board power (W)", title=kernel.split("/")[1])
     finish(
         fig,
         axes,
-        "Real V100 kernels, both models fitted at 705 and 1380 MHz (grey lines)",
+        "Real V100 kernels, every model fitted at 705 and 1380 MHz (grey lines)",
         "v100-power-forms.png",
+        loc="upper left",
+        fontsize="small",
     )
 
 
