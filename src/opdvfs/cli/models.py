@@ -287,6 +287,15 @@ def validate_perf_command(
         "with the lowest clock off the trend of the others)",
         highlight=False,
     )
+    if result["measured_flagged_ops"]:
+        stdout.print(
+            f"{result['measured_flagged_ops']} ops break the physics at some clock of the profile "
+            "(slower at a higher clock: the clock not delivered, or another kernel; or cycles "
+            "falling or concave): mean |error| "
+            f"{result['physics_mape_pct']:.2f}% where the physics holds, "
+            f"{result['measured_flagged_mape_pct']:.2f}% on them",
+            highlight=False,
+        )
 
 
 @validate_app.command("power")

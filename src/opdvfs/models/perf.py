@@ -14,12 +14,23 @@ clocks (paper Fig. 15):
   and convex (the physics), extrapolated with the end slopes;
 * ``roofline``: ``T = (alpha f^{-p} + beta)^{1/p}``, a smooth maximum of a compute term
   (``T ~ 1/f``) and a flat memory term; ``p`` is fitted per op from 3+ clocks and fixed at
-  :data:`ROOFLINE_P_TWO_CLOCKS` from 2.
+  :data:`ROOFLINE_P_TWO_CLOCKS` from 2;
+* ``knee``: ``T = max(b + c/f, m)`` (cycles ``max(c + b f, m f)``: the paper's convex
+  piecewise-linear cycles with a last, flat-time piece), for ops that stop speeding up part-way
+  up the range -- memory-bound above a knee (memory clock fixed), or a board at its power cap,
+  which no longer delivers the clock asked for (Perseus A40 above ~1455 MHz, A100 above ~1365).
+  A sharp corner where ``func1`` bends smoothly: from 3 clocks it scores 0.33 / 0.31% on the
+  Perseus A100 stages against func1's 0.70 / 0.82%, but 0.38 / 0.51% on the V100 (>= 945 MHz)
+  against 0.18 / 0.30%, whose kernels turn memory-bound gradually, so it is not the default
+  (``benchmarks/model_generalisation.py``, section 2).
 
 Every form keeps the physics: coefficients that would make cycles concave or decreasing are
 constrained at zero (weighted least squares on relative error, active sets), so points that
-violate the physics -- a slowdown faster than ``1/f``, as the V100 shows below ~945 MHz -- are
-*flagged* (:attr:`PerfModel.violation_`) rather than absorbed. Clocks are handled in GHz.
+violate the physics -- a slowdown faster than ``1/f``, as the V100 shows below ~945 MHz, or an op
+slower at a higher clock, as the Perseus A40 stages at single clocks -- are *flagged*
+(:attr:`PerfModel.violation_`; :func:`~opdvfs.models.validation.validate_perf` checks every
+clock of the profile and scores the ops that break it apart) rather than absorbed. Clocks are
+handled in GHz.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ __all__ = [
     "VIOLATION_CONCAVE",
     "VIOLATION_FASTER_THAN_1_OVER_F",
     "VIOLATION_LOW_CLOCK_OFF_TREND",
+    "VIOLATION_SLOWER_AT_HIGHER_CLOCK",
     "PerfModel",
     "check_physics",
     "check_times",
@@ -59,6 +71,14 @@ VIOLATION_CONCAVE = 2
 #: tolerance. Real boards do this at their lowest clocks (the V100 below ~945 MHz slows down more
 #: than its cycles allow: a power-state or memory-clock artefact, not the kernel's physics).
 VIOLATION_LOW_CLOCK_OFF_TREND = 4
+#: Flag: the op ran slower at a higher clock than at a lower one, by more than the tolerance.
+#: More clock never slows a kernel down (its cycles grow at most in proportion to ``f``: the
+#: memory-bound limit, time flat), so the clock asked for was not the one delivered (a power or
+#: thermal cap, throttling) or the op did not run the same way at both clocks (another kernel,
+#: another memory clock). The Perseus A40 stages do it: GPT-3 backward 3.6% slower at 975 MHz
+#: than at 960 and 6% at 990; BLOOM forward 6.6% at 1065 MHz and 10.5% at 1080 than at 1050,
+#: where the scatter between neighbouring clocks is ~0.1%.
+VIOLATION_SLOWER_AT_HIGHER_CLOCK = 8
 #: Relative tolerance of the physics checks: measurement noise is ~0.5-1% per point, and an
 #: interior-point check compares three noisy points (3% keeps false flags near 1%).
 PHYSICS_TOL = 0.03
@@ -86,6 +106,7 @@ FORMS: dict[str, _Form] = {
         _Form("func3", 3, 3, "T = (a exp(b f) + c)/f, b in [0, 10]"),
         _Form("pwl", 0, 2, "convex piecewise-linear cycles through the training clocks"),
         _Form("roofline", 3, 2, "T = (alpha f^-p + beta)^(1/p)"),
+        _Form("knee", 3, 3, "T = max(b + c/f, m): flat above a knee (memory-bound, power cap)"),
     )
 }
 
@@ -138,6 +159,8 @@ def fit_times(form: str, f_ghz: np.ndarray, t_us: np.ndarray) -> np.ndarray:
         return _fit_func3(f_ghz, t_us, w)
     if form == "roofline":
         return _fit_roofline(f_ghz, t_us)
+    if form == "knee":
+        return _fit_knee(f_ghz, t_us, w)
     if form == "pwl":
         return _project_cycles(t_us * f_ghz)
     raise ValidationError(
@@ -167,6 +190,36 @@ def _fit_roofline(f_ghz: np.ndarray, t_us: np.ndarray) -> np.ndarray:
         coef, _ = nonneg_wls2(f_ghz**-p, np.ones_like(f_ghz), y, w)
         cand = np.c_[coef, np.full(len(coef), p)]
         sse = _relative_sse(predict_times("roofline", cand, f_ghz, f_ghz), t_us)
+        better = sse < best_sse
+        best[better], best_sse[better] = cand[better], sse[better]
+    return best
+
+
+def _fit_knee(f_ghz: np.ndarray, t_us: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Fit ``T = max(b + c/f, m)`` with ``b, c >= 0`` (cycles non-decreasing and convex).
+
+    For each count ``s`` of top training clocks on the flat part (0 to k - 2): ``b, c`` by
+    weighted least squares on the others, ``m`` the relative-error optimum of the top ``s``
+    (``sum(1/T) / sum(1/T^2)``; 0 when ``s = 0``: no knee in the range); per op the candidate with
+    the least relative error over every training point. From 3 clocks with the top above the
+    lower two's trend, that is exact: the knee where ``b + c/f`` meets the top clock's time.
+    """
+    k = len(f_ghz)
+    ok = w > 0
+    best = np.full((len(t_us), 3), np.nan)
+    best_sse = np.full(len(t_us), np.inf)
+    for flat in range(k - 1):
+        lower = np.arange(k) < k - flat
+        coef, _ = nonneg_wls2(np.ones_like(f_ghz), 1.0 / f_ghz, t_us, w * lower)
+        if flat:
+            top = ok[:, ~lower]
+            inv = np.where(top, 1.0 / np.where(top, t_us[:, ~lower], 1.0), 0.0)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                level = inv.sum(axis=1) / (inv**2).sum(axis=1)
+        else:
+            level = np.zeros(len(t_us))
+        cand = np.c_[coef, level]
+        sse = _relative_sse(predict_times("knee", cand, f_ghz, f_ghz), t_us)
         better = sse < best_sse
         best[better], best_sse[better] = cand[better], sse[better]
     return best
@@ -205,6 +258,8 @@ def predict_times(
         p = coef[:, 2:3]
         with np.errstate(over="ignore", invalid="ignore"):
             return (coef[:, :1] * f**-p + coef[:, 1:2]) ** (1.0 / p)
+    if form == "knee":
+        return np.maximum(coef[:, :1] + coef[:, 1:2] / f, coef[:, 2:3])
     if form == "pwl":
         return _pwl_cycles(coef, train_f_ghz, f[0]) / f
     raise ValidationError(f"unknown form {form!r}", field="form")
@@ -230,6 +285,8 @@ def check_physics(f_mhz: np.ndarray, t_us: np.ndarray, tol: float = PHYSICS_TOL)
     ``T f`` fall by more than ``tol`` (the op slowed down faster than the clock did).
     Bit :data:`VIOLATION_CONCAVE`: an interior point's cycles exceed the chord of its
     neighbours by more than ``tol``.
+    Bit :data:`VIOLATION_SLOWER_AT_HIGHER_CLOCK`: the time at a clock exceeds the least time at
+    any lower clock by more than ``tol`` (the op slowed down when the clock rose).
     """
     cycles = t_us * f_mhz[None, :]
     flags = np.zeros(len(t_us), dtype=np.int64)
@@ -242,6 +299,9 @@ def check_physics(f_mhz: np.ndarray, t_us: np.ndarray, tol: float = PHYSICS_TOL)
             chord = cycles[:, :-2] * (1 - w) + cycles[:, 2:] * w
             above = cycles[:, 1:-1] > chord * (1.0 + tol)
             flags |= np.where(above.any(axis=1), VIOLATION_CONCAVE, 0)
+        least = np.fmin.accumulate(t_us, axis=1)  # fmin: a missing point is skipped
+        slower = t_us[:, 1:] > least[:, :-1] * (1.0 + tol)
+        flags |= np.where(slower.any(axis=1), VIOLATION_SLOWER_AT_HIGHER_CLOCK, 0)
     return flags
 
 

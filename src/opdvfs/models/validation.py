@@ -17,7 +17,7 @@ from opdvfs.calibration import PowerCalibration
 from opdvfs.devices.spec import DeviceSpec, VoltageCurve
 from opdvfs.exceptions import ValidationError
 from opdvfs.models.attribution import power_rows
-from opdvfs.models.perf import VIOLATION_LOW_CLOCK_OFF_TREND, PerfModel
+from opdvfs.models.perf import VIOLATION_LOW_CLOCK_OFF_TREND, PerfModel, check_physics
 from opdvfs.models.power import Dynamic, PowerModel
 from opdvfs.profile import Profile
 
@@ -86,8 +86,13 @@ def validate_perf(
         ``form, n_points, mape_pct, median_pct, within5_pct, within10_pct, excluded_ops,
         excluded_time_pct`` plus ``flagged_ops`` (included ops whose training points violate the
         physics), ``low_clock_off_trend_ops`` (those of them whose lowest clock is off the trend
-        of the others, 4+ clocks),
-        ``train_freqs_mhz`` and ``test_freqs_mhz``.
+        of the others, 4+ clocks), ``measured_flagged_ops`` (included ops whose measured times
+        at *every* clock of the profile, held-out ones too, break the physics:
+        :func:`~opdvfs.models.perf.check_physics`; e.g. slower at a higher clock), the mean
+        |error| over the other included ops, ``physics_mape_pct`` (where the physics holds: no
+        smooth per-op form follows a point that breaks it), and over them,
+        ``measured_flagged_mape_pct`` (NaN where none), ``train_freqs_mhz`` and
+        ``test_freqs_mhz``.
     """
     model = PerfModel(form=form).fit(profile, train_freqs_mhz)
     _, freqs, times = profile.time_matrix_us()
@@ -97,7 +102,10 @@ def validate_perf(
     top = int(np.flatnonzero(np.isclose(freqs, train.max()))[0])
     short = ~(times[:, top] >= min_us)
     total = np.nansum(times)
-    summary = error_summary(model.predict(test)[~short], times[~short][:, test_cols])
+    pred, actual = model.predict(test), times[:, test_cols]
+    summary = error_summary(pred[~short], actual[~short])
+    broken = (check_physics(freqs, times) != 0) & ~short
+    holds = ~short & ~broken
     return {
         "form": model.form_,
         **summary,
@@ -107,6 +115,9 @@ def validate_perf(
         "low_clock_off_trend_ops": int(
             (((model.violation_ & VIOLATION_LOW_CLOCK_OFF_TREND) != 0) & ~short).sum()
         ),
+        "measured_flagged_ops": int(broken.sum()),
+        "physics_mape_pct": error_summary(pred[holds], actual[holds])["mape_pct"],
+        "measured_flagged_mape_pct": error_summary(pred[broken], actual[broken])["mape_pct"],
         "train_freqs_mhz": train.tolist(),
         "test_freqs_mhz": test.tolist(),
     }
