@@ -290,13 +290,18 @@ def _plan_ranks(
     device: str | None,
     objective: Objective,
     barrier: str | None,
+    switch_latency_ms: float | None,
     frontier_csv: Path | None,
     as_json: bool,
 ) -> None:
-    """Plan every rank of a job together from one profile per rank; write one file."""
+    """Plan every rank of a job together from one profile per rank; write one file.
+
+    Switches up are issued the device's switch latency ahead (:func:`rank_schedule`).
+    """
     from opdvfs.cli.models import device_spec
     from opdvfs.plan.dag import dag_frontier, solve_dag
     from opdvfs.plan.ranks import rank_layout, rank_schedule, rank_tables
+    from opdvfs.sim.presets import preset_spec
 
     if objective != "energy":
         raise UsageError("--pipeline ranks plans the energy (--objective energy)")
@@ -330,6 +335,9 @@ def _plan_ranks(
     plan = solve_dag(problem, target)
     if plan.status == "infeasible":
         raise InfeasibleError(f"no plan of {len(sources)} ranks meets a {target:.2%} slowdown")
+    if switch_latency_ms is None:
+        device_spec_ = spec or preset_spec(ranks[0].device)
+        switch_latency_ms = device_spec_.switch_latency_ms if device_spec_ is not None else 0.0
     values: Values = "measured" if all(r.values == "measured" for r in ranks) else "auto"
     schedule = rank_schedule(
         layout,
@@ -339,6 +347,7 @@ def _plan_ranks(
         values=values,
         device=ranks[0].device,
         workload=", ".join(p.name for p in sources),
+        switch_latency_s=switch_latency_ms * 1e-3,
     )
     schedule.write(out)
     if frontier_csv is not None:
@@ -527,6 +536,7 @@ def plan(
             device=device,
             objective=objective,
             barrier=barrier,
+            switch_latency_ms=switch_latency_ms,
             frontier_csv=frontier_csv,
             as_json=as_json,
         )

@@ -528,6 +528,7 @@ def rank_schedule(
     device: str | None = None,
     workload: str | None = None,
     n_microbatches: int | None = None,
+    switch_latency_s: float = 0.0,
 ) -> PipelineSchedule:
     """Return each rank's own schedule of a plan of :meth:`RankLayout.problem`.
 
@@ -536,6 +537,14 @@ def rank_schedule(
     planned start. Its time and energy fields are the rank's share of one iteration: the
     makespan, and the rank's computation plus its waiting at the blocking power.
     ``n_microbatches`` defaults to the messages rank 0 sends to rank 1.
+
+    The graph's plan switches clocks instantly. A switch *up* that landed
+    ``switch_latency_s`` late would run the start of its stage at the lower clock, on the
+    critical path as likely as not; so it is issued that much ahead: triggered at the first op
+    of the node before the stage, ``node time - latency`` after that op starts (the node's time
+    at its planned clock; at once when the node is shorter). The end of that node then runs at
+    the higher clock (faster, a little more energy). A switch down is issued at its stage: its
+    start runs at the old, higher clock (faster again).
     """
     top = problem.top_clock()
     base_makespan, base_energy, _ = problem.evaluate(top)
@@ -553,11 +562,19 @@ def rank_schedule(
         mine = layout.node_rank == rank
         freqs = plan.freq_mhz[mine]
         change = np.flatnonzero(np.r_[True, freqs[1:] != freqs[:-1]])
+        first_op = layout.node_first_op[mine]
+        node_s = problem.time_s[rows[mine], plan.clock[mine]]
+        up = np.r_[False, freqs[change[1:]] > freqs[change[1:] - 1]]
+        before = np.maximum(change - 1, 0)
+        lead = np.where(up, first_op[change] - first_op[before], 0)
+        delay_us = np.where(up, np.maximum(node_s[before] - switch_latency_s, 0.0) * 1e6, 0.0)
         schedules.append(
             Schedule.from_stage_freqs(
-                layout.node_first_op[mine][change],
+                first_op[change],
                 freqs[change],
                 n_ops=int(layout.n_ops[rank]),
+                lead_ops=lead,
+                delay_us=delay_us,
                 start_s=plan.start_s[mine][change],
                 target=target,
                 solver="dag",
