@@ -32,6 +32,12 @@ apart): the default form at 2, 3 and 4 clocks, the lowest clock's off-trend flag
 the noise floor: ``func1`` fitted on every clock and
 scored on them (no model from fewer clocks can beat the points' own scatter about a smooth curve;
 the A40 runs some clocks slower than the clock below, e.g. GPT-3 at 990 vs 945 MHz).
+2b: where the physics holds at *every* clock of the set (``check_physics`` on all of them, as
+``validate perf`` reports ``measured_flagged_ops``; ops slower at a higher clock -- 8 of 16 on
+each A40 set, 3.6-10.5% slower at one clock than the clock below -- or with cycles falling or
+concave, counted apart), the neighbouring-clock scatter, and ``func1`` beside ``knee`` (flat
+above a knee: memory-bound, or a board at its power cap, the A40 above ~1455 MHz, the A100 above
+~1365) from 3 and 4 clocks and fitted on every clock.
 
     .venv/bin/python benchmarks/model_generalisation.py [--root ../shared/data/real]
 """
@@ -55,13 +61,16 @@ from opdvfs.models.perf import (
     VIOLATION_CONCAVE,
     VIOLATION_FASTER_THAN_1_OVER_F,
     VIOLATION_LOW_CLOCK_OFF_TREND,
+    VIOLATION_SLOWER_AT_HIGHER_CLOCK,
     PerfModel,
+    check_physics,
 )
 from opdvfs.models.power import PowerModel
 from opdvfs.models.validation import training_plan
 from opdvfs.models.vf_prior import derive_prior, fit_top_rise, shape_curve
 
 MIN_US = 20.0
+PHYSICS_BITS = VIOLATION_FASTER_THAN_1_OVER_F | VIOLATION_CONCAVE | VIOLATION_SLOWER_AT_HIGHER_CLOCK
 
 
 @dataclass
@@ -262,8 +271,8 @@ def time_row(s: Set) -> dict[str, object]:
         model = PerfModel().fit(s.profile, train)
         top = int(np.flatnonzero(f == train[-1])[0])
         keep = t[:, top] >= MIN_US
-        # the cycle physics (bits 1, 2) counted apart; the low-clock trend flag only counted
-        physics = (model.violation_ & (VIOLATION_FASTER_THAN_1_OVER_F | VIOLATION_CONCAVE)) != 0
+        # the physics (bits 1, 2, 8) counted apart; the low-clock trend flag only counted
+        physics = (model.violation_ & PHYSICS_BITS) != 0
         pred = model.predict(test)
         ok = keep & ~physics
         row[f"{k} clocks ({model.form_})"] = mape(pred[ok], t[ok][:, cols])
@@ -278,6 +287,44 @@ def time_row(s: Set) -> dict[str, object]:
     every = PerfModel(form="func1").fit(s.profile)
     ok = t[:, -1] >= MIN_US
     row["floor (all clocks)"] = mape(every.predict(f)[ok], t[ok])
+    return row
+
+
+def physics_row(s: Set) -> dict[str, object]:
+    """Time where the physics holds at every clock of the set (not only the training ones).
+
+    ``check_physics`` on all the set's clocks (what ``validate perf`` reports as
+    ``measured_flagged_ops``): ops slower at a higher clock, or with cycles falling or concave,
+    are counted apart. ``scatter``: median over the other ops and interior clocks of ``|T - the
+    mean of its two neighbours| / T`` (the measurement noise where clocks are dense, the Perseus
+    sets' 15 MHz; on the V100's and P100's coarse grids it includes the curve's own bend).
+    ``func1`` (the default) and ``knee`` (flat above a knee: memory-bound or power-capped) from 3
+    and 4 clocks, and both fitted on every clock (in-sample: the floor of each form).
+    """
+    _, f, t = s.profile.time_matrix_us()
+    flags = check_physics(f, t)
+    keep = t[:, -1] >= MIN_US
+    broken = keep & (flags != 0)
+    holds = keep & ~broken
+    slower = keep & ((flags & VIOLATION_SLOWER_AT_HIGHER_CLOCK) != 0)
+    row: dict[str, object] = {
+        "set": s.name,
+        "break the physics": f"{int(broken.sum())}/{int(keep.sum())} ({int(slower.sum())} slower)",
+    }
+    if len(f) >= 3:
+        neighbours = np.abs(t[:, 1:-1] - (t[:, :-2] + t[:, 2:]) / 2) / t[:, 1:-1]
+        row["scatter %"] = float(np.median(neighbours[holds]) * 100) if holds.any() else np.nan
+    for k in (3, 4):
+        train = training_plan(f, k)
+        cols = ~np.isin(f, train)
+        for form in ("func1", "knee"):
+            pred = PerfModel(form=form).fit(s.profile, train).predict(f[cols])
+            row[f"{k} {form}"] = mape(pred[holds], t[holds][:, cols])
+            if form == "func1" and k == 3 and broken.any():
+                row["their err 3"] = mape(pred[broken], t[broken][:, cols])
+    for form in ("func1", "knee"):
+        every = PerfModel(form=form).fit(s.profile)
+        row[f"floor {form}"] = mape(every.predict(f)[holds], t[holds])
     return row
 
 
@@ -349,6 +396,9 @@ def main() -> None:
     timing = pd.DataFrame([time_row(s) for s in sets.values() if s.has_time and s.scored])
     print(f"\n2. time, mean |error| % on held-out clocks, kernels >= {MIN_US:g} us, flagged apart")
     print(timing.to_string(**fmt))
+    holds = pd.DataFrame([physics_row(s) for s in sets.values() if s.has_time and s.scored])
+    print("\n2b. time where the physics holds at every clock of the set (ops that break it apart)")
+    print(holds.to_string(**fmt))
     print("\n3. fitting speed, 100k ops x 3 clocks (perf forms: benchmarks/perf_models.py)")
     print(speed().to_string(**fmt))
     print(f"\n({time.perf_counter() - t0:.0f} s)")
