@@ -16,6 +16,9 @@ Power (chip/board rail, mean |error| % on held-out clocks):
   straight line in f per kernel; 3+: the V-f knee and slope fitted on the training clocks);
 * ``prior 2``: the generic V-f prior, derived by :func:`~opdvfs.models.vf_prior.derive_prior`
   on every GPU *except* the one scored (leave-one-GPU-out), ``u_i + a_i f V^2`` per kernel;
+* ``envelope 2`` (the default now): the prior's knee, the rise read off the kernels' lower
+  envelope at the two training clocks and shrunk to the prior's by precision
+  (:func:`~opdvfs.models.vf_prior.two_clock_curve`; the prior and its spread leave-one-GPU-out);
 * ``curve 2``: the V-f curve characterised (:func:`~opdvfs.models.characterise.fit_voltage_curve`,
   power alone, every clock) on another set of the same GPU (V100 kernels <-> micro-benchmarks,
   GPT-3 <-> BLOOM on the same GPU, gpmtool: the same GPU at another memory clock); ``best
@@ -67,7 +70,13 @@ from opdvfs.models.perf import (
 )
 from opdvfs.models.power import PowerModel
 from opdvfs.models.validation import training_plan
-from opdvfs.models.vf_prior import derive_prior, fit_top_rise, shape_curve
+from opdvfs.models.vf_prior import (
+    derive_prior,
+    derive_rise_spread,
+    fit_top_rise,
+    shape_curve,
+    two_clock_curve,
+)
 
 MIN_US = 20.0
 PHYSICS_BITS = VIOLATION_FASTER_THAN_1_OVER_F | VIOLATION_CONCAVE | VIOLATION_SLOWER_AT_HIGHER_CLOCK
@@ -211,7 +220,9 @@ def best_curve_2(f, p, train, test) -> float:
     return best
 
 
-def power_row(s: Set, sets: dict[str, Set], prior: tuple[float, float]) -> dict[str, object]:
+def power_row(
+    s: Set, sets: dict[str, Set], prior: tuple[float, float], spread: float
+) -> dict[str, object]:
     f, p = power_grid(s.profile)
     top = float(f.max())
     prior_vf = shape_curve(top, *prior)
@@ -237,6 +248,8 @@ def power_row(s: Set, sets: dict[str, Set], prior: tuple[float, float]) -> dict[
         if k == 2:
             row["p0+a f^3 2"] = mape(cubic_baseline(f, p, train, test), p[:, cols])
             row["prior 2"] = score(PowerModel(voltage=prior_vf).fit(s.profile, train))
+            envelope = two_clock_curve(train, p[:, np.isin(f, train)], top, *prior, spread)
+            row["envelope 2"] = score(PowerModel(voltage=envelope).fit(s.profile, train))
             row["curve 2"] = (
                 score(PowerModel(voltage=curve).fit(s.profile, train)) if curve else np.nan
             )
@@ -376,6 +389,18 @@ def prior_by_gpu(sets: dict[str, Set]) -> dict[str, tuple[float, float]]:
     return held_out
 
 
+def spread_by_gpu(sets: dict[str, Set], priors: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Return the other GPUs' rise spread at each GPU's held-out knee (the prior's weight)."""
+    by_gpu: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for s in sets.values():
+        if not s.time_only and s.in_prior:
+            by_gpu.setdefault(s.gpu, []).append(power_grid(s.profile))
+    return {
+        gpu: derive_rise_spread({g: v for g, v in by_gpu.items() if g != gpu}, knee)
+        for gpu, (knee, _) in priors.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path("../shared/data/real"))
@@ -390,7 +415,10 @@ def main() -> None:
     print("the GPU named (derive_prior):")
     print("  " + "; ".join(f"{g}: {k:.3f}, {r:.3f}" for g, (k, r) in priors.items()))
     scored = [s for s in sets.values() if s.scored and not s.time_only]
-    power = pd.DataFrame([power_row(s, sets, priors[s.gpu]) for s in scored])
+    spreads = spread_by_gpu(sets, priors)
+    print("  rise spread of the other GPUs (derive_rise_spread): ", end="")
+    print("; ".join(f"{g}: {v:.3f}" for g, v in spreads.items()))
+    power = pd.DataFrame([power_row(s, sets, priors[s.gpu], spreads[s.gpu]) for s in scored])
     print("\n1. power, mean |error| % on held-out clocks (leave-one-GPU-out prior)")
     print(power.to_string(**fmt))
     timing = pd.DataFrame([time_row(s) for s in sets.values() if s.has_time and s.scored])
