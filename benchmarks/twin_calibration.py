@@ -131,6 +131,16 @@ def main() -> None:
             " / ".join(f"{x:.3f}" for x in ts[:3] / ts[3]),
             "vector_ldst_bytes_per_cycle (f_s), tile_overhead_cycles" if t == picks[0] else "",
         )
+    # every convolution of resnet50 (forward and both backward kernels), time-weighted: the
+    # largest-by-bytes op above is a stem conv whose compulsory traffic alone makes it load-bound
+    convs = res[res["type"].astype(str).str.startswith("Conv2D")]
+    conv_t = op_timing(op_arrays(convs), freqs, p).time_us.sum(axis=0)
+    row(
+        "Fig. 16 all resnet50 convolutions, time-weighted: 1200 / 1400 / 1600 vs 1800 MHz",
+        "Conv2D follows f (1.5 / 1.29 / 1.125 if wholly clock-bound)",
+        " / ".join(f"{x:.3f}" for x in conv_t[:3] / conv_t[3]),
+        "conv_bytes_per_flop (img2col: on-chip re-reads)",
+    )
     prof = dev.profile(w, [1600.0, 1700.0, 1800.0])
     ops = prof.ops
     for kind, quote in (

@@ -116,6 +116,25 @@ def test_operand_rereads_make_large_matmuls_load_bound_at_the_top_clocks():
     assert (np.diff(smooth) <= 1e-9).all() and smooth[high][0] > smooth[high][-1] * 1.001
 
 
+def test_a_convolution_rereads_less_than_a_matmul_of_the_same_work():
+    """img2col expands a conv's input tiles on chip: with conv_bytes_per_flop below the
+    matmul's, a large conv stays clock-bound where the same-size matmul is load-bound; with
+    it unset (None) a conv times exactly as a matmul (the other presets' physics)."""
+    p = ASCEND.twin.model_copy(update={"tile_spread": 0.0})
+    assert p.conv_bytes_per_flop is not None and p.conv_bytes_per_flop < p.cube_bytes_per_flop
+    w = one_op_workload(
+        ["MatMul", "Conv2D", "Conv2DBackpropFilter"], [4e13] * 3, [1e6] * 3, [1e6] * 3
+    )
+    t = timing_of(w, params=p).time_us - p.launch_overhead_us
+    top = FINE >= 1700
+    assert (t[1, top] < t[0, top] * 0.95).all()  # the matmul is load-bound there
+    product = t[1] * FINE  # the conv: time x clock constant, i.e. time inverse in f
+    np.testing.assert_allclose(product, product[0], rtol=0.03)
+    np.testing.assert_array_equal(t[1], t[2])
+    same = timing_of(w, params=p.model_copy(update={"conv_bytes_per_flop": None})).time_us
+    np.testing.assert_array_equal(same[1], same[0])
+
+
 def test_comm_ops_ignore_core_clock():
     w = one_op_workload(["AllReduce"], [0.0], [1e8], [1e8], stream="comm")
     t = timing_of(w).time_us[0]

@@ -66,6 +66,12 @@ class TwinParams(FrozenModel):
         description="operand re-reads from L2/HBM per matrix FLOP (tiling): a large matmul "
         "moves at least flops * this, so some are load-bound at the top clocks",
     )
+    conv_bytes_per_flop: NonNegativeFloat | None = Field(
+        default=None,
+        description="operand re-reads per FLOP of a convolution (None: cube_bytes_per_flop). "
+        "The cube's img2col (Load3D, L1 -> L0) expands input tiles on chip, so a convolution "
+        "re-reads less from L2/HBM than a plain matmul of the same FLOPs",
+    )
     launch_overhead_us: NonNegativeFloat = Field(description="fixed per-op launch cost")
     noise_rel: NonNegativeFloat = Field(description="multiplicative time noise (sigma)")
     jitter_us: NonNegativeFloat = Field(description="absolute time jitter (sigma)")

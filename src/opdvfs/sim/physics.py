@@ -40,11 +40,15 @@ class Family:
     pingpong: bool
     dependent: bool
     efficiency: float
+    #: a convolution: the cube unit's img2col (Ascend's Load3D, L1 -> L0) expands each input
+    #: tile on chip, so it re-reads less from L2/HBM per FLOP than a plain matmul
+    img2col: bool = False
 
 
 # The four timeline scenarios of the paper (eqs. 5-8), by how an op overlaps its loads,
 # compute and stores.
 _CUBE = Family(CUBE, pingpong=True, dependent=False, efficiency=0.85)  # eq. (7)
+_CONV = Family(CUBE, pingpong=True, dependent=False, efficiency=0.85, img2col=True)  # eq. (7)
 _VECTOR = Family(VECTOR, pingpong=True, dependent=False, efficiency=0.7)  # eq. (7)
 _REDUCE = Family(VECTOR, pingpong=True, dependent=True, efficiency=0.6)  # eq. (8)
 _MOVE = Family(VECTOR, pingpong=False, dependent=False, efficiency=0.6)  # eq. (5)
@@ -55,7 +59,8 @@ _FIXED = Family(FIXED, pingpong=False, dependent=False, efficiency=1.0)
 #: Operator type -> family. Types are Ascend-style names, which the workload builders emit;
 #: unknown types run as pipelined vector ops.
 _TYPES_BY_FAMILY = (
-    (_CUBE, "MatMul BatchMatMul Conv2D Conv2DBackpropInput Conv2DBackpropFilter FlashAttention"),
+    (_CUBE, "MatMul BatchMatMul FlashAttention"),
+    (_CONV, "Conv2D Conv2DBackpropInput Conv2DBackpropFilter"),
     (_VECTOR, "Add Mul RealDiv Gelu GeluGrad Relu ReluGrad Dropout DropoutGrad Cast AdamW"),
     (_VECTOR, "BiasAdd BiasAddGrad SiLU SiLUGrad RotaryEmb"),
     (_REDUCE, "Softmax SoftmaxGrad LayerNorm LayerNormGrad RMSNorm RMSNormGrad BNTraining"),
@@ -82,6 +87,7 @@ class OpArrays:
     pingpong: np.ndarray
     dependent: np.ndarray
     efficiency: np.ndarray
+    img2col: np.ndarray
     activity: np.ndarray
     wait_us: np.ndarray
 
@@ -108,6 +114,7 @@ def op_arrays(ops: pd.DataFrame) -> OpArrays:
         pingpong=np.array([f.pingpong for f in fam], dtype=bool)[codes],
         dependent=np.array([f.dependent for f in fam], dtype=bool)[codes],
         efficiency=np.array([f.efficiency for f in fam], dtype=float)[codes],
+        img2col=np.array([f.img2col for f in fam], dtype=bool)[codes],
         activity=(
             ops["activity"] if "activity" in ops else pd.Series(1.0, index=ops.index)
         ).to_numpy(dtype=float),
@@ -165,9 +172,13 @@ def op_timing(ops: OpArrays, freqs_mhz: np.ndarray, p: TwinParams) -> Timing:
     # A matmul re-reads its operand panels from L2/HBM once per output tile: its load volume is
     # at least its FLOPs times the re-read bytes per FLOP (eq. 3's M counts every byte moved),
     # which makes the largest matmuls load-bound at the top clocks (not perfectly clock-bound).
-    bytes_ld = np.where(
-        cube, np.maximum(ops.bytes_ld, ops.flops * p.cube_bytes_per_flop), ops.bytes_ld
+    # A convolution expands its input tiles on chip (img2col), so it re-reads less.
+    reread = (
+        p.cube_bytes_per_flop
+        if p.conv_bytes_per_flop is None
+        else np.where(ops.img2col, p.conv_bytes_per_flop, p.cube_bytes_per_flop)
     )
+    bytes_ld = np.where(cube, np.maximum(ops.bytes_ld, ops.flops * reread), ops.bytes_ld)
     moved = bytes_ld + ops.bytes_st
     n = np.clip(np.round(moved / p.tile_bytes), 1, p.max_tiles)
     n = np.where(ops.pingpong, np.maximum(n, 2), n)[:, None]

@@ -79,6 +79,7 @@ _ASCEND = Preset(
         tile_overhead_cycles=300.0,
         tile_spread=0.3,
         cube_bytes_per_flop=0.0062,
+        conv_bytes_per_flop=0.0,
         launch_overhead_us=3.0,
         noise_rel=0.006,
         jitter_us=1.0,
