@@ -14,7 +14,7 @@ first, in pipeline order), the point-to-point operators give the cross-rank edge
 - **Peers.** The ranks are a linear pipeline: activations go from rank ``r`` to ``r + 1``,
   gradients from ``r + 1`` back to ``r``. A message is a gradient when its op is in the
   ``backward`` phase (workloads) or its name says ``grad``/``backward``/``bwd``, an activation
-  when its phase is ``forward`` or its name says ``activation``/``forward``/``fwd``; on the
+  when its phase is ``forward`` or its name says ``activation``/``act``/``forward``/``fwd``; on the
   first and last rank the one neighbour decides. A middle rank's message with no such hint is
   refused (its peer is unknown).
 - **Matching.** The k-th send from rank ``a`` to rank ``b`` is the k-th receive on ``b`` from
@@ -66,7 +66,7 @@ __all__ = [
 COMPUTE, SEND, RECV, BARRIER = 0, 1, 2, 3
 
 _GRADIENT = re.compile(r"grad|backward|bwd", re.IGNORECASE)
-_ACTIVATION = re.compile(r"activation|forward|fwd", re.IGNORECASE)
+_ACTIVATION = re.compile(r"activation|forward|fwd|(?<![a-z])act(?![a-z])", re.IGNORECASE)
 
 
 @dataclass(frozen=True)

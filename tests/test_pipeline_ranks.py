@@ -1,0 +1,335 @@
+"""A job's graph from each rank's own ops (sends, receives, barriers), and the whole pipeline
+on the twin under each rank's own schedule."""
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("highspy")
+
+from opdvfs.cli import app
+from opdvfs.exceptions import ValidationError
+from opdvfs.experiments.pipeline import layout_of, run_pipeline
+from opdvfs.plan.dag import solve_dag
+from opdvfs.plan.pipeline import one_f_one_b, pipeline_graph
+from opdvfs.plan.ranks import RECV, RankOps, rank_layout, rank_schedule, rank_tables
+from opdvfs.schedule import PipelineSchedule
+from opdvfs.sim.twin import SimulatedDevice
+from opdvfs.workloads.library import gpt3, load_pipeline, load_workload
+from opdvfs.workloads.pipeline import pipeline_workloads
+from opdvfs.workloads.transformer import TransformerConfig
+
+FREQS = np.array([1000.0, 1400.0, 1800.0])
+
+
+def toy_ranks(n_stages: int, n_micro: int, *, torch_names: bool) -> list[list[str]]:
+    """Each rank's ops of a 1F1B pipeline: per instruction a compute op and its messages.
+
+    ``torch_names``: the p2p ops as a torch trace names them (``nccl:send``, ``c10d::recv_``;
+    no direction in the name, as on 2 ranks); else with their direction (activation / grad).
+    """
+    send_a, recv_a = ("nccl:send", "c10d::recv_") if torch_names else ("send_act", "recv_act")
+    send_g, recv_g = ("nccl:send", "c10d::recv_") if torch_names else ("send_grad", "recv_grad")
+    ranks = []
+    for s in range(n_stages):
+        ops: list[str] = []
+        f = b = 0
+        for kind in one_f_one_b(s, n_stages, n_micro):
+            if kind == "forward":
+                ops += [recv_a] if s > 0 else []
+                ops += [f"fwd{f}"] + ([send_a] if s < n_stages - 1 else [])
+                f += 1
+            else:
+                ops += [recv_g] if s < n_stages - 1 else []
+                ops += [f"bwd{b}"] + ([send_g] if s > 0 else [])
+                b += 1
+        ranks.append(ops)
+    return ranks
+
+
+def toy_tables(names: list[str], fwd_s: float, bwd_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per-op time (s) at FREQS: compute ops slow as 1800/f, messages take no time."""
+    base = np.array(
+        [fwd_s if n.startswith("fwd") else bwd_s if n.startswith("bwd") else 0.0 for n in names]
+    )
+    time_s = base[:, None] * (FREQS.max() / FREQS)[None, :]
+    energy = base[:, None] * (FREQS / FREQS.max())[None, :] ** 2 * 100.0 + time_s * 10.0
+    return time_s, energy
+
+
+def as_rank_ops(ranks: list[list[str]]) -> list[RankOps]:
+    return [RankOps(np.array(r), np.array(r), None, f"rank{i}.csv") for i, r in enumerate(ranks)]
+
+
+def test_two_ranks_with_torch_send_recv_give_the_1f1b_edges_and_makespan():
+    s, m, fwd, bwd = 2, 3, 1.0, 2.0
+    ranks = toy_ranks(s, m, torch_names=True)
+    layout = rank_layout(as_rank_ops(ranks))
+    assert layout.n_messages == 2 * m  # m activations down, m gradients back
+    names = layout.names
+    edges = {
+        (names[a], int(layout.node_rank[a]), names[b], int(layout.node_rank[b]))
+        for a, b in layout.edges
+        if layout.node_rank[a] != layout.node_rank[b]
+    }
+    # consecutive computations are one node (named by its first op, +1 more op): rank 0 runs
+    # fwd0 send fwd1 send recv [bwd0 fwd2] send recv bwd1 recv bwd2, rank 1 recv [fwd0 bwd0]
+    # send recv [fwd1 bwd1] send ...; a message is posted when the node before its send ends
+    assert edges == {
+        ("fwd0", 0, "c10d::recv_", 1),
+        ("fwd1", 0, "c10d::recv_", 1),
+        ("bwd0+1", 0, "c10d::recv_", 1),
+        ("fwd0+1", 1, "c10d::recv_", 0),
+        ("fwd1+1", 1, "c10d::recv_", 0),
+        ("fwd2+1", 1, "c10d::recv_", 0),
+    }
+    # the k-th send pairs with the k-th receive
+    recv1 = np.flatnonzero((layout.node_rank == 1) & (layout.node_kind == RECV))
+    fed = {int(b): names[a] for a, b in layout.edges if layout.node_rank[a] == 0 and b in recv1}
+    assert [fed[int(r)] for r in recv1] == ["fwd0", "fwd1", "bwd0+1"]
+    tables = [toy_tables(r, fwd, bwd) for r in ranks]
+    problem = layout.problem([t for t, _ in tables], [e for _, e in tables], FREQS)
+    makespan = float(problem.evaluate(problem.top_clock())[0])
+    assert makespan == pytest.approx((m + s - 1) * (fwd + bwd))
+
+
+@pytest.mark.parametrize(("n_stages", "n_micro"), [(3, 4), (4, 6)])
+def test_the_graph_from_ranks_matches_the_stage_builder_at_every_plan(n_stages, n_micro):
+    rng = np.random.default_rng(n_stages)
+    fwd, bwd = rng.uniform(1, 2, n_stages), rng.uniform(2, 4, n_stages)
+    ranks = toy_ranks(n_stages, n_micro, torch_names=False)
+    layout = rank_layout(as_rank_ops(ranks))
+    tables = [toy_tables(r, fwd[s], bwd[s]) for s, r in enumerate(ranks)]
+    mine = layout.problem([t for t, _ in tables], [e for _, e in tables], FREQS)
+    stage_t = np.stack([fwd, bwd])[:, :, None] * (FREQS.max() / FREQS)[None, None, :]
+    ref = pipeline_graph(stage_t[0], stage_t[0], stage_t[1], stage_t[1], FREQS, n_micro)
+    # a random clock per stage: the same durations in both graphs
+    for _ in range(5):
+        stage_clock = rng.integers(0, len(FREQS), n_stages)
+        ref_clock = stage_clock[ref.rank]
+        full = stage_clock[layout.node_rank]
+        assert mine.evaluate(full)[0] == pytest.approx(ref.evaluate(ref_clock)[0])
+    assert mine.evaluate(mine.top_clock())[0] == pytest.approx(ref.evaluate(ref.top_clock())[0])
+
+
+def test_a_barrier_joins_every_rank():
+    ranks = [["a", "all_reduce", "c"], ["a", "all_reduce", "c"]]
+    times = [np.array([1.0, 0.0, 5.0]), np.array([3.0, 0.0, 1.0])]
+    tabs = [np.repeat(t[:, None], 3, axis=1) for t in times]
+    for barrier, makespan in ((None, 6.0), ("all_reduce", 8.0)):
+        layout = rank_layout(as_rank_ops(ranks), barrier=barrier)
+        problem = layout.problem(tabs, tabs, FREQS)
+        assert problem.evaluate(problem.top_clock())[0] == pytest.approx(makespan)
+    with pytest.raises(ValidationError, match="rank1.csv: reaches 1 barrier"):
+        rank_layout(as_rank_ops([["all_reduce", "all_reduce"], ["all_reduce"]]), barrier="all_")
+
+
+@pytest.mark.parametrize(
+    ("ranks", "message"),
+    [
+        (
+            [["f", "nccl:send", "f", "nccl:send"], ["c10d::recv_", "f"]],
+            r"rank0\.csv: op 3 \(nccl:send\) sends to rank 1 with no matching receive",
+        ),
+        (
+            [["f"], ["c10d::recv_", "f"]],
+            r"rank1\.csv: op 0 \(c10d::recv_\) receives from rank 0 with no matching send",
+        ),
+        (
+            [["f", "send_act"], ["recv_act", "f", "send_act"]],
+            r"rank1\.csv: op 2 \(send_act\) sends to rank 2, but 2 rank file",
+        ),
+        (
+            [["f", "send_act"], ["recv_act", "f", "nccl:send"], ["recv_act"]],
+            r"rank1\.csv: op 2 \(nccl:send\): cannot tell the peer",
+        ),
+        ([["ncclDevKernel_SendRecv"], ["f"]], r"rank0\.csv: op 0 .* no direction"),
+        ([["c10d::recv_", "f", "nccl:send"], ["c10d::recv_", "f", "nccl:send"]], "deadlock"),
+    ],
+)
+def test_bad_messages_name_the_file_and_the_op(ranks, message):
+    with pytest.raises(ValidationError, match=message):
+        rank_layout(as_rank_ops(ranks))
+
+
+def write_csv(path, names, time_s, energy_j):
+    rows = ["op,name,type,freq_mhz,time_us,chip_power_w"]
+    for i, name in enumerate(names):
+        for c, f in enumerate(FREQS):
+            t_us = max(time_s[i, c] * 1e6, 1.0)  # a message takes 1 us
+            power = energy_j[i, c] / time_s[i, c] if time_s[i, c] > 0 else 50.0
+            rows.append(f"{i},{name},{name},{f:g},{t_us:.6g},{power:.6g}")
+    path.write_text("\n".join(rows) + "\n")
+
+
+def test_plan_ranks_cli_writes_one_schedule_per_rank(tmp_path):
+    ranks = toy_ranks(2, 4, torch_names=True)
+    paths = []
+    for r, names in enumerate(ranks):
+        t, e = toy_tables(names, 0.01 * (1 + r), 0.02)
+        paths.append(tmp_path / f"rank{r}.csv")
+        write_csv(paths[-1], names, t, e)
+    out = tmp_path / "pipe.json"
+    res = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            *map(str, paths),
+            "--pipeline",
+            "ranks",
+            "--target",
+            "0.05",
+            "--blocking-power-w",
+            "10",
+            "--out",
+            str(out),
+            "--json",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    pipe = PipelineSchedule.read(out)
+    assert summary["stages"] == 2 and pipe.pipeline == "ranks" and pipe.n_microbatches == 4
+    assert [s.n_ops for s in pipe.stages] == [len(r) for r in ranks]
+    assert pipe.predicted_makespan_s <= 1.05 * pipe.baseline_makespan_s * (1 + 1e-9)
+    assert pipe.predicted_energy_j < pipe.baseline_energy_j
+    # rank 0 (the shorter stage) has slack rank 1 has not: their schedules differ
+    assert pipe.stages[0].freq_per_op_mhz().tolist() != pipe.stages[1].freq_per_op_mhz().tolist()
+
+
+def test_plan_ranks_cli_refuses_a_send_without_a_receive(tmp_path):
+    ranks = [["f", "nccl:send", "f", "nccl:send"], ["c10d::recv_", "f"]]
+    paths = []
+    for r, names in enumerate(ranks):
+        t, e = toy_tables(["fwd"] * len(names), 0.01, 0.02)
+        paths.append(tmp_path / f"rank{r}.csv")
+        write_csv(paths[-1], names, t, e)
+    out = tmp_path / "pipe.json"
+    res = CliRunner().invoke(
+        app,
+        ["plan", *map(str, paths), "--pipeline", "ranks", "--target", "0.05", "--out", str(out)],
+    )
+    assert res.exit_code == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.output
+    assert f"{paths[0]}: op 3 (nccl:send) sends to rank 1 with no matching receive" in lines[0]
+    assert not out.exists()
+    res = CliRunner().invoke(
+        app,
+        ["plan", str(paths[0]), "--pipeline", "ranks", "--target", "0.05", "--out", str(out)],
+    )
+    assert res.exit_code == 2 and "one PROFILE per pipeline rank" in res.output
+
+
+def test_gpt3_pp8_is_the_gpt3_device_on_every_stage_without_waits():
+    stages = load_pipeline("gpt3-pp8")
+    assert len(stages) == 8
+    one = gpt3()
+    three = load_workload("gpt3-pp8@3")
+    assert three.ops["name"].astype(str).tolist() == one.ops["name"].astype(str).tolist()
+    assert one.ops["wait_us"].sum() > 0 and three.ops["wait_us"].sum() == 0
+    assert "lm_head" in stages[7].ops["name"].astype(str).str.split(".").str[-1].tolist()
+    with pytest.raises(ValidationError, match="stages 0-7"):
+        load_workload("gpt3-pp8@8")
+    layout = layout_of(stages)
+    assert layout.n_messages == 2 * 7 * 32  # activations and gradients on 7 links
+
+
+def small_pipeline(pp: int, microbatches: int):
+    cfg = TransformerConfig(
+        name="toy",
+        layers=2,
+        hidden=4096,
+        heads=32,
+        ffn=16384,
+        seq=2048,
+        micro_batch=1,
+        microbatches=microbatches,
+        pp=pp,
+    )
+    return pipeline_workloads(cfg, name="toy-pp", description="toy")
+
+
+def exact_twin():
+    """The Ascend-like twin without noise, and messages that take no time."""
+    dev = SimulatedDevice.from_preset("ascend-910b-like")
+    params = dev.params.model_copy(
+        update={"noise_rel": 0.0, "jitter_us": 0.0, "comm_latency_us": 0.0, "comm_link_gbs": 1e12}
+    )
+    return SimulatedDevice(dev.spec, params)
+
+
+def test_whole_pipeline_at_all_max_reproduces_the_1f1b_makespan():
+    s, m = 4, 6
+    stages = small_pipeline(s, m)
+    dev = exact_twin()
+    run = run_pipeline(dev, stages)
+    # one stage's forward, backward and optimizer, timed on the twin on its own
+    ops = stages[0].ops
+    _, sim = dev.run(stages[0])
+    name = ops["name"].astype(str)
+    compute = (ops["stream"] == "compute").to_numpy()
+    mb0 = name.str.startswith("mb0.").to_numpy() & compute
+    fwd = sim.dur_us[mb0 & (ops["phase"] == "forward").to_numpy()].sum() * 1e-6
+    bwd = sim.dur_us[mb0 & (ops["phase"] == "backward").to_numpy()].sum() * 1e-6
+    opt = sim.dur_us[(ops["phase"] == "optimizer").to_numpy()].sum() * 1e-6
+    assert run.makespan_s == pytest.approx((m + s - 1) * (fwd + bwd) + opt, rel=1e-6)
+    # every rank runs the whole makespan: computing and waiting
+    assert run.rank_busy_s + run.rank_wait_s == pytest.approx(np.full(s, run.makespan_s))
+    assert run.rank_wait_s.min() > 0 and run.residual_s < 1e-6
+
+
+def test_a_planned_pipeline_meets_its_deadline_on_the_twin_and_saves_energy():
+    stages = small_pipeline(4, 4)
+    dev = exact_twin()
+    base = run_pipeline(dev, stages)
+    tables = [rank_tables(dev.profile(w, dev.spec.freqs_mhz), source=w.name) for w in stages]
+    layout = rank_layout(
+        [replace(t.ops, source=w.name) for t, w in zip(tables, stages, strict=True)]
+    )
+    problem = layout.problem(
+        [t.time_s for t in tables],
+        [t.energy_j for t in tables],
+        tables[0].freqs_mhz,
+        idle_before_s=[t.idle_before_s for t in tables],
+        blocking_power_w=base.wait_power_w,
+    )
+    for target in (0.02, 0.05):
+        plan = solve_dag(problem, target)
+        pipe = rank_schedule(
+            layout, problem, plan, target=target, switch_latency_s=dev.spec.switch_latency_ms * 1e-3
+        )
+        got = run_pipeline(dev, stages, pipe)
+        assert got.makespan_s <= (1 + target) * base.makespan_s * (1 + 1e-6)
+        assert got.energy_j < base.energy_j
+        assert got.switches.sum() > 0
+        # each rank its own clocks
+        assert len({tuple(s.freq_per_op_mhz()) for s in pipe.stages}) > 1
+        assert pipe.stages[0].n_ops == len(stages[0])
+        assert_switches_up_lead_by(layout, problem, plan, pipe, dev.spec.switch_latency_ms * 1e-3)
+
+
+def assert_switches_up_lead_by(layout, problem, plan, pipe, latency_s):
+    """A switch up is issued ``latency_s`` before the node ahead of its stage ends; down, at it."""
+    checked = 0
+    for rank, schedule in enumerate(pipe.stages):
+        mine = np.flatnonzero(layout.node_rank == rank)
+        node_at = dict(zip(layout.node_first_op[mine].tolist(), mine.tolist(), strict=True))
+        for sw in schedule.switches[1:]:
+            stage = schedule.stages[sw.stage]
+            before = schedule.stages[sw.stage - 1]
+            trigger = node_at[sw.trigger_op]
+            issued_s = plan.start_s[trigger] + sw.delay_us * 1e-6
+            if stage.freq_mhz > before.freq_mhz:
+                length = problem.time_s[trigger, plan.clock[trigger]]
+                lead = min(latency_s, length)
+                # ahead of the end of the node before (the stage may then wait for a peer)
+                assert plan.start_s[trigger] + length - issued_s == pytest.approx(lead, abs=1e-9)
+                assert stage.start_s >= plan.start_s[trigger] + length - 1e-9
+                checked += 1
+            else:
+                assert sw.trigger_op == stage.first_op and sw.delay_us == 0
+    assert checked > 0
