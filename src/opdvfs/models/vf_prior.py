@@ -17,6 +17,12 @@ a power-capped top, three clocks only -- moves it by at most one rank).
 ``benchmarks/model_generalisation.py`` re-derives it without the GPU it scores
 (leave-one-GPU-out) and prints the numbers; the defaults below are :func:`derive_prior` on every
 GPU there.
+
+No single curve suits every GPU from two clocks (the best rise runs from 0 on a power-capped A40
+to ~0.5 on a Titan Xp), so two clocks read the rise off the profile itself where its kernels pin
+it: :func:`envelope_rise` (the kernels with no clock-independent power of their own lie on one
+line in the plane of their low-clock power and their power gain, whose slope is the curve's
+shape), combined with the prior's rise by precision in :func:`two_clock_curve`.
 """
 
 from __future__ import annotations
