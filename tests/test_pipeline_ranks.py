@@ -333,3 +333,27 @@ def assert_switches_up_lead_by(layout, problem, plan, pipe, latency_s):
             else:
                 assert sw.trigger_op == stage.first_op and sw.delay_us == 0
     assert checked > 0
+
+
+def test_simulate_runs_the_whole_gpt3_pipeline_and_refuses_a_one_device_schedule(tmp_path):
+    res = CliRunner().invoke(
+        app, ["simulate", "--device", "ascend-910b-like", "--workload", "gpt3-pp8", "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)["all_max"]
+    assert len(got["rank_energy_j"]) == 8 and got["switches"] == 0
+    # every stage waits for the pipeline to fill and drain, and the energy counts it
+    assert min(got["rank_wait_s"]) > 0 and got["energy_j"] > got["compute_energy_j"]
+    one = tmp_path / "one.json"
+    one.write_text(
+        '{"format": "opdvfs.schedule", "version": 1, "n_ops": 3, "target": 0.0,'
+        ' "solver": "dp", "stages": [{"first_op": 0, "last_op": 2, "freq_mhz": 1800}],'
+        ' "switches": [{"trigger_op": 0, "stage": 0, "freq_mhz": 1800}]}'
+    )
+    res = CliRunner().invoke(
+        app, ["simulate", str(one), "--device", "ascend-910b-like", "--workload", "gpt3-pp8"]
+    )
+    assert res.exit_code == 2
+    assert "runs a pipeline schedule" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(app, ["workloads", "--json"])
+    assert "gpt3-pp8" in {row["workload"] for row in json.loads(res.stdout)}
