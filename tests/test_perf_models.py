@@ -253,12 +253,15 @@ def knee_truth(kind: str, n: int = 30, seed: int = 7) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", ["cap", "memory"])
-def test_knee_form_follows_a_knee_between_the_training_clocks(kind):
+def test_knee_form_follows_a_knee_between_the_training_clocks(kind, tmp_path):
     times = knee_truth(kind)
     profile = profile_from(times, DENSE_MHZ)
     train = [855.0, 1305.0, 1740.0]  # lowest, middle, top: the knee lies between the last two
     knee = PerfModel(form="knee").fit(profile, train)
     np.testing.assert_allclose(knee.predict(DENSE_MHZ), times, rtol=1e-9)
+    knee.write(tmp_path / "knee.json")
+    back = PerfModel.read(tmp_path / "knee.json")
+    np.testing.assert_array_equal(back.predict(DENSE_MHZ), knee.predict(DENSE_MHZ))
     # the 3-parameter smooth form smears the corner (the complaint)
     func1 = PerfModel(form="func1").fit(profile, train)
     assert np.abs(func1.predict(DENSE_MHZ) / times - 1).max() > 0.01
