@@ -18,7 +18,9 @@ Power (chip/board rail, mean |error| % on held-out clocks):
   on every GPU *except* the one scored (leave-one-GPU-out), ``u_i + a_i f V^2`` per kernel;
 * ``envelope 2`` (the default now): the prior's knee, the rise read off the kernels' lower
   envelope at the two training clocks and shrunk to the prior's by precision
-  (:func:`~opdvfs.models.vf_prior.two_clock_curve`; the prior and its spread leave-one-GPU-out);
+  (:func:`~opdvfs.models.vf_prior.two_clock_curve`; the prior, its spread and the envelope's
+  error all leave-one-GPU-out); ``envelope alone 2``: the envelope's rise unshrunk (the prior
+  only where the envelope is rejected);
 * ``curve 2``: the V-f curve characterised (:func:`~opdvfs.models.characterise.fit_voltage_curve`,
   power alone, every clock) on another set of the same GPU (V100 kernels <-> micro-benchmarks,
   GPT-3 <-> BLOOM on the same GPU, gpmtool: the same GPU at another memory clock); ``best
@@ -71,6 +73,7 @@ from opdvfs.models.perf import (
 from opdvfs.models.power import PowerModel
 from opdvfs.models.validation import training_plan
 from opdvfs.models.vf_prior import (
+    derive_envelope_error,
     derive_prior,
     derive_rise_spread,
     fit_top_rise,
@@ -221,7 +224,7 @@ def best_curve_2(f, p, train, test) -> float:
 
 
 def power_row(
-    s: Set, sets: dict[str, Set], prior: tuple[float, float], spread: float
+    s: Set, sets: dict[str, Set], prior: tuple[float, float], spread: tuple[float, float]
 ) -> dict[str, object]:
     f, p = power_grid(s.profile)
     top = float(f.max())
@@ -248,8 +251,10 @@ def power_row(
         if k == 2:
             row["p0+a f^3 2"] = mape(cubic_baseline(f, p, train, test), p[:, cols])
             row["prior 2"] = score(PowerModel(voltage=prior_vf).fit(s.profile, train))
-            envelope = two_clock_curve(train, p[:, np.isin(f, train)], top, *prior, spread)
+            envelope = two_clock_curve(train, p[:, np.isin(f, train)], top, *prior, *spread)
             row["envelope 2"] = score(PowerModel(voltage=envelope).fit(s.profile, train))
+            alone = two_clock_curve(train, p[:, np.isin(f, train)], top, *prior, np.inf)
+            row["envelope alone 2"] = score(PowerModel(voltage=alone).fit(s.profile, train))
             row["curve 2"] = (
                 score(PowerModel(voltage=curve).fit(s.profile, train)) if curve else np.nan
             )
@@ -389,16 +394,22 @@ def prior_by_gpu(sets: dict[str, Set]) -> dict[str, tuple[float, float]]:
     return held_out
 
 
-def spread_by_gpu(sets: dict[str, Set], priors: dict[str, tuple[float, float]]) -> dict[str, float]:
-    """Return the other GPUs' rise spread at each GPU's held-out knee (the prior's weight)."""
+def spread_by_gpu(
+    sets: dict[str, Set], priors: dict[str, tuple[float, float]]
+) -> dict[str, tuple[float, float]]:
+    """Return, for each GPU, the other GPUs' rise spread and the envelope's error on them.
+
+    Both at the GPU's held-out knee: the weights of the prior and of the envelope's rise.
+    """
     by_gpu: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     for s in sets.values():
         if not s.time_only and s.in_prior:
             by_gpu.setdefault(s.gpu, []).append(power_grid(s.profile))
-    return {
-        gpu: derive_rise_spread({g: v for g, v in by_gpu.items() if g != gpu}, knee)
-        for gpu, (knee, _) in priors.items()
-    }
+    out = {}
+    for gpu, (knee, _) in priors.items():
+        others = {g: v for g, v in by_gpu.items() if g != gpu}
+        out[gpu] = (derive_rise_spread(others, knee), derive_envelope_error(others, knee))
+    return out
 
 
 def main() -> None:
@@ -416,8 +427,9 @@ def main() -> None:
     print("  " + "; ".join(f"{g}: {k:.3f}, {r:.3f}" for g, (k, r) in priors.items()))
     scored = [s for s in sets.values() if s.scored and not s.time_only]
     spreads = spread_by_gpu(sets, priors)
-    print("  rise spread of the other GPUs (derive_rise_spread): ", end="")
-    print("; ".join(f"{g}: {v:.3f}" for g, v in spreads.items()))
+    print("rise spread of the other GPUs (derive_rise_spread), envelope's error on them")
+    print("(derive_envelope_error):")
+    print("  " + "; ".join(f"{g}: {a:.3f}, {b:.3f}" for g, (a, b) in spreads.items()))
     power = pd.DataFrame([power_row(s, sets, priors[s.gpu], spreads[s.gpu]) for s in scored])
     print("\n1. power, mean |error| % on held-out clocks (leave-one-GPU-out prior)")
     print(power.to_string(**fmt))

@@ -28,9 +28,12 @@ from opdvfs.models.perf import (
 from opdvfs.models.power import PowerModel
 from opdvfs.models.validation import training_plan, validate_perf
 from opdvfs.models.vf_prior import (
+    ENVELOPE_RISE_SD,
     PRIOR_KNEE_FRACTION,
+    PRIOR_RISE_SD,
     PRIOR_TOP_RISE,
     curve_errors,
+    derive_envelope_error,
     derive_prior,
     derive_rise_spread,
     envelope_rise,
@@ -177,19 +180,43 @@ def test_rise_spread_is_how_far_gpus_rises_differ():
     assert derive_rise_spread({"gpu0": gpus["gpu0"]}, 0.75) == np.inf
 
 
+def test_envelope_error_is_how_far_the_envelope_missed_each_gpus_own_rise():
+    gpus = {}
+    for g, rise in enumerate((0.1, 0.3, 0.5)):
+        f = np.linspace(0.45 * 1400, 1400, 10)
+        vf = shape_curve(1400, 0.75, rise)
+        gpus[f"gpu{g}"] = [(f, kernel_population(60, f, f / 1e3 * vf.voltage_v(f) ** 2, seed=g))]
+    assert derive_envelope_error(gpus, 0.75) == pytest.approx(0.0, abs=1e-9)
+    # a GPU whose low-clock power has its own bend (a kernel-independent convex floor) is missed
+    f = np.linspace(0.45 * 1400, 1400, 10)
+    flat = kernel_population(60, f, f / 1e3, seed=4) + 30.0 * (f / 1400) ** 6
+    missed = derive_envelope_error({"gpu": [(f, flat)]}, 0.75)
+    assert missed >= 0.05
+    # RMS over GPUs: the three it recovers count as zeros
+    both = derive_envelope_error({**gpus, "gpu": [(f, flat)]}, 0.75)
+    assert both == pytest.approx(missed / 2)
+
+
 def test_two_clocks_without_a_device_use_the_envelope_not_a_straight_line():
     curve = shape_curve(FREQS[-1], PRIOR_KNEE_FRACTION, 0.3)
     power = kernel_population(30, FREQS, FREQS / 1e3 * curve.voltage_v(FREQS) ** 2)
     profile = kernels(power, FREQS)
     model = PowerModel().fit(profile, [600.0, 1400.0])
     assert model.voltage_ == two_clock_curve(FREQS[[0, -1]], power[:, [0, -1]], 1400.0)
-    assert model.voltage_.voltage_v(1400.0) == pytest.approx(1.3, abs=0.02)
+    # the envelope's 0.3 weighed against the prior's 0.175 by their measured errors on real GPUs
+    w = PRIOR_RISE_SD**2 / (PRIOR_RISE_SD**2 + ENVELOPE_RISE_SD**2)
+    expected = 1 + w * 0.3 + (1 - w) * PRIOR_TOP_RISE
+    assert model.voltage_.voltage_v(1400.0) == pytest.approx(expected, abs=0.01)
+    # with the envelope trusted alone, the held-out clocks are the kernels' own
+    own = two_clock_curve(FREQS[[0, -1]], power[:, [0, -1]], 1400.0, prior_sd=np.inf)
     test = FREQS[1:-1]
-    np.testing.assert_allclose(model.predict(test)["chip_w"], power[:, 1:-1], rtol=0.01)
+    pred = PowerModel(voltage=own).fit(profile, [600.0, 1400.0]).predict(test)["chip_w"]
+    np.testing.assert_allclose(pred, power[:, 1:-1], rtol=1e-9)
     # the constant voltage this replaces over-predicts every clock in between
     flat = VoltageCurve(knee_mhz=1400.0, flat_v=1.0, slope_v_per_mhz=0.0)
     line = PowerModel(voltage=flat).fit(profile, [600.0, 1400.0]).predict(test)["chip_w"]
     assert (line > power[:, 1:-1]).all()
+    assert (model.predict(test)["chip_w"] < line).all()
 
 
 def test_three_clocks_keep_the_knee_and_fit_one_rise_across_all_ops():

@@ -34,12 +34,14 @@ import numpy as np
 from opdvfs.devices.spec import VoltageCurve
 
 __all__ = [
+    "ENVELOPE_RISE_SD",
     "KNEE_FRACTIONS",
     "PRIOR_KNEE_FRACTION",
     "PRIOR_RISE_SD",
     "PRIOR_TOP_RISE",
     "TOP_RISES",
     "curve_errors",
+    "derive_envelope_error",
     "derive_prior",
     "derive_rise_spread",
     "envelope_rise",
@@ -67,6 +69,10 @@ PRIOR_TOP_RISE = 0.175
 #: of each one's best rise at the prior's knee, :func:`derive_rise_spread`): the weight the
 #: prior gets against a profile's own estimate (:func:`two_clock_curve`).
 PRIOR_RISE_SD = 0.25
+#: How far the two-clock envelope's rise has been from each real GPU's own (RMS over the same
+#: GPUs, :func:`derive_envelope_error`): the envelope's error beyond its sampling noise (its
+#: kernels are the compute-bound ones; memory-bound kernels' power bends less with the clock).
+ENVELOPE_RISE_SD = 0.23
 
 #: Resamples of the ops :func:`envelope_rise` draws to measure its own uncertainty.
 _BOOTSTRAP = 64
@@ -299,17 +305,48 @@ def two_clock_curve(
     knee_fraction: float = PRIOR_KNEE_FRACTION,
     prior_rise: float = PRIOR_TOP_RISE,
     prior_sd: float = PRIOR_RISE_SD,
+    envelope_sd: float = ENVELOPE_RISE_SD,
 ) -> VoltageCurve:
     """Return the V-f curve for two training clocks and no device: the profile's own, shrunk.
 
     The prior's knee; the rise is :func:`envelope_rise`'s from the kernels themselves and the
-    prior's, each weighted by its precision (``1 / sd^2``: the envelope's from its bootstrap
-    spread, the prior's the spread of real GPUs about it, :data:`PRIOR_RISE_SD`). A profile
-    whose kernels hardly differ in switching power (a pipeline's stages) pins nothing and keeps
-    the prior; one whose envelope leaves the physical range keeps the prior outright.
+    prior's, each weighted by its precision (``1 / sd^2``): the envelope's variance is its
+    bootstrap spread squared plus ``envelope_sd^2`` (how far it has been from real GPUs' own
+    rises, :data:`ENVELOPE_RISE_SD`), the prior's ``prior_sd^2`` (the spread of real GPUs
+    about it, :data:`PRIOR_RISE_SD`). A profile whose kernels hardly differ in switching power
+    (a pipeline's stages) pins nothing and keeps the prior; one whose envelope leaves the
+    physical range keeps the prior outright.
     """
     rise, sd = envelope_rise(freqs_mhz, power, top_mhz, knee_fraction)
     if rise is None:
         return shape_curve(top_mhz, knee_fraction, prior_rise)
-    weight = prior_sd**2 / (prior_sd**2 + sd**2) if np.isfinite(prior_sd) else 1.0
+    own = sd**2 + envelope_sd**2
+    weight = prior_sd**2 / (prior_sd**2 + own) if np.isfinite(prior_sd) and own > 0 else 1.0
     return shape_curve(top_mhz, knee_fraction, weight * rise + (1 - weight) * prior_rise)
+
+
+def derive_envelope_error(
+    gpus: Mapping[str, Sequence[tuple[np.ndarray, np.ndarray]]],
+    knee_fraction: float = PRIOR_KNEE_FRACTION,
+    top_rises: np.ndarray = TOP_RISES,
+) -> float:
+    """Return the RMS, over GPUs, of the two-clock envelope's rise minus the GPU's own.
+
+    The GPU's own rise is the one at ``knee_fraction`` that fits all its clocks best (as in
+    :func:`derive_rise_spread`); the envelope's is :func:`envelope_rise` at each set's lowest and
+    highest clock, averaged over the GPU's sets where it is not rejected. GPUs where it is
+    rejected on every set do not count (they keep the prior); ``inf`` when none count.
+    """
+    misses = []
+    for sets in gpus.values():
+        errs = [
+            curve_errors(f, p, None, np.array([knee_fraction]), top_rises)[0] ** 2 for f, p in sets
+        ]
+        own = top_rises[int(np.argmin(np.mean(errs, axis=0)))]
+        found = [
+            envelope_rise(f[[0, -1]], p[:, [0, -1]], f.max(), knee_fraction)[0] for f, p in sets
+        ]
+        rises = [r for r in found if r is not None]
+        if rises:
+            misses.append(float(np.mean(rises)) - own)
+    return float(np.sqrt(np.mean(np.square(misses)))) if misses else float("inf")
