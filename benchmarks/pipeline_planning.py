@@ -5,27 +5,38 @@ the 1F1B dependency graph of one iteration (8 stages x 8 microbatches = 128 inst
 at any measured clock: 38 on A100, 60 on A40) and minimise its energy within a makespan of
 (1 + d) x all-max for d in {0, 2, 5, 10}%, on the measured tables:
 
-- ``opdvfs``: :func:`opdvfs.plan.dag.solve_dag` with its default 0.9 s budget and 0.1% target
-  gap (relaxation, rounding, neighbourhood search, then HiGHS branch and bound from the best
-  plan); its certified gap is against its own lower bound;
+- ``opdvfs``: :func:`opdvfs.plan.dag.solve_dag` with its default budget (under 1 s) and 0.1%
+  target gap; its certified gap is against its own lower bound;
 - ``exact``: the same 0/1 programme solved by HiGHS to a 1e-6 gap from opdvfs's plan, within
   ``--exact-seconds`` per instance; ``exact bound`` is HiGHS's dual bound, so ``opdvfs - exact``
   is the distance to the best plan known and ``opdvfs - bound`` a certified distance to the
-  optimum;
+  optimum (the best bound known: opdvfs's own or the long run's);
 - ``static``: the best single clock for every instruction within the deadline;
-- ``all-max``: every instruction at the top clock (the baseline; 0% saving).
+- ``all-max``: every instruction at the top clock (the baseline; 0% saving);
+- ``lowtime`` (with ``--lowtime-python``): Perseus's own solver, lowtime's Phillips-Dessouky
+  frontier (``benchmarks/_lowtime_frontier.py``, run by that interpreter: a scratch venv,
+  never an opdvfs dependency), every plan of it scored on the measured tables and the cheapest
+  one within each deadline kept (more than Perseus deploys); ``opdvfs - lowtime`` < 0 means
+  opdvfs uses less energy, NaN where no lowtime plan meets the deadline.
 
 The energy is Perseus's effective energy with ``--blocking-power-w`` (0 by default: the
 computations' own energy; Perseus's default 70 W charges waiting ranks). ``frontier s`` plans 31
-deadlines (d = 0-30%) on one prepared programme.
+deadlines (d = 0-30%) with :func:`opdvfs.plan.dag.dag_frontier`'s defaults; ``lowtime s`` is
+lowtime's whole frontier, and ``frontier - lowtime %`` the most opdvfs's frontier point uses
+above lowtime's best plan within the same deadline (< 0: below it at every deadline).
+``--held-out 4,16`` repeats the lowtime comparison on graphs of other microbatch counts.
 
     .venv/bin/python benchmarks/pipeline_planning.py [--exact-seconds 60] [--blocking-power-w 0]
+        [--lowtime-python /tmp/lt/bin/python] [--held-out 4,16]
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -38,6 +49,7 @@ from opdvfs.plan.pipeline import pipeline_dag
 TARGETS = (0.0, 0.02, 0.05, 0.10)
 STAGES_MICROBATCHES = 8
 FRONTIER = np.arange(31) / 100
+LOWTIME_HELPER = Path(__file__).with_name("_lowtime_frontier.py")
 
 
 def best_static(problem: DagProblem, deadline_s: float) -> float:
@@ -49,13 +61,72 @@ def best_static(problem: DagProblem, deadline_s: float) -> float:
     return float(energy[fits].min()) if fits.any() else float("nan")
 
 
-def rows_for(name: str, exact_s: float, blocking_power_w: float) -> tuple[list[dict], dict]:
+class Lowtime:
+    """Lowtime's frontier on one graph (run by a scratch interpreter), scored on the tables."""
+
+    def __init__(self, python: str, problem: DagProblem) -> None:
+        table = np.nan_to_num(np.c_[problem.time_s, problem.energy_j], nan=-1.0)
+        _, kind = np.unique(table, axis=0, return_inverse=True)  # one spec per distinct table
+        with tempfile.TemporaryDirectory() as tmp:
+            src, dst = Path(tmp, "graph.npz"), Path(tmp, "plans.npz")
+            np.savez(
+                src,
+                time_s=problem.time_s,
+                cost_j=problem.energy_j - problem.blocking_power_w * problem.time_s,
+                edges=problem.edges,
+                kind=kind.ravel(),
+                unit_time_s=1e-3,  # Perseus's 1 ms quanta
+            )
+            subprocess.run(
+                [python, "-W", "ignore", str(LOWTIME_HELPER), str(src), str(dst)],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            got = np.load(dst)
+            plans, self.seconds = got["plans"], float(got["seconds"])
+        self.n_plans = len(plans)
+        self.makespan_s, self.energy_j, _ = problem.evaluate(plans)
+
+    def best(self, deadline_s: float) -> float:
+        """Lowest energy of lowtime's plans within the deadline (NaN if none meets it)."""
+        fits = self.makespan_s <= deadline_s * (1 + 1e-9)
+        return float(self.energy_j[fits].min()) if fits.any() else float("nan")
+
+
+def frontier_row(name: str, problem: DagProblem, lowtime: Lowtime | None, base_t: float) -> dict:
+    """Time the 31-deadline frontier; compare it with lowtime's at every deadline."""
+    started = time.perf_counter()
+    frontier = dag_frontier(problem, FRONTIER)
+    seconds = time.perf_counter() - started
+    row = {
+        "data": name,
+        "frontier s": seconds,
+        "worst certified gap %": float(frontier["gap_pct"].max()),
+        "certified <= 0.1%": int((frontier["gap_pct"] <= 0.1).sum()),
+        "late": int((frontier["makespan_s"] > frontier["deadline_s"] * (1 + 1e-6)).sum()),
+    }
+    if lowtime is not None:
+        theirs = np.array([lowtime.best((1 + d) * base_t) for d in FRONTIER])
+        row["lowtime s"] = lowtime.seconds
+        row["lowtime plans"] = lowtime.n_plans
+        row["frontier - lowtime %"] = float(
+            np.nanmax((frontier["energy_j"].to_numpy() / theirs - 1) * 100)
+        )
+    return row
+
+
+def rows_for(
+    name: str, exact_s: float, blocking_power_w: float, lowtime_python: str | None
+) -> tuple[list[dict], dict]:
     """Rows of one Perseus file at every d, and its frontier timing."""
     problem = pipeline_dag(
         read_profile([dataset_path(name)]),
         STAGES_MICROBATCHES,
         blocking_power_w=blocking_power_w,
     )
+    short = name.removeprefix("perseus-")
+    lowtime = Lowtime(lowtime_python, problem) if lowtime_python else None
     base_t, base_e, _ = (float(v) for v in problem.evaluate(problem.top_clock()))
     rows = []
     for d in TARGETS:
@@ -64,63 +135,102 @@ def rows_for(name: str, exact_s: float, blocking_power_w: float) -> tuple[list[d
         best = min(exact.energy_j, plan.energy_j)
         bound = max(exact.lower_bound_j, plan.lower_bound_j)
         static = best_static(problem, (1 + d) * base_t)
-        rows.append(
-            {
-                "data": name.removeprefix("perseus-"),
-                "d %": d * 100,
-                "opdvfs saving %": (1 - plan.energy_j / base_e) * 100,
-                "exact saving %": (1 - best / base_e) * 100,
-                "static saving %": (1 - static / base_e) * 100,
-                "opdvfs - exact %": (plan.energy_j / best - 1) * 100,
-                "opdvfs - bound %": (plan.energy_j / bound - 1) * 100,
-                "certified gap %": plan.gap_pct,
-                "slowdown %": (plan.makespan_s / base_t - 1) * 100,
-                "plan s": plan.plan_seconds,
-                "exact s": exact.plan_seconds,
-                "exact status": exact.status,
-            }
-        )
-    started = time.perf_counter()
-    frontier = dag_frontier(problem, FRONTIER)
-    seconds = time.perf_counter() - started
-    return rows, {
-        "data": name.removeprefix("perseus-"),
-        "deadlines": len(frontier),
-        "frontier s": seconds,
-        "worst certified gap %": float(frontier["gap_pct"].max()),
-    }
+        row = {
+            "data": short,
+            "d %": d * 100,
+            "opdvfs saving %": (1 - plan.energy_j / base_e) * 100,
+            "exact saving %": (1 - best / base_e) * 100,
+            "static saving %": (1 - static / base_e) * 100,
+            "opdvfs - exact %": (plan.energy_j / best - 1) * 100,
+            "opdvfs - bound %": (plan.energy_j / bound - 1) * 100,
+            "certified gap %": plan.gap_pct,
+            "slowdown %": (plan.makespan_s / base_t - 1) * 100,
+            "plan s": plan.plan_seconds,
+            "exact s": exact.plan_seconds,
+            "exact status": exact.status,
+        }
+        if lowtime is not None:
+            theirs = lowtime.best((1 + d) * base_t)
+            row["lowtime saving %"] = (1 - theirs / base_e) * 100
+            row["opdvfs - lowtime %"] = (plan.energy_j / theirs - 1) * 100
+        rows.append(row)
+    return rows, frontier_row(short, problem, lowtime, base_t)
+
+
+def held_out(name: str, microbatches: int, blocking_power_w: float, python: str) -> dict:
+    """Compare opdvfs (each deadline, and its frontier) with lowtime on another graph."""
+    problem = pipeline_dag(
+        read_profile([dataset_path(name)]), microbatches, blocking_power_w=blocking_power_w
+    )
+    lowtime = Lowtime(python, problem)
+    base_t = float(problem.evaluate(problem.top_clock())[0])
+    row: dict = {"data": name.removeprefix("perseus-"), "microbatches": microbatches}
+    for d in TARGETS:
+        plan = solve_dag(problem, d)
+        row[f"d={d * 100:g}%: opdvfs - lowtime %"] = (
+            plan.energy_j / lowtime.best((1 + d) * base_t) - 1
+        ) * 100
+        row[f"d={d * 100:g}%: gap %"] = plan.gap_pct
+    front = frontier_row(row["data"], problem, lowtime, base_t)
+    row.update({k: v for k, v in front.items() if k != "data"})
+    return row
+
+
+def show(table: pd.DataFrame) -> str:
+    """Return the table as text, 3 decimals."""
+    return table.to_string(index=False, float_format=lambda v: f"{v:.3f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--exact-seconds", type=float, default=60.0)
     parser.add_argument("--blocking-power-w", type=float, default=0.0)
+    parser.add_argument(
+        "--lowtime-python", help="an interpreter with lowtime installed (a scratch venv)"
+    )
+    parser.add_argument(
+        "--held-out", default="", help="microbatch counts to compare with lowtime on, e.g. 4,16"
+    )
     args = parser.parse_args()
+    names = [name for name in DATASETS if name.startswith("perseus-")]
     rows, fronts = [], []
-    for name in DATASETS:
-        if not name.startswith("perseus-"):
-            continue
-        got, front = rows_for(name, args.exact_seconds, args.blocking_power_w)
+    for name in names:
+        got, front = rows_for(name, args.exact_seconds, args.blocking_power_w, args.lowtime_python)
         rows += got
         fronts.append(front)
     table = pd.DataFrame(rows)
     pd.set_option("display.width", 250)
+    pd.set_option("display.max_columns", 40)
     print(
         f"1F1B, {STAGES_MICROBATCHES} stages x {STAGES_MICROBATCHES} microbatches, every "
         f"measured clock; energy = computation + {args.blocking_power_w:g} W x waiting; "
         "savings vs all-max on the measured tables"
     )
-    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(show(table))
     print()
-    print(pd.DataFrame(fronts).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(show(pd.DataFrame(fronts)))
     print(
         f"\nworst: opdvfs - exact {table['opdvfs - exact %'].max():.4f}%, opdvfs - bound "
         f"{table['opdvfs - bound %'].max():.4f}%, certified gap "
         f"{table['certified gap %'].max():.4f}%, slowdown over d "
         f"{(table['slowdown %'] - table['d %']).max():+.5f} points; plan "
         f"{table['plan s'].max():.2f} s (median {table['plan s'].median():.3f} s); "
-        f"certified within 0.1% in {(table['certified gap %'] <= 0.1).sum()} of {len(table)}"
+        f"certified within 0.1% in {(table['certified gap %'] <= 0.1).sum()} of {len(table)} "
+        f"by its own bound, in {(table['opdvfs - bound %'] <= 0.1).sum()} by the best bound known"
     )
+    if args.lowtime_python:
+        print(
+            f"opdvfs - lowtime: worst {table['opdvfs - lowtime %'].max():+.3f}% over the "
+            f"deadlines lowtime meets ({table['opdvfs - lowtime %'].notna().sum()} of {len(table)})"
+        )
+    if args.held_out and args.lowtime_python:
+        held = [
+            held_out(name, int(m), args.blocking_power_w, args.lowtime_python)
+            for m in args.held_out.split(",")
+            for name in names
+        ]
+        print("\nheld out (other microbatch counts), opdvfs vs lowtime:")
+        print(show(pd.DataFrame(held)))
 
 
 if __name__ == "__main__":

@@ -72,6 +72,53 @@ def test_small_dags_match_brute_force(seed):
         assert plan.lower_bound_j <= best * (1 + 1e-7)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_the_certificate_brackets_the_brute_force_optimum(seed):
+    # stopped early (the relaxation alone, or a short search), a plan is not optimal, but its
+    # certificate must still hold: bound <= the true optimum <= the plan's energy
+    rng = np.random.default_rng(50 + seed)
+    n, c = (8, 3) if seed % 2 else (7, 4)
+    problem = random_dag(rng, n, c, blocking_power_w=[0.0, 45.0][seed % 2])
+    base, _, _ = problem.evaluate(problem.top_clock())
+    targets = (0.0, 0.03, 0.1)
+    best = [brute_force(problem, (1 + t) * float(base)) for t in targets]
+    for target, optimum in zip(targets, best, strict=True):
+        for time_limit_s in (0.0, 0.05):
+            plan = solve_dag(problem, target, rel_gap=1e-9, time_limit_s=time_limit_s)
+            assert plan.makespan_s <= plan.deadline_s * (1 + 1e-6)
+            assert plan.lower_bound_j <= optimum * (1 + 1e-9) <= plan.energy_j * (1 + 2e-9)
+            assert plan.gap_pct == pytest.approx(
+                (plan.energy_j - plan.lower_bound_j) / plan.energy_j * 100, abs=1e-9
+            )
+    table = dag_frontier(problem, list(targets)[::-1], time_limit_s=0.0)
+    assert list(table["target"]) == list(targets)[::-1]
+    bracket = zip(table["lower_bound_j"], best[::-1], table["energy_j"], strict=True)
+    for lower, optimum, energy in bracket:
+        assert lower <= optimum * (1 + 1e-9) <= energy * (1 + 2e-9)
+
+
+@pytest.mark.parametrize("blocking_power_w", [0.0, 2.0])
+def test_the_relaxation_is_each_nodes_convex_hull(blocking_power_w):
+    # one node, options (1 s, 10 J), (2 s, 4 J), (3 s, 3 J): within 2.5 s the relaxation mixes
+    # the 2 s and 3 s options half and half (3.5 J); the best plan is the 2 s option (4 J)
+    problem = DagProblem(
+        np.array([[3.0, 2.0, 1.0]]),
+        np.array([[3.0, 4.0, 10.0]]),
+        [1000.0, 1400.0, 1800.0],
+        np.empty((0, 2)),
+        [0],
+        ["a"],
+        blocking_power_w=blocking_power_w,
+    )
+    plan = solve_dag(problem, 1.5, rel_gap=1e-9, time_limit_s=0.0)
+    # effective energy: waiting power is charged until the makespan, which is the node's time
+    assert plan.energy_j == pytest.approx(4.0)
+    assert plan.lower_bound_j == pytest.approx(3.5)
+    assert plan.status == "feasible" and plan.gap_pct == pytest.approx(12.5)
+    exact = solve_dag(problem, 1.5, rel_gap=1e-9, time_limit_s=5.0)
+    assert exact.status == "optimal" and exact.lower_bound_j == pytest.approx(4.0)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_thirty_node_dags_match_the_milp(seed):
     rng = np.random.default_rng(100 + seed)
