@@ -45,6 +45,7 @@ import pandas as pd
 from opdvfs.devices.spec import DeviceSpec
 from opdvfs.exceptions import ValidationError
 from opdvfs.plan.dag import DagPlan, DagProblem
+from opdvfs.plan.dp import gap_pct
 from opdvfs.profile import Profile
 from opdvfs.schedule import PipelineSchedule, Schedule, Values
 
@@ -540,16 +541,22 @@ def rank_schedule(
 
     The graph's plan switches clocks instantly. A switch *up* that landed
     ``switch_latency_s`` late would run the start of its stage at the lower clock, on the
-    critical path as likely as not; so it is issued that much ahead: triggered at the first op
-    of the node before the stage, ``node time - latency`` after that op starts (the node's time
-    at its planned clock; at once when the node is shorter). The end of that node then runs at
-    the higher clock (faster, a little more energy). A switch down is issued at its stage: its
-    start runs at the old, higher clock (faster again).
+    critical path as likely as not; so it is issued that much ahead of the stage's planned
+    start: triggered at the first op of the last node that starts by then, delayed by the
+    rest (further back than one node when the nodes before are short messages). What runs in
+    that last stretch before the stage runs at the higher clock (faster, a little more
+    energy). A switch down is issued at its stage: its start runs at the old, higher clock
+    (faster again). A stage shorter than the latency before a higher clock takes that clock
+    (:func:`_without_short_dips`); the predictions are the adjusted plan's.
     """
     top = problem.top_clock()
     base_makespan, base_energy, _ = problem.evaluate(top)
     rows = np.arange(problem.n_nodes)
     power = problem.blocking_power_w
+    clock = _without_short_dips(layout, problem, plan, switch_latency_s)
+    makespan_s, energy_j = (float(v) for v in problem.evaluate(clock)[:2])
+    start_s = problem.start_times(clock)
+    freq_mhz = problem.freqs_mhz[clock]
 
     def rank_energy(clock: np.ndarray, makespan: float, mine: np.ndarray) -> float:
         busy = problem.time_s[rows[mine], clock[mine]]
@@ -560,14 +567,18 @@ def rank_schedule(
     schedules = []
     for rank in range(layout.n_ranks):
         mine = layout.node_rank == rank
-        freqs = plan.freq_mhz[mine]
+        freqs = freq_mhz[mine]
         change = np.flatnonzero(np.r_[True, freqs[1:] != freqs[:-1]])
         first_op = layout.node_first_op[mine]
-        node_s = problem.time_s[rows[mine], plan.clock[mine]]
+        starts = start_s[mine]
         up = np.r_[False, freqs[change[1:]] > freqs[change[1:] - 1]]
-        before = np.maximum(change - 1, 0)
-        lead = np.where(up, first_op[change] - first_op[before], 0)
-        delay_us = np.where(up, np.maximum(node_s[before] - switch_latency_s, 0.0) * 1e6, 0.0)
+        # issue at (stage start - latency) on the planned timeline: triggered by the last node
+        # that starts by then (a rank's starts ascend), delayed by the rest
+        issue_s = starts[change] - switch_latency_s
+        trigger = np.searchsorted(starts, issue_s, side="right") - 1
+        trigger = np.clip(trigger, 0, np.maximum(change - 1, 0))
+        lead = np.where(up, first_op[change] - first_op[trigger], 0)
+        delay_us = np.where(up, np.maximum(issue_s - starts[trigger], 0.0) * 1e6, 0.0)
         schedules.append(
             Schedule.from_stage_freqs(
                 first_op[change],
@@ -575,16 +586,16 @@ def rank_schedule(
                 n_ops=int(layout.n_ops[rank]),
                 lead_ops=lead,
                 delay_us=delay_us,
-                start_s=plan.start_s[mine][change],
+                start_s=start_s[mine][change],
                 target=target,
                 solver="dag",
                 device=device,
                 workload=f"{workload or 'job'}: rank {rank} of {layout.n_ranks}",
                 values=values,
                 baseline_time_s=float(base_makespan),
-                predicted_time_s=plan.makespan_s,
+                predicted_time_s=makespan_s,
                 baseline_energy_j=rank_energy(top, float(base_makespan), mine),
-                predicted_energy_j=rank_energy(plan.clock, plan.makespan_s, mine),
+                predicted_energy_j=rank_energy(clock, makespan_s, mine),
                 plan_seconds=plan.plan_seconds,
             )
         )
@@ -600,13 +611,43 @@ def rank_schedule(
         workload=workload,
         blocking_power_w=power,
         baseline_makespan_s=float(base_makespan),
-        predicted_makespan_s=plan.makespan_s,
+        predicted_makespan_s=makespan_s,
         baseline_energy_j=float(base_energy),
-        predicted_energy_j=plan.energy_j,
+        predicted_energy_j=energy_j,
         lower_bound_energy_j=max(plan.lower_bound_j, 0.0),
-        gap_pct=plan.gap_pct,
+        gap_pct=gap_pct(energy_j, plan.lower_bound_j),
         plan_seconds=plan.plan_seconds,
     )
+
+
+def _without_short_dips(
+    layout: RankLayout, problem: DagProblem, plan: DagPlan, latency_s: float
+) -> np.ndarray:
+    """Return the plan's clocks with every stage shorter than the latency raised to the next's.
+
+    A stage (run of equal clocks on a rank) that lasts less than the switch latency on the
+    planned timeline, followed by a higher clock, is mostly never reached (its request is
+    superseded by the next, issued a latency early) and forces the next switch up to be issued
+    late; it runs at the next stage's clock instead (only ever faster, a little more energy).
+    """
+    clock = plan.clock.copy()
+    if latency_s <= 0:
+        return clock
+    makespan = plan.makespan_s
+    for rank in range(layout.n_ranks):
+        idx = np.flatnonzero(layout.node_rank == rank)
+        starts = plan.start_s[idx]
+        while True:
+            c = clock[idx]
+            change = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
+            length = np.r_[starts[change[1:]], makespan] - starts[change]
+            nxt = np.r_[c[change[1:]], -1]
+            dip = (length < latency_s) & (nxt > c[change])
+            if not dip.any():
+                break
+            stage_clock = np.where(dip, nxt, c[change])
+            clock[idx] = np.repeat(stage_clock, np.diff(np.r_[change, len(idx)]))
+    return clock
 
 
 def _messages(layout: RankLayout, src: int, dst: int) -> int:
