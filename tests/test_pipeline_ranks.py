@@ -356,3 +356,23 @@ def test_simulate_runs_the_whole_gpt3_pipeline_and_refuses_a_one_device_schedule
     assert "runs a pipeline schedule" in res.output and "Traceback" not in res.output
     res = CliRunner().invoke(app, ["workloads", "--json"])
     assert "gpt3-pp8" in {row["workload"] for row in json.loads(res.stdout)}
+
+
+def test_rank_tables_take_the_measurements_and_fill_the_other_clocks_with_models():
+    stage = small_pipeline(2, 2)[1]
+    dev = exact_twin()
+    measured = [1000.0, 1400.0, 1800.0]
+    tables = rank_tables(dev.profile(stage, measured), source="rank1.parquet")
+    assert tables.values == "auto" and tables.freqs_mhz.tolist() == list(dev.spec.freqs_mhz)
+    assert np.isfinite(tables.time_s).all() and np.isfinite(tables.energy_j).all()
+    full = rank_tables(dev.profile(stage, dev.spec.freqs_mhz), source="rank1.parquet")
+    assert full.values == "measured"
+    cols = np.searchsorted(full.freqs_mhz, measured)
+    # measured clocks: the measurements themselves (the twin is noise-free here)
+    assert tables.time_s[:, cols] == pytest.approx(full.time_s[:, cols], rel=1e-9)
+    assert tables.energy_j[:, cols] == pytest.approx(full.energy_j[:, cols], rel=1e-9)
+    # the others: the models, close to what the twin measures there
+    other = np.setdiff1d(np.arange(len(full.freqs_mhz)), cols)
+    busy = full.time_s[:, -1] > 1e-4
+    err = tables.time_s[busy][:, other].sum(0) / full.time_s[busy][:, other].sum(0) - 1
+    assert np.abs(err).max() < 0.05
