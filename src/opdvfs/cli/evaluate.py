@@ -244,7 +244,7 @@ def evaluate(
     del suite  # one suite so far: the option is there for scripts that name it
     check_output_folder(out)  # before the run, not after it
     started = time.perf_counter()
-    progress, step = _steps(10)
+    progress, step = _steps(11)
     with progress:
         result = run_paper_suite(device_name, objective=objective, seed=seed, step=step)
     from opdvfs.report.plots import plot_paper_comparison
