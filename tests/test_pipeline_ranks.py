@@ -194,6 +194,8 @@ def test_plan_ranks_cli_writes_one_schedule_per_rank(tmp_path):
     pipe = PipelineSchedule.read(out)
     assert summary["stages"] == 2 and pipe.pipeline == "ranks" and pipe.n_microbatches == 4
     assert [s.n_ops for s in pipe.stages] == [len(r) for r in ranks]
+    assert pipe.predicted_makespan_s is not None and pipe.baseline_makespan_s is not None
+    assert pipe.predicted_energy_j is not None and pipe.baseline_energy_j is not None
     assert pipe.predicted_makespan_s <= 1.05 * pipe.baseline_makespan_s * (1 + 1e-9)
     assert pipe.predicted_energy_j < pipe.baseline_energy_j
     # rank 0 (the shorter stage) has slack rank 1 has not: their schedules differ
