@@ -14,10 +14,12 @@ Power (chip/board rail, mean |error| % on held-out clocks):
 
 * ``before 2/3/4``: ``PowerModel()`` as it was before issue 16 (2 clocks: constant voltage, a
   straight line in f per kernel; 3+: the V-f knee and slope fitted on the training clocks);
-* ``prior 2``: the generic V-f prior, derived by :func:`~opdvfs.models.vf_prior.derive_prior`
-  on every GPU *except* the one scored (leave-one-GPU-out), ``u_i + a_i f V^2`` per kernel;
-* ``envelope 2`` (the default now): the prior's knee, the rise read off the kernels' lower
-  envelope at the two training clocks and shrunk to the prior's by precision
+* ``prior 2`` (the default): the generic V-f prior, derived by
+  :func:`~opdvfs.models.vf_prior.derive_prior` on every GPU *except* the one scored
+  (leave-one-GPU-out), ``u_i + a_i f V^2`` per kernel;
+* ``envelope 2`` (``PowerModel(two_clocks="envelope")``, not the default): the prior's knee,
+  the rise read off the kernels' lower envelope at the two training clocks and weighed against
+  the prior's by precision
   (:func:`~opdvfs.models.vf_prior.two_clock_curve`; the prior, its spread and the envelope's
   error all leave-one-GPU-out); ``envelope alone 2``: the envelope's rise unshrunk (the prior
   only where the envelope is rejected);

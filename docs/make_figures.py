@@ -4,11 +4,11 @@
   bundled Perseus profile).
 * ``v100-power-forms.png``: board power vs SM clock of a compute-bound and a memory-heavy V100
   kernel (NV-DVFS-Benchmark, in ../shared): measured, and what ``PowerModel().fit`` predicts from
-  705 and 1380 MHz on the default paths: with no device (the V-f prior's knee, the rise from the
-  kernels' lower envelope), and with the device characterised on the 138 micro-benchmarks as
-  ``opdvfs characterise`` writes it (``--device DEVICE.json``: V-f from power alone, the idle
-  floor) in the paper's clock form and the throughput form (held-out times from the performance
-  model). Skipped when the data is not there.
+  705 and 1380 MHz on the default paths: with no device (the generic V-f prior), and with the
+  device characterised on the 138 micro-benchmarks as ``opdvfs characterise`` writes it
+  (``--device DEVICE.json``: V-f from power alone, the idle floor) in the paper's clock form and
+  the throughput form (held-out times from the performance model). Skipped when the data is not
+  there.
 
     .venv/bin/python docs/make_figures.py [--root ../shared/data/real]
 """
@@ -93,7 +93,7 @@ def v100_power_forms(root: Path) -> None:
         row = int(np.searchsorted(clock_form.op_ids_, op))
         measured = app.ops[app.ops["op"] == op].sort_values("freq_mhz")
         ax.plot(measured["freq_mhz"], measured["chip_power_w"], "ko", label="measured")
-        ax.plot(clocks, pred_none[row], ":", label="no device (prior knee, envelope rise)")
+        ax.plot(clocks, pred_none[row], ":", label="no device (V-f prior)")
         ax.plot(clocks, pred_clock[row], "--", label="characterised, clock form (paper)")
         ax.plot(clocks, pred_throughput[row], "-", label="characterised, throughput form")
         for train in V100_TRAIN:

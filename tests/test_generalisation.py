@@ -197,11 +197,28 @@ def test_envelope_error_is_how_far_the_envelope_missed_each_gpus_own_rise():
     assert both == pytest.approx(missed / 2)
 
 
-def test_two_clocks_without_a_device_use_the_envelope_not_a_straight_line():
+def test_two_clocks_without_a_device_use_the_prior_not_a_straight_line():
+    power = board_power(30, FREQS, prior_curve(FREQS[-1]))
+    profile = kernels(power, FREQS)
+    model = PowerModel().fit(profile, [600.0, 1400.0])
+    assert model.voltage_ == prior_curve(1400.0)
+    test = FREQS[1:-1]
+    np.testing.assert_allclose(model.predict(test)["chip_w"], power[:, 1:-1], rtol=1e-9)
+    # the constant voltage this replaces over-predicts every clock in between
+    flat = VoltageCurve(knee_mhz=1400.0, flat_v=1.0, slope_v_per_mhz=0.0)
+    line = PowerModel(voltage=flat).fit(profile, [600.0, 1400.0]).predict(test)["chip_w"]
+    assert (line > power[:, 1:-1]).all()
+    with pytest.raises(ValidationError, match="two-clock V-f curve") as err:
+        PowerModel(two_clocks="bogus").fit(profile, [600.0, 1400.0])  # type: ignore[arg-type]
+    assert err.value.field == "two_clocks"
+
+
+def test_two_clocks_with_the_envelope_option_read_the_rise_off_the_kernels():
     curve = shape_curve(FREQS[-1], PRIOR_KNEE_FRACTION, 0.3)
     power = kernel_population(30, FREQS, FREQS / 1e3 * curve.voltage_v(FREQS) ** 2)
     profile = kernels(power, FREQS)
-    model = PowerModel().fit(profile, [600.0, 1400.0])
+    model = PowerModel(two_clocks="envelope").fit(profile, [600.0, 1400.0])
+    assert PowerModel().fit(profile, [600.0, 1400.0]).voltage_ == prior_curve(1400.0)
     assert model.voltage_ == two_clock_curve(FREQS[[0, -1]], power[:, [0, -1]], 1400.0)
     # the envelope's 0.3 weighed against the prior's 0.175 by their measured errors on real GPUs
     w = PRIOR_RISE_SD**2 / (PRIOR_RISE_SD**2 + ENVELOPE_RISE_SD**2)

@@ -16,10 +16,10 @@ with ``alpha_i`` per operator instance, ``beta f V^2 + theta V`` the idle power 
   the core clock: paper §7), or, when only chip power is measured, ``alpha_i f V^2 + u_i``;
 * ``V(f)`` comes from the device (``DeviceSpec.voltage``: a preset's, or characterised from
   power alone by ``opdvfs characterise``), else never a constant (power is convex in ``f`` on
-  every real GPU measured): from 2 clocks the generic GPU prior's knee of
-  :mod:`opdvfs.models.vf_prior` with the rise the kernels' lower envelope gives, shrunk to the
-  prior's (:func:`~opdvfs.models.vf_prior.two_clock_curve`), from 3 its knee with the rise
-  fitted jointly across all ops (one shared number), from 4+ the
+  every real GPU measured): from 2 clocks the generic GPU prior of :mod:`opdvfs.models.vf_prior`
+  (or, ``two_clocks="envelope"``, its knee with the rise the kernels' lower envelope gives,
+  weighed against the prior's: :func:`~opdvfs.models.vf_prior.two_clock_curve`), from 3 its
+  knee with the rise fitted jointly across all ops (one shared number), from 4+ the
   knee and slope fitted jointly (flat below a knee, linear above);
 * ``T0`` and ``k`` come from the profile's load runs: the mean temperature and chip power of each
   profiled clock;
@@ -66,11 +66,13 @@ from opdvfs.models.thermal import fit_thermal, solve_temperature
 from opdvfs.models.vf_prior import fit_top_rise, prior_curve, two_clock_curve
 from opdvfs.profile import Profile
 
-__all__ = ["DYNAMIC_FORMS", "PowerModel", "fit_core_power"]
+__all__ = ["DYNAMIC_FORMS", "TWO_CLOCK_CURVES", "PowerModel", "fit_core_power"]
 
 Thermal = Literal["workload", "op"]
 Dynamic = Literal["clock", "throughput"]
 DYNAMIC_FORMS: tuple[str, ...] = get_args(Dynamic)
+TwoClocks = Literal["prior", "envelope"]
+TWO_CLOCK_CURVES: tuple[str, ...] = get_args(TwoClocks)
 
 
 def fit_core_power(
@@ -371,21 +373,22 @@ def _voltage_curve(
     op: np.ndarray,
     n_ops: int,
     top_mhz: float,
+    two_clocks: str = "prior",
 ) -> VoltageCurve:
     """Return the V-f curve the fit uses (issue 16: power is never a straight line in f).
 
     The given curve, else the device's (a preset or a characterised ``DeviceSpec``), else: from
     4+ clocks one fitted on them (knee and slope), from 3 the generic prior's knee with the rise
-    fitted across all ops (:func:`~opdvfs.models.vf_prior.fit_top_rise`), from 2 the prior's
-    knee with the rise read off the kernels' lower envelope and shrunk to the prior's by
-    precision (:func:`~opdvfs.models.vf_prior.two_clock_curve`); ``top_mhz`` is the device's
-    top clock.
+    fitted across all ops (:func:`~opdvfs.models.vf_prior.fit_top_rise`), from 2 the generic
+    prior (:func:`~opdvfs.models.vf_prior.prior_curve`) or, with ``two_clocks="envelope"``, its
+    knee with the rise read off the kernels' lower envelope and weighed against the prior's
+    (:func:`~opdvfs.models.vf_prior.two_clock_curve`); ``top_mhz`` is the device's top clock.
     """
     if voltage is not None:
         return voltage
     if device is not None and device.voltage is not None:
         return device.voltage
-    if len(train_mhz) < 2:
+    if len(train_mhz) < 2 or (len(train_mhz) == 2 and two_clocks == "prior"):
         return prior_curve(top_mhz)
     col = "core_power_w" if "core_power_w" in rows else "chip_power_w"
     grid = np.full((n_ops, len(train_mhz)), np.nan)
@@ -404,9 +407,9 @@ class PowerModel(JsonFile):
     Parameters
     ----------
     voltage
-        V-f curve; default: the device's (``fit(device=...)``), else the generic prior's knee
-        with the rise from the kernels' lower envelope shrunk to the prior's (2 clocks), its
-        knee with a fitted rise (3), or one fitted on the clocks (4+).
+        V-f curve; default: the device's (``fit(device=...)``), else the generic prior (2
+        clocks; see ``two_clocks``), its knee with a fitted rise (3), or one fitted on the
+        clocks (4+).
     temperature
         Whether to model ``gamma dT V`` (the paper reports 4.62% with it, 4.97% without).
     thermal
@@ -416,6 +419,14 @@ class PowerModel(JsonFile):
         op's energy per launch over its time at the clock (module docstring); :meth:`predict`
         then needs the ops' times, and :meth:`fit` an idle floor (idle runs in the
         calibration, a device with ``idle``, or 3+ training clocks).
+    two_clocks
+        The V-f curve from two training clocks with no device and no ``voltage``:
+        ``"prior"`` (default, :func:`~opdvfs.models.vf_prior.prior_curve`) or ``"envelope"``
+        (:func:`~opdvfs.models.vf_prior.two_clock_curve`: the rise read off the kernels' lower
+        envelope, weighed against the prior's). Leave-one-GPU-out on the real sets of
+        ``benchmarks/model_generalisation.py`` the envelope is closer on 4 of 13 and further on
+        6 (its kernels are the compute-bound ones; memory-bound kernels' power bends less), so
+        it is not the default.
 
     Attributes
     ----------
@@ -447,11 +458,13 @@ class PowerModel(JsonFile):
         temperature: bool = True,
         thermal: Thermal = "workload",
         dynamic: Dynamic = "clock",
+        two_clocks: TwoClocks = "prior",
     ) -> None:
         self.voltage = voltage
         self.temperature = temperature
         self.thermal = thermal
         self.dynamic = dynamic
+        self.two_clocks = two_clocks
 
     # ----------------------------------------------------------------------------- fit
     def fit(
@@ -481,6 +494,12 @@ class PowerModel(JsonFile):
             (:func:`~opdvfs.models.attribution.power_rows`), or the fit produced a non-finite
             coefficient.
         """
+        if self.two_clocks not in TWO_CLOCK_CURVES:
+            raise ValidationError(
+                f"unknown two-clock V-f curve {self.two_clocks!r}; expected one of "
+                f"{', '.join(TWO_CLOCK_CURVES)}",
+                field="two_clocks",
+            )
         if self.dynamic not in DYNAMIC_FORMS:
             raise ValidationError(
                 f"unknown dynamic form {self.dynamic!r}; expected one of "
@@ -492,7 +511,9 @@ class PowerModel(JsonFile):
         op = np.searchsorted(op_ids, rows["op"].to_numpy())
         rail = "core" if "core_power_w" in rows else "chip"
         top_mhz = device.max_freq_mhz if device is not None else float(profile.freqs_mhz.max())
-        voltage = _voltage_curve(self.voltage, device, rows, train, op, len(op_ids), top_mhz)
+        voltage = _voltage_curve(
+            self.voltage, device, rows, train, op, len(op_ids), top_mhz, self.two_clocks
+        )
         # On the chip rail alone gamma cannot be told apart from the per-op uncore constants and
         # can make T = T0 + k P run away; the paper's temperature term is a core-rail term.
         use_t = self.temperature and rail == "core" and "temp_c" in rows
