@@ -428,6 +428,23 @@ def test_gpt3_on_ascend_matches_the_paper_scale():
     assert 0.75 < 1 - result.core_power_w / result.chip_power_w < 0.85
 
 
+def test_resnet_convolutions_follow_the_clock_as_in_fig16():
+    """Paper Fig. 16: Conv2D time follows f while Add / BN slow only below ~1600 MHz.
+
+    Time-weighted over every convolution of resnet50 (docs/twin-calibration.md §2); with the
+    matmul's re-read rate instead (img2col ignored) they were nearly flat (1.08 at 1200 MHz).
+    """
+    p = ASCEND.twin
+    ops = BUILDERS["resnet50"]().ops
+    freqs = np.array([1200.0, 1800.0])
+    convs = ops[ops["type"].astype(str).str.startswith("Conv2D")]
+    t = op_timing(op_arrays(convs), freqs, p).time_us.sum(axis=0)
+    assert t[0] / t[1] > 1.2
+    flat = p.model_copy(update={"conv_bytes_per_flop": None})
+    t_flat = op_timing(op_arrays(convs), freqs, flat).time_us.sum(axis=0)
+    assert t_flat[0] / t_flat[1] < 1.1
+
+
 def test_activity_scales_dynamic_core_power_only():
     dev = SimulatedDevice.from_preset("ascend-910b-like")
     base = one_op_workload(["MatMul"] * 50, [2e11] * 50, [4e7] * 50, [4e7] * 50)
