@@ -696,7 +696,7 @@ def solve_dag(
     target: float,
     *,
     rel_gap: float = 1e-3,
-    time_limit_s: float = 0.9,
+    time_limit_s: float = 0.85,
     deadline_s: float | None = None,
     _state: tuple[_Options, _Programme] | None = None,
     _start: np.ndarray | None = None,
@@ -835,7 +835,7 @@ def dag_frontier(
     time) and its relaxation re-solved from the previous basis (only the deadline's bound
     changes). A deadline whose rounded relaxation is certified within ``rel_gap`` costs one
     LP; only the others spend ``time_limit_s`` (per deadline; 0.25 s by default, where a
-    single :func:`solve_dag` takes 0.9 s) on the search and branch and bound.
+    single :func:`solve_dag` takes up to 0.85 s) on the search and branch and bound.
 
     Returns one row per target, in the order given: ``target``, ``deadline_s``,
     ``makespan_s``, ``energy_j``, ``lower_bound_j``, ``gap_pct``, ``method``, ``status``,
