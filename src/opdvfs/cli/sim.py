@@ -96,11 +96,14 @@ def _sensor_iterations(sim: SimulatedDevice, work: Workload, top_mhz: float) -> 
     iteration_s = sim.run(work, freq_mhz=top_mhz, iterations=1)[0].iteration_time_s
     sensor = sim.sensor_ms
     n = sensor_iterations(iteration_s, **sensor)
+    run_ms = n * iteration_s * 1e3
+    windows = int((run_ms - sensor["window_ms"]) // sensor["period_ms"]) + 1
+    took = f"{iteration_s:.3g} s" if iteration_s >= 1 else f"{iteration_s * 1e3:.3g} ms"
     return n, (
-        f"opdvfs: note: profiled {n} iteration(s) per clock: one takes {iteration_s * 1e3:.4g} ms "
-        f"at {top_mhz:g} MHz and the power sensor averages {sensor['window_ms']:g} ms windows "
-        f"every {sensor['period_ms']:g} ms; {n} give {SENSOR_WINDOWS} complete windows per "
-        "clock (--iterations to choose)"
+        f"opdvfs: note: profiled {n} iteration(s) per clock: one takes {took} at {top_mhz:g} MHz "
+        f"and the power sensor averages {sensor['window_ms']:g} ms windows every "
+        f"{sensor['period_ms']:g} ms; {n} give {windows} complete windows per clock (the "
+        f"attribution needs {SENSOR_WINDOWS}; --iterations to choose)"
     )
 
 
