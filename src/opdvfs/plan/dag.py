@@ -68,6 +68,8 @@ __all__ = [
 _LEVELS = ((4, 24), (8, 32), (24, 48))
 #: Windows per window length (they overlap).
 _STRIDE = 3
+#: A search pass that lowers the energy by less than this fraction moves to the next level.
+_PASS_GAIN = 1e-4
 #: Share of the time budget's first second, and of the rest, the neighbourhood search may use
 #: (branch and bound gets the rest: the search finds plans fast, only branch and bound raises
 #: the bound, and it needs seconds to).
@@ -659,9 +661,9 @@ def _search(
 
     Node sets are re-solved exactly (HiGHS, the others fixed, each free node within a band of
     options around its current one) while time remains and the energy is above
-    ``good_enough_j``. A pass over every set that improves nothing widens the band and the
-    windows (:data:`_LEVELS`: the plan is then a local optimum of the narrower search); an
-    improvement returns to the narrowest. Every accepted plan meets the deadline.
+    ``good_enough_j``. A pass over every set that improves the plan by less than
+    :data:`_PASS_GAIN` widens the band and the windows (:data:`_LEVELS`: the plan is then
+    about a local optimum of the narrower search). Every accepted plan meets the deadline.
     """
     rows = np.arange(problem.n_nodes)
     best = slot
@@ -669,7 +671,7 @@ def _search(
     level = 0
     while level < len(_LEVELS) and best_e > good_enough_j:
         band, window = _LEVELS[level]
-        improved = False
+        pass_start_e = best_e
         starts = problem.start_times(options.clock[rows, best])
         for hood in _neighbourhoods(problem, starts, fractional, window):
             left = until - _time.perf_counter()
@@ -683,11 +685,12 @@ def _search(
             got = _greedy_fill(problem, options, got, deadline_s)
             makespan, energy, _ = problem.evaluate(options.clock[rows, got])
             if energy < best_e * (1 - 1e-12) and makespan <= deadline_s * (1 + 1e-6):
-                best, best_e, improved = got, float(energy), True
+                best, best_e = got, float(energy)
                 if best_e <= good_enough_j:
                     return best
         fractional = np.zeros_like(fractional)
-        level = 0 if improved and level else level + (not improved)
+        # another pass at this level only while its passes still pay
+        level += best_e > pass_start_e * (1 - _PASS_GAIN)
     return best
 
 
