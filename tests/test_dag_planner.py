@@ -200,6 +200,22 @@ def test_frontier_energy_falls_as_the_deadline_loosens():
     assert (table["makespan_s"] <= table["deadline_s"] * (1 + 1e-6)).all()
 
 
+def test_the_frontier_is_warm_started_from_the_tighter_deadline():
+    # with no search time each deadline gets the better of its own rounded relaxation and the
+    # tighter deadline's plan: never worse than planning it alone, never rising as it loosens
+    rng = np.random.default_rng(7)
+    problem = random_dag(rng, 30, 5, n_ranks=4)
+    targets = np.linspace(0.0, 0.3, 13)
+    table = dag_frontier(problem, targets, time_limit_s=0.0)
+    alone = [solve_dag(problem, t, time_limit_s=0.0).energy_j for t in targets]
+    energy = table["energy_j"].to_numpy()
+    assert (energy <= np.array(alone) * (1 + 1e-12)).all()
+    assert (energy < np.array(alone) * (1 - 1e-9)).any()  # here the warm start pays somewhere
+    assert (np.diff(table["energy_j"]) <= 1e-9).all()
+    assert (table["makespan_s"] <= table["deadline_s"] * (1 + 1e-6)).all()
+    assert (table["lower_bound_j"] <= table["energy_j"] * (1 + 1e-12)).all()
+
+
 def test_an_infeasible_deadline_is_reported():
     problem = pipeline_graph(*(np.ones((2, 1)),) * 4, [1000.0], 2)
     plan = solve_dag(problem, 0.0, deadline_s=1.0)
