@@ -36,6 +36,7 @@ from opdvfs.schedule import Dispatch, Objective, PipelineSchedule, Schedule, Sol
 
 # The models and the planner (pandas, scipy) load inside `plan`, not with `opdvfs --help`.
 if TYPE_CHECKING:
+    from opdvfs.plan.dag import DagProblem
     from opdvfs.plan.planner import PlanInputs
 
 #: Operators shorter than this at the top clock are mostly timer noise (as in ``validate perf``).
@@ -242,7 +243,7 @@ def _plan_pipeline(
     as_json: bool,
 ) -> None:
     """Plan every stage of a pipeline together on its dependency graph; write one file."""
-    from opdvfs.plan.dag import dag_frontier, solve_dag
+    from opdvfs.plan.dag import solve_dag
     from opdvfs.plan.pipeline import PIPELINE_KINDS, pipeline_dag, pipeline_schedule
 
     if kind not in PIPELINE_KINDS:
@@ -269,13 +270,11 @@ def _plan_pipeline(
         device=device or (str(recorded) if recorded else None),
         workload=source.name,
     )
-    schedule.write(out)
-    if frontier_csv is not None:
-        table = dag_frontier(problem, list(PIPELINE_FRONTIER_TARGETS))
-        write_text_atomic(frontier_csv, table.to_csv(index=False))
-    _report_pipeline(
+    _write_pipeline(
         schedule,
+        problem,
         out,
+        frontier_csv,
         as_json,
         f"{len(schedule.stages)} pipeline stages x {2 * microbatches} instructions ({kind})",
     )
@@ -299,7 +298,7 @@ def _plan_ranks(
     Switches up are issued the device's switch latency ahead (:func:`rank_schedule`).
     """
     from opdvfs.cli.models import device_spec
-    from opdvfs.plan.dag import dag_frontier, solve_dag
+    from opdvfs.plan.dag import solve_dag
     from opdvfs.plan.ranks import rank_layout, rank_schedule, rank_tables
     from opdvfs.sim.presets import preset_spec
 
@@ -349,17 +348,33 @@ def _plan_ranks(
         workload=", ".join(p.name for p in sources),
         switch_latency_s=switch_latency_ms * 1e-3,
     )
-    schedule.write(out)
-    if frontier_csv is not None:
-        table = dag_frontier(problem, list(PIPELINE_FRONTIER_TARGETS))
-        write_text_atomic(frontier_csv, table.to_csv(index=False))
-    _report_pipeline(
+    _write_pipeline(
         schedule,
+        problem,
         out,
+        frontier_csv,
         as_json,
         f"{layout.n_ranks} ranks, {layout.n_nodes} nodes, "
         f"{layout.n_messages} messages ({values} values)",
     )
+
+
+def _write_pipeline(
+    schedule: PipelineSchedule,
+    problem: DagProblem,
+    out: Path,
+    frontier_csv: Path | None,
+    as_json: bool,
+    what: str,
+) -> None:
+    """Write the schedule (and the frontier CSV when asked), then say what was planned."""
+    from opdvfs.plan.dag import dag_frontier
+
+    schedule.write(out)
+    if frontier_csv is not None:
+        table = dag_frontier(problem, list(PIPELINE_FRONTIER_TARGETS))
+        write_text_atomic(frontier_csv, table.to_csv(index=False))
+    _report_pipeline(schedule, out, as_json, what)
 
 
 def _report_pipeline(schedule: PipelineSchedule, out: Path, as_json: bool, what: str) -> None:

@@ -250,6 +250,21 @@ def stage_chain(profile: Profile, stage: int, n_microbatches: int = 8) -> Profil
     return Profile(table, meta=meta)
 
 
+def rank_energy_j(
+    problem: DagProblem, clock: np.ndarray, makespan_s: float, mine: np.ndarray
+) -> float:
+    """Return one rank's effective energy (J) in an iteration of ``makespan_s`` seconds.
+
+    Its nodes (``mine``, a mask over the graph's nodes) at their ``clock`` indices, plus the
+    blocking power for every second of the makespan the rank is not computing (Perseus's
+    effective energy, the DAG planner's objective per rank).
+    """
+    rows = np.flatnonzero(mine)
+    busy_s = problem.time_s[rows, clock[rows]].sum()
+    energy_j = problem.energy_j[rows, clock[rows]].sum()
+    return float(energy_j + problem.blocking_power_w * (makespan_s - busy_s))
+
+
 def pipeline_schedule(
     problem: DagProblem,
     plan: DagPlan,
@@ -270,14 +285,9 @@ def pipeline_schedule(
     """
     top = problem.top_clock()
     base_makespan, base_energy, _ = problem.evaluate(top)
-    rows = np.arange(problem.n_nodes)
-    power = problem.blocking_power_w
 
     def rank_energy(clock: np.ndarray, makespan: float, mine: np.ndarray) -> float:
-        busy = problem.time_s[rows[mine], clock[mine]]
-        return float(
-            problem.energy_j[rows[mine], clock[mine]].sum() + power * (makespan - busy.sum())
-        )
+        return rank_energy_j(problem, clock, makespan, mine)
 
     schedules = []
     for stage in range(problem.n_ranks):
@@ -311,7 +321,7 @@ def pipeline_schedule(
         solver=f"dag ({plan.method})",
         device=device,
         workload=workload,
-        blocking_power_w=power,
+        blocking_power_w=problem.blocking_power_w,
         baseline_makespan_s=float(base_makespan),
         predicted_makespan_s=plan.makespan_s,
         baseline_energy_j=float(base_energy),

@@ -46,6 +46,7 @@ from opdvfs.devices.spec import DeviceSpec
 from opdvfs.exceptions import ValidationError
 from opdvfs.plan.dag import DagPlan, DagProblem
 from opdvfs.plan.dp import gap_pct
+from opdvfs.plan.pipeline import rank_energy_j
 from opdvfs.profile import Profile
 from opdvfs.schedule import PipelineSchedule, Schedule, Values
 
@@ -551,18 +552,13 @@ def rank_schedule(
     """
     top = problem.top_clock()
     base_makespan, base_energy, _ = problem.evaluate(top)
-    rows = np.arange(problem.n_nodes)
-    power = problem.blocking_power_w
     clock = _without_short_dips(layout, problem, plan, switch_latency_s)
     makespan_s, energy_j = (float(v) for v in problem.evaluate(clock)[:2])
     start_s = problem.start_times(clock)
     freq_mhz = problem.freqs_mhz[clock]
 
     def rank_energy(clock: np.ndarray, makespan: float, mine: np.ndarray) -> float:
-        busy = problem.time_s[rows[mine], clock[mine]]
-        return float(
-            problem.energy_j[rows[mine], clock[mine]].sum() + power * (makespan - busy.sum())
-        )
+        return rank_energy_j(problem, clock, makespan, mine)
 
     schedules = []
     for rank in range(layout.n_ranks):
@@ -609,7 +605,7 @@ def rank_schedule(
         solver=f"dag ({plan.method})",
         device=device,
         workload=workload,
-        blocking_power_w=power,
+        blocking_power_w=problem.blocking_power_w,
         baseline_makespan_s=float(base_makespan),
         predicted_makespan_s=makespan_s,
         baseline_energy_j=float(base_energy),
