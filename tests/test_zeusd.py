@@ -42,7 +42,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        if data:  # the client may be gone once it has read an empty answer
+            self.wfile.write(data)
 
     def address_string(self) -> str:  # a Unix socket has no client address
         return "unix"

@@ -181,15 +181,23 @@ class NvmlActuator(Actuator):
         if freq_mhz == self._current:
             return
         freq = self.check_freq_mhz(freq_mhz)
-        with nvml_errors(f"lock the SM clock at {freq:g} MHz"):
-            self.device.lib.nvmlDeviceSetGpuLockedClocks(self.device.handle, int(freq), int(freq))
+        self._lock(int(freq))
         self._current = freq
 
     def reset(self) -> None:
         """Unlock the SM clock (``nvmlDeviceResetGpuLockedClocks``)."""
+        self._unlock()
+        self._current = None
+
+    def _lock(self, freq_mhz: int) -> None:
+        """Lock the SM clock at ``freq_mhz`` (min = max); the one write a subclass reroutes."""
+        with nvml_errors(f"lock the SM clock at {freq_mhz} MHz"):
+            self.device.lib.nvmlDeviceSetGpuLockedClocks(self.device.handle, freq_mhz, freq_mhz)
+
+    def _unlock(self) -> None:
+        """Unlock the SM clock; the other write a subclass reroutes."""
         with nvml_errors("reset the SM clock"):
             self.device.lib.nvmlDeviceResetGpuLockedClocks(self.device.handle)
-        self._current = None
 
     def read_power_w(self) -> float:
         """Return the board power (W); NVML reports mW (a 1 s average on Ampere and newer)."""

@@ -179,29 +179,22 @@ class ZeusdActuator(NvmlActuator):
         super().__init__(index=index)
         self.gpu_id = index or 0
 
-    def set_freq_mhz(self, freq_mhz: float) -> None:
-        """Lock the SM clock at ``freq_mhz`` (MHz; min = max) through the daemon.
+    def _lock(self, freq_mhz: int) -> None:
+        """Lock the SM clock at ``freq_mhz`` (min = max) through the daemon.
 
         Raises
         ------
-        UnsupportedClockError
-            If ``freq_mhz`` is not one of :meth:`supported_freqs_mhz`.
         PermissionDeniedError
             If the daemon refuses (token, scope, or its own lack of privilege).
         """
-        if freq_mhz == self._current:
-            return
-        freq = int(self.check_freq_mhz(freq_mhz))
         self.client.post(
             "/gpu/set_gpu_locked_clocks",
             gpu_ids=self.gpu_id,
-            min_clock_mhz=freq,
-            max_clock_mhz=freq,
+            min_clock_mhz=freq_mhz,
+            max_clock_mhz=freq_mhz,
             block=True,
         )
-        self._current = float(freq)
 
-    def reset(self) -> None:
+    def _unlock(self) -> None:
         """Unlock the SM clock through the daemon (``/gpu/reset_gpu_locked_clocks``)."""
         self.client.post("/gpu/reset_gpu_locked_clocks", gpu_ids=self.gpu_id, block=True)
-        self._current = None
