@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from opdvfs._files import write_text_atomic
 from opdvfs.exceptions import CaptureError, ScheduleMismatchError, ValidationError
-from opdvfs.runtime.actuators import ClockGuard, TwinActuator, make_actuator
+from opdvfs.runtime.actuators import ClockGuard, SimGpuActuator, TwinActuator, make_actuator
 from opdvfs.runtime.checks import check_schedule
 from opdvfs.runtime.iterations import IterationMarker
 from opdvfs.schedule import PipelineSchedule, Schedule, read_any_schedule
@@ -177,7 +178,16 @@ class Session:
         self.actuator = make_actuator(
             actuator, device=device, schedule=local, log=log, header=header
         )
+        sim = self.actuator if isinstance(self.actuator, SimGpuActuator) else None
         try:
+            if sim is not None:
+                sim.optimizer_steps = optimizer_steps
+                if trigger == "time":
+                    raise ValidationError(
+                        f"--trigger time follows the host's clock, and {actuator}'s time is "
+                        "virtual: use --trigger op (or auto)",
+                        field="trigger",
+                    )
             if actuator == "twin" and self.work is None:
                 raise ValidationError(
                     "--actuator twin needs --workload (the captured workload to simulate)",
@@ -187,6 +197,8 @@ class Session:
                 spec_name = (
                     self.actuator.device.spec.name
                     if isinstance(self.actuator, TwinActuator)
+                    else sim.gpu.name
+                    if sim is not None
                     else device
                 )
                 check_schedule(
@@ -198,6 +210,12 @@ class Session:
                 )
             twin = self.actuator.device if isinstance(self.actuator, TwinActuator) else None
             timing = None
+            if sim is not None and trigger == "auto":
+                trigger = "op"
+                self.trigger_line = (
+                    f"trigger: op (auto: {actuator} runs on virtual time, which only the "
+                    "operators advance)"
+                )
             if local is not None and trigger != "op":
                 try:
                     timing = plan_timing(local, device=twin, workload=self.work)
@@ -213,7 +231,7 @@ class Session:
                 )
                 trigger, why = choose_trigger(timing, latency_ms * 1e-3)
                 self.trigger_line = f"trigger: {trigger} (auto: {why})"
-            else:
+            elif self.trigger_line is None:
                 self.trigger_line = f"trigger: {trigger}"
             if trigger == "time":
                 self.executor = TimedExecutor(
@@ -267,11 +285,23 @@ class Session:
             mode = self.mode_object
             stack.enter_context(mode)
             if self.marker is not None:
-                stack.enter_context(self.marker.calling(mode.mark_iteration))
+                stack.enter_context(self.marker.calling(self._iteration_end(mode)))
         except BaseException:
             stack.close()
             raise
         return self
+
+    def _iteration_end(self, mode: Any) -> Callable[[], None]:
+        """Return what ends an iteration at ``--iteration-at``: a simulated GPU's, then mode's."""
+        sim = self.actuator if self.executor is not None else None
+        if not isinstance(sim, SimGpuActuator):
+            return mode.mark_iteration
+
+        def both() -> None:
+            sim.mark_iteration()
+            mode.mark_iteration()
+
+        return both
 
     def __exit__(
         self,
@@ -320,12 +350,18 @@ class Session:
         assert executor is not None
         lines: list[str] = [self.trigger_line] if self.trigger_line else []
         steady = executor.per_iteration()
+        clock, time_f, energy_f = "host clock", ".4f", ".2f"
+        if isinstance(self.actuator, SimGpuActuator):
+            # the simulated GPU's own timeline; the energy is the same counter the executor read
+            steady = {**steady, "time_s": self.actuator.per_iteration()["time_s"]}
+            clock = f"virtual time of the simulated GPU {self.actuator.kind}"
+            time_f = energy_f = ".6g"
         if steady["time_s"] is not None:
             energy = steady["energy_j"]
             lines.append(
-                f"iterations after the first: {steady['time_s']:.4f} s each (host clock)"
+                f"iterations after the first: {steady['time_s']:{time_f}} s each ({clock})"
                 + (
-                    f", {energy:.2f} J each (the device's energy counter)"
+                    f", {energy:{energy_f}} J each (the device's energy counter)"
                     if energy is not None
                     else ""
                 )

@@ -11,8 +11,10 @@ from opdvfs.runtime.actuators.ascend import AscendActuator
 from opdvfs.runtime.actuators.base import Actuator, ClockGuard
 from opdvfs.runtime.actuators.dry_run import DryRunActuator
 from opdvfs.runtime.actuators.nvml import NvmlActuator
+from opdvfs.runtime.actuators.sim_gpu import SIM_PREFIX, SimGpuActuator
 from opdvfs.runtime.actuators.twin import TwinActuator
 from opdvfs.runtime.actuators.zeusd import ZeusdActuator
+from opdvfs.runtime.simgpu import SimulatedGpu
 from opdvfs.schedule import Schedule
 from opdvfs.sim.presets import PRESETS, preset_spec
 from opdvfs.sim.twin import SimulatedDevice
@@ -24,12 +26,13 @@ __all__ = [
     "ClockGuard",
     "DryRunActuator",
     "NvmlActuator",
+    "SimGpuActuator",
     "TwinActuator",
     "ZeusdActuator",
     "make_actuator",
 ]
 
-#: The kinds :func:`make_actuator` builds.
+#: The kinds :func:`make_actuator` builds, besides ``sim:PRESET`` (a simulated GPU).
 ACTUATORS: tuple[str, ...] = ("nvml", "zeusd", "ascend", "dry-run", "twin")
 
 #: The preset whose clocks an Ascend actuator accepts when no other preset is named.
@@ -53,7 +56,9 @@ def make_actuator(
         ``"zeusd"`` (the same GPU without root, through Zeus's daemon at ``ZEUSD_SOCK_PATH``),
         ``"ascend"``
         (an Ascend NPU: requests logged, not applied), ``"dry-run"`` (records what would be
-        set) or ``"twin"`` (records, then replays on the simulated preset).
+        set) or ``"twin"`` (records, then replays on the simulated preset); or
+        ``"sim:PRESET"`` (a simulated GPU of that preset, e.g. ``"sim:a100-like"``: the program's
+        operators run on it, :class:`SimGpuActuator`).
     device
         A device preset (:data:`opdvfs.sim.presets.PRESETS`); default: the schedule's device.
         Its clocks are the ones a dry run or Ascend actuator accepts; the twin simulates it.
@@ -73,15 +78,26 @@ def make_actuator(
     Raises
     ------
     ValidationError
-        For an unknown ``kind``; for ``"twin"`` without a preset; for ``"dry-run"`` with neither
+        For an unknown ``kind`` or ``sim:`` preset (the message names them); for ``"twin"``
+        without a preset; for ``"dry-run"`` with neither
         a preset nor a schedule to take clocks from.
     DeviceNotFoundError
         For ``"nvml"`` and ``"zeusd"`` without nvidia-ml-py, a driver or a GPU; for ``"zeusd"``
         without the daemon's address.
     """
+    if kind.startswith(SIM_PREFIX):
+        name = kind.removeprefix(SIM_PREFIX)
+        if name not in PRESETS:
+            raise ValidationError(
+                f"actuator {kind!r}: no such simulated GPU; expected sim: and one of "
+                f"{', '.join(PRESETS)}",
+                field="actuator",
+            )
+        return SimGpuActuator(SimulatedGpu(name), log=log, header=header)
     if kind not in ACTUATORS:
         raise ValidationError(
-            f"actuator {kind!r}: expected {', '.join(ACTUATORS[:-1])} or {ACTUATORS[-1]}",
+            f"actuator {kind!r}: expected {', '.join(ACTUATORS[:-1])} or {ACTUATORS[-1]} "
+            f"(or {SIM_PREFIX}PRESET, a simulated GPU)",
             field="actuator",
         )
     spec = preset_spec(device or (schedule.device if schedule is not None else None))
