@@ -209,7 +209,8 @@ def run(
         typer.Option(
             "--actuator",
             help="nvml (root), zeusd (no root: the Zeus daemon at ZEUSD_SOCK_PATH), ascend "
-            "(log only), dry-run or twin.",
+            "(log only), dry-run, twin, or sim:PRESET (a simulated GPU, e.g. sim:a100-like: the "
+            "script's operators run on it; time and energy are its own).",
         ),
     ] = "dry-run",
     log: Annotated[
