@@ -329,3 +329,38 @@ def test_a_bad_simulated_gpu_choice_is_one_line(script, tmp_path, options, needl
     assert res.exit_code == 2, res.output
     assert needle in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert "Traceback" not in res.output
+
+
+INFER = f"""
+import sys
+import torch
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from tiny_gpt import TinyGPT
+torch.manual_seed(0)
+model = TinyGPT()
+with torch.no_grad():
+    for _ in range(int(sys.argv[1])):
+        model(torch.randint(0, 64, (2, 16)))
+"""
+
+
+def test_iterations_marked_by_a_function_end_on_the_simulated_gpu_too(tmp_path):
+    path = tmp_path / "infer.py"
+    path.write_text(INFER)
+    at = ["--iteration-at", "tiny_gpt:TinyGPT.forward"]
+    workload = tmp_path / "w.json"
+    res = CliRunner().invoke(
+        app, ["capture", "--out", str(workload), *at, "--", "python", str(path), "3"]
+    )
+    assert res.exit_code == 0, res.output
+    n = len(json.loads(workload.read_text())["ops"]["name"])
+    schedule = tmp_path / "s.json"
+    Schedule.from_stage_freqs(
+        [0], [1410.0], n_ops=n, target=0.0, solver="manual", device="a100-like"
+    ).write(schedule)
+    argv = ["run", str(schedule), "--actuator", "sim:a100-like", *at]
+    res = CliRunner().invoke(app, [*argv, "--", "python", str(path), "5"])
+    assert res.exit_code == 0, res.output
+    assert "ran 5 iterations;" in res.stdout
+    time_s, energy_j = _per_iteration(res.stdout)  # the device counted the iterations itself
+    assert 0 < time_s < 0.01 and energy_j > 0

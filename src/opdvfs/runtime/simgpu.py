@@ -4,9 +4,11 @@
 simulator (:class:`~opdvfs.sim.twin.SimulatedDevice`) applied, as they are launched, to the
 operators the program dispatches (:mod:`opdvfs.runtime.simgpu_feed` turns each aten operator into
 a launch). It keeps a *virtual* device timeline: kernels run back to back, each wholly at the clock
-in effect when it starts, and a clock request lands the preset's switch latency after it is issued
-(SetFreq semantics, as :mod:`opdvfs.sim.timeline`: a newer request supersedes one still pending,
-which then never lands).
+in effect when it starts (as if the host always kept ahead of the device: the CPU's own speed
+does not show, so a script run on a CPU times like the same script on that GPU), and a clock
+request lands the preset's switch latency after it is issued (SetFreq semantics, as
+:mod:`opdvfs.sim.timeline`: a newer request supersedes one still pending, which then never
+lands).
 
 It exposes only what a real GPU's instruments give -- the supported clocks, set/reset clock, a
 total-energy counter (J, as NVML's ``nvmlDeviceGetTotalEnergyConsumption``), power samples at
