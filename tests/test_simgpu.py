@@ -143,11 +143,37 @@ def test_hopper_power_is_a_one_second_average_sampled_every_100_ms():
     assert np.allclose(np.diff(samples["t_s"]), 0.1)
 
 
+def test_work_scale_runs_each_launch_as_that_many_times_its_work():
+    gpu = SimulatedGpu("a100-like", work_scale=4.0)
+    launch(gpu, 0.02)
+    twin = SimulatedDevice.from_preset("a100-like")
+    scaled = {**BIG, **{k: 4 * BIG[k] for k in ("flops", "bytes_loaded", "bytes_stored")}}
+    run = twin.run(Workload(pd.DataFrame([scaled]), name="mm"))[1]
+    assert gpu.kernels()["time_us"].median() == pytest.approx(run.dur_us[0], rel=0.01)
+    with pytest.raises(ValidationError, match="work_scale"):
+        SimulatedGpu("a100-like", work_scale=0.0)
+
+
+def test_the_die_warms_under_load_and_less_at_a_lower_clock():
+    temps = {}
+    for f in (1410.0, 510.0):
+        gpu = SimulatedGpu("a100-like", freq_mhz=f)
+        start_c = gpu.temperature_c()
+        launch(gpu, 3.0)
+        samples = gpu.power_samples()
+        assert samples["temp_c"].is_monotonic_increasing and gpu.temperature_c() > start_c + 1
+        temps[f] = gpu.temperature_c()
+    assert temps[510.0] < temps[1410.0] - 1
+
+
 def test_make_actuator_builds_a_simulated_gpu_and_names_the_presets():
     act = make_actuator("sim:a100-like")
     assert isinstance(act, SimGpuActuator) and act.kind == "sim:a100-like"
     assert tuple(act.supported_freqs_mhz()) == preset_spec("a100-like").freqs_mhz
-    assert act.read_energy_j() == 0.0 and act.read_power_w() == 0.0
+    idle_w = act.read_power_w()
+    assert act.read_energy_j() == 0.0 and idle_w > 0  # nothing launched yet: idle
+    launch(act.gpu, 0.2)
+    assert act.read_power_w() > 1.2 * idle_w and act.read_energy_j() > 0
     act.close()
     with pytest.raises(ValidationError, match="sim:bogus.*" + ", ".join(PRESETS)):
         make_actuator("sim:bogus")

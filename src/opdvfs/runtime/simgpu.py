@@ -36,7 +36,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from opdvfs.exceptions import ValidationError
 from opdvfs.sim.sensors import sample_sensors
+from opdvfs.sim.thermal import rc_temperature
 from opdvfs.sim.twin import SimulatedDevice
 from opdvfs.workloads.workload import Workload
 
@@ -48,6 +50,10 @@ NO_KERNEL = -1
 _BATCH = 4096
 #: The launch fields that make a kind: what the twin's physics reads, and the name.
 _KIND_FIELDS = ("name", "type", "stream", "flops", "bytes_loaded", "bytes_stored")
+#: The fields ``work_scale`` multiplies.
+_SCALED_FIELDS = ("flops", "bytes_loaded", "bytes_stored")
+#: The idle stretch the twin runs to find the device's idle power (s).
+_IDLE_S = 0.1
 
 
 class SimulatedGpu:
@@ -64,6 +70,9 @@ class SimulatedGpu:
     freq_mhz
         The clock it starts at (MHz), as one locked before the program started; default the
         top clock (the driver's own choice under load).
+    work_scale
+        Each launch does this many times its operator's FLOPs and bytes, so that a model small
+        enough for a CPU stands for a larger one (a bigger batch or width) on the GPU.
     seed
         Seed of the measurement noise (kernel times, power samples).
 
@@ -73,7 +82,17 @@ class SimulatedGpu:
         For an unknown preset (the message names the presets).
     """
 
-    def __init__(self, preset: str, *, freq_mhz: float | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        preset: str,
+        *,
+        freq_mhz: float | None = None,
+        work_scale: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        if not work_scale > 0:
+            raise ValidationError(f"work_scale {work_scale}: expected > 0", field="work_scale")
+        self.work_scale = float(work_scale)
         twin = SimulatedDevice.from_preset(preset, seed=seed)
         params = twin.params
         # the kind tables come from a noise-free twin; the noise is drawn per launch instead
@@ -105,6 +124,14 @@ class SimulatedGpu:
         self._energy_j = 0.0
         # clock state: in effect, pending (clock, land_us), requests not yet issued
         self._clock = self._top if freq_mhz is None else int(twin.clock_index([freq_mhz])[0])
+        # before the program: the device idled at its clock long enough to settle
+        idle = pd.DataFrame({"name": ["idle"], "type": "Host", "stream": "host"})
+        _, run = self._twin.run(
+            Workload(idle.assign(gap_before_us=_IDLE_S * 1e6), name="idle"),
+            freq_mhz=float(self._clocks_mhz[self._clock]),
+        )
+        self._idle_w = (run.chip_energy_j - float(run.op_chip_energy_j.sum())) / _IDLE_S
+        self._start_c = params.ambient_c + params.k_c_per_w * self._idle_w
         self._pending: tuple[int, float] | None = None
         self._future: list[tuple[float, int, int]] = []  # (issue_us, order, clock)
         self._requests = 0
@@ -188,11 +215,14 @@ class SimulatedGpu:
             return self._energy_j
 
     def power_w(self) -> float:
-        """Return the power the sensor reads now: the mean over the last window (W)."""
+        """Return the power the sensor reads now: the mean over the last window (W).
+
+        Before the first launch: the device's idle power.
+        """
         with self._lock:
             self._flush()
             if self._n_placed == 0:
-                return 0.0
+                return self._idle_w
             edges_s, cum_j = self._edges()
             t = edges_s[-1]
             t0 = max(t - self._window_s, 0.0)
@@ -205,31 +235,41 @@ class SimulatedGpu:
         """Return the power sensor's samples so far, as NVML's would be read.
 
         Columns ``t_s`` (virtual), ``power_w`` (mean over the window ending then, with the
-        sensor's noise), ``freq_mhz`` (the clock then) and ``energy_j`` (the counter then), one
-        row every sensor period from one window after the first launch.
+        sensor's noise), ``temp_c`` (the die then, quantised as the sensor reads it),
+        ``freq_mhz`` (the clock then) and ``energy_j`` (the counter then), one row every sensor
+        period from one window after the first launch.
         """
         with self._lock:
             self._flush()
             _, _, clock, _, _, _, _ = self._records()
             if len(clock) == 0:
-                return pd.DataFrame(columns=["t_s", "power_w", "freq_mhz", "energy_j"])
+                return pd.DataFrame(columns=["t_s", "power_w", "temp_c", "freq_mhz", "energy_j"])
             edges_s, cum_j = self._edges()
+            temp_c = self._temperatures_c(edges_s, cum_j)
             freq = self._clocks_mhz[clock]
         samples = sample_sensors(
             edges_s,
             cum_j,
             cum_j,
-            np.zeros_like(edges_s),
+            temp_c,
             freq,
             period_s=self._period_s,
             window_s=self._window_s,
             noise_w=self._sensor_noise_w,
-            temp_resolution_c=1.0,
+            temp_resolution_c=self._twin.params.temp_resolution_c,
             rng=np.random.default_rng([self._seed, 12, len(edges_s)]),
         )
         if samples["t_s"].iloc[0] < self._window_s - 1e-12:  # shorter than one window: none
             samples = samples.iloc[:0]
-        return samples[["t_s", "power_w", "freq_mhz", "energy_j"]].reset_index(drop=True)
+        columns = ["t_s", "power_w", "temp_c", "freq_mhz", "energy_j"]
+        return samples[columns].reset_index(drop=True)
+
+    def temperature_c(self) -> float:
+        """Return the die temperature now (deg C, unquantised)."""
+        with self._lock:
+            self._flush()
+            edges_s, cum_j = self._edges()
+            return float(self._temperatures_c(edges_s, cum_j)[-1])
 
     def kernels(self) -> pd.DataFrame:
         """Return the kernels run so far, as a profiler trace gives them.
@@ -320,7 +360,10 @@ class SimulatedGpu:
             with self._lock:
                 kind = self._kinds.setdefault(key, len(self._kind_rows))
                 if kind == len(self._kind_rows):
-                    self._kind_rows.append(dict(zip(_KIND_FIELDS, key, strict=True)))
+                    row = dict(zip(_KIND_FIELDS, key, strict=True))
+                    for work in _SCALED_FIELDS:
+                        row[work] = float(row[work]) * self.work_scale
+                    self._kind_rows.append(row)
         return kind
 
     def _fill(self, kinds: np.ndarray, clock: int) -> None:
@@ -418,6 +461,23 @@ class SimulatedGpu:
                 empty_f, empty_i = np.empty(0), np.empty(0, dtype=np.int64)
                 self._placed = (empty_f, empty_f, empty_i, empty_i, empty_f, empty_i, empty_i)
         return self._placed
+
+    def _temperatures_c(self, edges_s: np.ndarray, cum_j: np.ndarray) -> np.ndarray:
+        """Die temperature at each kernel boundary: the twin's RC model driven by the power."""
+        p, start_c = self._twin.params, self._start_c
+        dt_s = np.diff(edges_s)
+        if dt_s.size == 0:
+            return np.full(len(edges_s), start_c)
+        power_w = np.divide(np.diff(cum_j), dt_s, out=np.zeros_like(dt_s), where=dt_s > 0)
+        ends_c = rc_temperature(
+            dt_s,
+            power_w,
+            start_c=start_c,
+            ambient_c=p.ambient_c,
+            k_c_per_w=p.k_c_per_w,
+            tau_s=p.tau_s,
+        )
+        return np.r_[start_c, ends_c]
 
     def _edges(self) -> tuple[np.ndarray, np.ndarray]:
         """Kernel boundaries (s) and the energy counter at each, shape (n + 1,)."""
