@@ -89,9 +89,9 @@ def main() -> None:
                         "preset": preset,
                         "freq_mhz": f,
                         "kernels/iter": len(ops),
-                        "time_ms": got["time_s"] * 1e3,
+                        "time_ms": float(got["time_s"] or "nan") * 1e3,
                         "twin_time_ms": ref.iteration_time_s * 1e3,
-                        "energy_mj": got["energy_j"] * 1e3,
+                        "energy_mj": float(got["energy_j"] or "nan") * 1e3,
                         "twin_energy_mj": ref.chip_energy_j * 1e3,
                     }
                 )

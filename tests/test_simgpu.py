@@ -2,6 +2,7 @@
 
 import json
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -11,7 +12,7 @@ from opdvfs import Schedule
 from opdvfs.exceptions import ValidationError
 from opdvfs.runtime.actuators import ClockGuard, SimGpuActuator, make_actuator
 from opdvfs.runtime.simgpu import SimulatedGpu
-from opdvfs.sim import PRESETS, SimulatedDevice, preset_spec
+from opdvfs.sim import PRESETS, SimulatedDevice, get_preset
 from opdvfs.workloads.workload import Workload
 
 from conftest import read_log
@@ -20,7 +21,7 @@ LATENCY_S = 15e-3  # a100-like's switch (the preset's spec; checked below)
 #: The lower clock the tiny GPT runs at: its matrix multiplies are clearly slower there.
 LOW_MHZ = 510.0
 #: A matrix multiply of ~0.6-1.6 ms on the a100-like preset: compute-bound, follows the clock.
-BIG = {
+BIG: dict[str, Any] = {
     "name": "aten::mm",
     "type": "MatMul",
     "stream": "compute",
@@ -38,7 +39,7 @@ def launch(gpu: SimulatedGpu, until_s: float, op: dict = BIG) -> None:
 
 
 def test_the_preset_is_the_one_the_tests_assume():
-    assert preset_spec("a100-like").switch_latency_ms * 1e-3 == LATENCY_S
+    assert get_preset("a100-like").spec.switch_latency_ms * 1e-3 == LATENCY_S
     assert SimulatedGpu("a100-like").switch_latency_s == LATENCY_S
 
 
@@ -122,14 +123,14 @@ def test_energy_counter_is_monotone_and_the_integral_of_the_power_samples():
     assert set(samples["freq_mhz"]) == {1410.0, 705.0}
     # the counter is each kernel's time at its clock times the twin's power for that operator
     twin = SimulatedDevice.from_preset("a100-like")
-    k = gpu.kernels()
+    kernels = gpu.kernels()
     expected_j = 0.0
     for name, op in (("aten::mm", BIG), ("aten::add", small)):
         for f in (1410.0, 705.0):
             run = twin.run(Workload(pd.DataFrame([op]), name="op"), freq_mhz=f)[1]
             power_w = run.op_chip_energy_j[0] / (run.dur_us[0] * 1e-6)
-            mine = (k["name"] == name) & (k["freq_mhz"] == f)
-            expected_j += power_w * k.loc[mine, "time_us"].sum() * 1e-6
+            mine = (kernels["name"] == name) & (kernels["freq_mhz"] == f)
+            expected_j += power_w * kernels.loc[mine, "time_us"].sum() * 1e-6
     assert gpu.energy_j() == pytest.approx(expected_j, rel=2e-3)
     assert gpu.power_w() == pytest.approx(samples["power_w"].iloc[-1], rel=0.05)
 
@@ -169,7 +170,7 @@ def test_the_die_warms_under_load_and_less_at_a_lower_clock():
 def test_make_actuator_builds_a_simulated_gpu_and_names_the_presets():
     act = make_actuator("sim:a100-like")
     assert isinstance(act, SimGpuActuator) and act.kind == "sim:a100-like"
-    assert tuple(act.supported_freqs_mhz()) == preset_spec("a100-like").freqs_mhz
+    assert tuple(act.supported_freqs_mhz()) == get_preset("a100-like").spec.freqs_mhz
     idle_w = act.read_power_w()
     assert act.read_energy_j() == 0.0 and idle_w > 0  # nothing launched yet: idle
     launch(act.gpu, 0.2)
@@ -231,12 +232,14 @@ class _Launches:
 
 def test_tiny_gpt_at_a_lower_clock_takes_the_time_and_energy_the_twin_gives_its_operators():
     launches = _Launches()
-    with SimGpuFeed(launches):
+    with SimGpuFeed(cast(Any, launches)):
         train_tiny_gpt(2)
     ops = pd.DataFrame(launches.iterations[1])
     assert {"MatMul", "Softmax", "LayerNorm"} <= set(ops["type"])  # aten names translated
     twin = SimulatedDevice.from_preset("a100-like")
-    steps, measured, expected = 5, {}, {}
+    steps = 5
+    measured: dict[float, Any] = {}
+    expected: dict[float, Any] = {}
     for f in (1410.0, LOW_MHZ):
         with SimGpuActuator(SimulatedGpu("a100-like", freq_mhz=f)) as act:
             train_tiny_gpt(steps)
