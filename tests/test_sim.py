@@ -4,7 +4,7 @@ import pytest
 
 from opdvfs import Schedule, Workload
 from opdvfs.sim import SimulatedDevice
-from opdvfs.sim.physics import FAMILIES, core_power_w, op_arrays, op_timing
+from opdvfs.sim.physics import CUBE, FAMILIES, VECTOR, core_power_w, op_arrays, op_timing
 from opdvfs.sim.presets import PRESETS, get_preset
 from opdvfs.sim.thermal import rc_temperature
 from opdvfs.sim.timeline import execute, execute_loop
@@ -561,3 +561,22 @@ def test_the_power_model_recovers_the_clock_coupled_chip_power():
     # the twin's coupled part, plus the uncore leakage that rises with it (temperature follows
     # power, which follows the clock): within a quarter
     assert model.uncore_beta_ == pytest.approx(ASCEND.twin.uncore_coupled_w, rel=0.25)
+
+
+def test_a_captured_workloads_aten_types_run_on_the_units_of_their_kind():
+    ops = pd.DataFrame(
+        {
+            "name": ["aten::mm", "MatMul", "aten::native_layer_norm", "aten::gelu", "aten::foo"],
+            "type": ["mm", "MatMul", "native_layer_norm", "gelu", "foo"],
+            "stream": "compute",
+            "flops": 1e9,
+            "bytes_loaded": 1e6,
+            "bytes_stored": 1e6,
+        }
+    )
+    arrays = op_arrays(ops)
+    # mm runs on the matrix units exactly as the Ascend-style MatMul does
+    assert arrays.unit.tolist() == [CUBE, CUBE, VECTOR, VECTOR, VECTOR]
+    assert arrays.efficiency[0] == arrays.efficiency[1]
+    # a layer norm is a dependent reduction (eq. 8), unlike a pipelined element-wise op
+    assert arrays.dependent[2] and not arrays.dependent[3]

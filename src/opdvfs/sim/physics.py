@@ -17,6 +17,7 @@ import pandas as pd
 from opdvfs.sim.params import TwinParams
 
 __all__ = [
+    "ATEN_TYPES",
     "FAMILIES",
     "Family",
     "OpArrays",
@@ -76,6 +77,59 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+#: aten operator (name without namespace and overload, as a captured workload's ``type``) -> the
+#: Ascend-style type whose family it runs in, so a workload captured from a PyTorch script runs
+#: its matmuls on the matrix units; other aten names run as pipelined vector operators.
+ATEN_TYPES: dict[str, str] = {
+    **dict.fromkeys(("mm", "addmm", "matmul", "linear", "_scaled_mm"), "MatMul"),
+    **dict.fromkeys(("bmm", "baddbmm"), "BatchMatMul"),
+    **dict.fromkeys(
+        (
+            "_scaled_dot_product_flash_attention",
+            "_scaled_dot_product_efficient_attention",
+            "_scaled_dot_product_cudnn_attention",
+            "_flash_attention_forward",
+            "_flash_attention_backward",
+            "_efficient_attention_forward",
+            "_efficient_attention_backward",
+            "_scaled_dot_product_flash_attention_backward",
+            "_scaled_dot_product_efficient_attention_backward",
+        ),
+        "FlashAttention",
+    ),
+    "convolution": "Conv2D",
+    "convolution_backward": "Conv2DBackpropInput",
+    "native_layer_norm": "LayerNorm",
+    "native_layer_norm_backward": "LayerNormGrad",
+    "_fused_rms_norm": "RMSNorm",
+    "_softmax": "Softmax",
+    "_softmax_backward_data": "SoftmaxGrad",
+    "_log_softmax": "Softmax",
+    "_log_softmax_backward_data": "SoftmaxGrad",
+    "nll_loss_forward": "CrossEntropy",
+    "nll_loss_backward": "CrossEntropyGrad",
+    "embedding": "Embedding",
+    "embedding_dense_backward": "EmbeddingGrad",
+    "gelu": "Gelu",
+    "gelu_backward": "GeluGrad",
+    "relu": "Relu",
+    "threshold_backward": "ReluGrad",
+    "silu": "SiLU",
+    "silu_backward": "SiLUGrad",
+    **dict.fromkeys(("add", "add_", "sub", "sub_", "_foreach_add", "_foreach_add_"), "Add"),
+    **dict.fromkeys(("mul", "mul_", "_foreach_mul", "_foreach_mul_"), "Mul"),
+    **dict.fromkeys(("div", "div_", "_foreach_div", "_foreach_div_"), "RealDiv"),
+    "sum": "ReduceSum",
+    "mean": "ReduceMean",
+    **dict.fromkeys(("cat", "stack"), "Concat"),
+    **dict.fromkeys(("split_with_sizes", "unbind"), "Split"),
+    **dict.fromkeys(("clone", "copy_", "_to_copy", "contiguous"), "Transpose"),
+    **dict.fromkeys(("native_dropout", "native_dropout_backward"), "Dropout"),
+    "_fused_adamw_": "AdamW",
+    "_fused_adam_": "AdamW",
+}
+
+
 @dataclass(frozen=True)
 class OpArrays:
     """Per-operator inputs of the physics, shape (n_ops,) each."""
@@ -99,7 +153,7 @@ def op_arrays(ops: pd.DataFrame) -> OpArrays:
     """Look up every operator's family (by ``type``; comm stream forces COMM) as arrays."""
     # looked up once per distinct type (a workload's types are categorical), then taken per op
     types = pd.Categorical(ops["type"])
-    fam = [FAMILIES.get(t, _VECTOR) for t in types.categories]
+    fam = [FAMILIES.get(ATEN_TYPES.get(t, t), _VECTOR) for t in types.categories]
     codes = types.codes
     comm = (ops["stream"] == "comm").to_numpy()
     host = (ops["stream"] == "host").to_numpy()
