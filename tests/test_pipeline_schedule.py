@@ -119,3 +119,20 @@ def test_run_refuses_a_bad_rank_map_before_the_script_starts(tmp_path, rank_map,
     assert res.exit_code == 2, res.output
     assert message in res.output and "Traceback" not in res.output
     assert not (tmp_path / "ran").exists()
+
+
+def test_a_longer_time_limit_buys_a_certificate_at_least_as_tight(tmp_path):
+    base = ["plan", str(PERSEUS), "--pipeline", "1f1b", "--target", "0.02", "--json"]
+    gaps = []
+    for extra in (["--time-limit-s", "0.02"], ["--time-limit-s", "3"]):
+        res = CliRunner().invoke(app, [*base, *extra, "--out", str(tmp_path / "p.json")])
+        assert res.exit_code == 0, res.output
+        gaps.append(json.loads(res.stdout)["gap_pct"])
+    assert gaps[1] < gaps[0]  # the flag reaches the planner: more time, a tighter bound
+    assert gaps[1] <= 0.1  # this 8 x 8 Perseus pipeline certifies within 0.1% in 3 s
+    res = CliRunner().invoke(
+        app,
+        ["plan", str(PERSEUS), "--target", "0.02", "--time-limit-s", "3", "--out", "x.json"],
+    )
+    assert res.exit_code == 2
+    assert "--time-limit-s goes with --pipeline" in res.output

@@ -53,6 +53,7 @@ from opdvfs.exceptions import ValidationError
 from opdvfs.plan.dp import gap_pct
 
 __all__ = [
+    "TIME_LIMIT_S",
     "DagPlan",
     "DagProblem",
     "dag_frontier",
@@ -76,6 +77,10 @@ _PASS_GAIN = 1e-4
 _SEARCH_SHARE, _SEARCH_SHARE_LATER = 0.9, 0.1
 #: Seconds kept back from branch and bound for what follows it (HiGHS stops a little late).
 _WRAP_UP_S = 0.03
+
+
+#: The default budget of one deadline (s): under a second with the wrap-up, on a loaded machine.
+TIME_LIMIT_S = 0.85
 
 
 def _search_seconds(time_limit_s: float) -> float:
@@ -699,7 +704,7 @@ def solve_dag(
     target: float,
     *,
     rel_gap: float = 1e-3,
-    time_limit_s: float = 0.85,
+    time_limit_s: float = TIME_LIMIT_S,
     deadline_s: float | None = None,
     _state: tuple[_Options, _Programme] | None = None,
     _start: np.ndarray | None = None,
