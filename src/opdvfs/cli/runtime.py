@@ -20,6 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from opdvfs.cli._app import UsageError, app, reports_errors, stderr, stdout
+from opdvfs.exceptions import CaptureError
 
 _SCRIPT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -156,11 +157,66 @@ def capture(
     ] = None,
     iteration_at: IterationAtOption = None,
     print_env: PrintEnvOption = False,
+    freqs: Annotated[
+        str | None,
+        typer.Option(
+            "--freqs",
+            help="With --profile: profile at each of these clocks in this one run (MHz and/or "
+            "min, mid, max of the actuator's clocks), set between iterations through "
+            "--actuator; the clock is restored however the run ends.",
+        ),
+    ] = None,
+    actuator: Annotated[
+        str,
+        typer.Option(
+            "--actuator",
+            help="With --freqs: nvml (root), zeusd (no root: the Zeus daemon at "
+            "ZEUSD_SOCK_PATH), sim:PRESET (a simulated GPU, e.g. sim:a100-like), or dry-run "
+            "(the CPU's op times, clocks only recorded; needs --device).",
+        ),
+    ] = "nvml",
+    iterations_per_clock: Annotated[
+        int | None,
+        typer.Option(
+            "--iterations-per-clock",
+            min=1,
+            help="With --freqs: iterations measured at each clock (default: enough for the "
+            "power sensor to give 12 windows per clock at the warm-up's pace; 5 without one).",
+        ),
+    ] = None,
+    warmup: Annotated[
+        int,
+        typer.Option(
+            "--warmup", min=1, help="With --freqs: iterations at the top clock before the sweep."
+        ),
+    ] = 2,
+    work_scale: Annotated[
+        float | None,
+        typer.Option(
+            "--work-scale",
+            min=0.0,
+            help="With --actuator sim:PRESET: each operator does this many times its work, so "
+            "a CPU-sized model stands for a larger one (longer iterations on the device).",
+        ),
+    ] = None,
+    device: Annotated[
+        str | None, typer.Option("--device", "-d", help="With --actuator dry-run: its clocks.")
+    ] = None,
+    log: Annotated[
+        Path | None,
+        typer.Option(
+            "--log", "--log-file", help="With --freqs: JSON lines of actuator calls (appended)."
+        ),
+    ] = None,
 ) -> None:
     """Run a PyTorch script unchanged and record one iteration's operators as a Workload.
 
     The program after -- is `python [FLAGS] SCRIPT|-m MODULE ARGS`, or a launcher
     (`accelerate launch train.py`) whose Python processes record; rank 0 writes the workload.
+    With --profile and --freqs, one run profiles every clock: warm-up iterations at the top
+    clock, then each clock in turn (the iterations a switch disturbs discarded), then the
+    clock is restored and the script goes on; a script that ends before the sweep is done
+    exits with status 2, naming the iterations it needs, and writes nothing.
     """
     settings: dict[str, Any] = {
         "mode": "capture",
@@ -173,6 +229,25 @@ def capture(
         return
     argv = list(ctx.args)
     command = _program(argv)  # a missing script is an error before anything starts
+    if freqs is not None:
+        _capture_sweep(
+            command,
+            settings,
+            profile_out=profile_out,
+            freqs=freqs,
+            actuator=actuator,
+            iterations_per_clock=iterations_per_clock,
+            warmup=warmup,
+            work_scale=work_scale,
+            device=device,
+            log=log,
+            freq_mhz=freq_mhz,
+        )
+        return
+    if work_scale is not None or iterations_per_clock is not None or log is not None:
+        raise UsageError(
+            "--iterations-per-clock, --work-scale and --log go with --freqs (a clock sweep)"
+        )
     if command is None:
         if profile_out is not None:
             raise UsageError("--profile runs the script in opdvfs's process: -- python SCRIPT")
@@ -197,6 +272,100 @@ def capture(
             f"{0 if measured.samples is None else len(measured.samples)} power samples",
             highlight=False,
         )
+
+
+def _sweep_actuator(
+    kind: str, device: str | None, work_scale: float | None, log: Path | None
+) -> Any:
+    """Return the actuator a sweep sets clocks through (a simulated GPU at ``work_scale``)."""
+    from opdvfs.runtime.actuators import SimGpuActuator, make_actuator
+    from opdvfs.runtime.simgpu import SimulatedGpu
+
+    if kind == "twin" or kind == "ascend":
+        raise UsageError(
+            f"--actuator {kind}: a clock sweep measures the device the script runs on: use "
+            "nvml, zeusd, sim:PRESET or dry-run"
+        )
+    header = {"command": "capture --freqs", "actuator": kind}
+    log_path = None if log is None else str(log)
+    act = make_actuator(kind, device=device, log=log_path, header=header)
+    if work_scale is not None:
+        if not isinstance(act, SimGpuActuator):
+            act.close()
+            raise UsageError("--work-scale scales a simulated GPU's work: --actuator sim:PRESET")
+        name = act.gpu.name
+        act.close()
+        act = SimGpuActuator(SimulatedGpu(name, work_scale=work_scale), log=log_path, header=header)
+    return act
+
+
+def _capture_sweep(
+    command: Any,
+    settings: dict[str, Any],
+    *,
+    profile_out: Path | None,
+    freqs: str,
+    actuator: str,
+    iterations_per_clock: int | None,
+    warmup: int,
+    work_scale: float | None,
+    device: str | None,
+    log: Path | None,
+    freq_mhz: float | None,
+) -> None:
+    """``capture --profile P --freqs LIST``: profile every clock in one run (#21)."""
+    from opdvfs.cli._app import parse_clocks
+    from opdvfs.runtime.launch import run_python
+    from opdvfs.runtime.session import Session
+    from opdvfs.runtime.sweep import sweep_run
+
+    if profile_out is None:
+        raise UsageError("--freqs profiles the run at several clocks: give --profile PROFILE")
+    if command is None:
+        raise UsageError("--freqs runs the script in opdvfs's process: -- python SCRIPT")
+    if settings.get("iteration_at"):
+        raise UsageError(
+            "--freqs counts iterations at optimizer steps; --iteration-at is not supported "
+            "with it yet"
+        )
+    if freq_mhz is not None:
+        raise UsageError("--freq-mhz names the one clock of a run; --freqs sets each clock")
+    act = _sweep_actuator(actuator, device, work_scale, log)
+    try:
+        clocks = parse_clocks(freqs, act.supported_freqs_mhz())
+        for clock in clocks:
+            act.check_freq_mhz(clock)
+        session = Session(**settings)
+    except BaseException:
+        act.close()
+        raise
+
+    def run() -> None:
+        with session:
+            run_python(command)
+
+    result = sweep_run(run, act, clocks, warmup=warmup, iterations_per_clock=iterations_per_clock)
+    if result.profile is None:
+        raise CaptureError(result.incomplete_message())
+    outcome = session.outcome()
+    outcome.raise_error()  # no complete iteration: a CaptureError, reported as usual
+    _print(outcome.lines)
+    measured = result.profile
+    measured.write(profile_out)
+    phases = measured.meta["sweep"]["iterations"]
+    samples = measured.samples
+    _print(
+        [
+            f"swept {len(result.freqs_mhz)} clocks on {actuator} in one run: "
+            f"{result.warmup} warm-up iterations at {max(result.freqs_mhz):g} MHz, then "
+            f"{result.iterations_per_clock} per clock ({phases.get('settle', 0)} discarded "
+            f"after switches, {phases.get('unsteady', 0)} while the temperature moved); clock "
+            "restored",
+            f"wrote {profile_out}: {measured.n_ops} operators x {result.iterations_per_clock} "
+            f"iterations at {', '.join(f'{f:g}' for f in measured.freqs_mhz)} MHz, "
+            f"{0 if samples is None else len(samples)} power samples",
+        ]
+    )
 
 
 @app.command(context_settings=_SCRIPT)

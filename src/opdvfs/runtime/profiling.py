@@ -11,7 +11,8 @@ interval, the window the power model's attribution uses. Nothing is set on the d
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,73 @@ from opdvfs.exceptions import ValidationError
 from opdvfs.io import torch_trace
 from opdvfs.profile import Profile
 
-__all__ = ["profile_run"]
+__all__ = ["Traced", "profile_run", "traced"]
+
+
+class Traced:
+    """What :func:`traced` measured: its ``profile`` once the block has ended.
+
+    Attributes
+    ----------
+    sampler
+        The NVML sampler beside the trace (a GPU), or None.
+    freq_mhz
+        The clock every row gets (MHz); set it before the block ends.
+    profile
+        The measured profile (None until the block ends without an exception).
+    """
+
+    def __init__(self, sampler: Any, freq_mhz: float | None) -> None:
+        self.sampler = sampler
+        self.freq_mhz = freq_mhz
+        self.profile: Profile | None = None
+
+
+@contextmanager
+def traced(
+    *, sampler: Any = None, cuda: bool = False, freq_mhz: float | None = None, interval_ms: float
+) -> Iterator[Traced]:
+    """Trace the block with torch.profiler (one ``ProfilerStep`` per optimizer step).
+
+    The piece :func:`profile_run` and the clock sweep (:mod:`opdvfs.runtime.sweep`) share. On a
+    GPU (``cuda``) the kernels are traced and ``sampler`` (an
+    :class:`~opdvfs.runtime.sampler.NvmlSampler`) records beside them; each sample's power then
+    becomes the energy counter's mean over its interval (:func:`_window_power`). When the block
+    ends normally, the trace is imported (:func:`opdvfs.io.torch_trace.read`, every row at the
+    yielded object's ``freq_mhz``) into its ``profile``.
+    """
+    out = Traced(sampler, freq_mhz)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with tempfile.TemporaryDirectory(prefix="opdvfs-trace-") as tmp:
+        trace = Path(tmp) / "trace.json"
+        with torch.profiler.profile(
+            activities=activities,
+            record_shapes=True,
+            # a schedule (always recording) makes step() open the ProfilerStep#N spans
+            schedule=lambda _: torch.profiler.ProfilerAction.RECORD,
+        ) as prof:
+            hook = register_optimizer_step_post_hook(lambda *_: prof.step())
+            try:
+                if sampler is not None:
+                    with sampler:
+                        yield out
+                        torch.cuda.synchronize()
+                else:
+                    yield out
+            finally:
+                hook.remove()
+        prof.export_chrome_trace(str(trace))
+        if out.freq_mhz is None:
+            raise ValidationError("the traced run's clock is unknown", field="freq_mhz")
+        measured = torch_trace.read(trace, freq_mhz=out.freq_mhz)
+    meta = {**measured.meta, "format": "opdvfs capture", "sources": ["opdvfs capture"]}
+    samples = None
+    if sampler is not None:
+        samples = _window_power(sampler.samples)
+        meta["sensor"] = {"period_ms": interval_ms, "window_ms": interval_ms}
+    out.profile = Profile(measured.ops, samples, meta=meta)
 
 
 def profile_run(
@@ -56,35 +123,10 @@ def profile_run(
         raise ValidationError(
             "profiling on the CPU needs the clock: give --freq-mhz", field="freq_mhz"
         )
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if use_cuda:
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with tempfile.TemporaryDirectory(prefix="opdvfs-trace-") as tmp:
-        trace = Path(tmp) / "trace.json"
-        with torch.profiler.profile(
-            activities=activities,
-            record_shapes=True,
-            # a schedule (always recording) makes step() open the ProfilerStep#N spans
-            schedule=lambda _: torch.profiler.ProfilerAction.RECORD,
-        ) as prof:
-            hook = register_optimizer_step_post_hook(lambda *_: prof.step())
-            try:
-                if sampler is not None:
-                    with sampler:
-                        run()
-                        torch.cuda.synchronize()
-                else:
-                    run()
-            finally:
-                hook.remove()
-        prof.export_chrome_trace(str(trace))
-        measured = torch_trace.read(trace, freq_mhz=freq_mhz)
-    meta = {**measured.meta, "format": "opdvfs capture", "sources": ["opdvfs capture"]}
-    samples = None
-    if sampler is not None:
-        samples = _window_power(sampler.samples)
-        meta["sensor"] = {"period_ms": interval_ms, "window_ms": interval_ms}
-    return Profile(measured.ops, samples, meta=meta)
+    with traced(sampler=sampler, cuda=use_cuda, freq_mhz=freq_mhz, interval_ms=interval_ms) as t:
+        run()
+    assert t.profile is not None
+    return t.profile
 
 
 def _window_power(samples: pd.DataFrame) -> pd.DataFrame:

@@ -275,19 +275,23 @@ class SimulatedGpu:
         """Return the kernels run so far, as a profiler trace gives them.
 
         Columns ``iteration``, ``op`` (the launch's position in its iteration, views and
-        allocations counted), ``name``, ``start_us`` (virtual), ``time_us``, ``freq_mhz``.
-        Launches that start no kernel are left out.
+        allocations counted), ``name``, ``type`` and ``stream`` (the launch's, as a trace's
+        operator carries them), ``start_us`` (virtual), ``time_us``, ``freq_mhz``. Launches
+        that start no kernel are left out.
         """
         with self._lock:
             self._flush()
             start, dur, clock, kind, _, iteration, op = self._records()
-            names = [r["name"] for r in self._kind_rows]
+            rows = list(self._kind_rows)
         keep = kind != NO_KERNEL
+        which = kind[keep]
         return pd.DataFrame(
             {
                 "iteration": iteration[keep],
                 "op": op[keep],
-                "name": np.asarray(names, dtype=object)[kind[keep]],
+                "name": np.asarray([r["name"] for r in rows], dtype=object)[which],
+                "type": np.asarray([r["type"] for r in rows], dtype=object)[which],
+                "stream": np.asarray([r["stream"] for r in rows], dtype=object)[which],
                 "start_us": start[keep],
                 "time_us": dur[keep],
                 "freq_mhz": self._clocks_mhz[clock[keep]],

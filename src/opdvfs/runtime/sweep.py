@@ -1,0 +1,539 @@
+"""Profile a running program at several clocks in one run: the clock sweep (#21, needs torch).
+
+Today a user profiles at K clocks by locking each by hand (``nvidia-smi -lgc``, root) and running
+``opdvfs capture --profile`` K times. :func:`sweep_run` does it in one run of the unchanged
+script, between its iterations (each ends at an optimizer step, as
+:class:`~opdvfs.runtime.applier.IterationCounter` counts them):
+
+1. warm-up: the first ``warmup`` iterations at the top clock (the first iteration differs:
+   allocations, optimizer state); the last one's length sizes the rest;
+2. for each clock, highest first: set it through the actuator; an iteration counts only if it
+   *started* a settle time after the request (the device's switch latency: on a simulated GPU
+   exact, in its virtual time, so a 2 ms iteration under a 15 ms switch discards eight; on a
+   real GPU the latency plus a margin, and at least the first iteration after a switch), and if
+   the die's temperature changed by at most ``max_temp_delta_c`` across it (Zeus's
+   ``zeus.profile`` steadiness idea, where the device reads a temperature);
+   ``iterations_per_clock`` counted iterations, then the next clock;
+3. the clock is restored (once) as soon as the last clock is done, and the training goes on at
+   the driver's clock. A :class:`~opdvfs.runtime.actuators.ClockGuard` restores it on every
+   other path: an exception, SIGINT/SIGTERM, interpreter exit, a script that ends mid-sweep.
+
+The result is one :class:`~opdvfs.profile.Profile` with every operator at every clock: per-op
+times from the device's per-kernel records (a simulated GPU's :meth:`SimulatedGpu.kernels`; on a
+real GPU the torch.profiler CUDA kernels, imported as ``opdvfs capture --profile`` imports them,
+:func:`~opdvfs.runtime.profiling.traced`), the clock column from what was set, and the device's
+power samples with each operator's start on their clock (``wall_s``), from which the power
+models attribute per-op power (:func:`opdvfs.models.attribution.power_rows`).
+
+A sweep that did not finish (the script stopped iterating first) gives no profile: the result
+names the clocks done and missing and the iterations the script must run
+(:attr:`SweepResult.needed_iterations`); the CLI writes nothing and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from opdvfs.exceptions import CaptureError, ValidationError
+from opdvfs.models.attribution import MIN_WINDOWS, sensor_iterations
+from opdvfs.profile import Profile
+from opdvfs.runtime.actuators import Actuator, ClockGuard, SimGpuActuator
+from opdvfs.runtime.applier import IterationCounter
+
+__all__ = [
+    "REAL_SETTLE_S",
+    "ClockSweep",
+    "SweepIteration",
+    "SweepResult",
+    "sweep_run",
+]
+
+#: Settle time after a clock request on a real GPU (s): NVML's locked-clock change lands within
+#: ~10-100 ms (a100-like preset: 15 ms); one more iteration is discarded on top of it.
+REAL_SETTLE_S = 0.1
+#: Counted iterations per clock when the device has no power sensor to size them by.
+DEFAULT_PER_CLOCK = 5
+#: Sensor windows per clock the default iteration count aims for: the attribution's minimum
+#: (:data:`~opdvfs.models.attribution.MIN_WINDOWS`) plus two, as a window is counted only if it
+#: lies wholly inside the clock's counted iterations.
+SWEEP_WINDOWS = MIN_WINDOWS + 2
+
+Phase = Literal["warmup", "settle", "unsteady", "counted", "after"]
+
+
+@dataclass(frozen=True)
+class SweepIteration:
+    """One iteration of the swept run.
+
+    Attributes
+    ----------
+    iteration
+        Its index (optimizer steps counted from 0).
+    start_s, end_s
+        When it started and ended on the device's clock (s): a simulated GPU's virtual time,
+        else ``time.time()`` after the device finished its work.
+    freq_mhz
+        The clock set while it ran (MHz).
+    phase
+        ``warmup``, ``settle`` (a switch had not landed when it started), ``unsteady`` (the
+        temperature moved more than allowed), ``counted`` or ``after`` (the sweep was over).
+    temp_delta_c
+        Its temperature change (deg C), where the device reads one.
+    """
+
+    iteration: int
+    start_s: float
+    end_s: float
+    freq_mhz: float
+    phase: Phase
+    temp_delta_c: float | None = None
+
+
+class ClockSweep(IterationCounter):
+    """Set each clock in turn between a running program's iterations (see the module).
+
+    Parameters
+    ----------
+    actuator
+        Sets the clocks (entered and guarded by the caller).
+    freqs_mhz
+        Clocks to profile (MHz), each supported by the actuator; swept highest first.
+    warmup
+        Iterations at the top clock before the sweep (>= 1).
+    iterations_per_clock
+        Counted iterations per clock; None: enough for ``sensor_s`` (``(period_s, window_s)``)
+        to give :data:`SWEEP_WINDOWS` complete windows at the top clock's iteration length
+        (measured in the warm-up), or :data:`DEFAULT_PER_CLOCK` without a sensor.
+    settle_s
+        Time from a clock request until an iteration may start and count (s).
+    now_s
+        The device's clock (s), read at each iteration end.
+    temp_c
+        The die temperature now (deg C), or None: no steadiness check.
+    max_temp_delta_c
+        Largest temperature change across a counted iteration (deg C). After
+        ``2 * iterations_per_clock`` unsteady iterations at one clock, iterations count anyway
+        (warned once), so a slowly warming device cannot stall the sweep.
+    on_done
+        Called once when the last clock is done (restore the clock: the guard's restore).
+    """
+
+    def __init__(
+        self,
+        actuator: Actuator,
+        freqs_mhz: Sequence[float],
+        *,
+        warmup: int = 2,
+        iterations_per_clock: int | None = None,
+        settle_s: float = REAL_SETTLE_S,
+        now_s: Callable[[], float] = time.time,
+        temp_c: Callable[[], float] | None = None,
+        max_temp_delta_c: float = 1.0,
+        sensor_s: tuple[float, float] | None = None,
+        on_done: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(optimizer_steps=True)
+        if warmup < 1:
+            raise ValidationError(f"warmup {warmup}: expected at least 1", field="warmup")
+        if iterations_per_clock is not None and iterations_per_clock < 1:
+            raise ValidationError(
+                f"iterations per clock {iterations_per_clock}: expected at least 1",
+                field="iterations_per_clock",
+            )
+        clocks = sorted({actuator.check_freq_mhz(float(f)) for f in freqs_mhz}, reverse=True)
+        if not clocks:
+            raise ValidationError("no clock to profile", field="freqs_mhz")
+        self.actuator = actuator
+        self.freqs_mhz = tuple(clocks)
+        self.top_mhz = float(max(actuator.supported_freqs_mhz()))
+        self.warmup = warmup
+        self.per_clock = iterations_per_clock
+        self.settle_s = settle_s
+        self.sensor_s = sensor_s
+        self._now, self._temp = now_s, temp_c
+        self.max_temp_delta_c = max_temp_delta_c
+        self._on_done = on_done
+        self.records: list[SweepIteration] = []
+        #: Length of the last warm-up iteration (s): the top clock's iteration.
+        self.iteration_s: float | None = None
+        self.done = False
+        self._clock = -1  # index into freqs_mhz; -1: warm-up
+        self._set_mhz = self.top_mhz
+        self._settled_at = -math.inf
+        self._counted = 0
+        self._unsteady = 0
+        self._warned = False
+        self._last_end = 0.0
+        self._last_temp: float | None = None
+
+    def __enter__(self) -> Any:
+        """Lock the top clock for the warm-up and start counting iterations."""
+        self.actuator.set_freq_mhz(self.top_mhz)
+        self._last_end = self._now()
+        self._last_temp = self._temp() if self._temp is not None else None
+        return super().__enter__()
+
+    # ------------------------------------------------------------------------- the sweep
+    def _begin_clock(self, index: int, now: float) -> None:
+        self._clock, self._counted, self._unsteady = index, 0, 0
+        freq = self.freqs_mhz[index]
+        if freq != self._set_mhz:
+            self.actuator.at(self.iteration + 1, 0)
+            self.actuator.set_freq_mhz(freq)
+            self._set_mhz = freq
+            self._settled_at = now + self.settle_s
+        # the same clock as the warm-up's (the top): nothing to wait for
+
+    def _finish(self) -> None:
+        self.done = True
+        self._set_mhz = self.top_mhz  # restored: the driver's clock (the top, under load)
+        self.actuator.at(self.iteration + 1, 0)
+        if self._on_done is not None:
+            self._on_done()
+
+    def end_iteration(self, n_ops: int) -> None:
+        """Record the iteration that ended; count it, and move the sweep on."""
+        now = self._now()
+        start, self._last_end = self._last_end, now
+        delta = None
+        if self._temp is not None:
+            temp = self._temp()
+            if self._last_temp is not None:
+                delta = temp - self._last_temp
+            self._last_temp = temp
+        phase: Phase
+        if self.done:
+            phase = "after"
+        elif self._clock < 0:
+            phase = "warmup"
+            if self.iteration + 1 >= self.warmup:
+                self.iteration_s = now - start
+                if self.per_clock is None:
+                    self.per_clock = self._default_per_clock(self.iteration_s)
+                self._begin_clock(0, now)
+        elif start < self._settled_at:
+            phase = "settle"
+        elif (
+            delta is not None
+            and abs(delta) > self.max_temp_delta_c
+            and self._unsteady < 2 * (self.per_clock or 1)
+        ):
+            phase = "unsteady"
+            self._unsteady += 1
+        else:
+            if self._unsteady >= 2 * (self.per_clock or 1) and not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"opdvfs: the temperature still moved more than {self.max_temp_delta_c:g} "
+                    f"deg C per iteration at {self.freqs_mhz[self._clock]:g} MHz; counting "
+                    "its iterations anyway",
+                    stacklevel=2,
+                )
+            phase = "counted"
+            self._counted += 1
+        self.records.append(SweepIteration(self.iteration, start, now, self._set_mhz, phase, delta))
+        if phase == "counted" and self._counted >= (self.per_clock or 1):
+            if self._clock + 1 < len(self.freqs_mhz):
+                self._begin_clock(self._clock + 1, now)
+            else:
+                self._finish()
+
+    def _default_per_clock(self, iteration_s: float) -> int:
+        if self.sensor_s is None or not iteration_s > 0:
+            return DEFAULT_PER_CLOCK
+        period_s, window_s = self.sensor_s
+        return sensor_iterations(
+            iteration_s, period_ms=period_s * 1e3, window_ms=window_s * 1e3, windows=SWEEP_WINDOWS
+        )
+
+    # ------------------------------------------------------------------------- outcome
+    def clocks_done(self) -> tuple[float, ...]:
+        """Return the clocks whose counted iterations are all in (MHz, in sweep order)."""
+        if self.done:
+            return self.freqs_mhz
+        return self.freqs_mhz[: max(self._clock, 0)]
+
+    def needed_iterations(self) -> int:
+        """Return the iterations the program must run for the whole sweep (from the warm-up).
+
+        Warm-up, then per clock its counted iterations plus those a switch discards: about
+        ``ceil(settle_s / iteration_s)`` at the top clock's pace (lower clocks are slower, so
+        fewer), at least one. Before the warm-up ended, the last iteration's length stands in.
+        """
+        iteration_s = self.iteration_s
+        if iteration_s is None and self.records:
+            iteration_s = self.records[-1].end_s - self.records[-1].start_s
+        per_clock = self.per_clock
+        if per_clock is None:
+            per_clock = self._default_per_clock(iteration_s or 0.0)
+        discard = 1
+        if iteration_s and iteration_s > 0:
+            discard = max(1, math.ceil(self.settle_s / iteration_s))
+        switches = sum(1 for f in self.freqs_mhz if f != self.top_mhz)
+        return self.warmup + len(self.freqs_mhz) * per_clock + switches * discard
+
+
+@dataclass
+class SweepResult:
+    """What a sweep measured.
+
+    Attributes
+    ----------
+    profile
+        Every operator at every swept clock, with power samples; None if the sweep did not
+        finish.
+    records
+        Every iteration of the run (:class:`SweepIteration`).
+    freqs_mhz
+        The clocks asked for, in sweep order.
+    clocks_done
+        Those whose iterations were all measured.
+    needed_iterations
+        What the program must run for the whole sweep (:meth:`ClockSweep.needed_iterations`).
+    iterations_per_clock
+        Counted iterations per clock.
+    warmup
+        Iterations at the top clock before the sweep.
+    """
+
+    profile: Profile | None
+    records: list[SweepIteration]
+    freqs_mhz: tuple[float, ...]
+    clocks_done: tuple[float, ...]
+    needed_iterations: int
+    iterations_per_clock: int
+    warmup: int
+
+    @property
+    def complete(self) -> bool:
+        """Whether every clock was measured."""
+        return len(self.clocks_done) == len(self.freqs_mhz)
+
+    @property
+    def missing_mhz(self) -> tuple[float, ...]:
+        """The clocks not (wholly) measured."""
+        return tuple(f for f in self.freqs_mhz if f not in self.clocks_done)
+
+    def incomplete_message(self) -> str:
+        """One line: the iterations the run had, the clocks missing, the iterations needed."""
+        done = ", ".join(f"{f:g}" for f in self.clocks_done) or "none"
+        missing = ", ".join(f"{f:g}" for f in self.missing_mhz)
+        return (
+            f"the script ended after {len(self.records)} iterations, before the clock sweep "
+            f"was done (clocks done: {done}; missing: {missing} MHz): it needs at least "
+            f"{self.needed_iterations} iterations ({self.warmup} warm-up, "
+            f"{self.iterations_per_clock} per clock and those a switch discards); run it "
+            "longer or lower --iterations-per-clock (nothing was written)"
+        )
+
+
+def _counted_clocks(records: Sequence[SweepIteration]) -> dict[int, float]:
+    return {r.iteration: r.freq_mhz for r in records if r.phase == "counted"}
+
+
+def _sim_profile(act: SimGpuActuator, sweep: ClockSweep) -> Profile:
+    """Build the sweep's profile from a simulated GPU's kernel records and power samples."""
+    gpu = act.gpu
+    counted = _counted_clocks(sweep.records)
+    kernels = gpu.kernels()
+    rows = kernels[kernels["iteration"].isin(list(counted))].copy()
+    set_mhz = rows["iteration"].map(counted).to_numpy(dtype=float)
+    ran_at = rows["freq_mhz"].to_numpy(dtype=float)
+    if not np.array_equal(set_mhz, ran_at):  # the settle time is the device's own latency
+        bad = int(rows["iteration"].to_numpy()[np.flatnonzero(set_mhz != ran_at)[0]])
+        raise CaptureError(
+            f"iteration {bad} was counted at {counted[bad]:g} MHz but ran at another clock"
+        )
+    first = rows.groupby("iteration")["start_us"].transform("min")
+    ops = pd.DataFrame(
+        {
+            "iteration": rows["iteration"].to_numpy(),
+            "op": rows["op"].to_numpy(),
+            "name": rows["name"].to_numpy(),
+            "type": rows["type"].to_numpy(),
+            "stream": rows["stream"].to_numpy(),
+            "freq_mhz": set_mhz,
+            "time_us": rows["time_us"].to_numpy(),
+            "start_us": (rows["start_us"] - first).to_numpy(),
+            "wall_s": rows["start_us"].to_numpy() * 1e-6,  # the samples' (virtual) clock
+        }
+    )
+    period_s, window_s = gpu.sensor_s
+    meta = {
+        "format": "opdvfs capture",
+        "sources": ["opdvfs capture --freqs"],
+        "device": gpu.name,
+        "simulated": True,
+        "work_scale": gpu.work_scale,
+        "sensor": {"period_ms": period_s * 1e3, "window_ms": window_s * 1e3},
+    }
+    return Profile(ops, gpu.power_samples(), meta=meta)
+
+
+def _traced_profile(measured: Profile, sweep: ClockSweep) -> Profile:
+    """Build the sweep's profile from a trace: a row's clock is its counted iteration's.
+
+    Rows are placed by their start (``wall_s``, the trace's ``time.time()`` clock) within the
+    counted iterations' spans; the sweep synchronised the device at each iteration end, so
+    those spans hold exactly their iteration's kernels. Rows in no counted iteration go.
+    """
+    ops = measured.ops
+    if "wall_s" not in ops:
+        raise CaptureError("the trace has no wall-clock times (baseTimeNanoseconds)")
+    counted = [r for r in sweep.records if r.phase == "counted"]
+    starts = np.array([r.start_s for r in counted])
+    ends = np.array([r.end_s for r in counted])
+    wall = ops["wall_s"].to_numpy(dtype=float)
+    pos = np.searchsorted(starts, wall, side="right") - 1
+    inside = (pos >= 0) & (wall <= ends[np.clip(pos, 0, None)])
+    rows = ops[inside].copy()
+    which = pos[inside]
+    rows["iteration"] = np.array([r.iteration for r in counted])[which]
+    rows["freq_mhz"] = np.array([r.freq_mhz for r in counted])[which]
+    rows["op"] = rows.groupby("iteration").cumcount()
+    meta = measured.meta
+    meta["sources"] = ["opdvfs capture --freqs"]
+    return Profile(rows, measured.samples, meta=meta)
+
+
+def sweep_run(
+    run: Callable[[], object],
+    actuator: Actuator,
+    freqs_mhz: Sequence[float],
+    *,
+    warmup: int = 2,
+    iterations_per_clock: int | None = None,
+    settle_s: float | None = None,
+    max_temp_delta_c: float = 1.0,
+    cuda: bool | None = None,
+    interval_ms: float = 20.0,
+) -> SweepResult:
+    """Run ``run()`` once, profiling it at each of ``freqs_mhz`` between its iterations.
+
+    Parameters
+    ----------
+    run
+        Runs the program (its optimizer steps end the iterations).
+    actuator
+        A :class:`~opdvfs.runtime.actuators.SimGpuActuator` (the program runs on the simulated
+        GPU; times and power are its own), or a real device's (NVML, zeusd: the program is
+        traced with torch.profiler and NVML), or a dry run (the CPU's own op times, no power:
+        for testing the sweep's logic). Entered here, and closed at the end.
+    freqs_mhz
+        Clocks to profile (MHz).
+    warmup, iterations_per_clock, max_temp_delta_c
+        As :class:`ClockSweep`.
+    settle_s
+        Time from a clock request until an iteration may count (s); default the simulated
+        GPU's switch latency, else :data:`REAL_SETTLE_S`.
+    cuda, interval_ms
+        The trace's (:func:`~opdvfs.runtime.profiling.traced`), for actuators other than a
+        simulated GPU.
+
+    Returns
+    -------
+    SweepResult
+        With a profile if every clock was measured.
+
+    Raises
+    ------
+    Exception
+        Whatever the program raised (the clock restored first).
+    """
+    sim = actuator if isinstance(actuator, SimGpuActuator) else None
+    guard = ClockGuard(actuator)
+    sweep_kw: dict[str, Any] = {
+        "warmup": warmup,
+        "iterations_per_clock": iterations_per_clock,
+        "max_temp_delta_c": max_temp_delta_c,
+        "on_done": guard.restore,
+    }
+    measured: Profile | None = None
+    if sim is not None:
+        gpu = sim.gpu
+        sweep = ClockSweep(
+            actuator,
+            freqs_mhz,
+            settle_s=gpu.switch_latency_s if settle_s is None else settle_s,
+            now_s=gpu.now_s,
+            temp_c=gpu.temperature_c,
+            sensor_s=gpu.sensor_s,
+            **sweep_kw,
+        )
+        with actuator, guard, sweep:
+            run()
+    else:
+        import torch
+
+        from opdvfs.runtime.profiling import traced
+
+        use_cuda = torch.cuda.is_available() if cuda is None else cuda
+        sampler: Any = None
+        if use_cuda:
+            from opdvfs.runtime.sampler import NvmlSampler
+
+            sampler = NvmlSampler(interval_ms=interval_ms)
+
+        def device_now() -> float:
+            if use_cuda:  # the iteration's kernels are done: the next clock meets none of them
+                torch.cuda.synchronize()
+            return time.time()
+
+        sweep = ClockSweep(
+            actuator,
+            freqs_mhz,
+            settle_s=REAL_SETTLE_S if settle_s is None else settle_s,
+            now_s=device_now,
+            sensor_s=(interval_ms / 1e3, interval_ms / 1e3) if sampler is not None else None,
+            **sweep_kw,
+        )
+        with (
+            actuator,
+            guard,
+            traced(
+                sampler=sampler, cuda=use_cuda, freq_mhz=sweep.top_mhz, interval_ms=interval_ms
+            ) as trace,
+            sweep,
+        ):
+            run()
+        measured = trace.profile
+    profile = None
+    if sweep.done:
+        if sim is not None:
+            profile = _sim_profile(sim, sweep)
+        else:
+            assert measured is not None
+            profile = _traced_profile(measured, sweep)
+        profile = _with_sweep_meta(profile, sweep, actuator)
+    return SweepResult(
+        profile,
+        list(sweep.records),
+        sweep.freqs_mhz,
+        sweep.clocks_done(),
+        sweep.needed_iterations(),
+        sweep.per_clock or sweep._default_per_clock(sweep.iteration_s or 0.0),
+        sweep.warmup,
+    )
+
+
+def _with_sweep_meta(profile: Profile, sweep: ClockSweep, actuator: Actuator) -> Profile:
+    phases = pd.Series([r.phase for r in sweep.records]).value_counts()
+    meta = profile.meta
+    meta["sweep"] = {
+        "actuator": getattr(actuator, "kind", type(actuator).__name__),
+        "freqs_mhz": list(sweep.freqs_mhz),
+        "warmup": sweep.warmup,
+        "iterations_per_clock": sweep.per_clock,
+        "settle_s": sweep.settle_s,
+        "max_temp_delta_c": sweep.max_temp_delta_c,
+        "iterations": {str(k): int(v) for k, v in phases.items()},
+    }
+    return Profile(profile.ops, profile.samples, meta=meta)

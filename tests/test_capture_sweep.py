@@ -1,0 +1,359 @@
+"""`opdvfs capture --profile P --freqs LIST`: every clock profiled in one run (#21)."""
+
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("torch")
+
+from typer.testing import CliRunner
+
+from opdvfs import Schedule
+from opdvfs.cli import app
+from opdvfs.models.attribution import power_rows
+from opdvfs.profile import Profile
+from opdvfs.runtime.actuators import DryRunActuator, NvmlActuator
+from opdvfs.runtime.sweep import ClockSweep, sweep_run
+from opdvfs.sim import SimulatedDevice
+from opdvfs.workloads.workload import Workload
+
+from conftest import read_log
+
+#: The tiny GPT training script; `train.py STEPS [STOP_AT [raise|term]]` stops at STOP_AT.
+TRAIN = textwrap.dedent("""
+    import os
+    import signal
+    import sys
+    import torch
+    sys.path.insert(0, {tests!r})
+    from tiny_gpt import TinyGPT
+    steps = int(sys.argv[1])
+    stop_at = int(sys.argv[2]) if len(sys.argv) > 2 else -1
+    how = sys.argv[3] if len(sys.argv) > 3 else "raise"
+    torch.manual_seed(0)
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randint(0, 64, (steps, 2, 17))
+    for i in range(steps):
+        if i == stop_at:
+            if how == "term":
+                os.kill(os.getpid(), signal.SIGTERM)
+            raise RuntimeError(f"boom at step {{i}}")
+        logits = model(data[i, :, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), data[i, :, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+""")
+#: The tiny GPT's iteration is ~2 ms on sim:a100-like, under its 100 ms power sensor; at this
+#: scale of its work it is ~160 ms, so a clock's few iterations span the sensor's windows.
+WORK_SCALE = "1e5"
+STEPS = 30
+TOP, MID, MIN = 1410.0, 810.0, 210.0  # a100-like: min, mid (nearest the middle), max
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("sweep") / "train.py"
+    path.write_text(TRAIN.format(tests=str(Path(__file__).parent)))
+    return path
+
+
+def _sweep_argv(out: Path, script: Path, *args: str, extra: tuple[str, ...] = ()) -> list[str]:
+    return [
+        "capture",
+        "--out",
+        str(out / "w.json"),
+        "--profile",
+        str(out / "p.parquet"),
+        "--freqs",
+        "min,mid,max",
+        "--actuator",
+        "sim:a100-like",
+        "--work-scale",
+        WORK_SCALE,
+        "--log",
+        str(out / "calls.jsonl"),
+        *extra,
+        "--",
+        "python",
+        str(script),
+        *args,
+    ]
+
+
+@pytest.fixture(scope="module")
+def swept(script, tmp_path_factory):
+    """The tiny GPT swept over min, mid and max of sim:a100-like in one CLI run."""
+    out = tmp_path_factory.mktemp("swept")
+    res = CliRunner().invoke(app, _sweep_argv(out, script, str(STEPS)))
+    assert res.exit_code == 0, res.output
+    return out, res
+
+
+def test_one_run_profiles_every_op_at_every_clock(swept):
+    out, res = swept
+    profile = Profile.read(out / "p.parquet")
+    assert list(profile.freqs_mhz) == [MIN, MID, TOP]
+    op_ids, _, time_us = profile.time_matrix_us()
+    assert not np.isnan(time_us).any()  # every op at every clock
+    per_clock = profile.meta["sweep"]["iterations_per_clock"]
+    counts = profile.ops.groupby("freq_mhz")["iteration"].nunique()
+    assert (counts == per_clock).all() and per_clock >= 2
+    rows = profile.ops.groupby(["freq_mhz", "iteration"]).size()
+    assert (rows == len(op_ids)).all()
+    # each clock's iterations are its own: none measured at two clocks
+    assert profile.ops.groupby("iteration")["freq_mhz"].nunique().max() == 1
+    assert f"wrote {out / 'p.parquet'}: {len(op_ids)} operators" in res.stdout
+    assert "swept 3 clocks on sim:a100-like in one run" in res.stdout
+    # the workload is written as by a plain capture
+    assert (out / "w.json").is_file()
+
+
+def test_the_clock_log_sets_each_clock_once_and_ends_with_one_restore(swept):
+    out, _ = swept
+    calls = read_log(out / "calls.jsonl")
+    assert [(c["kind"], c.get("freq_mhz")) for c in calls] == [
+        ("run", None),
+        ("set", TOP),
+        ("set", MID),
+        ("set", MIN),
+        ("restore", None),
+    ]
+
+
+def test_matmul_times_follow_the_clock_as_the_twin_says(swept):
+    out, _ = swept
+    profile = Profile.read(out / "p.parquet")
+    ops = profile.ops
+    work = json.loads((out / "w.json").read_text())["ops"]
+    workload = pd.DataFrame(work)
+    mm = ops[ops["type"] == "mm"]
+    assert mm["op"].nunique() >= 8
+    median = mm.groupby(["op", "freq_mhz"])["time_us"].median().unstack()
+    # the twin on the same operators (the capture's rows at the launch positions, scaled)
+    rows = workload.loc[median.index.to_numpy()].copy()
+    for col in ("flops", "bytes_loaded", "bytes_stored"):
+        rows[col] = rows[col].astype(float) * float(WORK_SCALE)
+    twin = SimulatedDevice.from_preset("a100-like")
+    w = Workload(rows.reset_index(drop=True), name="mm")
+    twin_us = {f: twin.run(w, freq_mhz=f)[1].dur_us for f in (MIN, MID, TOP)}
+    for f in (MIN, MID):
+        assert (median[f] >= median[TOP]).all()
+        ratio = median[f].to_numpy() / median[TOP].to_numpy()
+        assert ratio == pytest.approx(twin_us[f] / twin_us[TOP], rel=0.03)
+    assert (median[MIN] / median[TOP]).min() > 2.0  # clearly clock-bound at 210 MHz
+
+
+def test_power_attributed_from_the_samples_is_lower_at_lower_clocks(swept):
+    out, _ = swept
+    profile = Profile.read(out / "p.parquet")
+    assert profile.meta["sensor"] == {"period_ms": 100.0, "window_ms": 100.0}
+    rows = power_rows(profile)  # the window attribution of the sensor's samples
+    iteration_j = (
+        (rows["time_us"] * 1e-6 * rows["chip_power_w"])
+        .groupby([rows["freq_mhz"], rows["iteration"]])
+        .sum()
+    )
+    iteration_s = (rows["time_us"] * 1e-6).groupby([rows["freq_mhz"], rows["iteration"]]).sum()
+    power_w = (iteration_j / iteration_s).groupby(level=0).mean()
+    assert power_w[MIN] < power_w[MID] < power_w[TOP]
+    # the attributed power accounts for what the sensor measured over each clock's iterations
+    samples = profile.samples
+    assert samples is not None
+    for f in (MIN, MID, TOP):
+        mine = profile.ops[profile.ops["freq_mhz"] == f]
+        lo = mine["wall_s"].min() + 0.1
+        hi = (mine["wall_s"] + mine["time_us"] * 1e-6).max()
+        inside = samples[(samples["t_s"] >= lo) & (samples["t_s"] <= hi)]
+        assert len(inside) >= 10
+        assert power_w[f] == pytest.approx(inside["power_w"].mean(), rel=0.03)
+
+
+def test_fit_and_plan_accept_the_swept_profile(swept):
+    out, _ = swept
+    runner = CliRunner()
+    res = runner.invoke(app, ["fit", str(out / "p.parquet"), "--out", str(out / "m.json")])
+    assert res.exit_code == 0, res.output
+    schedule = out / "s.json"
+    res = runner.invoke(
+        app,
+        [
+            "plan",
+            str(out / "m.json"),
+            "--target",
+            "0.05",
+            "--interval-ms",
+            "20",
+            "--switch-latency-ms",
+            "15",
+            "--out",
+            str(schedule),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    plan = Schedule.read(schedule)
+    assert plan.n_ops == Profile.read(out / "p.parquet").n_ops
+    assert min(s.freq_mhz for s in plan.stages) < TOP  # lower clocks are worth using
+
+
+def test_too_few_iterations_exit_2_naming_how_many_and_write_nothing(script, swept, tmp_path):
+    res = CliRunner().invoke(app, _sweep_argv(tmp_path, script, "14"))
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.output
+    # exactly what the full run used: warm-up, the iterations each switch discarded, the counted
+    used = json.loads(json.dumps(Profile.read(swept[0] / "p.parquet").meta["sweep"]))
+    needed = sum(v for k, v in used["iterations"].items() if k != "after")
+    assert f"needs at least {needed} iterations" in lines[0]
+    assert "clocks done: 1410; missing: 810, 210 MHz" in lines[0]
+    assert not (tmp_path / "p.parquet").exists() and not (tmp_path / "w.json").exists()
+    kinds = [c["kind"] for c in read_log(tmp_path / "calls.jsonl")]
+    assert kinds[-1] == "restore" and kinds.count("restore") == 1
+
+
+@pytest.mark.parametrize(("how", "status"), [("raise", None), ("term", 128 + 15)])
+def test_a_script_stopping_mid_sweep_restores_the_clock_once_and_writes_nothing(
+    script, tmp_path, how, status
+):
+    res = CliRunner().invoke(app, _sweep_argv(tmp_path, script, str(STEPS), "13", how))
+    if status is None:
+        assert isinstance(res.exception, RuntimeError) and "boom at step 13" in str(res.exception)
+    else:  # SIGTERM: the guard restores, then the process would end with 128 + 15
+        assert res.exit_code == status
+    calls = read_log(tmp_path / "calls.jsonl")
+    # the mid clock was set (iteration 10) before the script stopped: the restore follows it
+    assert [(c["kind"], c.get("freq_mhz")) for c in calls][1:] == [
+        ("set", TOP),
+        ("set", MID),
+        ("restore", None),
+    ]
+    assert not (tmp_path / "p.parquet").exists() and not (tmp_path / "w.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (("--freqs", "min,bogus"), "bogus"),
+        (("--freqs", "333"), "333 MHz is not a supported clock"),
+        (("--iteration-at", "tiny_gpt:TinyGPT.forward"), "--iteration-at"),
+        (("--actuator", "twin"), "--actuator twin"),
+        (("--actuator", "dry-run"), "preset"),
+    ],
+)
+def test_bad_sweep_options_are_one_line(script, tmp_path, extra, needle):
+    res = CliRunner().invoke(app, _sweep_argv(tmp_path, script, "3", extra=extra))
+    assert res.exit_code == 2, res.output
+    assert needle in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "calls.jsonl").exists()
+
+
+def test_freqs_without_profile_is_one_line(script, tmp_path):
+    argv = ["capture", "--out", str(tmp_path / "w.json"), "--freqs", "min,max"]
+    res = CliRunner().invoke(app, [*argv, "--", "python", str(script), "3"])
+    assert res.exit_code == 2 and "--profile" in res.stderr
+
+
+# ---------------------------------------------------------------------------- the sweep's logic
+def _drive(sweep: ClockSweep, clock: list[float], lengths_s) -> None:
+    """End iterations of the given lengths on a fake device clock."""
+    with sweep:
+        for length in lengths_s:
+            clock[0] += length
+            sweep.mark_iteration()
+
+
+def test_a_switch_longer_than_an_iteration_discards_by_time_not_count():
+    act = DryRunActuator([510.0, 1410.0])
+    clock = [0.0]
+    sweep = ClockSweep(
+        act,
+        [510.0, 1410.0],
+        warmup=2,
+        iterations_per_clock=3,
+        settle_s=0.015,
+        now_s=lambda: clock[0],
+        on_done=act.reset,  # sweep_run passes the clock guard's restore
+    )
+    _drive(sweep, clock, [0.002] * 40)
+    phases = [r.phase for r in sweep.records]
+    # 2 warm-up, 3 at the top (no switch), 8 discarded (8 x 2 ms >= 15 ms), 3 at 510 MHz
+    assert phases[:16] == ["warmup"] * 2 + ["counted"] * 3 + ["settle"] * 8 + ["counted"] * 3
+    assert set(phases[16:]) == {"after"} and sweep.done
+    assert sweep.needed_iterations() == 16
+    assert [c["kind"] for c in act.calls] == ["set", "set", "restore"]
+    counted_at_510 = [r for r in sweep.records if r.phase == "counted" and r.freq_mhz == 510.0]
+    assert min(r.start_s for r in counted_at_510) >= 5 * 0.002 + 0.015 - 1e-12
+
+
+def test_an_iteration_counts_only_once_the_temperature_is_steady():
+    act = DryRunActuator([510.0, 1410.0])
+    clock, temps = [0.0], iter([50.0, 53.0, 55.0, 56.5, 57.0, 57.2, 57.3, 57.4, 57.4, 57.5])
+    sweep = ClockSweep(
+        act,
+        [1410.0],
+        warmup=1,
+        iterations_per_clock=3,
+        settle_s=0.0,
+        now_s=lambda: clock[0],
+        temp_c=lambda: next(temps),
+        max_temp_delta_c=1.0,
+    )
+    _drive(sweep, clock, [0.1] * 6)
+    # deltas 3 (the warm-up), 2 and 1.5 (unsteady), 0.5, 0.2, 0.1 (counted)
+    assert [r.phase for r in sweep.records] == [
+        "warmup",
+        "unsteady",
+        "unsteady",
+        "counted",
+        "counted",
+        "counted",
+    ]
+    assert sweep.done
+
+
+def test_the_default_count_spans_the_sensor_windows():
+    act = DryRunActuator([510.0, 1410.0])
+    clock = [0.0]
+    sweep = ClockSweep(
+        act,
+        [510.0, 1410.0],
+        warmup=1,
+        settle_s=0.0,
+        now_s=lambda: clock[0],
+        sensor_s=(0.1, 0.1),
+    )
+    _drive(sweep, clock, [0.05])
+    # 12 complete 100 ms windows read every 100 ms take 1.2 s: 24 iterations of 50 ms
+    assert sweep.per_clock == 24
+
+
+def test_the_nvml_path_traces_the_script_and_locks_each_clock_through_nvml(fake_nvml, script):
+    import runpy
+    import sys
+
+    argv = sys.argv
+    sys.argv = [str(script), "12"]
+    try:
+        result = sweep_run(
+            lambda: runpy.run_path(str(script)),
+            NvmlActuator(),
+            [1005.0, 1410.0],
+            iterations_per_clock=3,
+            settle_s=0.0,
+            cuda=False,  # the CPU's op times from the trace: the sweep's own logic
+        )
+    finally:
+        sys.argv = argv
+    profile = result.profile
+    assert profile is not None and list(profile.freqs_mhz) == [1005.0, 1410.0]
+    _, _, time_us = profile.time_matrix_us()
+    assert not np.isnan(time_us).any()
+    assert profile.ops.groupby("freq_mhz")["iteration"].nunique().tolist() == [3, 3]
+    locks = [c.args[1:] for c in fake_nvml.nvmlDeviceSetGpuLockedClocks.call_args_list]
+    assert locks == [(1410, 1410), (1005, 1005)]
+    assert fake_nvml.nvmlDeviceResetGpuLockedClocks.call_count == 1
