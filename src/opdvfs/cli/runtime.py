@@ -346,7 +346,13 @@ def _capture_sweep(
 
     result = sweep_run(run, act, clocks, warmup=warmup, iterations_per_clock=iterations_per_clock)
     if result.profile is None:
-        raise CaptureError(result.incomplete_message())
+        hint = ""
+        if actuator.startswith("sim:") and work_scale is None:
+            hint = (
+                "; on a simulated GPU, --work-scale (e.g. 1e4) makes each iteration longer, "
+                "so fewer span the power sensor's windows"
+            )
+        raise CaptureError(result.incomplete_message() + hint)
     outcome = session.outcome()
     outcome.raise_error()  # no complete iteration: a CaptureError, reported as usual
     _print(outcome.lines)

@@ -11,6 +11,7 @@ interval, the window the power model's attribution uses. Nothing is set on the d
 from __future__ import annotations
 
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,7 +50,12 @@ class Traced:
 
 @contextmanager
 def traced(
-    *, sampler: Any = None, cuda: bool = False, freq_mhz: float | None = None, interval_ms: float
+    *,
+    sampler: Any = None,
+    cuda: bool = False,
+    freq_mhz: float | None = None,
+    interval_ms: float,
+    until: Callable[[], bool] | None = None,
 ) -> Iterator[Traced]:
     """Trace the block with torch.profiler (one ``ProfilerStep`` per optimizer step).
 
@@ -58,7 +64,9 @@ def traced(
     :class:`~opdvfs.runtime.sampler.NvmlSampler`) records beside them; each sample's power then
     becomes the energy counter's mean over its interval (:func:`_window_power`). When the block
     ends normally, the trace is imported (:func:`opdvfs.io.torch_trace.read`, every row at the
-    yielded object's ``freq_mhz``) into its ``profile``.
+    yielded object's ``freq_mhz``) into its ``profile``. ``until``: once it returns True at an
+    optimizer step, the profiler stops recording (the program runs on untraced, its trace no
+    longer growing).
     """
     out = Traced(sampler, freq_mhz)
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -69,10 +77,21 @@ def traced(
         with torch.profiler.profile(
             activities=activities,
             record_shapes=True,
-            # a schedule (always recording) makes step() open the ProfilerStep#N spans
-            schedule=lambda _: torch.profiler.ProfilerAction.RECORD,
+            # a schedule (recording) makes step() open the ProfilerStep#N spans
+            schedule=lambda _: (
+                torch.profiler.ProfilerAction.NONE
+                if until is not None and until()
+                else torch.profiler.ProfilerAction.RECORD
+            ),
         ) as prof:
-            hook = register_optimizer_step_post_hook(lambda *_: prof.step())
+
+            def step(*_: object) -> None:
+                with warnings.catch_warnings():
+                    # RECORD then NONE is how a trace ends early (``until``): its results are kept
+                    warnings.filterwarnings("ignore", "Incorrect schedule", UserWarning)
+                    prof.step()
+
+            hook = register_optimizer_step_post_hook(step)
             try:
                 if sampler is not None:
                     with sampler:

@@ -36,6 +36,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -66,7 +67,7 @@ DEFAULT_PER_CLOCK = 5
 #: lies wholly inside the clock's counted iterations.
 SWEEP_WINDOWS = MIN_WINDOWS + 2
 
-Phase = Literal["warmup", "settle", "unsteady", "counted", "after"]
+Phase = Literal["warmup", "settle", "unsteady", "counted"]
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class SweepIteration:
         The clock set while it ran (MHz).
     phase
         ``warmup``, ``settle`` (a switch had not landed when it started), ``unsteady`` (the
-        temperature moved more than allowed), ``counted`` or ``after`` (the sweep was over).
+        temperature moved more than allowed) or ``counted``.
     temp_delta_c
         Its temperature change (deg C), where the device reads one.
     """
@@ -165,6 +166,8 @@ class ClockSweep(IterationCounter):
         #: Length of the last warm-up iteration (s): the top clock's iteration.
         self.iteration_s: float | None = None
         self.done = False
+        #: Iterations the program ran after the sweep (not recorded).
+        self.iterations_after = 0
         self._clock = -1  # index into freqs_mhz; -1: warm-up
         self._set_mhz = self.top_mhz
         self._settled_at = -math.inf
@@ -201,6 +204,9 @@ class ClockSweep(IterationCounter):
 
     def end_iteration(self, n_ops: int) -> None:
         """Record the iteration that ended; count it, and move the sweep on."""
+        if self.done:  # the program goes on untouched: no device synchronisation, no record
+            self.iterations_after += 1
+            return
         now = self._now()
         start, self._last_end = self._last_end, now
         delta = None
@@ -210,9 +216,7 @@ class ClockSweep(IterationCounter):
                 delta = temp - self._last_temp
             self._last_temp = temp
         phase: Phase
-        if self.done:
-            phase = "after"
-        elif self._clock < 0:
+        if self._clock < 0:
             phase = "warmup"
             if self.iteration + 1 >= self.warmup:
                 self.iteration_s = now - start
@@ -291,7 +295,7 @@ class SweepResult:
         Every operator at every swept clock, with power samples; None if the sweep did not
         finish.
     records
-        Every iteration of the run (:class:`SweepIteration`).
+        Every iteration until the sweep was done (:class:`SweepIteration`).
     freqs_mhz
         The clocks asked for, in sweep order.
     clocks_done
@@ -475,12 +479,25 @@ def sweep_run(
 
         from opdvfs.runtime.profiling import traced
 
+        stack = ExitStack()  # NVML's thermometer, closed with the run
+
         use_cuda = torch.cuda.is_available() if cuda is None else cuda
         sampler: Any = None
+        temp_c = None
         if use_cuda:
+            from opdvfs.runtime.actuators.nvml import NvmlDevice, nvml_errors
             from opdvfs.runtime.sampler import NvmlSampler
 
             sampler = NvmlSampler(interval_ms=interval_ms)
+            thermometer = NvmlDevice(index=0)
+            stack.callback(thermometer.close)
+
+            def temp_c() -> float:
+                nv = thermometer.lib
+                with nvml_errors("read the temperature"):
+                    return float(
+                        nv.nvmlDeviceGetTemperature(thermometer.handle, nv.NVML_TEMPERATURE_GPU)
+                    )
 
         def device_now() -> float:
             if use_cuda:  # the iteration's kernels are done: the next clock meets none of them
@@ -492,14 +509,20 @@ def sweep_run(
             freqs_mhz,
             settle_s=REAL_SETTLE_S if settle_s is None else settle_s,
             now_s=device_now,
+            temp_c=temp_c,
             sensor_s=(interval_ms / 1e3, interval_ms / 1e3) if sampler is not None else None,
             **sweep_kw,
         )
         with (
+            stack,
             actuator,
             guard,
             traced(
-                sampler=sampler, cuda=use_cuda, freq_mhz=sweep.top_mhz, interval_ms=interval_ms
+                sampler=sampler,
+                cuda=use_cuda,
+                freq_mhz=sweep.top_mhz,
+                interval_ms=interval_ms,
+                until=lambda: sweep.done,
             ) as trace,
             sweep,
         ):
