@@ -357,3 +357,19 @@ def test_the_nvml_path_traces_the_script_and_locks_each_clock_through_nvml(fake_
     locks = [c.args[1:] for c in fake_nvml.nvmlDeviceSetGpuLockedClocks.call_args_list]
     assert locks == [(1410, 1410), (1005, 1005)]
     assert fake_nvml.nvmlDeviceResetGpuLockedClocks.call_count == 1
+
+
+def test_a_counter_that_moves_every_100_ms_gives_100_ms_windows_not_zeros():
+    # as read on an H200: reads every 25 ms, the energy counter moving every 100 ms at 400 W
+    from opdvfs.runtime.profiling import _window_power, window_ms
+
+    t = 100.0 + 0.025 * np.arange(41)
+    updates = np.floor((t - 100.0 - 0.01) / 0.1)  # the counter moves at 100.01 + k x 0.1 s
+    smp = pd.DataFrame(
+        {"t_s": t, "power_w": 300.0, "temp_c": 60.0, "freq_mhz": 1980.0, "energy_j": 40 * updates}
+    )
+    got = _window_power(smp)
+    assert len(got) == 9 and got["power_w"].to_numpy() == pytest.approx(400.0)
+    assert window_ms(got, 25.0) == pytest.approx(100.0)
+    # each sample sits half-way between the read before the move and the read that saw it
+    assert got["t_s"].to_numpy() == pytest.approx(100.0125 + 0.1 * np.arange(1, 10))
