@@ -373,3 +373,12 @@ def test_a_counter_that_moves_every_100_ms_gives_100_ms_windows_not_zeros():
     assert window_ms(got, 25.0) == pytest.approx(100.0)
     # each sample sits half-way between the read before the move and the read that saw it
     assert got["t_s"].to_numpy() == pytest.approx(100.0125 + 0.1 * np.arange(1, 10))
+
+
+def test_a_sampled_run_is_labelled_with_the_clock_it_ran_at_not_the_idle_one():
+    # an H200 read 345 MHz idle before a run that then ran at 1980 MHz (capture --profile)
+    from opdvfs.runtime.profiling import run_clock_mhz
+
+    smp = pd.DataFrame({"t_s": [0.0, 0.1, 0.2, 0.3], "freq_mhz": [345.0, 1980.0, 1980.0, 1980.0]})
+    assert run_clock_mhz(smp) == 1980.0
+    assert run_clock_mhz(smp.iloc[:0]) is None

@@ -26,7 +26,7 @@ from opdvfs.exceptions import ValidationError
 from opdvfs.io import torch_trace
 from opdvfs.profile import Profile
 
-__all__ = ["Traced", "profile_run", "traced"]
+__all__ = ["Traced", "profile_run", "run_clock_mhz", "traced", "window_ms"]
 
 
 class Traced:
@@ -102,6 +102,8 @@ def traced(
             finally:
                 hook.remove()
         prof.export_chrome_trace(str(trace))
+        if out.freq_mhz is None and sampler is not None:
+            out.freq_mhz = run_clock_mhz(sampler.samples)
         if out.freq_mhz is None:
             raise ValidationError("the traced run's clock is unknown", field="freq_mhz")
         measured = torch_trace.read(trace, freq_mhz=out.freq_mhz)
@@ -126,8 +128,8 @@ def profile_run(
     Parameters
     ----------
     freq_mhz
-        Core clock the program runs at; default: the SM clock NVML reads at the start (a GPU),
-        required on the CPU.
+        Core clock the program runs at; default on a GPU: the SM clock NVML read while it ran
+        (:func:`run_clock_mhz`), required on the CPU.
     cuda
         Trace CUDA kernels and sample NVML; default: whether CUDA is available.
     """
@@ -137,9 +139,7 @@ def profile_run(
         from opdvfs.runtime.sampler import NvmlSampler
 
         sampler = NvmlSampler(interval_ms=interval_ms)
-        if freq_mhz is None:
-            freq_mhz = sampler.read_freq_mhz()
-    if freq_mhz is None:
+    elif freq_mhz is None:
         raise ValidationError(
             "profiling on the CPU needs the clock: give --freq-mhz", field="freq_mhz"
         )
@@ -175,6 +175,17 @@ def _window_power(samples: pd.DataFrame) -> pd.DataFrame:
     at = (t[moved - 1] + t[moved]) / 2
     power = np.diff(e[moved]) / np.maximum(np.diff(at), 1e-9)
     return samples.iloc[moved[1:]].assign(t_s=at[1:], power_w=power).reset_index(drop=True)
+
+
+def run_clock_mhz(samples: pd.DataFrame) -> float | None:
+    """Return the SM clock a sampled run ran at (MHz): the median of the samples' clocks.
+
+    Not the clock read before the run: an idle GPU sits at its lowest clocks until work
+    arrives (an H200 read 345 MHz before a training run that then ran at 1980 MHz).
+    """
+    clocks = samples["freq_mhz"].to_numpy(dtype=float) if len(samples) else np.empty(0)
+    clocks = clocks[np.isfinite(clocks)]
+    return float(np.median(clocks)) if clocks.size else None
 
 
 def window_ms(samples: pd.DataFrame, default_ms: float) -> float:
