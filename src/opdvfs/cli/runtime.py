@@ -152,7 +152,9 @@ def capture(
     freq_mhz: Annotated[
         float | None,
         typer.Option(
-            "--freq-mhz", min=1.0, help="Core clock the run is at (default: NVML's SM clock in the run)."
+            "--freq-mhz",
+            min=1.0,
+            help="Core clock the run is at (default: NVML's SM clock during the run).",
         ),
     ] = None,
     iteration_at: IterationAtOption = None,
