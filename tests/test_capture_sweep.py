@@ -382,3 +382,43 @@ def test_a_sampled_run_is_labelled_with_the_clock_it_ran_at_not_the_idle_one():
     smp = pd.DataFrame({"t_s": [0.0, 0.1, 0.2, 0.3], "freq_mhz": [345.0, 1980.0, 1980.0, 1980.0]})
     assert run_clock_mhz(smp) == 1980.0
     assert run_clock_mhz(smp.iloc[:0]) is None
+
+
+def test_the_dry_run_sweep_traces_the_cpu_and_records_each_clock(script, tmp_path):
+    # the path a real GPU takes (torch.profiler trace, rows placed by time), on the CPU
+    argv = [
+        "capture",
+        "--out",
+        str(tmp_path / "w.json"),
+        "--profile",
+        str(tmp_path / "p.parquet"),
+        "--freqs",
+        "510,max",
+        "--actuator",
+        "dry-run",
+        "--device",
+        "a100-like",
+        "--iterations-per-clock",
+        "3",
+        "--log",
+        str(tmp_path / "calls.jsonl"),
+        "--",
+        "python",
+        str(script),
+        "60",
+    ]
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 0, res.output
+    profile = Profile.read(tmp_path / "p.parquet")
+    assert list(profile.freqs_mhz) == [510.0, TOP] and profile.samples is None
+    assert profile.ops.groupby("freq_mhz")["iteration"].nunique().tolist() == [3, 3]
+    _, _, time_us = profile.time_matrix_us()
+    assert not np.isnan(time_us).any()
+    calls = [(c["kind"], c.get("freq_mhz")) for c in read_log(tmp_path / "calls.jsonl")]
+    assert calls[1:] == [("set", TOP), ("set", 510.0), ("restore", None)]
+    # 2 warm-up, 3 at the top, those in the 0.1 s after the switch discarded, 3 at 510 MHz
+    phases = profile.meta["sweep"]["iterations"]
+    assert phases["warmup"] == 2 and phases["counted"] == 6 and phases["settle"] >= 1
+    first_at_510 = profile.ops.loc[profile.ops["freq_mhz"] == 510.0, "wall_s"].min()
+    last_at_top = profile.ops.loc[profile.ops["freq_mhz"] == TOP, "wall_s"].max()
+    assert first_at_510 - last_at_top >= 0.1
