@@ -422,3 +422,72 @@ def test_the_dry_run_sweep_traces_the_cpu_and_records_each_clock(script, tmp_pat
     first_at_510 = profile.ops.loc[profile.ops["freq_mhz"] == 510.0, "wall_s"].min()
     last_at_top = profile.ops.loc[profile.ops["freq_mhz"] == TOP, "wall_s"].max()
     assert first_at_510 - last_at_top >= 0.1
+
+
+def _run_on_sim(script: Path, schedule, names, steps: int = 12):
+    """Run the script on sim:a100-like at the sweep's work scale, under ``schedule`` (or none)."""
+    import runpy
+    import sys
+    import warnings
+
+    from opdvfs.runtime.actuators import SimGpuActuator
+    from opdvfs.runtime.dispatch import ScheduleExecutor
+    from opdvfs.runtime.simgpu import SimulatedGpu
+
+    act = SimGpuActuator(SimulatedGpu("a100-like", work_scale=float(WORK_SCALE)))
+    argv, sys.argv = sys.argv, [str(script), str(steps)]
+    executor = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the first iteration differs: AdamW's state
+            with act:
+                if schedule is None:
+                    runpy.run_path(str(script))
+                else:
+                    with ScheduleExecutor(schedule, act, names=names) as executor:
+                        runpy.run_path(str(script))
+    finally:
+        sys.argv = argv
+    return act.per_iteration(skip=2), executor
+
+
+def test_a_plan_on_the_swept_profile_runs_on_the_launches_and_saves_energy(swept, script):
+    from opdvfs.runtime.sweep import on_launches
+
+    out, _ = swept
+    schedule_path = out / "s-profile.json"
+    argv = ["plan", str(out / "p.parquet"), "--target", "0.05", "--interval-ms", "20"]
+    res = CliRunner().invoke(app, [*argv, "--out", str(schedule_path)])
+    assert res.exit_code == 0, res.output
+    plan = Schedule.read(schedule_path)
+    profile = Profile.read(out / "p.parquet")
+    op_ids = profile.time_matrix_us()[0]
+    names = json.loads((out / "w.json").read_text())["ops"]["name"]
+    assert plan.n_ops == len(op_ids) < len(names)  # kernels only; views run no kernel
+    schedule = on_launches(plan, op_ids, len(names))
+    assert schedule.n_ops == len(names) and len(schedule.stages) == len(plan.stages)
+    for planned, mapped in zip(plan.stages[1:], schedule.stages[1:], strict=True):
+        assert mapped.first_op == op_ids[planned.first_op]  # each stage starts at its kernel
+    top, _ = _run_on_sim(script, None, names)
+    run, executor = _run_on_sim(script, schedule, names)
+    assert executor.diverged_iterations == [0]  # only AdamW's first iteration differs
+    assert run["energy_j"] < 0.9 * top["energy_j"]
+    assert run["time_s"] <= (1 + plan.target) * top["time_s"]
+    # planned on the kernels' own numbering, the schedule never matches an iteration
+    _, unmapped = _run_on_sim(script, plan, None, steps=4)
+    assert unmapped.applied_iterations == 0
+
+
+def test_on_launches_maps_stages_and_triggers_and_refuses_a_foreign_profile():
+    from opdvfs.exceptions import ValidationError
+    from opdvfs.runtime.sweep import on_launches
+
+    plan = Schedule.from_stage_freqs([0, 2], [1410.0, 810.0], n_ops=4, target=0.0, solver="manual")
+    mapped = on_launches(plan, [1, 3, 6, 7], 9)  # kernels at launches 1, 3, 6, 7 of 9
+    assert [(s.first_op, s.last_op) for s in mapped.stages] == [(0, 5), (6, 8)]
+    assert [sw.trigger_op for sw in plan.switches] == [0, 2]
+    assert [sw.trigger_op for sw in mapped.switches] == [0, 6]
+    with pytest.raises(ValidationError, match="plans 4 operators"):
+        on_launches(plan, [1, 3, 6], 9)
+    with pytest.raises(ValidationError, match="ascend"):
+        on_launches(plan, [1, 3, 6, 9], 9)
