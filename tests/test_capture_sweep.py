@@ -464,6 +464,7 @@ def test_a_plan_on_the_swept_profile_runs_on_the_launches_and_saves_energy(swept
     op_ids = profile.time_matrix_us()[0]
     names = json.loads((out / "w.json").read_text())["ops"]["name"]
     assert plan.n_ops == len(op_ids) < len(names)  # kernels only; views run no kernel
+    assert profile.meta["sweep"]["launches_per_iteration"] == len(names)
     schedule = on_launches(plan, op_ids, len(names))
     assert schedule.n_ops == len(names) and len(schedule.stages) == len(plan.stages)
     for planned, mapped in zip(plan.stages[1:], schedule.stages[1:], strict=True):

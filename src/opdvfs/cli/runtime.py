@@ -317,6 +317,8 @@ def _capture_sweep(
 ) -> None:
     """``capture --profile P --freqs LIST``: profile every clock in one run (#21)."""
     from opdvfs.cli._app import parse_clocks
+    from opdvfs.profile import Profile
+    from opdvfs.runtime.actuators import SimGpuActuator
     from opdvfs.runtime.launch import run_python
     from opdvfs.runtime.session import Session
     from opdvfs.runtime.sweep import sweep_run
@@ -359,6 +361,11 @@ def _capture_sweep(
     outcome.raise_error()  # no complete iteration: a CaptureError, reported as usual
     _print(outcome.lines)
     measured = result.profile
+    if isinstance(act, SimGpuActuator) and session.recorder and session.recorder.iterations:
+        # its ops are launch positions: a plan on it maps back with runtime.sweep.on_launches
+        meta = measured.meta
+        meta["sweep"]["launches_per_iteration"] = len(session.recorder.iterations[-1])
+        measured = Profile(measured.ops, measured.samples, meta=meta)
     measured.write(profile_out)
     phases = measured.meta["sweep"]["iterations"]
     samples = measured.samples

@@ -569,7 +569,9 @@ def _with_sweep_meta(profile: Profile, sweep: ClockSweep, actuator: Actuator) ->
     return Profile(profile.ops, profile.samples, meta=meta)
 
 
-def on_launches(schedule: Schedule, op_ids: Sequence[int], n_launches: int) -> Schedule:
+def on_launches(
+    schedule: Schedule, op_ids: Sequence[int] | np.ndarray, n_launches: int
+) -> Schedule:
     """Re-index a schedule planned on a swept profile's kernels onto every operator launched.
 
     A simulated GPU's swept profile has a row per *kernel*; its ``op`` column is the kernel's
