@@ -9,7 +9,9 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -483,3 +485,48 @@ def test_a_signal_restores_the_clock(script, tmp_path, trigger, sig):
         assert status == 128 + signal.SIGTERM
     calls = read_log(log)
     assert "set" in [c["kind"] for c in calls] and calls[-1]["kind"] == "restore"
+
+
+class _DeviceEvent:
+    """A CUDA event on a scripted device clock: the GPU reaches anchor k at ``device_s[k]``."""
+
+    device_s: ClassVar[list] = []
+    recorded: ClassVar[list] = []
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing  # iterations are timed on the device
+        self.at_s = None
+
+    def record(self) -> None:
+        self.at_s = self.device_s[len(self.recorded)]
+        self.recorded.append(self)
+
+    def query(self) -> bool:  # the GPU is one iteration behind the host
+        return self is not self.recorded[-1]
+
+    def synchronize(self) -> None:
+        return None
+
+    def elapsed_time(self, later: "_DeviceEvent") -> float:
+        return (later.at_s - self.at_s) * 1e3
+
+
+def test_on_a_gpu_iterations_are_timed_on_the_device_not_the_host(monkeypatch):
+    """The host runs ahead of the GPU: its optimizer steps come 10 ms apart for 0.2 s steps.
+
+    Timed on the host (as on a real H200 before), every iteration looked 95% short of the plan
+    and the schedule never applied; timed between anchor events on the device, it applies.
+    """
+    length = 0.2
+    monkeypatch.setattr(_DeviceEvent, "device_s", [length * k for k in range(10)])
+    monkeypatch.setattr(_DeviceEvent, "recorded", [])
+    monkeypatch.setattr(torch.cuda, "Event", _DeviceEvent)
+    act = DryRunActuator(FREQS)
+    ex = TimedExecutor(timed_plan(length), act, optimizer_steps=False)
+    ex._cuda = True  # as on a GPU
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_loop(ex, [0.01] * 6)  # the host's view: 10 ms per iteration
+    assert not [w for w in caught if "falling back" in str(w.message)]
+    assert not ex.diverged and ex.applied_iterations >= 4
+    assert ex.scales[-1] == pytest.approx(1.0)  # the device's 0.2 s, not the host's 0.01 s
