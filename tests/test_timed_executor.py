@@ -530,3 +530,43 @@ def test_on_a_gpu_iterations_are_timed_on_the_device_not_the_host(monkeypatch):
     assert not [w for w in caught if "falling back" in str(w.message)]
     assert not ex.diverged and ex.applied_iterations >= 4
     assert ex.scales[-1] == pytest.approx(1.0)  # the device's 0.2 s, not the host's 0.01 s
+
+
+class _LaggingEvent:
+    """A CUDA event the GPU reaches ``lag_s`` after the host records it (the host runs ahead)."""
+
+    lag_s: ClassVar[float] = 0.15
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.at_s = 0.0
+
+    def record(self) -> None:
+        self.at_s = time.monotonic() + self.lag_s
+
+    def query(self) -> bool:
+        return time.monotonic() >= self.at_s
+
+    def synchronize(self) -> None:
+        time.sleep(max(self.at_s - time.monotonic(), 0.0))
+
+    def elapsed_time(self, later: "_LaggingEvent") -> float:
+        return (later.at_s - self.at_s) * 1e3
+
+
+def test_on_a_gpu_the_hosts_next_anchor_does_not_cancel_the_switches_still_due(monkeypatch):
+    """On an H200 the host reached each optimizer step well before the GPU did.
+
+    Cancelling the pending switches at the host's next anchor then dropped every switch before
+    its moment on the device (one set in 30 iterations); they are dropped only once the device
+    passes the next anchor.
+    """
+    length = 0.2
+    monkeypatch.setattr(torch.cuda, "Event", _LaggingEvent)
+    act = DryRunActuator(FREQS)
+    ex = TimedExecutor(timed_plan(length), act, optimizer_steps=False)
+    ex._cuda = True  # as on a GPU
+    run_loop(ex, [length] * 6)
+    late = [c for c in set_calls(act) if c["freq_mhz"] in (1400.0, 1800.0)]
+    # stages at 0.4 and 0.7 of each 0.2 s iteration, due after the host's next anchor
+    assert len({c["iteration"] for c in late}) >= 3, set_calls(act)
+    assert not ex.diverged

@@ -59,6 +59,9 @@ class PendingSwitch:
     cancelled: threading.Event
     offset_s: float
     then: Callable[[], None] | None = None
+    #: True once the switch is too late to matter (checked just before it is issued): on a
+    #: GPU, the device has reached the next iteration's anchor while the host ran ahead
+    stale: Callable[[], bool] | None = None
 
 
 class SwitchIssuer:
@@ -97,6 +100,7 @@ class SwitchIssuer:
         *,
         offset_s: float | None = None,
         then: Callable[[], None] | None = None,
+        stale: Callable[[], bool] | None = None,
     ) -> None:
         """Queue a switch (returns at once).
 
@@ -112,6 +116,8 @@ class SwitchIssuer:
             Its place on the plan's time line (default: ``delay_s``).
         then
             Called on the worker thread after the actuator call succeeded.
+        stale
+            Asked just before the call: True drops the switch (it would land too late).
         """
         item = PendingSwitch(
             marker,
@@ -124,6 +130,7 @@ class SwitchIssuer:
             self._cancelled,
             delay_s if offset_s is None else offset_s,
             then,
+            stale,
         )
         self._queue.put(item)
 
@@ -169,11 +176,24 @@ class SwitchIssuer:
         waited = time.monotonic()
         item.marker.synchronize()
         done = time.monotonic()
-        # now if we had to wait for it, else (it fired while earlier switches were being
-        # issued) its dispatch, the earliest it can have fired
-        fired = done if done - waited > 1e-4 else item.submitted_s
+        # now if we had to wait for it; else it fired while earlier switches were being issued:
+        # on a GPU, when the device clock says (the previous marker's time plus the time
+        # between the two timing events: the host dispatched it well before the device got
+        # there), elsewhere its dispatch, the earliest it can have fired
+        fired = done if done - waited > 1e-4 else self._device_time(last, fired, item)
         self._fired = (item.marker, fired)
         return fired
+
+    @staticmethod
+    def _device_time(last: Marker | None, last_fired: float, item: PendingSwitch) -> float:
+        """When ``item``'s marker fired, from the previous one's time if both are timed events."""
+        elapsed = getattr(last, "elapsed_time", None)
+        if elapsed is None:
+            return item.submitted_s
+        try:  # CUDA events made with enable_timing=True; others raise
+            return last_fired + float(elapsed(item.marker)) / 1e3
+        except Exception:
+            return item.submitted_s
 
     def _work(self) -> None:
         while not self._stop.is_set():
@@ -188,6 +208,8 @@ class SwitchIssuer:
                 continue  # cancelled while waiting
             with self._calling:
                 if item.generation != self._generation or self._stop.is_set() or self._halted:
+                    continue
+                if item.stale is not None and item.stale():
                     continue
                 self._issue(item, late_s=max(time.monotonic() - due, 0.0))
                 if self._halted:  # the restore raced this call: undo what it set

@@ -27,6 +27,7 @@ import time
 import warnings
 from collections import deque
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -371,6 +372,14 @@ class TimedExecutor(ScheduleApplier):
             return event
         return immediate_marker()
 
+    def _passed_next_anchor(self, marker: Marker) -> bool:
+        """Whether the GPU has reached the anchor after ``marker`` (its switches are too late)."""
+        events = list(self._anchors)
+        for earlier, later in pairwise(events):
+            if earlier is marker:
+                return bool(later.query())
+        return all(e is not marker for e in events)  # dropped out of the kept anchors: old
+
     def _device_length_s(self) -> float | None:
         """Return the length (s) of the latest iteration the GPU has finished, timed on it.
 
@@ -400,12 +409,17 @@ class TimedExecutor(ScheduleApplier):
             return
         planned_s = self.timing.iteration_s
         issuer = self._start_issuer()
-        issuer.cancel()  # the next anchor came: whatever is still pending is too late
+        if not self._cuda:
+            # the next anchor came: whatever is still pending is too late. On a GPU the host
+            # reaches it long before the device does; there each switch is dropped only once
+            # the device has passed the anchor after its own (``_passed_next_anchor``).
+            issuer.cancel()
         in_step = length_s is None or abs(length_s / planned_s - 1) <= self.tolerance
         if self._armed and in_step and not self._off:
             self.applied_iterations += 1
         if not in_step:
             assert length_s is not None
+            issuer.cancel()
             if not self._off:
                 self._fall_back(
                     f"iteration {self.iteration} took {length_s:.4g} s, the schedule plans "
@@ -433,12 +447,14 @@ class TimedExecutor(ScheduleApplier):
                 marker, 0.0, timing.freqs_mhz[k], iteration, None, offset_s=timing.issue_s[k]
             )
 
+        stale = (lambda: self._passed_next_anchor(marker)) if self._cuda else None
+
         def at_scaled(k: np.integer, offset_s: float, then: Any = None) -> None:
             # the stage's start moves with the iteration's length; the lead does not
             due_s = scale * (offset_s + lead_s) - lead_s
             issuer.submit(
                 marker, max(due_s, 0.0), timing.freqs_mhz[k], iteration, None,
-                offset_s=offset_s, then=then,
+                offset_s=offset_s, then=then, stale=stale,
             )  # fmt: skip
 
         for k in np.flatnonzero(timing.issue_s >= 0):
@@ -461,6 +477,7 @@ class TimedExecutor(ScheduleApplier):
             None,
             offset_s=overrun_s / scale,
             then=lambda: self._overran(iteration, overrun_s),
+            stale=stale,
         )
         self._armed = True
         self.scales.append(scale)
