@@ -452,31 +452,25 @@ def _run_on_sim(script: Path, schedule, names, steps: int = 12):
 
 
 def test_a_plan_on_the_swept_profile_runs_on_the_launches_and_saves_energy(swept, script):
-    from opdvfs.runtime.sweep import on_launches
-
     out, _ = swept
     schedule_path = out / "s-profile.json"
     argv = ["plan", str(out / "p.parquet"), "--target", "0.05", "--interval-ms", "20"]
     res = CliRunner().invoke(app, [*argv, "--out", str(schedule_path)])
     assert res.exit_code == 0, res.output
-    plan = Schedule.read(schedule_path)
+    schedule = Schedule.read(schedule_path)
     profile = Profile.read(out / "p.parquet")
     op_ids = profile.time_matrix_us()[0]
     names = json.loads((out / "w.json").read_text())["ops"]["name"]
-    assert plan.n_ops == len(op_ids) < len(names)  # kernels only; views run no kernel
+    assert len(op_ids) < len(names)  # kernels only; views run no kernel
     assert profile.meta["sweep"]["launches_per_iteration"] == len(names)
-    schedule = on_launches(plan, op_ids, len(names))
-    assert schedule.n_ops == len(names) and len(schedule.stages) == len(plan.stages)
-    for planned, mapped in zip(plan.stages[1:], schedule.stages[1:], strict=True):
-        assert mapped.first_op == op_ids[planned.first_op]  # each stage starts at its kernel
+    # `plan` maps the plan on the kernels onto every launched operator, as the executor counts
+    assert schedule.n_ops == len(names) and len(schedule.stages) > 1
+    assert {s.first_op for s in schedule.stages[1:]} <= set(op_ids.tolist())
     top, _ = _run_on_sim(script, None, names)
     run, executor = _run_on_sim(script, schedule, names)
     assert executor.diverged_iterations == [0]  # only AdamW's first iteration differs
     assert run["energy_j"] < 0.9 * top["energy_j"]
-    assert run["time_s"] <= (1 + plan.target) * top["time_s"]
-    # planned on the kernels' own numbering, the schedule never matches an iteration
-    _, unmapped = _run_on_sim(script, plan, None, steps=4)
-    assert unmapped.applied_iterations == 0
+    assert run["time_s"] <= (1 + schedule.target) * top["time_s"]
 
 
 def test_on_launches_maps_stages_and_triggers_and_refuses_a_foreign_profile():

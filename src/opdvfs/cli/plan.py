@@ -596,6 +596,7 @@ def plan(
     spec = device_spec(device)
     device = spec.name if spec is not None else None
     models: ModelBundle | None
+    launches: tuple[np.ndarray, int] | None = None  # a swept profile's kernels -> launches
     if source.suffix.lower() in (".json", ".npz"):  # a MODELS file (JSON or columnar)
         models = ModelBundle.read(source)
         recorded = models.device
@@ -610,6 +611,9 @@ def plan(
         profile = load_profile([source], None, None)
         work = load_workload(workload) if workload is not None else None
         inputs = PlanInputs.from_profile(profile, spec, workload=work)
+        n_launches = profile.meta.get("sweep", {}).get("launches_per_iteration")
+        if n_launches:  # `capture --freqs` on a simulated GPU: its rows are the kernels
+            launches = (profile.time_matrix_us()[0], int(n_launches))
         if not force:
             _check_device(profile.meta.get("device"), device, "profile")
             _check_range(profile.freqs_mhz, inputs, "profile")
@@ -651,6 +655,11 @@ def plan(
         values=values,
     )
     _refuse_worse_than_top(schedule, objective, float(np.max(inputs.freqs_mhz)))
+    if launches is not None:
+        from opdvfs.runtime.sweep import on_launches
+
+        # the executor counts every operator the script launches, views included
+        schedule = on_launches(schedule, *launches)
     # a MODELS file has no measured times to judge
     measured = inputs.measured
     if measured is not None and np.all(measured.time_us[:, -1] < NOISE_US):
