@@ -242,7 +242,7 @@ def test_a_script_stopping_mid_sweep_restores_the_clock_once_and_writes_nothing(
         (("--freqs", "333"), "333 MHz is not a supported clock"),
         (("--iteration-at", "tiny_gpt:TinyGPT.forward"), "--iteration-at"),
         (("--actuator", "twin"), "--actuator twin"),
-        (("--actuator", "dry-run"), "preset"),
+        (("--actuator", "dry-run"), "scales a simulated GPU's work"),
     ],
 )
 def test_bad_sweep_options_are_one_line(script, tmp_path, extra, needle):
@@ -486,3 +486,29 @@ def test_on_launches_maps_stages_and_triggers_and_refuses_a_foreign_profile():
         on_launches(plan, [1, 3, 6], 9)
     with pytest.raises(ValidationError, match="ascend"):
         on_launches(plan, [1, 3, 6, 9], 9)
+
+
+def test_the_plan_runs_from_the_cli_on_the_simulated_gpu_it_was_swept_on(swept, script):
+    out, _ = swept
+    runner = CliRunner()
+    schedule = out / "s-cli.json"
+    argv = ["plan", str(out / "p.parquet"), "--target", "0.05", "--interval-ms", "20"]
+    assert runner.invoke(app, [*argv, "--out", str(schedule)]).exit_code == 0
+    log = out / "run.jsonl"
+    res = runner.invoke(
+        app,
+        [
+            *("run", str(schedule), "--actuator", "sim:a100-like", "--work-scale", WORK_SCALE),
+            *("--workload", str(out / "w.json"), "--log", str(log), "--"),
+            *("python", str(script), "8"),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    assert "virtual time of the simulated GPU sim:a100-like" in res.stdout
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sum(c["kind"] == "set" and c["iteration"] == 3 for c in calls) >= 2  # applied
+    assert calls[-1]["kind"] == "restore"
+    res = runner.invoke(
+        app, ["run", str(schedule), "--actuator", "dry-run", "--work-scale", "10", "--", "true"]
+    )
+    assert res.exit_code == 2 and "simulated GPU" in res.output

@@ -136,6 +136,17 @@ def _in_process(command: Any, settings: dict[str, Any], profile: Any = None) -> 
     return session.outcome(), measured
 
 
+WorkScaleOption = Annotated[
+    float | None,
+    typer.Option(
+        "--work-scale",
+        min=0.0,
+        help="With --actuator sim:PRESET: each operator does this many times its work, so "
+        "a CPU-sized model stands for a larger one (longer iterations on the device).",
+    ),
+]
+
+
 @app.command(context_settings=_SCRIPT)
 @reports_errors
 def capture(
@@ -192,15 +203,7 @@ def capture(
             "--warmup", min=1, help="With --freqs: iterations at the top clock before the sweep."
         ),
     ] = 2,
-    work_scale: Annotated[
-        float | None,
-        typer.Option(
-            "--work-scale",
-            min=0.0,
-            help="With --actuator sim:PRESET: each operator does this many times its work, so "
-            "a CPU-sized model stands for a larger one (longer iterations on the device).",
-        ),
-    ] = None,
+    work_scale: WorkScaleOption = None,
     device: Annotated[
         str | None, typer.Option("--device", "-d", help="With --actuator dry-run: its clocks.")
     ] = None,
@@ -280,8 +283,7 @@ def _sweep_actuator(
     kind: str, device: str | None, work_scale: float | None, log: Path | None
 ) -> Any:
     """Return the actuator a sweep sets clocks through (a simulated GPU at ``work_scale``)."""
-    from opdvfs.runtime.actuators import SimGpuActuator, make_actuator
-    from opdvfs.runtime.simgpu import SimulatedGpu
+    from opdvfs.runtime.actuators import make_actuator
 
     if kind == "twin" or kind == "ascend":
         raise UsageError(
@@ -290,15 +292,7 @@ def _sweep_actuator(
         )
     header = {"command": "capture --freqs", "actuator": kind}
     log_path = None if log is None else str(log)
-    act = make_actuator(kind, device=device, log=log_path, header=header)
-    if work_scale is not None:
-        if not isinstance(act, SimGpuActuator):
-            act.close()
-            raise UsageError("--work-scale scales a simulated GPU's work: --actuator sim:PRESET")
-        name = act.gpu.name
-        act.close()
-        act = SimGpuActuator(SimulatedGpu(name, work_scale=work_scale), log=log_path, header=header)
-    return act
+    return make_actuator(kind, device=device, log=log_path, header=header, work_scale=work_scale)
 
 
 def _capture_sweep(
@@ -429,6 +423,7 @@ def run(
             "rank, comma-separated (0,0,1,1); default: rank r of W runs stage r*stages//W.",
         ),
     ] = None,
+    work_scale: WorkScaleOption = None,
     print_env: PrintEnvOption = False,
 ) -> None:
     """Run a PyTorch script unchanged under a schedule (clocks restored however it ends).
@@ -452,6 +447,7 @@ def run(
         "iteration_at": iteration_at,
         "trigger": trigger,
         "rank_map": rank_map,
+        "work_scale": work_scale,
     }
     argv = list(ctx.args)
     command = None if print_env else _program(argv)

@@ -130,6 +130,7 @@ class Session:
         share: bool = False,
         report_dir: str | None = None,
         rank_map: str | None = None,
+        work_scale: float | None = None,
     ) -> None:
         from opdvfs.runtime.dispatch import ScheduleExecutor, WorkloadRecorder
         from opdvfs.runtime.timed import TimedExecutor, choose_trigger, plan_timing
@@ -176,7 +177,7 @@ class Session:
         if isinstance(seen, PipelineSchedule):
             header["pipeline_stage"] = seen.stage_of(self.rank, self.world, self.rank_map)
         self.actuator = make_actuator(
-            actuator, device=device, schedule=local, log=log, header=header
+            actuator, device=device, schedule=local, log=log, header=header, work_scale=work_scale
         )
         sim = self.actuator if isinstance(self.actuator, SimGpuActuator) else None
         try:

@@ -46,6 +46,7 @@ def make_actuator(
     schedule: Schedule | None = None,
     log: str | os.PathLike[str] | None = None,
     header: Mapping[str, Any] | None = None,
+    work_scale: float | None = None,
 ) -> Actuator:
     """Return the actuator of ``kind`` for ``device``.
 
@@ -69,6 +70,9 @@ def make_actuator(
         JSON-lines file of the recording actuators' calls (ignored by ``"nvml"``).
     header
         More fields for that log's header line (one per run: the log is appended to).
+    work_scale
+        For ``"sim:PRESET"``: each launch does that many times its FLOPs and bytes (a model
+        sized for the CPU stands in for a bigger one).
 
     Returns
     -------
@@ -93,7 +97,15 @@ def make_actuator(
                 f"{', '.join(PRESETS)}",
                 field="actuator",
             )
-        return SimGpuActuator(SimulatedGpu(name), log=log, header=header)
+        gpu = (
+            SimulatedGpu(name) if work_scale is None else SimulatedGpu(name, work_scale=work_scale)
+        )
+        return SimGpuActuator(gpu, log=log, header=header)
+    if work_scale is not None:
+        raise ValidationError(
+            f"work_scale scales a simulated GPU's work: actuator {SIM_PREFIX}PRESET, not {kind!r}",
+            field="work_scale",
+        )
     if kind not in ACTUATORS:
         raise ValidationError(
             f"actuator {kind!r}: expected {', '.join(ACTUATORS[:-1])} or {ACTUATORS[-1]} "
