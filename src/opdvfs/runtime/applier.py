@@ -16,9 +16,9 @@ import time
 import warnings
 from typing import Any
 
-import numpy as np
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from opdvfs.runtime._means import iteration_means
 from opdvfs.runtime.actuators.base import Actuator
 from opdvfs.runtime.issuer import SwitchIssuer
 from opdvfs.schedule import Schedule
@@ -124,16 +124,7 @@ class ScheduleApplier(IterationCounter):
         Times are taken on the host at each optimizer step: with asynchronous CUDA work they
         average out over many iterations, not one.
         """
-        ends = np.asarray(self.iteration_ends_s[skip:], dtype=float)
-        energy = np.asarray(self.iteration_energy_j[skip:], dtype=float)
-        n = len(ends) - 1
-        if n < 1:
-            return {"iterations": 0, "time_s": None, "energy_j": None}
-        return {
-            "iterations": n,
-            "time_s": float((ends[-1] - ends[0]) / n),
-            "energy_j": float((energy[-1] - energy[0]) / n) if len(energy) == n + 1 else None,
-        }
+        return iteration_means(self.iteration_ends_s[skip:], self.iteration_energy_j[skip:])
 
     @property
     def issuer(self) -> SwitchIssuer | None:

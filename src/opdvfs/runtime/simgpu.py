@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from opdvfs.exceptions import ValidationError
+from opdvfs.runtime._means import iteration_means
 from opdvfs.sim.sensors import sample_sensors
 from opdvfs.sim.thermal import rc_temperature
 from opdvfs.sim.twin import SimulatedDevice
@@ -345,16 +346,8 @@ class SimulatedGpu:
         timeline and counter.
         """
         with self._lock:
-            ends = np.asarray(self.iteration_ends_s[skip:])
-            energy = np.asarray(self.iteration_energy_j[skip:])
-        n = len(ends) - 1
-        if n < 1:
-            return {"iterations": 0, "time_s": None, "energy_j": None}
-        return {
-            "iterations": n,
-            "time_s": float((ends[-1] - ends[0]) / n),
-            "energy_j": float((energy[-1] - energy[0]) / n),
-        }
+            ends, energy = self.iteration_ends_s[skip:], self.iteration_energy_j[skip:]
+        return iteration_means(ends, energy)
 
     # ---------------------------------------------------------------------------- internals
     def _kind(self, op: Mapping[str, Any]) -> int:
