@@ -211,7 +211,7 @@ def test_sampled_power_is_the_energy_counters_mean_over_each_interval():
     pytest.importorskip("torch")
     import pandas as pd
 
-    from opdvfs.runtime.profiling import _window_power
+    from opdvfs.io.samples import counter_windows
 
     smp = pd.DataFrame(
         {
@@ -222,11 +222,11 @@ def test_sampled_power_is_the_energy_counters_mean_over_each_interval():
             "energy_j": [1000.0, 1020.0, 1080.0, 1100.0],
         }
     )
-    got = _window_power(smp)
+    got = counter_windows(smp)
     assert got["t_s"].tolist() == [10.1, 10.3, 10.4]
     assert got["power_w"].tolist() == pytest.approx([200.0, 300.0, 200.0])
     broken = smp.assign(energy_j=[1000.0, 990.0, 1080.0, 1100.0])  # a counter reset
-    assert _window_power(broken).equals(broken)
+    assert counter_windows(broken).equals(broken)
 
 
 def test_twin_replays_with_the_devices_real_switch_latency():

@@ -361,14 +361,14 @@ def test_the_nvml_path_traces_the_script_and_locks_each_clock_through_nvml(fake_
 
 def test_a_counter_that_moves_every_100_ms_gives_100_ms_windows_not_zeros():
     # as read on an H200: reads every 25 ms, the energy counter moving every 100 ms at 400 W
-    from opdvfs.runtime.profiling import _window_power, window_ms
+    from opdvfs.io.samples import counter_windows, window_ms
 
     t = 100.0 + 0.025 * np.arange(41)
     updates = np.floor((t - 100.0 - 0.01) / 0.1)  # the counter moves at 100.01 + k x 0.1 s
     smp = pd.DataFrame(
         {"t_s": t, "power_w": 300.0, "temp_c": 60.0, "freq_mhz": 1980.0, "energy_j": 40 * updates}
     )
-    got = _window_power(smp)
+    got = counter_windows(smp)
     assert len(got) == 9 and got["power_w"].to_numpy() == pytest.approx(400.0)
     assert window_ms(got, 25.0) == pytest.approx(100.0)
     # each sample sits half-way between the read before the move and the read that saw it
@@ -377,7 +377,7 @@ def test_a_counter_that_moves_every_100_ms_gives_100_ms_windows_not_zeros():
 
 def test_a_sampled_run_is_labelled_with_the_clock_it_ran_at_not_the_idle_one():
     # an H200 read 345 MHz idle before a run that then ran at 1980 MHz (capture --profile)
-    from opdvfs.runtime.profiling import run_clock_mhz
+    from opdvfs.io.samples import run_clock_mhz
 
     smp = pd.DataFrame({"t_s": [0.0, 0.1, 0.2, 0.3], "freq_mhz": [345.0, 1980.0, 1980.0, 1980.0]})
     assert run_clock_mhz(smp) == 1980.0

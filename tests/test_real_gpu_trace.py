@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 
 from opdvfs.io import torch_trace
+from opdvfs.io.samples import counter_windows, run_clock_mhz, window_ms
 from opdvfs.models.attribution import power_rows
 from opdvfs.profile import Profile
-from opdvfs.runtime.profiling import _window_power, run_clock_mhz, window_ms
 
 from conftest import FIXTURES
 
@@ -51,7 +51,7 @@ def test_each_training_step_is_one_profile_iteration_of_the_same_kernels(h200):
 
 def test_the_energy_counters_updates_are_the_power_windows(h200):
     meta, samples, clock, _ = h200
-    windows = _window_power(samples)
+    windows = counter_windows(samples)
     # reads every ~20 ms, the counter moves every ~100 ms: a window per update, not per read
     assert 95.0 < window_ms(windows, 20.0) < 105.0
     assert len(windows) < len(samples) / 3
@@ -73,7 +73,7 @@ def test_attributed_power_is_physical_when_every_window_holds_the_same_mix(h200)
     than trade classes off against each other: a class at 3 kW on a 700 W board is not a fit.
     """
     meta, samples, _, measured = h200
-    windows = _window_power(samples)
+    windows = counter_windows(samples)
     period = window_ms(windows, 20.0)
     profile = Profile(
         measured.ops, windows, meta={**measured.meta, "sensor": {"window_ms": period}}
@@ -85,3 +85,30 @@ def test_attributed_power_is_physical_when_every_window_holds_the_same_mix(h200)
     busy = windows[windows["t_s"].between(rows["wall_s"].min() + 0.1, rows["wall_s"].max())]
     weighted = float((rows["chip_power_w"] * rows["time_us"]).sum() / rows["time_us"].sum())
     assert weighted == pytest.approx(float(busy["power_w"].mean()), rel=0.05)
+
+
+def test_import_attaches_a_sensor_log_to_a_trace(tmp_path):
+    from typer.testing import CliRunner
+
+    from opdvfs.cli import app
+
+    trace = FIXTURES / "h200_tinygpt.pt.trace.json.gz"
+    out = tmp_path / "p.parquet"
+    argv = ["import", str(trace), "--samples", str(FIXTURES / "h200_tinygpt.samples.csv")]
+    res = CliRunner().invoke(app, [*argv, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    profile = Profile.read(out)
+    assert profile.freqs_mhz == [1920.0]  # the run's clock, from the samples
+    assert 95.0 < profile.meta["sensor"]["window_ms"] < 105.0
+    assert profile.samples is not None and 40 <= len(profile.samples) <= 60
+    rows = power_rows(profile)  # the attribution reads the attached windows
+    assert rows["chip_power_w"].between(0.0, 735.0).all()
+    # a log without t_s, or two runs for one log: one line each, nothing written
+    bad = tmp_path / "bad.csv"
+    bad.write_text("time,power_w\n1,2\n")
+    res = CliRunner().invoke(app, ["import", str(trace), "--samples", str(bad), "-o", str(out)])
+    assert res.exit_code == 2 and "bad.csv: a samples file needs t_s" in res.stderr
+    res = CliRunner().invoke(
+        app, ["import", str(trace), str(trace), "--samples", str(bad), "-o", str(out)]
+    )
+    assert res.exit_code == 2 and "--samples belongs to one run" in res.stderr

@@ -14,6 +14,7 @@ from opdvfs.cli._app import (
     FormatOption,
     FreqOption,
     JsonOption,
+    UsageError,
     app,
     fail,
     load_profile,
@@ -22,7 +23,7 @@ from opdvfs.cli._app import (
     write_profile,
 )
 from opdvfs.io import FORMATS
-from opdvfs.profile import OP_COLUMNS, SAMPLE_COLUMNS
+from opdvfs.profile import OP_COLUMNS, SAMPLE_COLUMNS, Profile
 from opdvfs.schedule import PipelineSchedule, Schedule
 
 
@@ -37,11 +38,26 @@ def import_(
     out: Annotated[Path, typer.Option("--out", "-o", help="Profile to write (Parquet).")],
     fmt: FormatOption = None,
     freq_mhz: FreqOption = None,
+    samples_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--samples",
+            help="Power-sensor log of the same run (CSV/Parquet: t_s Unix seconds, power_w "
+            "and/or energy_j, temp_c, freq_mhz; e.g. NVML reads): attached as the profile's "
+            "samples, windows from the energy counter's updates; its median clock is the "
+            "run's clock unless --freq-mhz gives one.",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Import measurements (CSV, torch traces, Ascend, Perseus, NV-DVFS) into a profile."""
+    profile = (
+        _with_samples(sources, fmt, freq_mhz, samples_path)
+        if samples_path is not None
+        else load_profile(sources, fmt, freq_mhz)
+    )
     write_profile(
-        load_profile(sources, fmt, freq_mhz),
+        profile,
         out,
         as_json,
         lambda s: (
@@ -49,6 +65,30 @@ def import_(
             f"format {s['format']})"
         ),
     )
+
+
+def _with_samples(
+    sources: list[Path], fmt: str | None, freq_mhz: str | None, samples_path: Path
+) -> Profile:
+    """Import one run's file with its sensor log beside it (as ``capture --profile`` writes)."""
+    from opdvfs.io.samples import counter_windows, read_samples, run_clock_mhz, window_ms
+
+    if len(sources) != 1:
+        raise UsageError(f"--samples belongs to one run: got {len(sources)} input files")
+    raw = read_samples(samples_path)
+    clock = run_clock_mhz(raw) if "freq_mhz" in raw else None
+    if freq_mhz is None and clock is not None:
+        freq_mhz = f"{clock:g}"
+    measured = load_profile(sources, fmt, freq_mhz)
+    if "wall_s" not in measured.ops or measured.ops["wall_s"].isna().all():
+        raise UsageError(
+            f"{sources[0]}: its operators have no wall-clock start times (wall_s) to line the "
+            "samples up with; --samples goes with torch traces"
+        )
+    windows = counter_windows(raw) if "energy_j" in raw else raw
+    period = window_ms(windows, float("nan"))
+    sensor = {"period_ms": period, "window_ms": period}
+    return Profile(measured.ops, windows, meta={**measured.meta, "sensor": sensor})
 
 
 @app.command()

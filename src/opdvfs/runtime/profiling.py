@@ -17,13 +17,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from opdvfs.exceptions import ValidationError
 from opdvfs.io import torch_trace
+from opdvfs.io.samples import counter_windows, run_clock_mhz, window_ms
 from opdvfs.profile import Profile
 
 __all__ = ["Traced", "profile_run", "run_clock_mhz", "traced", "window_ms"]
@@ -62,7 +61,8 @@ def traced(
     The piece :func:`profile_run` and the clock sweep (:mod:`opdvfs.runtime.sweep`) share. On a
     GPU (``cuda``) the kernels are traced and ``sampler`` (an
     :class:`~opdvfs.runtime.sampler.NvmlSampler`) records beside them; each sample's power then
-    becomes the energy counter's mean over its interval (:func:`_window_power`). When the block
+    becomes the energy counter's mean over its interval
+    (:func:`~opdvfs.io.samples.counter_windows`). When the block
     ends normally, the trace is imported (:func:`opdvfs.io.torch_trace.read`, every row at the
     yielded object's ``freq_mhz``) into its ``profile``. ``until``: once it returns True at an
     optimizer step, the profiler stops recording (the program runs on untraced, its trace no
@@ -110,7 +110,7 @@ def traced(
     meta = {**measured.meta, "format": "opdvfs capture", "sources": ["opdvfs capture"]}
     samples = None
     if sampler is not None:
-        samples = _window_power(sampler.samples)
+        samples = counter_windows(sampler.samples)
         window = window_ms(samples, interval_ms)
         meta["sensor"] = {"period_ms": window, "window_ms": window}
     out.profile = Profile(measured.ops, samples, meta=meta)
@@ -147,48 +147,3 @@ def profile_run(
         run()
     assert t.profile is not None
     return t.profile
-
-
-def _window_power(samples: pd.DataFrame) -> pd.DataFrame:
-    """Replace each sample's power by the energy counter's mean power since the previous one.
-
-    NVML's power reading is a 1 s average on Ampere and newer (except GA100), too coarse to
-    attribute operators with; the total-energy counter is exact, so its difference over each
-    interval is that interval's energy (the window the attribution then uses). The counter need
-    not change at every read: on an H200 it moved every 100 ms (median; 96-103 ms, 5th-95th
-    percentile) under reads every ~24 ms, so per-read differences alternate between 0 W and
-    four times the power. Such a counter's windows are its own updates: each sample is a read
-    that saw a new value, timed half-way between it and the read before (the update happened
-    between them), and its power is the energy since the previous update over that time. A
-    counter that moved at every read keeps the reads' own times.
-    """
-    t = samples["t_s"].to_numpy(dtype=float)
-    e = samples["energy_j"].to_numpy(dtype=float)
-    if len(t) < 2 or not np.all(np.isfinite(e)) or np.any(np.diff(e) < 0):
-        return samples  # no usable counter: keep the readings
-    moved = np.flatnonzero(np.diff(e) > 0) + 1  # the first read showing each new value
-    if len(moved) == len(t) - 1:
-        power = np.diff(e) / np.maximum(np.diff(t), 1e-9)
-        return samples.iloc[1:].assign(power_w=power).reset_index(drop=True)
-    if len(moved) < 2:
-        return samples.iloc[:0]  # not one whole update interval
-    at = (t[moved - 1] + t[moved]) / 2
-    power = np.diff(e[moved]) / np.maximum(np.diff(at), 1e-9)
-    return samples.iloc[moved[1:]].assign(t_s=at[1:], power_w=power).reset_index(drop=True)
-
-
-def run_clock_mhz(samples: pd.DataFrame) -> float | None:
-    """Return the SM clock a sampled run ran at (MHz): the median of the samples' clocks.
-
-    Not the clock read before the run: an idle GPU sits at its lowest clocks until work
-    arrives (an H200 read 345 MHz before a training run that then ran at 1980 MHz).
-    """
-    clocks = samples["freq_mhz"].to_numpy(dtype=float) if len(samples) else np.empty(0)
-    clocks = clocks[np.isfinite(clocks)]
-    return float(np.median(clocks)) if clocks.size else None
-
-
-def window_ms(samples: pd.DataFrame, default_ms: float) -> float:
-    """Return the windows' length (ms) of :func:`_window_power`'s samples: their median spacing."""
-    t = samples["t_s"].to_numpy(dtype=float)
-    return float(np.median(np.diff(t))) * 1e3 if len(t) >= 2 else default_ms

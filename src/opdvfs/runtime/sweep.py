@@ -509,7 +509,7 @@ def sweep_run(
                 torch.cuda.synchronize()
             return time.time()
 
-        # the windows are the energy counter's updates (profiling._window_power), not the reads
+        # the windows are the energy counter's updates (io.samples.counter_windows), not the reads
         counter_s = max(interval_ms / 1e3, NVML_COUNTER_S)
         sweep = ClockSweep(
             actuator,
