@@ -83,3 +83,10 @@ def torchrun_opdvfs(nproc: int, *args: str) -> list[str]:
         "opdvfs",
         *args,
     ]
+
+
+@pytest.fixture
+def cpu_only(monkeypatch):
+    """Run a test's CPU path on a machine with a GPU too (capture then takes no CUDA trace)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

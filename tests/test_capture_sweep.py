@@ -384,7 +384,7 @@ def test_a_sampled_run_is_labelled_with_the_clock_it_ran_at_not_the_idle_one():
     assert run_clock_mhz(smp.iloc[:0]) is None
 
 
-def test_the_dry_run_sweep_traces_the_cpu_and_records_each_clock(script, tmp_path):
+def test_the_dry_run_sweep_traces_the_cpu_and_records_each_clock(script, tmp_path, cpu_only):
     # the path a real GPU takes (torch.profiler trace, rows placed by time), on the CPU
     argv = [
         "capture",

@@ -332,7 +332,7 @@ def test_capture_with_profile_measures_each_iteration(tiny, tmp_path):
     assert measured.samples is None or measured.samples.empty  # no GPU, no NVML samples
 
 
-def test_capture_profile_on_the_cpu_needs_the_clock(tiny, tmp_path):
+def test_capture_profile_on_the_cpu_needs_the_clock(tiny, tmp_path, cpu_only):
     script, _, _, _ = tiny
     res = CliRunner().invoke(
         app,

@@ -233,7 +233,7 @@ def test_trace_clock_from_option_overrides_metadata(tmp_path):
             b'"ts": 0, "dur": -1}]}',
             "event 0, field 'dur': expected a finite number >= 0",
         ),
-        (gzip.compress(b'{"traceEvents": []}')[:-6], "truncated or corrupt gzip"),
+        (gzip.compress(b'{"traceEvents": []}', mtime=0)[:-6], "truncated or corrupt gzip"),
     ],
 )
 def test_bad_traces(tmp_path, content, needle):
