@@ -580,3 +580,17 @@ def test_a_captured_workloads_aten_types_run_on_the_units_of_their_kind():
     assert arrays.efficiency[0] == arrays.efficiency[1]
     # a layer norm is a dependent reduction (eq. 8), unlike a pipelined element-wise op
     assert arrays.dependent[2] and not arrays.dependent[3]
+
+
+def test_a_one_stage_plan_gets_its_clock_when_iterations_are_shorter_than_the_switch():
+    """Re-requested every 10 ms iteration under a 15 ms switch, a clock would never land."""
+    sim = SimulatedDevice.from_preset("h100-like", seed=0)
+    work = BUILDERS["resnet50"]()
+    plan = Schedule.from_stage_freqs([0], [1500.0], n_ops=len(work), target=0.02, solver="manual")
+    planned, _ = sim.run(work, plan, iterations=40)
+    static, _ = sim.run(work, freq_mhz=1500.0, iterations=40)
+    top, _ = sim.run(work, iterations=40)
+    assert top.iteration_time_s < 0.015  # shorter than the switch
+    # after the first switch lands (15 ms in) the plan runs as the static clock does
+    assert planned.chip_energy_j == pytest.approx(static.chip_energy_j, rel=0.03)
+    assert planned.chip_energy_j < 0.9 * top.chip_energy_j
