@@ -25,7 +25,7 @@ from opdvfs.runtime.simgpu_feed import SimGpuFeed
 from opdvfs.sim import SimulatedDevice
 from opdvfs.workloads.workload import Workload
 
-from tiny_gpt import TinyGPT
+from tiny_gpt import LaunchLog, TinyGPT
 
 STEPS = 8
 #: The tests' tiny GPT, and a wider one whose matrix multiplies follow the clock.
@@ -54,25 +54,11 @@ def train(config: dict, steps: int) -> None:
         opt.step()
 
 
-class _Launches:
-    """Keeps what the feed launches in the second iteration (the first creates AdamW's state)."""
-
-    def __init__(self) -> None:
-        self.iterations: list[list[dict]] = [[]]
-
-    def launch(self, op: dict, *, kernel: bool = True) -> None:
-        if kernel:
-            self.iterations[-1].append(op)
-
-    def mark_iteration(self) -> None:
-        self.iterations.append([])
-
-
 def main() -> None:
     """Print the table."""
     rows = []
     for model, config in MODELS.items():
-        launches = _Launches()
+        launches = LaunchLog()
         with SimGpuFeed(launches):  # type: ignore[arg-type]
             train(config, 2)
         ops = Workload(pd.DataFrame(launches.iterations[1]), name=model)

@@ -187,6 +187,8 @@ def test_make_actuator_builds_a_simulated_gpu_and_names_the_presets():
 torch = pytest.importorskip("torch")
 from opdvfs.runtime.simgpu_feed import SimGpuFeed  # noqa: E402
 
+from tiny_gpt import LaunchLog  # noqa: E402
+
 #: A TinyGPT wide enough for its matrix multiplies to follow the clock; a script and a function.
 TRAIN = f"""
 import sys
@@ -217,22 +219,8 @@ exec(TRAIN, _namespace)
 train_tiny_gpt = _namespace["train_tiny_gpt"]
 
 
-class _Launches:
-    """Stands in for the GPU: keeps what the feed launches, per iteration."""
-
-    def __init__(self) -> None:
-        self.iterations: list[list[dict]] = [[]]
-
-    def launch(self, op: dict, *, kernel: bool = True) -> None:
-        if kernel:
-            self.iterations[-1].append(op)
-
-    def mark_iteration(self) -> None:
-        self.iterations.append([])
-
-
 def test_tiny_gpt_at_a_lower_clock_takes_the_time_and_energy_the_twin_gives_its_operators():
-    launches = _Launches()
+    launches = LaunchLog()
     with SimGpuFeed(cast(Any, launches)):
         train_tiny_gpt(2)
     ops = pd.DataFrame(launches.iterations[1])

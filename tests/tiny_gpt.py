@@ -45,6 +45,20 @@ class TinyGPT(nn.Module):
         return self.head(self.ln(x))
 
 
+class LaunchLog:
+    """Stands in for a simulated GPU: keeps what a feed launches (kernels only), per iteration."""
+
+    def __init__(self) -> None:
+        self.iterations: list[list[dict]] = [[]]
+
+    def launch(self, op: dict, *, kernel: bool = True) -> None:
+        if kernel:
+            self.iterations[-1].append(op)
+
+    def mark_iteration(self) -> None:
+        self.iterations.append([])
+
+
 def capture_training_trace(
     path: Path, *, steps: int = 3, seed: int = 0, freq_mhz: float | None = None, device: str = "cpu"
 ) -> Path:

@@ -613,7 +613,8 @@ def plan(
         inputs = PlanInputs.from_profile(profile, spec, workload=work)
         n_launches = profile.meta.get("sweep", {}).get("launches_per_iteration")
         if n_launches:  # `capture --freqs` on a simulated GPU: its rows are the kernels
-            launches = (profile.time_matrix_us()[0], int(n_launches))
+            assert inputs.measured is not None
+            launches = (inputs.measured.op_ids, int(n_launches))
         if not force:
             _check_device(profile.meta.get("device"), device, "profile")
             _check_range(profile.freqs_mhz, inputs, "profile")

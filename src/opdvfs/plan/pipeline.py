@@ -12,13 +12,14 @@ instruction a clock switch follows.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from opdvfs.exceptions import ValidationError
 from opdvfs.plan.dag import DagPlan, DagProblem
+from opdvfs.plan.dp import gap_pct
 from opdvfs.profile import Profile
 from opdvfs.schedule import PipelineSchedule, Schedule
 
@@ -265,6 +266,46 @@ def rank_energy_j(
     return float(energy_j + problem.blocking_power_w * (makespan_s - busy_s))
 
 
+def pipeline_file(
+    problem: DagProblem,
+    plan: DagPlan,
+    schedules: Sequence[Schedule],
+    *,
+    pipeline: str,
+    n_microbatches: int,
+    target: float,
+    device: str | None,
+    workload: str | None,
+    clock: np.ndarray | None = None,
+    rank_map: tuple[int, ...] | None = None,
+) -> PipelineSchedule:
+    """Return the file of per-rank ``schedules``, with the whole pipeline's totals.
+
+    ``clock`` is the plan as it will run (default ``plan.clock``; the ranks builder adjusts
+    it): the predicted makespan, energy and gap are its own, the baseline is all-max.
+    """
+    base_makespan, base_energy, _ = problem.evaluate(problem.top_clock())
+    makespan_s, energy_j, _ = problem.evaluate(plan.clock if clock is None else clock)
+    return PipelineSchedule(
+        stages=tuple(schedules),
+        pipeline=pipeline,
+        n_microbatches=n_microbatches,
+        target=target,
+        solver=f"dag ({plan.method})",
+        device=device,
+        workload=workload,
+        blocking_power_w=problem.blocking_power_w,
+        baseline_makespan_s=float(base_makespan),
+        predicted_makespan_s=float(makespan_s),
+        baseline_energy_j=float(base_energy),
+        predicted_energy_j=float(energy_j),
+        lower_bound_energy_j=max(plan.lower_bound_j, 0.0),
+        gap_pct=gap_pct(float(energy_j), plan.lower_bound_j),
+        plan_seconds=plan.plan_seconds,
+        rank_map=rank_map,
+    )
+
+
 def pipeline_schedule(
     problem: DagProblem,
     plan: DagPlan,
@@ -284,10 +325,7 @@ def pipeline_schedule(
     makespan, and the stage's computation plus its waiting at the blocking power.
     """
     top = problem.top_clock()
-    base_makespan, base_energy, _ = problem.evaluate(top)
-
-    def rank_energy(clock: np.ndarray, makespan: float, mine: np.ndarray) -> float:
-        return rank_energy_j(problem, clock, makespan, mine)
+    base_makespan = problem.evaluate(top)[0]
 
     schedules = []
     for stage in range(problem.n_ranks):
@@ -308,26 +346,19 @@ def pipeline_schedule(
                 values="measured",
                 baseline_time_s=float(base_makespan),
                 predicted_time_s=plan.makespan_s,
-                baseline_energy_j=rank_energy(top, float(base_makespan), mine),
-                predicted_energy_j=rank_energy(plan.clock, plan.makespan_s, mine),
+                baseline_energy_j=rank_energy_j(problem, top, float(base_makespan), mine),
+                predicted_energy_j=rank_energy_j(problem, plan.clock, plan.makespan_s, mine),
                 plan_seconds=plan.plan_seconds,
             )
         )
-    return PipelineSchedule(
-        stages=tuple(schedules),
+    return pipeline_file(
+        problem,
+        plan,
+        schedules,
         pipeline=kind,
         n_microbatches=n_microbatches,
         target=target,
-        solver=f"dag ({plan.method})",
         device=device,
         workload=workload,
-        blocking_power_w=problem.blocking_power_w,
-        baseline_makespan_s=float(base_makespan),
-        predicted_makespan_s=plan.makespan_s,
-        baseline_energy_j=float(base_energy),
-        predicted_energy_j=plan.energy_j,
-        lower_bound_energy_j=max(plan.lower_bound_j, 0.0),
-        gap_pct=plan.gap_pct,
-        plan_seconds=plan.plan_seconds,
         rank_map=rank_map,
     )

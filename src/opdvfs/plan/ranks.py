@@ -45,8 +45,7 @@ import pandas as pd
 from opdvfs.devices.spec import DeviceSpec
 from opdvfs.exceptions import ValidationError
 from opdvfs.plan.dag import DagPlan, DagProblem
-from opdvfs.plan.dp import gap_pct
-from opdvfs.plan.pipeline import rank_energy_j
+from opdvfs.plan.pipeline import pipeline_file, rank_energy_j
 from opdvfs.profile import Profile
 from opdvfs.schedule import PipelineSchedule, Schedule, Values
 
@@ -551,14 +550,11 @@ def rank_schedule(
     (:func:`_without_short_dips`); the predictions are the adjusted plan's.
     """
     top = problem.top_clock()
-    base_makespan, base_energy, _ = problem.evaluate(top)
+    base_makespan = problem.evaluate(top)[0]
     clock = _without_short_dips(layout, problem, plan, switch_latency_s)
-    makespan_s, energy_j = (float(v) for v in problem.evaluate(clock)[:2])
+    makespan_s = float(problem.evaluate(clock)[0])
     start_s = problem.start_times(clock)
     freq_mhz = problem.freqs_mhz[clock]
-
-    def rank_energy(clock: np.ndarray, makespan: float, mine: np.ndarray) -> float:
-        return rank_energy_j(problem, clock, makespan, mine)
 
     schedules = []
     for rank in range(layout.n_ranks):
@@ -590,29 +586,23 @@ def rank_schedule(
                 values=values,
                 baseline_time_s=float(base_makespan),
                 predicted_time_s=makespan_s,
-                baseline_energy_j=rank_energy(top, float(base_makespan), mine),
-                predicted_energy_j=rank_energy(clock, makespan_s, mine),
+                baseline_energy_j=rank_energy_j(problem, top, float(base_makespan), mine),
+                predicted_energy_j=rank_energy_j(problem, clock, makespan_s, mine),
                 plan_seconds=plan.plan_seconds,
             )
         )
     if n_microbatches is None:
         n_microbatches = max(1, int(_messages(layout, 0, 1)))
-    return PipelineSchedule(
-        stages=tuple(schedules),
+    return pipeline_file(
+        problem,
+        plan,
+        schedules,
         pipeline="ranks",
         n_microbatches=n_microbatches,
         target=target,
-        solver=f"dag ({plan.method})",
         device=device,
         workload=workload,
-        blocking_power_w=problem.blocking_power_w,
-        baseline_makespan_s=float(base_makespan),
-        predicted_makespan_s=makespan_s,
-        baseline_energy_j=float(base_energy),
-        predicted_energy_j=energy_j,
-        lower_bound_energy_j=max(plan.lower_bound_j, 0.0),
-        gap_pct=gap_pct(energy_j, plan.lower_bound_j),
-        plan_seconds=plan.plan_seconds,
+        clock=clock,
     )
 
 
