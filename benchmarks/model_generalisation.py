@@ -23,8 +23,9 @@ Power (chip/board rail, mean |error| % on held-out clocks):
   (:func:`~opdvfs.models.vf_prior.two_clock_curve`; the prior, its spread and the envelope's
   error all leave-one-GPU-out); ``envelope alone 2``: the envelope's rise unshrunk (the prior
   only where the envelope is rejected);
-* ``curve 2``: the V-f curve characterised (:func:`~opdvfs.models.characterise.fit_voltage_curve`,
-  power alone, every clock) on another set of the same GPU (V100 kernels <-> micro-benchmarks,
+* ``curve 2``: the V-f curve characterised as ``opdvfs characterise`` does
+  (:func:`~opdvfs.models.characterise.fit_voltage_curve`, refined, power alone, every clock) on
+  another set of the same GPU (V100 kernels <-> micro-benchmarks,
   GPT-3 <-> BLOOM on the same GPU, gpmtool: the same GPU at another memory clock); ``best
   curve 2``: the best curve of the family (knee x rise grid) for the set itself (an oracle);
 * ``prior 3``: the prior's knee (leave-one-GPU-out), the voltage rise fitted across all kernels
@@ -32,6 +33,11 @@ Power (chip/board rail, mean |error| % on held-out clocks):
   ``theta_i V`` (the default now); ``curve 3``: the characterised curve, the third clock spent
   on the per-kernel ``theta_i V``; ``before 4``: as today (V-f fitted on the 4 clocks);
 * baselines: per-kernel ``p0 + a f^3`` (2 clocks), per-kernel quadratic in f (3 clocks).
+
+1b: whether any fixed two-clock shape could beat ``p0 + a f^3`` on every set: for each set the
+exponents of ``p0 + a f^gamma`` and the shapes of the prior's family (knee x rise) that beat it
+(:func:`fixed_shape_rows`). The GPUs want exponents on both sides of 3 and no shape of the
+family beats the cubic on every set at once, even in-sample.
 
 Time (sets with times, and the V100 at clocks >= 945 MHz, where its physics holds; kernels >= 20
 us at the top training clock, kernels whose training points break the cycle physics counted
@@ -63,7 +69,7 @@ from opdvfs import Profile
 from opdvfs.datasets import dataset_path
 from opdvfs.devices.spec import VoltageCurve
 from opdvfs.io import read_profile
-from opdvfs.models.characterise import fit_voltage_curve
+from opdvfs.models.characterise import CHARACTERISE_GRID, fit_voltage_curve
 from opdvfs.models.perf import (
     VIOLATION_CONCAVE,
     VIOLATION_FASTER_THAN_1_OVER_F,
@@ -75,6 +81,8 @@ from opdvfs.models.perf import (
 from opdvfs.models.power import PowerModel
 from opdvfs.models.validation import training_plan
 from opdvfs.models.vf_prior import (
+    KNEE_FRACTIONS,
+    TOP_RISES,
     derive_envelope_error,
     derive_prior,
     derive_rise_spread,
@@ -234,7 +242,7 @@ def power_row(
     curve: VoltageCurve | None = None
     if s.sibling is not None:
         fs, ps = power_grid(sets[s.sibling].profile)
-        curve = fit_voltage_curve(fs, ps)
+        curve = fit_voltage_curve(fs, ps, **CHARACTERISE_GRID)
     row: dict[str, object] = {
         "set": s.name,
         "prior (knee, rise)": f"{prior[0]:.3f}, {prior[1]:.3f}",
@@ -382,6 +390,87 @@ def speed(n: int = 100_000) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def _interpolated(f, p, train, test, h: np.ndarray) -> np.ndarray:
+    """Each kernel's power at ``test`` from its two training clocks along shapes ``h``.
+
+    ``h`` (shapes, tests): the fraction of the power gain from the low to the high training
+    clock reached at each test clock. Returns (shapes, kernels, tests).
+    """
+    lo, hi = (int(np.flatnonzero(f == t)[0]) for t in (train[0], train[-1]))
+    return p[None, :, [lo]] + (p[:, [hi]] - p[:, [lo]])[None] * h[:, None, :]
+
+
+def _shape_errors(f, p, train, test, h: np.ndarray) -> np.ndarray:
+    """Mean |error| % of every interpolation shape ``h`` (shapes, tests) on the test clocks."""
+    actual = p[:, np.isin(f, test)]
+    pred = _interpolated(f, p, train, test, h)
+    ok = np.isfinite(actual) & (actual > 0)
+    rel = np.abs(pred / np.where(ok, actual, 1.0) - 1.0)
+    return np.where(ok[None], rel, 0.0).sum((1, 2)) / max(ok.sum(), 1) * 100
+
+
+#: Interpolation exponents of section 1b: power ``p0 + a f^gamma`` between two clocks.
+GAMMAS = np.round(np.arange(0.5, 8.0001, 0.25), 2)
+
+
+def fixed_shape_rows(sets: dict[str, Set]) -> tuple[pd.DataFrame, str]:
+    """Section 1b: the fixed two-clock shapes that beat the per-kernel cubic, set by set.
+
+    From two clocks each kernel's power elsewhere is its low-clock power plus a share ``h(f)``
+    of its gain, the same ``h`` for every kernel of a device whatever fixed V-f curve made it
+    (a prior, a preset, a characterised curve of another GPU): ``p0 + a f^3`` is
+    ``h = (f^3 - f1^3) / (f2^3 - f1^3)``. For each set: the exponents ``gamma`` of
+    ``p0 + a f^gamma`` that beat the cubic there (strictly), and how many shapes of the
+    prior's family (the knee x rise grid, relative to each set's top clock) do. The GPUs want
+    exponents on both sides of 3 (A40, Titan V, GTX 980 below; A100, P100, Titan Xp above), and
+    no shape of the family beats the cubic on every set at once: a prior of this form cannot,
+    whichever GPUs it is derived on; only a shape read off the kernels themselves can.
+    """
+    rows, beats = [], {}
+    for s in sets.values():
+        if s.time_only or not s.scored:
+            continue
+        f, p = power_grid(s.profile)
+        train = training_plan(f, 2)
+        test = f[~np.isin(f, train)]
+        if not len(test):
+            continue
+        f1, f2 = train[0], train[-1]
+        g = GAMMAS[:, None]
+        gamma_err = _shape_errors(f, p, train, test, (test**g - f1**g) / (f2**g - f1**g))
+        cubic = float(
+            _shape_errors(f, p, train, test, ((test**3 - f1**3) / (f2**3 - f1**3))[None])[0]
+        )
+        kk, rr = np.meshgrid(KNEE_FRACTIONS, TOP_RISES, indexing="ij")
+        curves = [
+            shape_curve(float(f.max()), k, r) for k, r in zip(kk.ravel(), rr.ravel(), strict=True)
+        ]
+        x = np.array([c.voltage_v(np.r_[f1, test, f2]) ** 2 for c in curves]) * np.r_[f1, test, f2]
+        h = (x[:, 1:-1] - x[:, :1]) / (x[:, -1:] - x[:, :1])
+        family_err = _shape_errors(f, p, train, test, h)
+        win = GAMMAS[gamma_err < cubic]
+        beats[s.name] = family_err < cubic
+        rows.append(
+            {
+                "set": s.name,
+                "clocks (MHz)": f"{f1:.0f}-{f2:.0f}",
+                "p0+a f^3": cubic,
+                "best gamma": float(GAMMAS[int(np.argmin(gamma_err))]),
+                "its error": float(gamma_err.min()),
+                "gamma beating f^3": f"{win.min():.2f}-{win.max():.2f}" if len(win) else "none",
+                "family shapes beating f^3": f"{int((family_err < cubic).sum())}/{len(curves)}",
+            }
+        )
+    wins = np.sum([b for b in beats.values()], axis=0)
+    summary = (
+        f"shapes of the prior's family (knee x rise) beating p0 + a f^3 on every set at once: "
+        f"{int((wins == len(beats)).sum())} of {len(wins)}; the best one beats it on "
+        f"{int(wins.max())} of {len(beats)} sets (in-sample: no prior of this form, derived "
+        f"on any GPUs, meets 'prior 2 <= p0 + a f^3' on every set)"
+    )
+    return pd.DataFrame(rows), summary
+
+
 def prior_by_gpu(sets: dict[str, Set]) -> dict[str, tuple[float, float]]:
     """Return the prior for each GPU, derived on every other GPU's sets (leave-one-GPU-out)."""
     by_gpu: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
@@ -435,6 +524,12 @@ def main() -> None:
     power = pd.DataFrame([power_row(s, sets, priors[s.gpu], spreads[s.gpu]) for s in scored])
     print("\n1. power, mean |error| % on held-out clocks (leave-one-GPU-out prior)")
     print(power.to_string(**fmt))
+    shapes, clash = fixed_shape_rows(sets)
+    print(
+        "\n1b. two clocks: the fixed shapes that beat per-kernel p0 + a f^3 (see fixed_shape_rows)"
+    )
+    print(shapes.to_string(**fmt))
+    print(clash)
     timing = pd.DataFrame([time_row(s) for s in sets.values() if s.has_time and s.scored])
     print(f"\n2. time, mean |error| % on held-out clocks, kernels >= {MIN_US:g} us, flagged apart")
     print(timing.to_string(**fmt))
