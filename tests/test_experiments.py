@@ -161,6 +161,26 @@ def test_report_of_a_folder_without_results_is_one_error_line(tmp_path):
     assert "results.json: field 'device'" in res.stderr
 
 
+def test_demo_on_a_gpu_preset_plans_board_energy_and_predicts_no_core(tmp_path):
+    # a GPU's sensor reads board power: the default objective is the chip's energy, and the
+    # report predicts no core saving it cannot know
+    out = tmp_path / "demo"
+    res = CliRunner().invoke(
+        app,
+        ["demo", "--workload", "resnet50", "--device", "a100-like", "--out", str(out)],
+        catch_exceptions=False,
+    )
+    assert res.exit_code == 0, res.output
+    assert "objective energy" in res.stdout
+    core_row = next(line for line in res.stdout.splitlines() if "core energy (J)" in line)
+    assert "%" not in core_row.split("│")[4]  # the predicted column is blank
+    results = json.loads((out / "results.json").read_text())
+    assert results["objective"] == "energy"
+    plan = results["sections"]["plan"][0]
+    assert plan["predicted_core_energy_saving_pct"] is None
+    assert plan["predicted_chip_energy_saving_pct"] > 0
+
+
 def test_demo_rejects_a_bad_objective(tmp_path):
     res = CliRunner().invoke(app, ["demo", "--objective", "speed", "--out", str(tmp_path)])
     assert res.exit_code == 2

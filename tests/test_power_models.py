@@ -280,7 +280,10 @@ def test_chip_rail_fits_a_per_op_uncore_constant_jointly():
     np.testing.assert_allclose(model.alpha_, alpha, rtol=1e-9)
     np.testing.assert_allclose(model.uncore_w_, u, rtol=1e-9)
     mid = rows[rows["freq_mhz"] == 1087.0]["chip_power_w"].to_numpy()
-    np.testing.assert_allclose(model.predict([1087.0])["chip_w"][:, 0], mid, rtol=1e-9)
+    predicted = model.predict([1087.0])
+    np.testing.assert_allclose(predicted["chip_w"][:, 0], mid, rtol=1e-9)
+    # board power alone does not say what the core drew: no core prediction, not the chip's
+    assert np.isnan(predicted["core_w"]).all()
 
 
 def test_chip_rail_from_three_clocks_gives_each_kernel_its_static_term(tmp_path):

@@ -23,6 +23,7 @@ from opdvfs.cli._app import (
     stdout,
 )
 from opdvfs.exceptions import InputFormatError
+from opdvfs.schedule import Objective
 
 # The experiments (the simulator, the models, the planner) load inside the commands.
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ def _paper_style(main: Outcome, static: Outcome | None, title: str) -> Table:
             "iteration time (s)",
             lambda o: o.iteration_time_s,
             base_s,
-            f"{main.predicted_perf_loss_pct or 0:+.2f}%",
+            _predicted(main.predicted_perf_loss_pct),
             "{:.4g}",
         ),
         ("chip power (W)", lambda o: o.chip_power_w, main.chip_power_base_w, "", "{:.1f}"),
@@ -125,14 +126,14 @@ def _paper_style(main: Outcome, static: Outcome | None, title: str) -> Table:
             "chip energy (J)",
             chip_j,
             main.chip_power_base_w * base_s,
-            f"{-(main.predicted_chip_energy_saving_pct or 0):+.2f}%",
+            _predicted(main.predicted_chip_energy_saving_pct, -1),
             "{:.1f}",
         ),
         (
             "core energy (J)",
             core_j,
             main.core_power_base_w * base_s,
-            f"{-(main.predicted_core_energy_saving_pct or 0):+.2f}%",
+            _predicted(main.predicted_core_energy_saving_pct, -1),
             "{:.1f}",
         ),
     ]
@@ -142,6 +143,11 @@ def _paper_style(main: Outcome, static: Outcome | None, title: str) -> Table:
     switches = [str(static.switches)] if static is not None else []
     table.add_row("switches / iteration", "0", str(main.switches), "", *switches)
     return table
+
+
+def _predicted(pct: float | None, sign: int = 1) -> str:
+    """Format a predicted change; blank where the models predict none (a GPU's core rail)."""
+    return "" if pct is None else f"{sign * pct:+.2f}%"
 
 
 def _print_goals(result: SuiteResult) -> None:
@@ -160,7 +166,14 @@ def demo(
     target: Annotated[
         float, typer.Option("--target", min=0.0, help="Allowed slowdown (0.02 = 2%).")
     ] = 0.02,
-    objective: ObjectiveOption = "core-energy",
+    objective: Annotated[
+        Objective | None,
+        typer.Option(
+            "--objective",
+            help="energy (chip), core-energy, power (mean chip) or paper; default: core-energy "
+            "where the device measures core power per op (Ascend), else energy (a GPU's board).",
+        ),
+    ] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Report folder.")] = Path("demo-out"),
     seed: SeedOption = 0,
     as_json: JsonOption = False,
@@ -184,7 +197,7 @@ def demo(
         )
         plot_savings(data.sweep, data.static, out / "savings.png")
         plot_error_cdf(
-            {"time": data.perf_errors_pct, "core power": data.power_errors_pct},
+            {"time": data.perf_errors_pct, f"{data.power_rail} power": data.power_errors_pct},
             out / "model_error_cdf.png",
             "model error on held-out clocks",
         )
@@ -220,7 +233,8 @@ def demo(
         _paper_style(
             main,
             static,
-            f"{workload} on {device_name} (simulated), {target:.0%} target, objective {objective}: "
+            f"{workload} on {device_name} (simulated), {target:.0%} target, objective "
+            f"{result.objective}: "
             "measured",
         )
     )

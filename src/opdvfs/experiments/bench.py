@@ -177,7 +177,9 @@ def measure(
     if schedule is not None and schedule.baseline_time_s:
         pred_loss = ((schedule.predicted_time_s or 0.0) / schedule.baseline_time_s - 1) * 100
         pred_chip = saving_pct(schedule.baseline_energy_j, schedule.predicted_energy_j)
-        pred_core = saving_pct(schedule.baseline_core_energy_j, schedule.predicted_core_energy_j)
+        core = (schedule.baseline_core_energy_j, schedule.predicted_core_energy_j)
+        # no core prediction from a model fitted on board power (a GPU's sensor)
+        pred_core = saving_pct(*core) if None not in core else None
     else:
         pred_loss = pred_chip = pred_core = None
     outcome = Outcome(

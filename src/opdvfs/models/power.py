@@ -621,7 +621,9 @@ class PowerModel(JsonFile):
         -------
         dict
             ``core_w`` and ``chip_w`` (n_ops, n_freqs), ``temp_c`` (n_ops, n_freqs) and
-            ``iterations`` (n_freqs,): the fixed-point steps taken (paper: <= 4).
+            ``iterations`` (n_freqs,): the fixed-point steps taken (paper: <= 4). ``core_w`` is
+            NaN when the model was fitted on the chip rail (board power, e.g. NVML): the
+            core's share of it is not measured.
         """
         check_is_fitted(self, "alpha_")
         freqs = np.atleast_1d(np.asarray(freqs_mhz, dtype=float))
@@ -651,8 +653,8 @@ class PowerModel(JsonFile):
             temps[:, j] = self.ambient_c_ + dtemp
         fv2 = freqs / 1e3 * self.voltage_.voltage_v(freqs) ** 2
         chip = core + self.uncore_w_[:, None] + self.uncore_beta_ * fv2[None, :]
-        if self.rail_ == "chip":
-            core, chip = chip, chip
+        if self.rail_ == "chip":  # fitted on board power: the core's share is not identified
+            core, chip = np.full_like(chip, np.nan), chip
         return {"core_w": core, "chip_w": chip, "temp_c": temps, "iterations": steps}
 
     def _inverse_times(self, time_us: np.ndarray | None, n: int, k: int) -> np.ndarray | None:
