@@ -231,3 +231,11 @@ def test_plan_warns_when_stages_are_shorter_than_the_switch(tmp_path):
     )
     assert res.exit_code == 0, res.output
     assert "switch latency" not in res.stderr
+    # board power only (a GPU's sensor): core energy cannot be planned, and the line says why
+    res = invoke(
+        "plan", profile, "--target", "0.05", "--interval-ms", "15", "--objective", "core-energy",
+        "--out", tmp_path / "core.json",
+    )  # fmt: skip
+    assert res.exit_code == 2
+    assert "board (chip) power only" in res.stderr and "--objective energy" in res.stderr
+    assert "Traceback" not in res.output and not (tmp_path / "core.json").exists()

@@ -644,10 +644,12 @@ def stage_problem(
     names, (freqs, time_us, chip_j, core_j) = _op_tables(models, inputs, values)
     if objective == "core-energy" and not np.isfinite(core_j).all():
         gap = None
-        if inputs.measured is not None:
+        if inputs.measured is not None and np.isfinite(core_j).any():
             gap = missing_measurement(inputs.measured, core_j, freqs, "core energy")
         raise gap or ValidationError(
-            "core energy is neither measured (core_power_w) nor modelled", field="core_power_w"
+            "core energy is neither measured (core_power_w) nor modelled: the profile has "
+            "board (chip) power only, as a GPU's sensor gives; plan --objective energy",
+            field="core_power_w",
         )
     top = len(freqs) - 1
     if inputs.classes is not None:
