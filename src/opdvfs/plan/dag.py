@@ -32,12 +32,12 @@ longest-path float of every node, two vectorised passes over the graph's topolog
 levels). (4) While that plan is further than ``rel_gap`` above the bound, a
 variable-neighbourhood search re-solves sets of nodes exactly (HiGHS, the other nodes fixed,
 each free node within a band of options around its current one): the relaxation's
-fractional nodes, windows of nodes that run at about the same time, pairs of neighbouring
-ranks; a pass that improves nothing widens the band and the windows. (5) The rest of
-``time_limit_s`` goes to HiGHS's branch and bound on the whole 0/1 programme from the best
-plan (warm start), which also raises the bound. Every result carries its certified bound and
-gap. A frontier (:func:`dag_frontier`) plans its deadlines from the tightest up, each
-warm-started from the one before.
+fractional nodes, windows of nodes that run at about the same time, pairs and triples of
+neighbouring ranks; a pass that improves nothing widens the band and the windows. (5) Most
+of ``time_limit_s`` beyond its first second goes to HiGHS's branch and bound on the whole 0/1
+programme from the best plan (warm start), which also raises the bound. Every result carries
+its certified bound and gap. A frontier (:func:`dag_frontier`) plans its deadlines from the
+tightest up, each warm-started from the one before.
 """
 
 from __future__ import annotations
@@ -69,12 +69,16 @@ __all__ = [
 _LEVELS = ((4, 24), (8, 32), (24, 48))
 #: Windows per window length (they overlap).
 _STRIDE = 3
+#: Sizes of the groups of neighbouring ranks re-solved together (a group of g ranks within
+#: 2/g of the level's band: about the same number of choices as a pair).
+_RANK_GROUPS = (2, 3)
 #: A search pass that lowers the energy by less than this fraction moves to the next level.
 _PASS_GAIN = 1e-4
 #: Share of the time budget's first second, and of the rest, the neighbourhood search may use
 #: (branch and bound gets the rest: the search finds plans fast, only branch and bound raises
-#: the bound, and it needs seconds to).
-_SEARCH_SHARE, _SEARCH_SHARE_LATER = 0.9, 0.1
+#: the bound, and it needs seconds to: on the Perseus A40 GPT-3 graph its root alone takes
+#: ~0.5 s, so within a one-second budget it raised no bound and only delayed the answer).
+_SEARCH_SHARE, _SEARCH_SHARE_LATER = 1.0, 0.1
 #: Seconds kept back from branch and bound for what follows it (HiGHS stops a little late).
 _WRAP_UP_S = 0.03
 
@@ -92,6 +96,9 @@ def _search_seconds(time_limit_s: float) -> float:
 #: A neighbourhood's exact solve stops within this fraction of its optimum (a move needs only
 #: to improve; proving the last 0.01% of a sub-problem costs most of its time).
 _HOOD_GAP = 1e-4
+#: Seconds one neighbourhood's exact solve may take (a move found by then is kept; HiGHS's
+#: heuristics find most moves early, and proving them optimal is what a hard window spends).
+_HOOD_TIME_S = 0.1
 #: Relative slack on time comparisons (s): a path equal to the deadline up to rounding fits.
 _TIME_RTOL = 1e-9
 
@@ -632,24 +639,30 @@ def _infeasible(problem: DagProblem, deadline_s: float, started: float) -> DagPl
 
 
 def _neighbourhoods(
-    problem: DagProblem, slot_start_s: np.ndarray, fractional: np.ndarray, window: int
-) -> list[np.ndarray]:
-    """Return node sets to re-solve exactly with the rest fixed.
+    problem: DagProblem, slot_start_s: np.ndarray, fractional: np.ndarray, window: int, band: int
+) -> list[tuple[np.ndarray, int]]:
+    """Return node sets to re-solve exactly with the rest fixed, each with its band.
 
     The relaxation's fractional nodes, then windows of ``window`` nodes that run at about the
-    same time (across ranks), then pairs of neighbouring ranks.
+    same time (across ranks), then groups of neighbouring ranks: pairs within ``band``, and
+    (from _RANK_GROUPS) larger groups within a band narrowed in proportion.
     """
     n = problem.n_nodes
     size = min(n, window)
     by_time = np.argsort(slot_start_s, kind="stable")
-    hoods = [fractional] if fractional.any() else []
+    hoods = [(fractional, band)] if fractional.any() else []
+    windows = []
     for first in range(0, max(n - size, 0) + 1, max(size // _STRIDE, 1)):
         mask = np.zeros(n, dtype=bool)
         mask[by_time[first : first + size]] = True
-        hoods.append(mask)
-    for r in range(max(problem.n_ranks - 1, 0)):
-        hoods.append(np.isin(problem.rank, [r, r + 1]))
-    return hoods
+        windows.append((mask, band))
+    groups = []
+    for group in _RANK_GROUPS:
+        narrowed = max(band * 2 // group, 1)
+        for r in range(max(problem.n_ranks - group + 1, 0)):
+            groups.append(((problem.rank >= r) & (problem.rank < r + group), narrowed))
+    # windows first: on the Perseus graphs they found the first moves sooner than rank groups
+    return hoods + windows + groups
 
 
 def _search(
@@ -678,12 +691,16 @@ def _search(
         band, window = _LEVELS[level]
         pass_start_e = best_e
         starts = problem.start_times(options.clock[rows, best])
-        for hood in _neighbourhoods(problem, starts, fractional, window):
+        for hood, hood_band in _neighbourhoods(problem, starts, fractional, window, band):
             left = until - _time.perf_counter()
             if left <= 0:
                 return best
             got, _, _ = programme.exact(
-                best, rel_gap=_HOOD_GAP, time_limit_s=min(left, 0.2), free=hood, band=band
+                best,
+                rel_gap=_HOOD_GAP,
+                time_limit_s=min(left, _HOOD_TIME_S),
+                free=hood,
+                band=hood_band,
             )
             if got is None:
                 continue
@@ -720,7 +737,7 @@ def solve_dag(
     rel_gap
         Stop once the plan is certified within this fraction of the optimum (1e-3 = 0.1%).
     time_limit_s
-        Wall-time budget: the rounded relaxation, then a neighbourhood search (up to 90% of
+        Wall-time budget: the rounded relaxation, then a neighbourhood search (up to all of
         the first second and 10% of the rest), then HiGHS's branch and bound from the best
         plan (the rest) while the certified gap exceeds ``rel_gap``. The best plan found is
         returned with its certified gap; status ``feasible`` when that gap is above
