@@ -220,3 +220,34 @@ def test_an_infeasible_deadline_is_reported():
     problem = pipeline_graph(*(np.ones((2, 1)),) * 4, [1000.0], 2)
     plan = solve_dag(problem, 0.0, deadline_s=1.0)
     assert plan.status == "infeasible"
+
+
+def test_a_hard_perseus_deadline_plans_within_its_budget():
+    # GPT-3 on A40 at d = 0 is the hardest Perseus instance (its relaxation is 0.2% below the
+    # optimum): the search runs the whole budget, and the answer comes back within a second
+    from opdvfs.plan.dag import TIME_LIMIT_S
+
+    problem = pipeline_dag(read_profile([dataset_path("perseus-gpt3-175b-a40")]), 8)
+    base, _, _ = problem.evaluate(problem.top_clock())
+    rounded = solve_dag(problem, 0.0, time_limit_s=0.0)
+    plan = solve_dag(problem, 0.0)
+    assert plan.plan_seconds < TIME_LIMIT_S + 0.1 < 1.0
+    assert plan.makespan_s <= base * (1 + 1e-9)
+    assert plan.energy_j < rounded.energy_j * (1 - 1e-3)  # the search moved it
+    assert plan.lower_bound_j == pytest.approx(rounded.lower_bound_j)
+
+
+def test_neighbourhoods_cover_neighbouring_rank_groups():
+    from opdvfs.plan.dag import _RANK_GROUPS, _neighbourhoods
+
+    problem = pipeline_dag(read_profile([dataset_path("perseus-bloom-a100")]), 4)
+    starts = problem.start_times(problem.top_clock())
+    hoods = _neighbourhoods(problem, starts, np.zeros(problem.n_nodes, bool), 24, 4)
+    for size in _RANK_GROUPS:
+        for r in range(problem.n_ranks - size + 1):
+            group = (problem.rank >= r) & (problem.rank < r + size)
+            bands = [band for mask, band in hoods if (mask == group).all()]
+            assert bands == [max(4 * 2 // size, 1)]
+    # the time windows (all but the rank groups) hold 24 nodes
+    n_groups = sum(problem.n_ranks - size + 1 for size in _RANK_GROUPS)
+    assert all(mask.sum() == 24 for mask, _ in hoods[:-n_groups])
