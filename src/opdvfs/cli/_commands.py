@@ -11,7 +11,8 @@ import opdvfs.cli.evaluate
 import opdvfs.cli.models
 import opdvfs.cli.plan
 import opdvfs.cli.runtime
-import opdvfs.cli.sim  # noqa: F401
+import opdvfs.cli.sim
+import opdvfs.cli.tune  # noqa: F401
 from opdvfs.cli._app import UsageError, app, parse_clocks, stderr
 
 __all__ = ["UsageError", "app", "parse_clocks", "stderr"]

@@ -56,6 +56,7 @@ __all__ = [
     "SweepIteration",
     "SweepResult",
     "on_launches",
+    "sweep_profile",
     "sweep_run",
 ]
 
@@ -535,14 +536,7 @@ def sweep_run(
         ):
             run()
         measured = trace.profile
-    profile = None
-    if sweep.done:
-        if sim is not None:
-            profile = _sim_profile(sim, sweep)
-        else:
-            assert measured is not None
-            profile = _traced_profile(measured, sweep)
-        profile = _with_sweep_meta(profile, sweep, actuator)
+    profile = sweep_profile(sweep, measured) if sweep.done else None
     return SweepResult(
         profile,
         list(sweep.records),
@@ -552,6 +546,30 @@ def sweep_run(
         sweep.per_clock or sweep._default_per_clock(sweep.iteration_s or 0.0),
         sweep.warmup,
     )
+
+
+def sweep_profile(sweep: ClockSweep, measured: Profile | None = None) -> Profile:
+    """Return a finished sweep's profile: every operator at every swept clock (see the module).
+
+    On a simulated GPU (the sweep's actuator) from its kernel records and power samples, which
+    may be read while the program runs on (``opdvfs tune`` plans while it trains); else from
+    ``measured``, the trace of the sweep's run (:func:`~opdvfs.runtime.profiling.traced`).
+
+    Raises
+    ------
+    CaptureError
+        If the sweep is not done, or a real device's sweep has no trace.
+    """
+    if not sweep.done:
+        raise CaptureError("the clock sweep is not done: it has no profile yet")
+    actuator = sweep.actuator
+    if isinstance(actuator, SimGpuActuator):
+        profile = _sim_profile(actuator, sweep)
+    elif measured is None:
+        raise CaptureError("the sweep ran on a real device and no trace was given")
+    else:
+        profile = _traced_profile(measured, sweep)
+    return _with_sweep_meta(profile, sweep, actuator)
 
 
 def _with_sweep_meta(profile: Profile, sweep: ClockSweep, actuator: Actuator) -> Profile:

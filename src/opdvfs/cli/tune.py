@@ -1,0 +1,194 @@
+"""The tune command: profile, plan, apply and measure on a running training job, in one run (#21).
+
+``opdvfs tune --target 0.02 [--actuator nvml|zeusd|sim:PRESET|dry-run] [--clocks auto|LIST]
+[--out DIR] -- python train.py ARGS`` runs the unchanged script once, in this process, under
+:class:`opdvfs.experiments.tune.Tuner`; the files go to ``--out`` (:func:`opdvfs.report.tune.
+write_tune`), the summary to stdout, a progress display (phase, clock, iterations left, the
+running saving) to stderr when it is a terminal.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from opdvfs.cli._app import UsageError, app, reports_errors, stderr, stdout
+from opdvfs.exceptions import CaptureError
+
+_SCRIPT = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def _progress() -> tuple[Any, Any]:
+    """Return a started rich progress display on stderr and its update callback (or Nones)."""
+    if not stderr.is_terminal:
+        return None, None
+    from rich.progress import Progress, SpinnerColumn, TextColumn
+
+    progress = Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), console=stderr, transient=True
+    )
+    task = progress.add_task("tune: warm-up", total=None)
+    progress.start()
+
+    def update(status: dict[str, Any]) -> None:
+        clock = status["freq_mhz"]
+        left = status["left"]
+        saving = status["saving"]
+        progress.update(
+            task,
+            description=(
+                f"tune: {status['phase']} | iteration {status['iteration']}"
+                + (f" | {clock:g} MHz" if clock else "")
+                + (f" | {left} left in phase" if left is not None else "")
+                + (f" | measured saving {saving:+.2%}" if saving is not None else "")
+            ),
+        )
+
+    return progress, update
+
+
+@app.command(context_settings=_SCRIPT)
+@reports_errors
+def tune(
+    ctx: typer.Context,
+    target: Annotated[
+        float, typer.Option("--target", help="Allowed measured slowdown (0.02 = 2%).")
+    ],
+    actuator: Annotated[
+        str,
+        typer.Option(
+            "--actuator",
+            help="nvml (root), zeusd (no root: the Zeus daemon at ZEUSD_SOCK_PATH), "
+            "sim:PRESET (a simulated GPU, e.g. sim:a100-like), or dry-run (clocks only "
+            "recorded; needs --device).",
+        ),
+    ] = "nvml",
+    clocks: Annotated[
+        str,
+        typer.Option(
+            "--clocks",
+            help="Clocks to profile: auto (the top, the two steps below it, mid and min) or a "
+            "list (MHz and/or min, mid, max).",
+        ),
+    ] = "auto",
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Folder for the profile, models, schedule, report.")
+    ] = Path("opdvfs-tune"),
+    iterations_per_clock: Annotated[
+        int | None,
+        typer.Option(
+            "--iterations-per-clock",
+            min=1,
+            help="Iterations measured at each clock (default: enough for the power sensor).",
+        ),
+    ] = None,
+    warmup: Annotated[
+        int, typer.Option("--warmup", min=1, help="Iterations at the top clock first.")
+    ] = 2,
+    block: Annotated[
+        int,
+        typer.Option("--block", min=2, help="Iterations per A/B block (the first discarded)."),
+    ] = 3,
+    pairs: Annotated[
+        int, typer.Option("--pairs", min=1, help="A/B block pairs per measured plan.")
+    ] = 3,
+    rounds: Annotated[
+        int, typer.Option("--rounds", min=1, help="Most plans measured (re-plans included).")
+    ] = 3,
+    work_scale: Annotated[
+        float | None,
+        typer.Option(
+            "--work-scale",
+            min=0.0,
+            help="With --actuator sim:PRESET: each operator does this many times its work.",
+        ),
+    ] = None,
+    device: Annotated[
+        str | None, typer.Option("--device", "-d", help="With --actuator dry-run: its clocks.")
+    ] = None,
+    log: Annotated[
+        Path | None, typer.Option("--log", help="JSON lines of actuator calls (appended).")
+    ] = None,
+    no_cache: Annotated[
+        bool,
+        typer.Option(
+            "--no-cache",
+            help="Neither read nor write the cache ($OPDVFS_CACHE_DIR, else "
+            "~/.cache/opdvfs/tune) of schedules per operator sequence.",
+        ),
+    ] = False,
+) -> None:
+    """Tune a training script's clocks in one run: profile, plan, apply, measure (A/B).
+
+    Warm-up at the top clock; profile at a few clocks between iterations; fit and plan in a
+    background thread while training goes on at the top clock; apply the schedule in blocks
+    interleaved with top-clock blocks and report the measured slowdown and energy saved (95%
+    t-intervals over the pairs); re-plan at another budget when the measured slowdown misses
+    the target; then apply the best plan for the rest of the run. A second run of the same job
+    starts from the cache and applies at once. The clock is restored however the run ends.
+    """
+    from opdvfs.cli._app import parse_clocks
+    from opdvfs.cli.runtime import _program
+    from opdvfs.experiments.tune import TuneCache, Tuner
+    from opdvfs.report.tune import summary_lines, write_tune
+    from opdvfs.runtime.actuators import make_actuator
+    from opdvfs.runtime.launch import run_python
+
+    if not target > 0:
+        raise UsageError(f"--target {target:g}: expected a slowdown > 0 (0.02 = 2%)")
+    if actuator in ("twin", "ascend"):
+        raise UsageError(
+            f"--actuator {actuator}: tune measures the device the script runs on: use nvml, "
+            "zeusd, sim:PRESET or dry-run"
+        )
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: not a folder")
+    argv = list(ctx.args)
+    if not argv:
+        raise UsageError("give the script to tune after --: -- python train.py ARGS")
+    command = _program(argv)
+    if command is None:
+        raise UsageError("tune runs the script in opdvfs's process: -- python SCRIPT ARGS")
+    header = {"command": "tune", "actuator": actuator, "target": target}
+    act = make_actuator(
+        actuator,
+        device=device,
+        log=None if log is None else str(log),
+        header=header,
+        work_scale=work_scale,
+    )
+    try:
+        chosen: Any = "auto"
+        if clocks.strip().lower() != "auto":
+            chosen = parse_clocks(clocks, act.supported_freqs_mhz())
+        progress, update = _progress()
+        tuner = Tuner(
+            act,
+            target=target,
+            clocks=chosen,
+            warmup=warmup,
+            iterations_per_clock=iterations_per_clock,
+            block=block,
+            pairs=pairs,
+            rounds=rounds,
+            cache=None if no_cache else TuneCache(),
+            on_iteration=update,
+        )
+    except BaseException:
+        act.close()
+        raise
+    try:
+        with tuner:
+            run_python(command)
+    finally:
+        if progress is not None:
+            progress.stop()
+    result = tuner.result
+    written = write_tune(result, out)
+    for line in summary_lines(result):
+        stdout.print(line, highlight=False)
+    stdout.print(f"wrote {out}: {', '.join(written)}", highlight=False)
+    if result.error is not None and result.schedule is None:
+        raise CaptureError(result.error)

@@ -1,0 +1,1025 @@
+"""``opdvfs tune``: the closed loop on a running training job, in one run of its script (#21).
+
+One run of the user's unchanged script goes through these phases, each between two of its
+iterations (an iteration ends at an optimizer step):
+
+1. **warm-up** at the top clock (the first iteration differs: allocations, optimizer state);
+   the last warm-up iteration's operator sequence is the job's :func:`cache_key`. A cached
+   schedule for it starts applying at once (phase ``steady``), skipping 2-4.
+2. **profiling** at K clocks (:func:`auto_clocks`), through the clock sweep of
+   :mod:`opdvfs.runtime.sweep` (:class:`~opdvfs.runtime.sweep.ClockSweep`: the iterations a
+   switch disturbs discarded, thermal steadiness checked), into one profile
+   (:func:`~opdvfs.runtime.sweep.sweep_profile`).
+3. **planning** in a background thread while training goes on at the top clock: the models
+   are fitted and the schedule planned by the same functions ``opdvfs plan`` uses on a swept
+   profile (:func:`fit_profile`, :func:`plan_fitted`).
+4. **A/B measurement**: the schedule is applied by the executor ``opdvfs run`` uses
+   (:class:`~opdvfs.runtime.dispatch.ScheduleExecutor`, operator-triggered), in blocks that
+   alternate with top-clock reference blocks (ABBA order, so a linear drift such as a warming
+   die cancels); each block's first iteration is discarded (a switch in flight). Each pair of
+   blocks gives one paired ratio of time and of energy; their mean and Student-t interval
+   (:func:`paired_interval`) are the measured slowdown and saving.
+5. **re-plan** when the measured slowdown is not within the target:
+   :func:`opdvfs.runtime.tuning.fit_budget` plans at another budget and measures again (it runs
+   in the planning thread; each ``measure`` waits for the training thread's A/B blocks).
+6. **steady**: the best round's schedule applies for the rest of the run, and is cached.
+
+Layering: the runtime may not import the planner, so the orchestration that fits and plans
+lives here, in ``experiments`` (which may import models, plan and runtime); the runtime keeps
+only what runs between iterations (the sweep, the executor, the guard). Every exit path ends
+with exactly one restore of the clock (:class:`~opdvfs.runtime.actuators.ClockGuard`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import threading
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from opdvfs._files import write_text_atomic
+from opdvfs.exceptions import OpdvfsError, ValidationError
+from opdvfs.models.bundle import ModelBundle
+from opdvfs.models.perf import PerfModel
+from opdvfs.models.power import PowerModel
+from opdvfs.plan.planner import PlanInputs, plan_schedule
+from opdvfs.profile import Profile
+from opdvfs.runtime.actuators import Actuator, ClockGuard, SimGpuActuator
+from opdvfs.runtime.sweep import REAL_SETTLE_S, ClockSweep, on_launches, sweep_profile
+from opdvfs.runtime.tuning import BudgetFit, Measured, fit_budget
+from opdvfs.schedule import Objective, Schedule
+from opdvfs.sim.presets import preset_spec
+
+__all__ = [
+    "CACHE_ENV",
+    "PHASES",
+    "Interval",
+    "PlanOnProfile",
+    "TuneCache",
+    "TuneResult",
+    "TuneRound",
+    "Tuner",
+    "auto_clocks",
+    "cache_key",
+    "default_cache_dir",
+    "fit_profile",
+    "paired_interval",
+    "plan_fitted",
+]
+
+#: Environment variable naming the cache folder (default ``~/.cache/opdvfs/tune``).
+CACHE_ENV = "OPDVFS_CACHE_DIR"
+
+Phase = Literal[
+    "warmup",
+    "settle",
+    "unsteady",
+    "counted",
+    "planning",
+    "switch",
+    "reference",
+    "tuned",
+    "steady",
+    "top",
+]
+#: Every phase an iteration can be in, in the order a run goes through them.
+PHASES: tuple[str, ...] = (
+    "warmup",
+    "settle",
+    "unsteady",
+    "counted",
+    "planning",
+    "switch",
+    "reference",
+    "tuned",
+    "steady",
+    "top",
+)
+#: Phases that cost the job profiling (the sweep after the warm-up) or planning.
+PROFILING = ("settle", "unsteady", "counted")
+
+
+def auto_clocks(freqs_mhz: Sequence[float], *, near: int = 2) -> tuple[float, ...]:
+    """Return the clocks ``--clocks auto`` profiles: top, ``near`` steps below it, mid and min.
+
+    Why these: a slowdown budget of a few percent is spent within a few clock steps of the top
+    (one step is ~1% of the clock on the presets' 15 MHz grids), where iteration time is
+    nearly flat and the fitted time model's error is largest relative to the budget (a plan on
+    3 spread clocks saved 12.6% measured against 17.8% from a sweep that also measured two
+    clocks near the top, README); measured there, the planner uses measurements, not models,
+    where the budget decides. The models (time ``a + b/f`` per operator, power ``p0 + a f^3``)
+    need a spread to separate their terms, and ``opdvfs plan`` refuses clocks outside the
+    measured range (the models would extrapolate), so the device's lowest clock and the one
+    nearest the middle of its range close it: memory-bound operators can go there at no cost.
+    Five clocks in all; fewer when the device has fewer.
+    """
+    grid = np.unique(np.asarray(freqs_mhz, dtype=float))
+    if grid.size == 0:
+        raise ValidationError("the device lists no clock", field="freqs_mhz")
+    top = grid.size - 1
+    picks = {top - k for k in range(near + 1) if top - k >= 0}
+    mid = int(np.argmin(np.abs(grid - (grid[0] + grid[-1]) / 2)))
+    picks |= {mid, 0}
+    return tuple(float(grid[i]) for i in sorted(picks, reverse=True))
+
+
+# ----------------------------------------------------------------------------- fit and plan
+@dataclass(frozen=True)
+class PlanOnProfile:
+    """The models fitted on a swept profile and the planner's inputs, as ``opdvfs plan`` has them.
+
+    Attributes
+    ----------
+    models
+        The fitted time and power models (None when the profile measured every clock).
+    inputs
+        The planner's inputs (the device's clocks, streams, measurements).
+    switch_latency_ms
+        The device's switch latency (ms), the planner's default.
+    n_launches
+        Operators the executor counts per iteration (a simulated GPU's sweep: its rows are the
+        kernels, mapped back with :func:`~opdvfs.runtime.sweep.on_launches`); None: the
+        profile's operators are those the executor counts.
+    """
+
+    models: ModelBundle | None
+    inputs: PlanInputs
+    switch_latency_ms: float
+    n_launches: int | None = None
+
+
+def fit_profile(
+    profile: Profile, *, objective: Objective = "energy", n_launches: int | None = None
+) -> PlanOnProfile:
+    """Fit the models on a swept profile, as ``opdvfs plan PROFILE`` does (``--values auto``).
+
+    The same calls as the plan command: the planner's inputs from the profile over its
+    device's clocks (:meth:`PlanInputs.from_profile`), and models fitted only when some
+    operator was not measured at some clock the device offers.
+    """
+    inputs = PlanInputs.from_profile(profile)
+    spec = preset_spec(inputs.device)
+    models = None
+    assert inputs.measured is not None
+    if not inputs.measured.covers(inputs.freqs_mhz, core=objective == "core-energy"):
+        models = ModelBundle(PerfModel().fit(profile), PowerModel().fit(profile, device=spec))
+    latency = spec.switch_latency_ms if spec is not None else 1.0
+    return PlanOnProfile(models, inputs, latency, n_launches)
+
+
+def plan_fitted(
+    fitted: PlanOnProfile,
+    *,
+    target: float,
+    objective: Objective = "energy",
+    interval_ms: float = 20.0,
+) -> Schedule:
+    """Plan at ``target`` on :func:`fit_profile`'s models, as ``opdvfs plan`` does; map to launches.
+
+    ``interval_ms`` below the device's switch latency is raised to it (``plan`` warns about
+    shorter stages: most of their switches would land after them).
+    """
+    schedule = plan_schedule(
+        fitted.models,
+        fitted.inputs,
+        target=target,
+        objective=objective,
+        interval_ms=max(interval_ms, fitted.switch_latency_ms),
+        switch_latency_ms=fitted.switch_latency_ms,
+    )
+    if fitted.n_launches is not None:
+        assert fitted.inputs.measured is not None
+        schedule = on_launches(schedule, fitted.inputs.measured.op_ids, fitted.n_launches)
+    return schedule
+
+
+# ----------------------------------------------------------------------------- statistics
+@dataclass(frozen=True)
+class Interval:
+    """A mean and its two-sided Student-t confidence interval.
+
+    Attributes
+    ----------
+    mean, low, high
+        The mean and the interval's ends (``nan`` with fewer than two values).
+    n
+        How many values.
+    confidence
+        The interval's level (0.95).
+    """
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    confidence: float = 0.95
+
+
+def paired_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
+    """Return the mean of paired differences and its t-interval (``mean +- t * s / sqrt(n)``).
+
+    ``values``: one per A/B pair (e.g. tuned/reference ratio minus 1). The interval is the
+    one-sample Student-t interval of the mean (n - 1 degrees of freedom).
+    """
+    from scipy import stats
+
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return Interval(math.nan, math.nan, math.nan, 0, confidence)
+    mean = float(x.mean())
+    if x.size < 2:
+        return Interval(mean, math.nan, math.nan, 1, confidence)
+    half = float(stats.t.ppf(0.5 + confidence / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+    return Interval(mean, mean - half, mean + half, int(x.size), confidence)
+
+
+# ----------------------------------------------------------------------------- cache
+def cache_key(op_names: Sequence[str], *, device: str, target: float, **extra: Any) -> str:
+    """Return the cache key of a job: a SHA-256 of its operator sequence and what the plan fits.
+
+    The sequence is one iteration's operators as the executor counts them (the last warm-up
+    iteration's); the device (with a simulated GPU's work scale), the target and ``extra``
+    (the objective) are part of the key, since a plan is only valid for them.
+    """
+    doc = {"ops": list(op_names), "device": device, "target": round(float(target), 9), **extra}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def default_cache_dir() -> Path:
+    """Return the cache folder: ``$OPDVFS_CACHE_DIR``, else ``~/.cache/opdvfs/tune``."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env) if env else Path.home() / ".cache" / "opdvfs" / "tune"
+
+
+class TuneCache:
+    """Schedules measured by earlier tuning runs, one JSON file per :func:`cache_key`."""
+
+    def __init__(self, folder: str | os.PathLike[str] | None = None) -> None:
+        self.folder = Path(folder) if folder is not None else default_cache_dir()
+
+    def path(self, key: str) -> Path:
+        """Return the file of ``key``."""
+        return self.folder / f"{key}.json"
+
+    def get(self, key: str) -> tuple[Schedule, dict[str, Any]] | None:
+        """Return the cached schedule and what it measured, or None (none, or unreadable)."""
+        path = self.path(key)
+        if not path.is_file():
+            return None
+        try:
+            doc = json.loads(path.read_text())
+            return Schedule.model_validate(doc["schedule"]), dict(doc.get("measured", {}))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def put(self, key: str, schedule: Schedule, measured: dict[str, Any]) -> Path:
+        """Write the schedule under ``key`` (atomically); return its file."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.path(key)
+        doc = {"schedule": schedule.model_dump(mode="json"), "measured": measured}
+        write_text_atomic(path, json.dumps(doc))
+        return path
+
+
+# ----------------------------------------------------------------------------- the run
+@dataclass
+class TuneIteration:
+    """One iteration of a tuning run: its phase, the clock set at its start, time and energy.
+
+    ``time_s`` and ``energy_j`` are on the device's clock and counter (a simulated GPU's
+    virtual time; a real GPU's wall time after a synchronise and its energy counter; None
+    where the device has no counter). ``round`` is the A/B round it measured, if any.
+    """
+
+    iteration: int
+    phase: str
+    freq_mhz: float | None
+    time_s: float
+    energy_j: float | None
+    round: int | None = None
+
+
+@dataclass
+class TuneRound:
+    """One planned schedule and what its A/B blocks measured against the top clock.
+
+    ``slowdown`` and ``saving`` are paired intervals over the block pairs (tuned over
+    reference time minus 1; 1 minus tuned over reference energy).
+    """
+
+    budget: float
+    stages: int
+    predicted_slowdown: float | None
+    predicted_saving: float | None
+    slowdown: Interval
+    saving: Interval | None
+    pairs: int
+
+
+@dataclass
+class TuneResult:
+    """What a tuning run did and measured (the JSON result's content)."""
+
+    target: float
+    actuator: str
+    device: str | None
+    clocks_mhz: tuple[float, ...]
+    iterations: list[TuneIteration]
+    rounds: list[TuneRound] = field(default_factory=list)
+    best_round: int | None = None
+    met: bool | None = None
+    cache_key: str | None = None
+    cache_hit: bool = False
+    schedule: Schedule | None = None
+    profile: Profile | None = None
+    models: ModelBundle | None = None
+    error: str | None = None
+    plan_seconds: float = 0.0
+    timeline: dict[str, list[float]] | None = None
+
+    def count(self, *phases: str) -> int:
+        """Return how many iterations were in any of ``phases``."""
+        return sum(1 for it in self.iterations if it.phase in phases)
+
+    @property
+    def profiling_iterations(self) -> int:
+        """Iterations the sweep took after the warm-up (switch settling, unsteady, counted)."""
+        return self.count(*PROFILING)
+
+    @property
+    def planning_iterations(self) -> int:
+        """Iterations run at the top clock while the models were fitted and plans made."""
+        return self.count("planning")
+
+    @property
+    def overhead_fraction(self) -> float:
+        """Profiling and planning iterations over all the run's iterations."""
+        n = len(self.iterations)
+        return (self.profiling_iterations + self.planning_iterations) / n if n else math.nan
+
+    def phase_means(self) -> dict[str, dict[str, float | int | None]]:
+        """Return per phase: iterations, mean time (s) and mean energy (J) per iteration."""
+        out: dict[str, dict[str, float | int | None]] = {}
+        for phase in PHASES:
+            rows = [it for it in self.iterations if it.phase == phase]
+            if not rows:
+                continue
+            energy = [it.energy_j for it in rows if it.energy_j is not None]
+            out[phase] = {
+                "iterations": len(rows),
+                "time_s": float(np.mean([it.time_s for it in rows])),
+                "energy_j": float(np.mean(energy)) if energy else None,
+            }
+        return out
+
+    @property
+    def best(self) -> TuneRound | None:
+        """The round whose schedule runs in the steady phase."""
+        return self.rounds[self.best_round] if self.best_round is not None else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON-able result (no profile, models or schedule: they have their files)."""
+        best = self.best
+        return {
+            "target": self.target,
+            "actuator": self.actuator,
+            "device": self.device,
+            "clocks_mhz": list(self.clocks_mhz),
+            "iterations": len(self.iterations),
+            "profiling_iterations": self.profiling_iterations,
+            "planning_iterations": self.planning_iterations,
+            "overhead_fraction": self.overhead_fraction,
+            "phases": self.phase_means(),
+            "rounds": [asdict(r) for r in self.rounds],
+            "best_round": self.best_round,
+            "met": self.met,
+            "measured_slowdown": asdict(best.slowdown) if best else None,
+            "measured_saving": asdict(best.saving) if best and best.saving else None,
+            "cache_key": self.cache_key,
+            "cache_hit": self.cache_hit,
+            "plan_seconds": self.plan_seconds,
+            "error": self.error,
+            "per_iteration": [asdict(it) for it in self.iterations],
+        }
+
+
+class _Aborted(Exception):
+    """The run ended before a measurement the planning thread waits for."""
+
+
+@dataclass
+class _Block:
+    kind: Literal["reference", "tuned"]
+    left: int  # iterations still to run in it (its first one discarded)
+    pair: int
+
+
+@dataclass
+class _Measurement:
+    schedule: Schedule
+    round: int
+    blocks: list[_Block]
+    done: threading.Event = field(default_factory=threading.Event)
+    measured: Measured | None = None
+
+
+def _make_executor(actuator: Actuator, tuner: Tuner) -> Any:
+    """Return the executor ``opdvfs run`` uses, with the tuner called at each iteration end."""
+    from opdvfs.runtime.dispatch import ScheduleExecutor
+
+    class TuneExecutor(ScheduleExecutor):
+        """:class:`ScheduleExecutor`, recording one iteration's names; the tuner runs after it."""
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            if tuner.recording(self.iteration):
+                tuner.op_names.append(func._schema.name)
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+        def mark_iteration(self) -> None:
+            iteration, n_ops = self.iteration, self.op_index
+            super().mark_iteration()
+            tuner.iteration_ended(iteration, n_ops)
+
+    return TuneExecutor(None, actuator, max_diverged=2)
+
+
+class Tuner:
+    """Tune a running program's clocks (see the module): enter it around the program.
+
+    Parameters
+    ----------
+    actuator
+        A :class:`~opdvfs.runtime.actuators.SimGpuActuator` (the program runs on the simulated
+        GPU) or a real device's (NVML, zeusd: traced with torch.profiler and NVML during the
+        sweep) or a dry run (the CPU's op times; no energy counter, so nothing to plan on: the
+        run ends in the planning phase with an error in the result). Entered and closed here.
+    target
+        Allowed measured slowdown (0.02 = 2%).
+    clocks
+        Clocks to profile (MHz), or ``"auto"`` (:func:`auto_clocks`).
+    warmup, iterations_per_clock
+        As :class:`~opdvfs.runtime.sweep.ClockSweep`.
+    block
+        Iterations per A/B block (its first one discarded: >= 2).
+    pairs
+        Reference/tuned block pairs per round (>= 2 for an interval).
+    rounds
+        Most plans :func:`~opdvfs.runtime.tuning.fit_budget` measures.
+    objective, interval_ms
+        As ``opdvfs plan``.
+    cache
+        Where measured schedules are kept (None: no cache).
+    on_iteration
+        Called after each iteration with :meth:`status` (a progress display).
+    """
+
+    def __init__(
+        self,
+        actuator: Actuator,
+        *,
+        target: float,
+        clocks: Sequence[float] | Literal["auto"] = "auto",
+        warmup: int = 2,
+        iterations_per_clock: int | None = None,
+        block: int = 3,
+        pairs: int = 3,
+        rounds: int = 3,
+        objective: Objective = "energy",
+        interval_ms: float = 20.0,
+        cache: TuneCache | None = None,
+        on_iteration: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        if not target > 0:
+            raise ValidationError(f"target {target}: expected a slowdown > 0", field="target")
+        if block < 2:
+            raise ValidationError(f"block {block}: expected at least 2", field="block")
+        if pairs < 1:
+            raise ValidationError(f"pairs {pairs}: expected at least 1", field="pairs")
+        if warmup < 1:
+            raise ValidationError(f"warmup {warmup}: expected at least 1", field="warmup")
+        self.actuator = actuator
+        self.target, self.block, self.pairs, self.rounds = target, block, pairs, rounds
+        self.objective: Objective = objective
+        self.interval_ms = interval_ms
+        self.cache = cache
+        self.on_iteration = on_iteration
+        freqs = actuator.supported_freqs_mhz()
+        chosen = auto_clocks(freqs) if clocks == "auto" else tuple(clocks)
+        for f in chosen:
+            actuator.check_freq_mhz(float(f))
+        self.top_mhz = float(max(freqs))
+        self.sim = actuator if isinstance(actuator, SimGpuActuator) else None
+        self.device = self.sim.gpu.name if self.sim is not None else None
+        self.kind = str(getattr(actuator, "kind", type(actuator).__name__))
+        self.warmup = warmup
+        self.op_names: list[str] = []
+        self.n_launches: int | None = None
+        self._stack = ExitStack()
+        self._lock = threading.Lock()
+        self._trace: Any = None
+        self._trace_stack: ExitStack | None = None
+        self._pre_hook: Any = None
+        self._cuda = False
+        self.executor = _make_executor(actuator, self)
+        self.guard = ClockGuard(actuator, before_restore=self.executor.halt)
+        sweep_kw: dict[str, Any] = {
+            "warmup": warmup,
+            "iterations_per_clock": iterations_per_clock,
+            "on_done": self._sweep_done,
+        }
+        if self.sim is not None:
+            gpu = self.sim.gpu
+            self.sweep = ClockSweep(
+                actuator,
+                chosen,
+                settle_s=gpu.switch_latency_s,
+                now_s=gpu.now_s,
+                temp_c=gpu.temperature_c,
+                sensor_s=gpu.sensor_s,
+                **sweep_kw,
+            )
+        else:
+            self.sweep = ClockSweep(
+                actuator, chosen, settle_s=REAL_SETTLE_S, now_s=self._device_now, **sweep_kw
+            )
+        self.sweep.optimizer_steps = False  # driven from the executor's iteration ends
+        self.phase: str = "warmup"
+        self.result = TuneResult(
+            target, self.kind, self.device, self.sweep.freqs_mhz, iterations=[]
+        )
+        self._last_end_s = 0.0
+        self._last_energy_j: float | None = None
+        self._measurement: _Measurement | None = None
+        self._pending: _Measurement | None = None
+        self._thread: threading.Thread | None = None
+        self._aborted = threading.Event()
+        self._finished = threading.Event()
+        self._rounds_started = 0
+        self._steady: Schedule | None = None
+        self._reference: Schedule | None = None
+        self._fitted: PlanOnProfile | None = None
+        self._timeline_at: int | None = None
+
+    # ------------------------------------------------------------------------- device time
+    def _device_now(self) -> float:
+        if self._cuda:
+            import torch
+
+            torch.cuda.synchronize()
+        return time.time()
+
+    def _now_s(self) -> float:
+        return self.sim.gpu.now_s() if self.sim is not None else self._device_now()
+
+    def _energy_j(self) -> float | None:
+        try:
+            energy = self.actuator.read_energy_j()
+        except Exception:  # a failed read leaves a gap
+            return None
+        return None if energy is None else float(energy)
+
+    # ------------------------------------------------------------------------- entering
+    def __enter__(self) -> Tuner:
+        """Enter the actuator, its guard, the executor and the sweep (top clock locked)."""
+        stack = self._stack
+        try:
+            stack.enter_context(self.actuator)
+            stack.enter_context(self.guard)
+            stack.callback(self._stop_thread)  # before the guard restores: no switch after it
+            if self.sim is None:
+                self._start_trace()
+            stack.enter_context(self.executor)
+            stack.enter_context(self.sweep)
+            self._last_end_s = self._now_s()
+            self._last_energy_j = self._energy_j()
+        except BaseException:
+            stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop the planning thread, leave the executor, restore the clock once."""
+        self._stack.close()
+        self._timeline()
+        if self.result.error is not None or self.result.schedule is not None:
+            return
+        if self.phase in ("warmup", "profiling"):
+            self.result.error = self.sweep_incomplete()
+        elif self.phase != "top":
+            self.result.error = (
+                f"the script ended after {len(self.result.iterations)} iterations, while "
+                f"tuning was {self.phase} (round {len(self.result.rounds) + 1}): no schedule "
+                "was chosen; run it longer"
+            )
+
+    def _timeline(self) -> None:
+        """Keep the clock over the last iteration run under the chosen schedule (simulated GPU)."""
+        if self.sim is None:
+            return
+        last = [it.iteration for it in self.result.iterations if it.phase in ("steady", "tuned")]
+        if not last:
+            return
+        kernels = self.sim.gpu.kernels()
+        rows = kernels[kernels["iteration"] == last[-1]]
+        if rows.empty:
+            return
+        start = rows["start_us"].to_numpy(dtype=float)
+        self.result.timeline = {
+            "start_s": ((start - start.min()) * 1e-6).tolist(),
+            "time_s": (rows["time_us"].to_numpy(dtype=float) * 1e-6).tolist(),
+            "freq_mhz": rows["freq_mhz"].to_numpy(dtype=float).tolist(),
+        }
+
+    def sweep_incomplete(self) -> str:
+        """One line: the iterations the script had and those the sweep needs."""
+        done = len(self.result.iterations)
+        return (
+            f"the script ended after {done} iterations, before tuning was done: profiling "
+            f"alone needs {self.sweep.needed_iterations()} ({self.warmup} warm-up, "
+            f"{self.sweep.per_clock or '?'} per clock at {len(self.sweep.freqs_mhz)} clocks and "
+            "those a switch discards); run it longer or lower --iterations-per-clock"
+        )
+
+    def _start_trace(self) -> None:
+        """Trace the sweep with torch.profiler (and NVML): a real device, or a dry run."""
+        import torch
+
+        from opdvfs.runtime.profiling import traced
+
+        self._cuda = torch.cuda.is_available()
+        sampler = None
+        if self._cuda:
+            from opdvfs.runtime.sampler import NvmlSampler
+
+            sampler = NvmlSampler(interval_ms=20.0)
+        stack = ExitStack()
+        self._trace = stack.enter_context(
+            traced(
+                sampler=sampler,
+                cuda=self._cuda,
+                freq_mhz=self.top_mhz,
+                interval_ms=20.0,
+                until=lambda: self.sweep.done,
+            )
+        )
+        self._trace_stack = stack
+        self._stack.callback(self._close_trace_quietly)
+
+    def _close_trace_quietly(self) -> None:
+        stack, self._trace_stack = self._trace_stack, None
+        if stack is not None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with contextlib.suppress(Exception):  # the run's own error is the one to see
+                    stack.close()
+        if self._pre_hook is not None:
+            self._pre_hook.remove()
+            self._pre_hook = None
+
+    # ------------------------------------------------------------------------- per iteration
+    def recording(self, iteration: int) -> bool:
+        """Whether the operators of ``iteration`` make the cache key (the last warm-up one)."""
+        return iteration == self.warmup - 1 and self.n_launches is None
+
+    def iteration_ended(self, iteration: int, n_ops: int) -> None:
+        """Record the iteration that ended and move the run on (the executor's hook).
+
+        A failure of the tuner's own never reaches the program: it is the result's error,
+        and the program trains on at the top clock.
+        """
+        try:
+            self._iteration_ended(iteration, n_ops)
+        except Exception as exc:
+            self.result.error = f"tuning stopped: {type(exc).__name__}: {exc}"
+            self._stop_tuning()
+        self._report()
+
+    def _stop_tuning(self) -> None:
+        self._measurement = None
+        self._aborted.set()
+        if self.n_launches is not None:
+            self._apply(self._reference_schedule())
+        else:
+            self.actuator.set_freq_mhz(self.top_mhz)
+        self.phase = "top"
+
+    def _iteration_ended(self, iteration: int, n_ops: int) -> None:
+        now = self._now_s()
+        energy = self._energy_j()
+        used_j = (
+            energy - self._last_energy_j
+            if energy is not None and self._last_energy_j is not None
+            else None
+        )
+        job = self._measurement
+        record = TuneIteration(
+            iteration,
+            self.phase,
+            getattr(self.actuator, "current_mhz", None),
+            now - self._last_end_s,
+            used_j,
+            job.round if job is not None else None,
+        )
+        self._last_end_s, self._last_energy_j = now, energy
+        self.result.iterations.append(record)
+        if self.phase == "top":
+            return
+        if self.executor.abandoned and self.phase in ("switch", "reference", "tuned", "steady"):
+            self.result.error = (
+                f"the program's operators changed ({self.executor.first_divergence}): the "
+                "schedule was abandoned and the run went on at the top clock"
+            )
+            self._stop_tuning()
+            return
+        if self.phase == "warmup" and iteration == self.warmup - 1:
+            self.n_launches = n_ops
+            if self._from_cache():
+                return
+        if self.phase in ("warmup", "profiling"):
+            self.sweep.mark_iteration()
+            record.phase = self.sweep.records[-1].phase
+            if not self.sweep.done:
+                self.phase = "warmup" if self.sweep.iteration_s is None else "profiling"
+            return
+        if job is not None:
+            self._advance_block(job)
+        elif self._pending is not None:
+            self._start_measurement()
+        elif self._finished.is_set() and self.phase == "planning":
+            with self._lock:
+                steady = self._steady
+            if steady is not None:
+                self._go_steady(steady)
+            else:
+                self._stop_tuning()
+
+    def _report(self) -> None:
+        if self.on_iteration is not None:
+            with contextlib.suppress(Exception):  # a display never breaks the run
+                self.on_iteration(self.status())
+
+    def status(self) -> dict[str, Any]:
+        """Return the run's state now: phase, clock, iterations left in the phase, saving."""
+        left: int | None = None
+        if self.phase in ("warmup", "profiling"):
+            left = max(self.sweep.needed_iterations() - len(self.result.iterations), 0)
+        elif self._measurement is not None:
+            left = sum(b.left for b in self._measurement.blocks)
+        saving = None
+        for r in reversed(self.result.rounds):
+            if r.saving is not None:
+                saving = r.saving.mean
+                break
+        return {
+            "phase": self.phase,
+            "iteration": len(self.result.iterations),
+            "freq_mhz": getattr(self.actuator, "current_mhz", None),
+            "left": left,
+            "round": len(self.result.rounds),
+            "saving": saving,
+        }
+
+    # ------------------------------------------------------------------------- cache
+    def _from_cache(self) -> bool:
+        if self.n_launches is None:
+            return False
+        work_scale = self.sim.gpu.work_scale if self.sim is not None else None
+        key = cache_key(
+            self.op_names,
+            device=self.device or self.kind,
+            target=self.target,
+            objective=self.objective,
+            work_scale=work_scale,
+        )
+        self.result.cache_key = key
+        hit = self.cache.get(key) if self.cache is not None else None
+        if hit is None:
+            return False
+        schedule, _ = hit
+        if schedule.n_ops != self.n_launches:
+            return False
+        self.result.cache_hit = True
+        self.result.schedule = schedule
+        self._apply(schedule)
+        self.phase = "steady"
+        return True
+
+    # ------------------------------------------------------------------------- planning
+    def _sweep_done(self) -> None:
+        """End the sweep (its last clock is done): train at the top clock, plan in a thread."""
+        self.actuator.set_freq_mhz(self.top_mhz)
+        self.phase = "planning"
+        if self.sim is None:
+            self._close_trace_soon()
+        else:
+            self._start_thread(None)
+
+    def _close_trace_soon(self) -> None:
+        """End the trace at the next optimizer step's start (its hooks cannot go from a hook)."""
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        def close(*_: object) -> None:
+            if self._trace_stack is None:
+                return
+            stack, self._trace_stack = self._trace_stack, None
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    stack.close()
+                measured = self._trace.profile
+            except Exception as exc:
+                self.result.error = f"the sweep's trace could not be read: {exc}"
+                return
+            self._start_thread(measured)
+
+        self._pre_hook = register_optimizer_step_pre_hook(close)
+
+    def _start_thread(self, measured: Profile | None) -> None:
+        self._thread = threading.Thread(
+            target=self._plan_loop, args=(measured,), name="opdvfs-tune-plan", daemon=True
+        )
+        self._thread.start()
+
+    def _plan_loop(self, measured: Profile | None) -> None:
+        """Run the planning thread: profile, fit, then :func:`fit_budget` over measured rounds."""
+        start = time.perf_counter()
+        try:
+            profile = sweep_profile(self.sweep, measured)
+            self.result.profile = profile
+            launches = self.n_launches if self.sim is not None else None
+            fitted = fit_profile(profile, objective=self.objective, n_launches=launches)
+            self._fitted = fitted
+            self.result.models = fitted.models
+            predicted: dict[int, Schedule] = {}
+
+            def plan_at(budget: float) -> Schedule:
+                t0 = time.perf_counter()
+                schedule = plan_fitted(
+                    fitted, target=budget, objective=self.objective, interval_ms=self.interval_ms
+                )
+                self.result.plan_seconds += time.perf_counter() - t0
+                predicted[id(schedule)] = schedule
+                return schedule
+
+            self.result.plan_seconds += time.perf_counter() - start
+            fit = fit_budget(plan_at, self._measure, target=self.target, rounds=self.rounds)
+        except _Aborted:
+            return
+        except (OpdvfsError, ValueError, np.linalg.LinAlgError) as exc:
+            self.result.error = f"planning failed: {exc}"
+        else:
+            self._finish(fit)
+        finally:
+            self._finished.set()
+
+    def _finish(self, fit: BudgetFit) -> None:
+        index = next(i for i, r in enumerate(fit.rounds) if r is fit.best)
+        self.result.best_round = index
+        self.result.met = fit.met
+        chosen = self.result.rounds[index]
+        if fit.met or (chosen.saving is not None and chosen.saving.mean > 0):
+            self.result.schedule = fit.schedule
+            with self._lock:
+                self._steady = fit.schedule
+        if self.cache is not None and self.result.cache_key and self._steady is not None:
+            try:
+                self.cache.put(
+                    self.result.cache_key,
+                    fit.schedule,
+                    {"slowdown": asdict(chosen.slowdown), "budget": chosen.budget},
+                )
+            except OSError as exc:
+                warnings.warn(f"opdvfs: could not write the tune cache: {exc}", stacklevel=2)
+
+    def _measure(self, schedule: Schedule) -> Measured:
+        """:func:`fit_budget`'s ``measure``: wait for the training thread's A/B blocks."""
+        blocks: list[_Block] = []
+        for pair in range(self.pairs):  # ABBA: reference first in even pairs
+            kinds: tuple[Literal["reference", "tuned"], ...] = (
+                ("reference", "tuned") if pair % 2 == 0 else ("tuned", "reference")
+            )
+            blocks += [_Block(kind, self.block, pair) for kind in kinds]
+        job = _Measurement(schedule, self._rounds_started, blocks)
+        self._rounds_started += 1
+        with self._lock:
+            self._pending = job
+        while not job.done.wait(0.05):
+            if self._aborted.is_set():
+                raise _Aborted
+        assert job.measured is not None
+        return job.measured
+
+    def _stop_thread(self) -> None:
+        self._aborted.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30.0)
+
+    # ------------------------------------------------------------------------- A/B
+    def _reference_schedule(self) -> Schedule:
+        if self._reference is None or self._reference.n_ops != self.n_launches:
+            self._reference = Schedule.from_stage_freqs(
+                [0], [self.top_mhz], n_ops=int(self.n_launches or 1), target=0.0, solver="manual"
+            )
+        return self._reference
+
+    def _apply(self, schedule: Schedule) -> None:
+        self.executor.use_schedule(schedule)
+
+    def _start_measurement(self) -> None:
+        with self._lock:
+            job, self._pending = self._pending, None
+        if job is None:
+            return
+        self._measurement = job
+        self._enter_block()
+
+    def _enter_block(self) -> None:
+        job = self._measurement
+        assert job is not None
+        block = job.blocks[0]
+        self._apply(job.schedule if block.kind == "tuned" else self._reference_schedule())
+        self.phase = "switch"
+
+    def _advance_block(self, job: _Measurement) -> None:
+        block = job.blocks[0]
+        block.left -= 1
+        if block.left <= 0:
+            job.blocks.pop(0)
+            if job.blocks:
+                self._enter_block()
+                return
+            self._measurement = None
+            self._close_round(job)
+            return
+        self.phase = block.kind
+
+    def _close_round(self, job: _Measurement) -> None:
+        rows = [it for it in self.result.iterations if it.round == job.round]
+        # pair the blocks by their order: each pair is 2 * (block - 1) counted iterations
+        ratios_t: list[float] = []
+        ratios_e: list[float] = []
+        counted = [it for it in rows if it.phase in ("reference", "tuned")]
+        per_pair = 2 * (self.block - 1)
+        for p in range(self.pairs):
+            chunk = counted[p * per_pair : (p + 1) * per_pair]
+            ref = [it for it in chunk if it.phase == "reference"]
+            tuned = [it for it in chunk if it.phase == "tuned"]
+            if not ref or not tuned:
+                continue
+            ratios_t.append(
+                float(np.mean([i.time_s for i in tuned]) / np.mean([i.time_s for i in ref]))
+            )
+            e_ref = [i.energy_j for i in ref if i.energy_j is not None]
+            e_tun = [i.energy_j for i in tuned if i.energy_j is not None]
+            if e_ref and e_tun:
+                ratios_e.append(float(np.mean(e_tun) / np.mean(e_ref)))
+        slowdown = paired_interval([r - 1 for r in ratios_t])
+        saving = paired_interval([1 - r for r in ratios_e]) if ratios_e else None
+        s = job.schedule
+        pred_slow = (
+            s.predicted_time_s / s.baseline_time_s - 1
+            if s.predicted_time_s and s.baseline_time_s
+            else None
+        )
+        pred_save = (
+            1 - s.predicted_energy_j / s.baseline_energy_j
+            if s.predicted_energy_j and s.baseline_energy_j
+            else None
+        )
+        self.result.rounds.append(
+            TuneRound(
+                s.target or 0.0,
+                len(s.stages),
+                pred_slow,
+                pred_save,
+                slowdown,
+                saving,
+                len(ratios_t),
+            )
+        )
+        job.measured = Measured(
+            slowdown=slowdown.mean,
+            saving=saving.mean if saving is not None else 0.0,
+        )
+        # until the next plan or the result: the top clock
+        self.phase = "planning"
+        self._apply(self._reference_schedule())
+        job.done.set()
+
+    def _go_steady(self, schedule: Schedule) -> None:
+        self._apply(schedule)
+        self.phase = "steady"

@@ -1,0 +1,268 @@
+"""What ``opdvfs tune`` writes into ``--out DIR``, and its summary lines (#21).
+
+:func:`write_tune` writes, each atomically (a temporary file in the folder, then a rename):
+the swept profile (``profile.parquet``), the fitted models (``models.json``), the chosen
+schedule (``schedule.json``), the JSON result (``tune.json``: every iteration's phase, time
+and energy, every round's measured intervals), a markdown report (``report.md``) and its two
+figures (matplotlib, Agg): the clock over one iteration run under the schedule
+(``clock.png``), and the mean time and energy per iteration in each phase (``phases.png``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from opdvfs._files import atomic_path, write_text_atomic
+from opdvfs.experiments.tune import Interval, TuneCache, Tuner, TuneResult
+from opdvfs.schedule import Objective
+
+__all__ = ["summary_lines", "tune", "write_tune"]
+
+
+def _pct(value: float | None) -> str:
+    return "?" if value is None or value != value else f"{value:+.2%}"
+
+
+def _ci(interval: Interval | None) -> str:
+    if interval is None or interval.n == 0:
+        return "not measured"
+    if interval.n < 2:
+        return f"{_pct(interval.mean)} (1 pair: no interval)"
+    return (
+        f"{_pct(interval.mean)} [{_pct(interval.low)}, {_pct(interval.high)}] "
+        f"({interval.confidence:.0%} t-interval, {interval.n} pairs)"
+    )
+
+
+def summary_lines(result: TuneResult) -> list[str]:
+    """Return the lines ``opdvfs tune`` prints: phases, each round, the choice."""
+    r = result
+    n = len(r.iterations)
+    lines = []
+    if r.cache_hit:
+        lines.append(
+            f"started from the cache ({r.cache_key and r.cache_key[:12]}): the schedule applied "
+            f"from iteration {r.count('warmup')}, no profiling or planning"
+        )
+    else:
+        clocks = ", ".join(f"{f:g}" for f in r.clocks_mhz)
+        lines.append(
+            f"tuned on {r.actuator} in one run of {n} iterations: {r.count('warmup')} warm-up, "
+            f"{r.profiling_iterations} profiling at {clocks} MHz, {r.planning_iterations} at the "
+            f"top clock while planning ({r.plan_seconds:.2f} s), "
+            f"{r.count('switch', 'reference', 'tuned')} A/B measuring, {r.count('steady')} "
+            f"steady; profiling + planning {r.overhead_fraction:.1%} of the iterations"
+        )
+    for i, rnd in enumerate(r.rounds):
+        lines.append(
+            f"round {i + 1}: planned at {rnd.budget:.2%} ({rnd.stages} stages; predicted "
+            f"{_pct(rnd.predicted_slowdown)} time, {_pct(-(rnd.predicted_saving or 0))} energy); "
+            f"measured slowdown {_ci(rnd.slowdown)}, energy saved {_ci(rnd.saving)}"
+        )
+    best = r.best
+    if best is not None and r.schedule is not None:
+        within = "within" if r.met else "NOT within"
+        lines.append(
+            f"applied round {(r.best_round or 0) + 1} for the rest of the run: measured slowdown "
+            f"{_pct(best.slowdown.mean)} ({within} the {r.target:.2%} target), energy saved "
+            f"{_pct(best.saving.mean if best.saving else None)} vs the top clock"
+        )
+    elif r.schedule is None and r.rounds:
+        lines.append("no round saved energy: the run went on at the top clock")
+    steady = r.phase_means().get("steady")
+    if steady and not r.rounds:
+        lines.append(
+            f"steady: {steady['iterations']} iterations, {steady['time_s']:.6g} s and "
+            f"{steady['energy_j'] if steady['energy_j'] is not None else '?'} J each"
+        )
+    return lines
+
+
+@contextmanager
+def _figure(path: Path) -> Iterator[Any]:
+    fig = plt.figure(figsize=(8, 3.4), constrained_layout=True)
+    try:
+        yield fig
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=100, format="png")
+    finally:
+        plt.close(fig)
+
+
+def _plot_clock(result: TuneResult, path: Path) -> bool:
+    """Clock over one iteration run under the schedule (measured), else the plan per operator."""
+    with _figure(path) as fig:
+        ax = fig.add_subplot()
+        if result.timeline is not None:
+            t = result.timeline
+            ends = [s + d for s, d in zip(t["start_s"], t["time_s"], strict=True)]
+            xs = [v * 1e3 for pair in zip(t["start_s"], ends, strict=True) for v in pair]
+            ys = [f for f in t["freq_mhz"] for _ in (0, 1)]
+            ax.plot(xs, ys, lw=1.0, color="tab:blue")
+            ax.set_xlabel("time in the iteration (ms, device clock)")
+            ax.set_title("core clock over one iteration under the schedule (measured)")
+        elif result.schedule is not None:
+            stages = result.schedule.stages
+            xs = [v for s in stages for v in (s.first_op, s.last_op + 1)]
+            ys = [s.freq_mhz for s in stages for _ in (0, 1)]
+            ax.plot(xs, ys, lw=1.0, color="tab:blue")
+            ax.set_xlabel("operator in the iteration")
+            ax.set_title("core clock over one iteration (the schedule's stages)")
+        else:
+            return False
+        ax.set_ylabel("clock (MHz)")
+    return True
+
+
+def _plot_phases(result: TuneResult, path: Path) -> bool:
+    """Mean time and energy per iteration in each phase."""
+    means = result.phase_means()
+    if not means:
+        return False
+    names = list(means)
+    with _figure(path) as fig:
+        ax_t, ax_e = fig.subplots(1, 2)
+        ax_t.bar(names, [means[n]["time_s"] or 0.0 for n in names], color="tab:gray")
+        ax_t.set_ylabel("time per iteration (s)")
+        ax_e.bar(names, [means[n]["energy_j"] or 0.0 for n in names], color="tab:orange")
+        ax_e.set_ylabel("energy per iteration (J)")
+        for ax in (ax_t, ax_e):
+            ax.tick_params(axis="x", rotation=45, labelsize=8)
+        fig.suptitle("per phase of the tuning run")
+    return True
+
+
+def _markdown(result: TuneResult, figures: list[str]) -> str:
+    r = result
+    lines = [
+        "# opdvfs tune",
+        "",
+        f"Target slowdown {r.target:.2%} on `{r.actuator}`"
+        + (f" ({r.device})" if r.device else "")
+        + f"; {len(r.iterations)} iterations.",
+        "",
+        *[f"- {line}" for line in summary_lines(r)],
+        "",
+    ]
+    if r.error:
+        lines += [f"**Not done:** {r.error}", ""]
+    lines += [
+        "## Phases",
+        "",
+        "| phase | iterations | time per iteration (s) | energy per iteration (J) |",
+        "|---|---:|---:|---:|",
+    ]
+    for phase, m in r.phase_means().items():
+        energy = "" if m["energy_j"] is None else f"{m['energy_j']:.6g}"
+        lines.append(f"| {phase} | {m['iterations']} | {m['time_s']:.6g} | {energy} |")
+    if r.rounds:
+        lines += [
+            "",
+            "## Rounds (A/B: tuned blocks against interleaved top-clock blocks, ABBA)",
+            "",
+            "| round | budget | stages | predicted time | measured slowdown (95% CI) | "
+            "measured saving (95% CI) | pairs |",
+            "|---:|---:|---:|---:|---|---|---:|",
+        ]
+        for i, rnd in enumerate(r.rounds):
+            lines.append(
+                f"| {i + 1} | {rnd.budget:.2%} | {rnd.stages} | {_pct(rnd.predicted_slowdown)} | "
+                f"{_ci(rnd.slowdown)} | {_ci(rnd.saving)} | {rnd.pairs} |"
+            )
+    if figures:
+        lines += ["", "## Figures", ""] + [f"![{f}]({f})" for f in figures]
+    return "\n".join(lines) + "\n"
+
+
+def write_tune(result: TuneResult, out: str | os.PathLike[str]) -> list[str]:
+    """Write the run's files into ``out`` (created); return the names written."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    written: list[str] = []
+    if result.profile is not None:
+        result.profile.write(folder / "profile.parquet")
+        written.append("profile.parquet")
+    if result.models is not None:
+        result.models.write(folder / "models.json")
+        written.append("models.json")
+    if result.schedule is not None:
+        result.schedule.write(folder / "schedule.json")
+        written.append("schedule.json")
+    write_text_atomic(folder / "tune.json", json.dumps(result.to_dict(), indent=1))
+    written.append("tune.json")
+    figures = [
+        name
+        for name, draw in (("clock.png", _plot_clock), ("phases.png", _plot_phases))
+        if draw(result, folder / name)
+    ]
+    write_text_atomic(folder / "report.md", _markdown(result, figures))
+    return [*written, "report.md", *figures]
+
+
+class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
+    """Tune the training run inside the block: ``with opdvfs.tune(target=0.02): train()``.
+
+    The loop of :mod:`opdvfs.experiments.tune` on the code the block runs (its optimizer steps
+    end the iterations), through ``actuator`` (``"nvml"``, ``"zeusd"``, ``"sim:PRESET"``,
+    ``"dry-run"`` with ``device``); the files of :func:`write_tune` go to ``out`` when given.
+    The clock is restored however the block ends. After the block, :attr:`result` holds what
+    was measured.
+    """
+
+    def __init__(
+        self,
+        target: float = 0.02,
+        *,
+        actuator: str = "nvml",
+        clocks: list[float] | str = "auto",
+        out: str | os.PathLike[str] | None = None,
+        warmup: int = 2,
+        iterations_per_clock: int | None = None,
+        work_scale: float | None = None,
+        device: str | None = None,
+        objective: Objective = "energy",
+        cache: bool = True,
+    ) -> None:
+        from opdvfs.runtime.actuators import make_actuator
+
+        act = make_actuator(actuator, device=device, work_scale=work_scale)
+        try:
+            self.tuner = Tuner(
+                act,
+                target=target,
+                clocks="auto" if clocks == "auto" else [float(f) for f in clocks],
+                warmup=warmup,
+                iterations_per_clock=iterations_per_clock,
+                objective=objective,
+                cache=TuneCache() if cache else None,
+            )
+        except BaseException:
+            act.close()
+            raise
+        self.out = out
+
+    @property
+    def result(self) -> TuneResult:
+        """What the run measured (complete after the block)."""
+        return self.tuner.result
+
+    def __enter__(self) -> tune:
+        """Start tuning (the top clock locked for the warm-up)."""
+        self.tuner.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Restore the clock, then write the files (when ``out`` was given)."""
+        self.tuner.__exit__(*exc)
+        if self.out is not None:
+            write_tune(self.tuner.result, self.out)
