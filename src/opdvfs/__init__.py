@@ -63,6 +63,8 @@ _EXPORTS: dict[str, str] = {
     "PlanInputs": "opdvfs.plan.planner",
     "plan_schedule": "opdvfs.plan.planner",
     "plan_frontier": "opdvfs.plan.planner",
+    # the closed loop on a running job (#21): ``with opdvfs.tune(target=0.02): train()``
+    "tune": "opdvfs.report.tune",
 }
 
 __all__ = [
@@ -97,6 +99,7 @@ __all__ = [
     "plan_frontier",
     "plan_schedule",
     "read_profile",
+    "tune",
 ]
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
@@ -120,6 +123,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from opdvfs.models.power import PowerModel
     from opdvfs.plan.planner import PlanInputs, plan_frontier, plan_schedule
     from opdvfs.profile import Profile
+    from opdvfs.report.tune import tune
     from opdvfs.result import RunResult, StageRecord
     from opdvfs.schedule import Schedule, Stage, Switch
     from opdvfs.sim.presets import get_preset

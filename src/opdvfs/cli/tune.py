@@ -175,6 +175,7 @@ def tune(
             rounds=rounds,
             cache=None if no_cache else TuneCache(),
             on_iteration=update,
+            label=actuator,
         )
     except BaseException:
         act.close()

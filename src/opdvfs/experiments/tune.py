@@ -485,6 +485,8 @@ class Tuner:
         Where measured schedules are kept (None: no cache).
     on_iteration
         Called after each iteration with :meth:`status` (a progress display).
+    label
+        The actuator's name in the result (default: its kind).
     """
 
     def __init__(
@@ -502,6 +504,7 @@ class Tuner:
         interval_ms: float = 20.0,
         cache: TuneCache | None = None,
         on_iteration: Callable[[dict[str, Any]], None] | None = None,
+        label: str | None = None,
     ) -> None:
         if not target > 0:
             raise ValidationError(f"target {target}: expected a slowdown > 0", field="target")
@@ -524,7 +527,7 @@ class Tuner:
         self.top_mhz = float(max(freqs))
         self.sim = actuator if isinstance(actuator, SimGpuActuator) else None
         self.device = self.sim.gpu.name if self.sim is not None else None
-        self.kind = str(getattr(actuator, "kind", type(actuator).__name__))
+        self.kind = label or str(getattr(actuator, "kind", type(actuator).__name__))
         self.warmup = warmup
         self.op_names: list[str] = []
         self.n_launches: int | None = None
@@ -693,7 +696,7 @@ class Tuner:
     # ------------------------------------------------------------------------- per iteration
     def recording(self, iteration: int) -> bool:
         """Whether the operators of ``iteration`` make the cache key (the last warm-up one)."""
-        return iteration == self.warmup - 1 and self.n_launches is None
+        return iteration == self.warmup - 1 and self.result.cache_key is None
 
     def iteration_ended(self, iteration: int, n_ops: int) -> None:
         """Record the iteration that ended and move the run on (the executor's hook).
@@ -750,6 +753,9 @@ class Tuner:
             if self._from_cache():
                 return
         if self.phase in ("warmup", "profiling"):
+            # the operators per iteration the plan maps onto: the last profiled iteration's
+            # (with --warmup 1 the first iteration, which often differs, is not the one)
+            self.n_launches = n_ops
             self.sweep.mark_iteration()
             record.phase = self.sweep.records[-1].phase
             if not self.sweep.done:
@@ -880,7 +886,10 @@ class Tuner:
         except _Aborted:
             return
         except (OpdvfsError, ValueError, np.linalg.LinAlgError) as exc:
-            self.result.error = f"planning failed: {exc}"
+            hint = ""
+            if self.result.profile is not None and self.result.profile.samples is None:
+                hint = f" ({self.kind} measures no power: tune with nvml, zeusd or sim:PRESET)"
+            self.result.error = f"planning failed: {exc}{hint}"
         else:
             self._finish(fit)
         finally:

@@ -214,7 +214,8 @@ class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
 
     The loop of :mod:`opdvfs.experiments.tune` on the code the block runs (its optimizer steps
     end the iterations), through ``actuator`` (``"nvml"``, ``"zeusd"``, ``"sim:PRESET"``,
-    ``"dry-run"`` with ``device``); the files of :func:`write_tune` go to ``out`` when given.
+    ``"dry-run"`` with ``device``); the files of :func:`write_tune` go to ``out`` when given;
+    ``options`` go to :class:`~opdvfs.experiments.tune.Tuner` (``block``, ``pairs``, ``rounds``).
     The clock is restored however the block ends. After the block, :attr:`result` holds what
     was measured.
     """
@@ -232,6 +233,7 @@ class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
         device: str | None = None,
         objective: Objective = "energy",
         cache: bool = True,
+        **options: Any,
     ) -> None:
         from opdvfs.runtime.actuators import make_actuator
 
@@ -245,6 +247,8 @@ class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
                 iterations_per_clock=iterations_per_clock,
                 objective=objective,
                 cache=TuneCache() if cache else None,
+                label=actuator,
+                **options,
             )
         except BaseException:
             act.close()

@@ -1,0 +1,281 @@
+"""`opdvfs tune`: the closed loop on a running training job, in one run (#21)."""
+
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from scipy import stats
+from typer.testing import CliRunner
+
+from opdvfs import Schedule
+from opdvfs.cli import app
+from opdvfs.experiments.tune import (
+    TuneCache,
+    auto_clocks,
+    cache_key,
+    paired_interval,
+)
+from opdvfs.sim.presets import preset_spec
+
+from conftest import read_log
+
+#: The tiny GPT; `train.py STEPS [STOP_AT [raise|term|exit|diverge]]`.
+TRAIN = textwrap.dedent("""
+    import os
+    import signal
+    import sys
+    import torch
+    sys.path.insert(0, {tests!r})
+    from tiny_gpt import TinyGPT
+    steps = int(sys.argv[1])
+    stop_at = int(sys.argv[2]) if len(sys.argv) > 2 else -1
+    how = sys.argv[3] if len(sys.argv) > 3 else "raise"
+    torch.manual_seed(0)
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randint(0, 64, (steps, 2, 17))
+    for i in range(steps):
+        if i == stop_at and how == "term":
+            os.kill(os.getpid(), signal.SIGTERM)
+        if i == stop_at and how == "raise":
+            raise RuntimeError(f"boom at step {{i}}")
+        if i == stop_at and how == "exit":
+            sys.exit(0)
+        logits = model(data[i, :, :-1])
+        if how == "diverge" and 0 <= stop_at <= i:
+            logits = logits * 1.0 + 0.0  # two more operators per iteration from here on
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), data[i, :, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+""")
+#: Each operator does 10^6 times its work: a ~1.5 s iteration spans the 100 ms power sensor.
+SIM = ("--actuator", "sim:a100-like", "--work-scale", "1e6")
+#: Small enough for the tests: 3 clocks, 1 iteration each, one round of 2 pairs of 2-blocks.
+FAST = (
+    *("--clocks", "1410,1380,210", "--iterations-per-clock", "1"),
+    *("--block", "2", "--pairs", "2", "--rounds", "1"),
+)
+STEPS = 25
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tune") / "train.py"
+    path.write_text(TRAIN.format(tests=str(Path(__file__).parent)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+def _tune(out: Path, script: Path, cache: Path, *args: str, extra: tuple[str, ...] = ()):
+    argv = [
+        "tune",
+        *("--target", "0.02", *SIM, *FAST, "--out", str(out), "--log", str(out / "calls.jsonl")),
+        *extra,
+        *("--", "python", str(script), *args),
+    ]
+    return CliRunner().invoke(app, argv, env={"OPDVFS_CACHE_DIR": str(cache)})
+
+
+@pytest.fixture(scope="module")
+def tuned(script, cache_dir, tmp_path_factory):
+    """One tuning run of the tiny GPT on sim:a100-like, from an empty cache."""
+    out = tmp_path_factory.mktemp("tuned")
+    res = _tune(out, script, cache_dir, str(STEPS))
+    assert res.exit_code == 0, res.output
+    return out, res, json.loads((out / "tune.json").read_text())
+
+
+def _kinds(path: Path) -> list[str]:
+    return [c["kind"] for c in read_log(path)]
+
+
+# ----------------------------------------------------------------------------- pure parts
+def test_auto_clocks_are_the_top_two_steps_below_mid_and_min():
+    freqs = preset_spec("a100-like").freqs_mhz
+    assert auto_clocks(freqs) == (1410.0, 1395.0, 1380.0, 810.0, 210.0)
+    assert auto_clocks([300.0, 600.0]) == (600.0, 300.0)  # a small grid: no duplicates
+
+
+def test_paired_interval_is_students_t_on_the_pairs():
+    x = [0.010, 0.014, 0.008, 0.012]
+    got = paired_interval(x)
+    ref = stats.t.interval(0.95, len(x) - 1, loc=np.mean(x), scale=stats.sem(x))
+    assert got.mean == pytest.approx(np.mean(x))
+    assert (got.low, got.high) == pytest.approx(ref)
+    assert got.n == 4
+    one = paired_interval([0.01])
+    assert one.n == 1 and np.isnan(one.low)
+
+
+def test_the_cache_key_follows_the_operators_the_device_and_the_target(tmp_path):
+    ops = ["aten::mm", "aten::add"]
+    key = cache_key(ops, device="a100-like", target=0.02)
+    assert key == cache_key(list(ops), device="a100-like", target=0.02)
+    assert key != cache_key(ops[::-1], device="a100-like", target=0.02)
+    assert key != cache_key(ops, device="h100-like", target=0.02)
+    assert key != cache_key(ops, device="a100-like", target=0.03)
+    cache = TuneCache(tmp_path)
+    assert cache.get(key) is None
+    plan = Schedule.from_stage_freqs([0, 1], [1410.0, 810.0], n_ops=2, target=0.02, solver="manual")
+    cache.put(key, plan, {"budget": 0.02})
+    got, measured = cache.get(key)  # type: ignore[misc]
+    assert got.n_ops == 2 and measured == {"budget": 0.02}
+    cache.path(key).write_text("{not json")
+    assert cache.get(key) is None  # a broken entry is a miss, not a crash
+
+
+# ----------------------------------------------------------------------------- one run
+def test_one_run_profiles_plans_measures_and_applies(tuned):
+    _out, res, result = tuned
+    phases = [it["phase"] for it in result["per_iteration"]]
+    assert len(phases) == STEPS
+    # warm-up, then the sweep, then planning at the top clock, then A/B, then steady
+    assert phases[:2] == ["warmup", "warmup"]
+    assert phases.count("counted") == 3  # 3 clocks x 1 iteration
+    assert "planning" in phases and phases.count("steady") >= 1
+    first = {p: phases.index(p) for p in ("counted", "planning", "tuned", "steady")}
+    assert first["counted"] < first["planning"] < first["tuned"] < first["steady"]
+    assert phases.count("reference") == phases.count("tuned") == 2  # 2 pairs x (2 - 1)
+    assert result["profiling_iterations"] + result["planning_iterations"] < STEPS / 2
+    (rnd,) = result["rounds"]
+    assert rnd["pairs"] == 2 and rnd["budget"] == pytest.approx(0.02)
+    # the A/B pairs measured a saving on the device's energy counter, within the target
+    assert rnd["saving"]["mean"] > 0.03
+    assert rnd["slowdown"]["mean"] <= 0.02
+    assert rnd["saving"]["low"] <= rnd["saving"]["mean"] <= rnd["saving"]["high"]
+    assert result["best_round"] == 0 and result["met"] is True
+    # steady iterations use less energy than the top clock's reference ones
+    means = result["phases"]
+    assert means["steady"]["energy_j"] < means["reference"]["energy_j"]
+    assert "round 1: planned at 2.00%" in res.stdout and "energy saved" in res.stdout
+
+
+def test_the_outputs_are_written_and_read_back(tuned):
+    out, _res, _result = tuned
+    for name in ("profile.parquet", "models.json", "schedule.json", "report.md", "clock.png"):
+        assert (out / name).is_file(), name
+    assert (out / "phases.png").stat().st_size > 1000
+    schedule = Schedule.read(out / "schedule.json")
+    assert len(schedule.stages) > 1
+    report = (out / "report.md").read_text()
+    assert "| steady |" in report and "![clock.png](clock.png)" in report
+    assert not list(out.glob("*.tmp*")) and not list(out.glob(".*"))  # no temporary left
+
+
+def test_the_clock_log_ends_with_exactly_one_restore(tuned):
+    out, _, _ = tuned
+    kinds = _kinds(out / "calls.jsonl")
+    assert kinds[0] == "run" and kinds[-1] == "restore" and kinds.count("restore") == 1
+    sets = [c["freq_mhz"] for c in read_log(out / "calls.jsonl") if c["kind"] == "set"]
+    assert sets[:4] == [1410.0, 1380.0, 210.0, 1410.0]  # the sweep, then back to the top
+
+
+def test_a_second_run_starts_from_the_cache(tuned, script, cache_dir, tmp_path):
+    _, _, first = tuned
+    res = _tune(tmp_path, script, cache_dir, "6")
+    assert res.exit_code == 0, res.output
+    result = json.loads((tmp_path / "tune.json").read_text())
+    assert result["cache_hit"] is True and result["cache_key"] == first["cache_key"]
+    phases = [it["phase"] for it in result["per_iteration"]]
+    assert phases == ["warmup", "warmup", "steady", "steady", "steady", "steady"]
+    assert "started from the cache" in res.stdout
+    means = result["phases"]
+    assert means["steady"]["energy_j"] < first["phases"]["reference"]["energy_j"]
+    kinds = _kinds(tmp_path / "calls.jsonl")
+    assert kinds[-1] == "restore" and kinds.count("restore") == 1
+
+
+# ----------------------------------------------------------------------------- failures
+def test_a_script_ending_during_profiling_exits_2_in_one_line_and_restores_once(script, tmp_path):
+    res = _tune(tmp_path, script, tmp_path / "cache", str(STEPS), "4", "exit")
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "before tuning was done" in lines[0], res.stderr
+    assert "profiling alone needs" in lines[0]
+    kinds = _kinds(tmp_path / "calls.jsonl")
+    assert kinds[-1] == "restore" and kinds.count("restore") == 1
+
+
+@pytest.mark.parametrize(("how", "status"), [("raise", None), ("term", 128 + 15)])
+def test_an_exception_or_sigterm_during_profiling_restores_once(script, tmp_path, how, status):
+    res = _tune(tmp_path, script, tmp_path / "cache", str(STEPS), "4", how)
+    if status is None:
+        assert isinstance(res.exception, RuntimeError) and "boom at step 4" in str(res.exception)
+    else:
+        assert res.exit_code == status
+    kinds = _kinds(tmp_path / "calls.jsonl")
+    assert kinds[-1] == "restore" and kinds.count("restore") == 1
+    assert "set" in kinds  # a clock below the top was set before it stopped
+
+
+def test_a_script_whose_operators_change_falls_back_and_restores_once(
+    tuned, script, cache_dir, tmp_path
+):
+    # from the cache the schedule applies at iteration 2; from step 4 the ops differ
+    res = _tune(tmp_path, script, cache_dir, "8", "4", "diverge")
+    assert res.exit_code == 0, res.output
+    result = json.loads((tmp_path / "tune.json").read_text())
+    assert result["cache_hit"] is True
+    assert "operators changed" in result["error"] and "abandoned" in result["error"]
+    phases = [it["phase"] for it in result["per_iteration"]]
+    assert phases[-1] == "top"
+    calls = read_log(tmp_path / "calls.jsonl")
+    assert calls[-1]["kind"] == "restore" and [c["kind"] for c in calls].count("restore") == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (("--clocks", "333"), "333 MHz is not a supported clock"),
+        (("--actuator", "twin"), "--actuator twin"),
+        (("--actuator", "sim:nope"), "no such simulated GPU"),
+        (("--target", "0"), "--target 0"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(script, tmp_path, extra, needle):
+    res = _tune(tmp_path, script, tmp_path / "cache", "3", extra=extra)
+    assert res.exit_code == 2, res.output
+    assert needle in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_the_python_api_tunes_the_block_and_starts_from_the_cache(
+    tuned, cache_dir, tmp_path, monkeypatch
+):
+    import sys
+
+    import torch
+
+    import opdvfs
+    from opdvfs.experiments.tune import CACHE_ENV
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_gpt import TinyGPT
+
+    monkeypatch.setenv(CACHE_ENV, str(cache_dir))
+    torch.manual_seed(0)
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randint(0, 64, (5, 2, 17))
+    with opdvfs.tune(target=0.02, actuator="sim:a100-like", work_scale=1e6, out=tmp_path) as t:
+        for i in range(5):
+            logits = model(data[i, :, :-1])
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, 64), data[i, :, 1:].reshape(-1)
+            )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    assert t.result.cache_hit and t.result.cache_key == tuned[2]["cache_key"]
+    assert [it.phase for it in t.result.iterations] == ["warmup"] * 2 + ["steady"] * 3
+    assert t.tuner.guard.restored
+    assert (tmp_path / "tune.json").is_file() and (tmp_path / "report.md").is_file()
