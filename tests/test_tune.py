@@ -279,3 +279,31 @@ def test_the_python_api_tunes_the_block_and_starts_from_the_cache(
     assert [it.phase for it in t.result.iterations] == ["warmup"] * 2 + ["steady"] * 3
     assert t.tuner.guard.restored
     assert (tmp_path / "tune.json").is_file() and (tmp_path / "report.md").is_file()
+
+
+def test_through_nvml_the_sweep_is_traced_and_closed_mid_run_and_the_clock_reset_once(
+    fake_nvml, script, cpu_only
+):
+    import runpy
+    import sys
+
+    from opdvfs.experiments.tune import Tuner
+    from opdvfs.runtime.actuators import NvmlActuator
+
+    argv = sys.argv
+    sys.argv = [str(script), "12"]
+    tuner = Tuner(NvmlActuator(), target=0.02, clocks=[1410.0, 1005.0], iterations_per_clock=2)
+    try:
+        with tuner:
+            runpy.run_path(str(script))
+    finally:
+        sys.argv = argv
+    result = tuner.result
+    # the trace ended at the step after the sweep and its profile has both clocks
+    assert result.profile is not None and list(result.profile.freqs_mhz) == [1005.0, 1410.0]
+    # the CPU trace has no power: nothing to plan on, said in the result, training went on
+    assert "measures no power" in (result.error or "")
+    assert len(result.iterations) == 12 and result.iterations[-1].phase == "top"
+    locks = [c.args[1:] for c in fake_nvml.nvmlDeviceSetGpuLockedClocks.call_args_list]
+    assert locks == [(1410, 1410), (1005, 1005), (1410, 1410)]
+    assert fake_nvml.nvmlDeviceResetGpuLockedClocks.call_count == 1

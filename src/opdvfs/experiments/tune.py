@@ -953,6 +953,17 @@ class Tuner:
             job, self._pending = self._pending, None
         if job is None:
             return
+        if job.schedule.n_ops != self.n_launches:
+            # a real GPU's trace has the kernel-launching operators, not every one dispatched
+            self.result.schedule = job.schedule
+            self.result.error = (
+                f"the schedule plans the trace's {job.schedule.n_ops} operators but the "
+                f"executor counts {self.n_launches} per iteration, so it cannot apply it by "
+                "operator: it was written, for `opdvfs run --trigger time`; the run went on at "
+                "the top clock"
+            )
+            self._stop_tuning()
+            return
         self._measurement = job
         self._enter_block()
 

@@ -79,6 +79,8 @@ def summary_lines(result: TuneResult) -> list[str]:
         )
     elif r.schedule is None and r.rounds:
         lines.append("no round saved energy: the run went on at the top clock")
+    if r.error is not None and r.schedule is not None:
+        lines.append(f"not done: {r.error}")
     steady = r.phase_means().get("steady")
     if steady and not r.rounds:
         lines.append(
