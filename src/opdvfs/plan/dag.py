@@ -33,7 +33,10 @@ levels). (4) While that plan is further than ``rel_gap`` above the bound, a
 variable-neighbourhood search re-solves sets of nodes exactly (HiGHS, the other nodes fixed,
 each free node within a band of options around its current one): the relaxation's
 fractional nodes, windows of nodes that run at about the same time, pairs and triples of
-neighbouring ranks; a pass that improves nothing widens the band and the windows. (5) Most
+neighbouring ranks; a pass that improves nothing widens the band and the windows. Half its
+time goes to the rounded relaxation, the rest to a second start, the relaxation rounded by
+diving (fix the thresholds nearest to integral, re-solve, repeat; Berthold 2006, "Primal
+heuristics for MIP"): the two lie in different basins of the search. (5) Most
 of ``time_limit_s`` beyond its first second goes to HiGHS's branch and bound on the whole 0/1
 programme from the best plan (warm start), which also raises the bound. Every result carries
 its certified bound and gap. A frontier (:func:`dag_frontier`) plans its deadlines from the
@@ -72,6 +75,15 @@ _STRIDE = 3
 #: Sizes of the groups of neighbouring ranks re-solved together (a group of g ranks within
 #: 2/g of the level's band: about the same number of choices as a pair).
 _RANK_GROUPS = (2, 3)
+#: Share of the fractional thresholds a diving step fixes (:meth:`_Programme.dive`).
+_DIVE_BATCH = 0.25
+#: Share of the search's seconds the dive may take.
+_DIVE_SHARE = 0.2
+#: Share of the search's seconds (from the start) the search from the first start may take;
+#: the rest goes to the search from the dive.
+_FIRST_START_SHARE = 0.5
+#: The dive is searched from only if it is within this fraction above the first start's best.
+_DIVE_ROOM = 0.01
 #: A search pass that lowers the energy by less than this fraction moves to the next level.
 _PASS_GAIN = 1e-4
 #: Share of the time budget's first second, and of the rest, the neighbourhood search may use
@@ -496,6 +508,46 @@ class _Programme:
         step = np.bincount(self.node_of, weights=y * self.step_ms, minlength=self.n)
         return float(self.h.getInfo().objective_function_value), (self.fastest_ms + step) / 1e3
 
+    def dive(self, until: float) -> np.ndarray:
+        """Round the relaxation just solved by diving; return the plan as option slots.
+
+        Each step fixes the :data:`_DIVE_BATCH` share of fractional thresholds nearest to 0 or
+        1 at their nearest value and re-solves the relaxation (warm, from its basis); a step
+        whose rounding up leaves no feasible relaxation fixes the same thresholds at 0 (faster
+        options: always feasible). Past ``until`` (``time.perf_counter``) or once the
+        relaxation is integral, each node is rounded down to its slowest option not slower
+        than its relaxed duration, as the plain rounding. Every bound is restored after.
+        """
+        h, nx = self.h, self.nx
+        cols = np.arange(nx, dtype=np.int32)
+        lower, upper = np.zeros(nx), np.ones(nx)
+        y = np.asarray(h.getSolution().col_value[:nx])
+        try:
+            while _time.perf_counter() < until:
+                frac = np.flatnonzero((y > 1e-6) & (y < 1 - 1e-6))
+                if not frac.size:
+                    break
+                near = np.minimum(y[frac], 1 - y[frac])
+                pick = frac[np.argsort(near, kind="stable")[: max(1, int(frac.size * _DIVE_BATCH))]]
+                up = y[pick] >= 0.5
+                lo, hi = lower.copy(), upper.copy()
+                lo[pick[up]], hi[pick[~up]] = 1.0, 0.0
+                h.changeColsBounds(nx, cols, lo, hi)
+                h.run()
+                if h.getModelStatus() != self.highspy.HighsModelStatus.kOptimal:
+                    lo, hi = lower.copy(), upper.copy()
+                    hi[pick] = 0.0
+                    h.changeColsBounds(nx, cols, lo, hi)
+                    h.run()
+                    if h.getModelStatus() != self.highspy.HighsModelStatus.kOptimal:
+                        break  # numerically lost: keep the last relaxed solution
+                lower, upper = lo, hi
+                y = np.asarray(h.getSolution().col_value[:nx])
+        finally:
+            h.changeColsBounds(nx, cols, np.zeros(nx), np.ones(nx))
+        # nested thresholds: a node's slot is the count of its thresholds at 1 (rounded down)
+        return np.bincount(self.node_of, weights=y > 1 - 1e-6, minlength=self.n).astype(np.int64)
+
     def exact(
         self,
         slot: np.ndarray | None,
@@ -784,16 +836,32 @@ def solve_dag(
         return _infeasible(problem, deadline, started)
     if plan.status == "optimal":
         return plan
-    slot = _search(
-        problem,
-        options,
-        programme,
-        slot,
-        fractional,
-        deadline,
-        started + _search_seconds(time_limit_s),
-        bound / (1 - rel_gap),
-    )
+    search_s = _search_seconds(time_limit_s)
+    good_enough = bound / (1 - rel_gap)
+    # the search from the rounded relaxation (or the warm start) ...
+    split = started + _FIRST_START_SHARE * search_s
+    slot = _search(problem, options, programme, slot, fractional, deadline, split, good_enough)
+    # ... then from a second start, the relaxation rounded by diving
+    rows = np.arange(problem.n_nodes)
+    energy = float(problem.evaluate(options.clock[rows, slot])[1])
+    dive_until = _time.perf_counter() + _DIVE_SHARE * search_s
+    if energy > good_enough and dive_until < started + search_s and programme.relax() is not None:
+        dived = _greedy_fill(problem, options, programme.dive(dive_until), deadline)
+        makespan, dived_e, _ = problem.evaluate(options.clock[rows, dived])
+        if makespan <= deadline * (1 + 1e-6) and dived_e < energy * (1 + _DIVE_ROOM):
+            dived = _search(
+                problem,
+                options,
+                programme,
+                dived,
+                np.zeros_like(fractional),
+                deadline,
+                started + search_s,
+                good_enough,
+            )
+            makespan, dived_e, _ = problem.evaluate(options.clock[rows, dived])
+            if makespan <= deadline * (1 + 1e-6) and dived_e < energy:
+                slot = dived
     plan = done(slot, "search", bound)
     remaining = time_limit_s - _WRAP_UP_S - (_time.perf_counter() - started)
     if plan.status == "optimal" or remaining <= 0:
