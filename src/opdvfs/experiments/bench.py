@@ -19,7 +19,6 @@ from opdvfs.models.attribution import sensor_iterations
 from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel
-from opdvfs.models.validation import training_plan
 from opdvfs.plan.planner import PlanInputs, Predictions, predict
 from opdvfs.profile import Profile
 from opdvfs.result import RunResult
@@ -60,7 +59,7 @@ def prepare(
     workload: str | Workload,
     device_name: str,
     *,
-    train_freqs_mhz: Sequence[float] | None = None,
+    train_freqs_mhz: Sequence[float] = (1000.0, 1400.0, 1800.0),
     iterations: int = 2,
     seed: int = 0,
 ) -> Bench:
@@ -73,12 +72,7 @@ def prepare(
     device_name
         Simulated device preset (see :data:`opdvfs.sim.presets.PRESETS`).
     train_freqs_mhz
-        Clocks to profile and fit at (MHz); each snaps to the device's nearest clock. Default:
-        the device's lowest, middle and highest (:func:`~opdvfs.models.validation.training_plan`;
-        the paper's 1000 / 1400 / 1800 MHz on the Ascend-like device), so that no clock is
-        extrapolated. (The paper's clocks snapped onto a GPU preset missed its top, h100-like's
-        1980 MHz, or fell twice near it, a100-like's 1395 and 1410: gpt3's predicted slowdown
-        at 1290 MHz 3.9% against 5.6% measured, 5.7% from the range's ends and middle.)
+        Clocks to profile and fit at (MHz); each snaps to the device's nearest clock.
     iterations
         Iterations of every measured run (the baseline and each trial), at least
         :data:`STEADY` switch latencies' worth; the profile takes as
@@ -91,10 +85,8 @@ def prepare(
     spec = sim.spec
     work = load_workload(workload) if isinstance(workload, str) else workload
     grid = np.asarray(spec.freqs_mhz)
-    if train_freqs_mhz is None:
-        train = training_plan(grid, 3).tolist()
-    else:  # the training clocks the device has (nearest supported ones)
-        train = sorted({float(grid[np.argmin(np.abs(grid - f))]) for f in train_freqs_mhz})
+    # the training clocks the device has (nearest supported ones for other presets)
+    train = sorted({float(grid[np.argmin(np.abs(grid - f))]) for f in train_freqs_mhz})
     first, _ = sim.run(work, iterations=1, label="top clock")
     # A plan's first switch lands a switch latency into the run: measure enough iterations that
     # it is a small part of it, as a user measures a running job's steady state (h100-like:
