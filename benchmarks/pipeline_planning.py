@@ -26,10 +26,11 @@ computations' own energy; Perseus's default 70 W charges waiting ranks). ``front
 deadlines (d = 0-30%) with :func:`opdvfs.plan.dag.dag_frontier`'s defaults; ``lowtime s`` is
 lowtime's whole frontier, and ``frontier - lowtime %`` the most opdvfs's frontier point uses
 above lowtime's best plan within the same deadline (< 0: below it at every deadline).
-``--held-out 4,16`` repeats the lowtime comparison on graphs of other microbatch counts.
+``--held-out 4,16`` repeats the lowtime comparison on graphs of other microbatch counts;
+``--held-out-exact-seconds`` adds each held-out deadline's distance to the best plan known.
 
     .venv/bin/python benchmarks/pipeline_planning.py [--exact-seconds 60] [--blocking-power-w 0]
-        [--lowtime-python /tmp/lt/bin/python] [--held-out 4,16]
+        [--lowtime-python /tmp/lt/bin/python] [--held-out 4,16] [--held-out-exact-seconds 30]
 """
 
 from __future__ import annotations
@@ -164,8 +165,14 @@ def rows_for(
     return rows, frontier_row(short, problem, lowtime, base_t)
 
 
-def held_out(name: str, microbatches: int, blocking_power_w: float, python: str) -> dict:
-    """Compare opdvfs (each deadline, and its frontier) with lowtime on another graph."""
+def held_out(
+    name: str, microbatches: int, blocking_power_w: float, python: str, exact_s: float
+) -> dict:
+    """Compare opdvfs (each deadline, and its frontier) with lowtime on another graph.
+
+    With ``exact_s`` > 0 also with the same solver given ``exact_s`` seconds and a 1e-6 gap
+    (``- exact %``: to the best plan known, as the main table's ``opdvfs - exact %``).
+    """
     problem = pipeline_dag(
         read_profile([dataset_path(name)]), microbatches, blocking_power_w=blocking_power_w
     )
@@ -178,6 +185,11 @@ def held_out(name: str, microbatches: int, blocking_power_w: float, python: str)
             plan.energy_j / lowtime.best((1 + d) * base_t) - 1
         ) * 100
         row[f"d={d * 100:g}%: gap %"] = plan.gap_pct
+        if exact_s > 0:
+            exact = solve_dag(problem, d, rel_gap=1e-6, time_limit_s=exact_s)
+            best = min(exact.energy_j, plan.energy_j)
+            row[f"d={d * 100:g}%: - exact %"] = (plan.energy_j / best - 1) * 100
+            row[f"d={d * 100:g}%: s"] = plan.plan_seconds
     front = frontier_row(row["data"], problem, lowtime, base_t)
     row.update({k: v for k, v in front.items() if k != "data"})
     return row
@@ -197,6 +209,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--held-out", default="", help="microbatch counts to compare with lowtime on, e.g. 4,16"
+    )
+    parser.add_argument(
+        "--held-out-exact-seconds",
+        type=float,
+        default=0.0,
+        help="also solve each held-out deadline this long (gap to the best plan known)",
     )
     args = parser.parse_args()
     names = [name for name in DATASETS if name.startswith("perseus-")]
@@ -235,12 +253,26 @@ def main() -> None:
         )
     if args.held_out and args.lowtime_python:
         held = [
-            held_out(name, int(m), args.blocking_power_w, args.lowtime_python)
+            held_out(
+                name,
+                int(m),
+                args.blocking_power_w,
+                args.lowtime_python,
+                args.held_out_exact_seconds,
+            )
             for m in args.held_out.split(",")
             for name in names
         ]
         print("\nheld out (other microbatch counts), opdvfs vs lowtime:")
-        print(show(pd.DataFrame(held)))
+        held_table = pd.DataFrame(held)
+        print(show(held_table))
+        if args.held_out_exact_seconds > 0:
+            to_exact = held_table.filter(like="- exact %").to_numpy()
+            seconds = held_table.filter(regex=r": s$").to_numpy()
+            print(
+                f"held out: opdvfs - exact worst {to_exact.max():.4f}%, within 0.1% in "
+                f"{(to_exact <= 0.1).sum()} of {to_exact.size}; plan {seconds.max():.2f} s"
+            )
 
 
 if __name__ == "__main__":
