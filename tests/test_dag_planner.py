@@ -251,3 +251,28 @@ def test_neighbourhoods_cover_neighbouring_rank_groups():
     # the time windows (all but the rank groups) hold 24 nodes
     n_groups = sum(problem.n_ranks - size + 1 for size in _RANK_GROUPS)
     assert all(mask.sum() == 24 for mask, _ in hoods[:-n_groups])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_dive_rounds_the_relaxation_to_a_plan_within_the_deadline(seed):
+    import time
+
+    from opdvfs.plan.dag import _deadline, _prepare
+
+    rng = np.random.default_rng(seed)
+    problem = random_dag(rng, 30, 5, n_ranks=4)
+    options, programme = _prepare(problem)
+    rows = np.arange(problem.n_nodes)
+    for target in (0.0, 0.05, 0.2):
+        deadline, _ = _deadline(problem, target)
+        programme.set_deadline(deadline * (1 + 1e-9))
+        bound, duration = programme.relax()
+        # out of time at once: the plain rounding (each node at or below its relaxed duration)
+        floor = programme.dive(0.0)
+        at_or_below = options.time_s <= duration[:, None] * (1 + 1e-9) + 1e-15
+        assert (floor == np.maximum(at_or_below.sum(axis=1) - 1, 0)).all()
+        programme.relax()
+        dived = programme.dive(time.perf_counter() + 5.0)
+        makespan, energy, _ = problem.evaluate(options.clock[rows, dived])
+        assert makespan <= deadline * (1 + 1e-6)
+        assert energy >= bound * (1 - 1e-9)

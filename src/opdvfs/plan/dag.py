@@ -545,8 +545,14 @@ class _Programme:
                 y = np.asarray(h.getSolution().col_value[:nx])
         finally:
             h.changeColsBounds(nx, cols, np.zeros(nx), np.ones(nx))
-        # nested thresholds: a node's slot is the count of its thresholds at 1 (rounded down)
-        return np.bincount(self.node_of, weights=y > 1 - 1e-6, minlength=self.n).astype(np.int64)
+        return self.round_down(y)
+
+    def round_down(self, y: np.ndarray) -> np.ndarray:
+        """Each node's slowest option not slower than its duration under thresholds ``y``."""
+        step = np.bincount(self.node_of, weights=y * self.step_ms, minlength=self.n)
+        duration_ms = self.fastest_ms + step
+        at_or_below = self.options.time_s * 1e3 <= duration_ms[:, None] * (1 + _TIME_RTOL) + 1e-12
+        return np.maximum(at_or_below.sum(axis=1) - 1, 0)
 
     def exact(
         self,
