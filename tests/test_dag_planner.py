@@ -266,7 +266,9 @@ def test_the_dive_rounds_the_relaxation_to_a_plan_within_the_deadline(seed):
     for target in (0.0, 0.05, 0.2):
         deadline, _ = _deadline(problem, target)
         programme.set_deadline(deadline * (1 + 1e-9))
-        bound, duration = programme.relax()
+        relaxed = programme.relax()
+        assert relaxed is not None
+        bound, duration = relaxed
         # out of time at once: the plain rounding (each node at or below its relaxed duration)
         floor = programme.dive(0.0)
         at_or_below = options.time_s <= duration[:, None] * (1 + 1e-9) + 1e-15
