@@ -25,6 +25,7 @@ from __future__ import annotations
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from opdvfs.experiments.tune import Tuner, fit_profile, plan_fitted
+from opdvfs.report.tune import summary_lines
 from opdvfs.runtime.actuators import ClockGuard, make_actuator
 from opdvfs.runtime.dispatch import ScheduleExecutor
 from opdvfs.runtime.sweep import sweep_run
@@ -46,13 +48,15 @@ STEPS = 200
 RUN_STEPS = 12
 
 
-def train(steps: int) -> None:
-    """Train the tiny GPT ``steps`` steps (the same data and seed every time)."""
+def train(steps: int, until: Callable[[], bool] | None = None) -> None:
+    """Train the tiny GPT ``steps`` steps, or until ``until()`` (same data and seed each time)."""
     torch.manual_seed(0)
     model = TinyGPT()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = torch.randint(0, 64, (steps, 2, 17))
     for i in range(steps):
+        if until is not None and until():
+            break
         logits = model(data[i, :, :-1])
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), data[i, :, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -77,8 +81,10 @@ def offline(preset: str, n_launches: int) -> tuple[Schedule, int, float]:
     act = make_actuator(f"sim:{preset}", work_scale=WORK_SCALE)
     clocks = list(act.supported_freqs_mhz())
     t0 = time.perf_counter()
-    # enough steps for the sweep: a warm-up, and per clock its iteration and a settling one
-    result = sweep_run(lambda: train(3 * len(clocks) + 10), act, clocks)
+    # until the sweep restored the clock (the dry-run log's clock is None again)
+    result = sweep_run(
+        lambda: train(10 * len(clocks), until=lambda: act.current_mhz is None), act, clocks
+    )
     assert result.profile is not None, result.incomplete_message()
     # every clock measured: planned on the measurements, mapped onto the launches as `plan` does
     fitted = fit_profile(result.profile, n_launches=n_launches)
@@ -98,6 +104,7 @@ def main() -> None:
         with tuner:
             train(steps)
         r = tuner.result
+        print(f"{preset}: tune done", *summary_lines(r), sep="\n  ", file=sys.stderr)
         tune_s = time.perf_counter() - t0
         assert r.schedule is not None, r.error
         assert tuner.n_launches is not None

@@ -100,9 +100,9 @@ def _kinds(path: Path) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- pure parts
-def test_auto_clocks_are_the_top_two_steps_below_mid_and_min():
-    freqs = preset_spec("a100-like").freqs_mhz
-    assert auto_clocks(freqs) == (1410.0, 1395.0, 1380.0, 810.0, 210.0)
+def test_auto_clocks_are_the_top_two_below_it_mid_and_min():
+    assert auto_clocks(preset_spec("a100-like").freqs_mhz) == (1410.0, 1305.0, 1200.0, 810.0, 210.0)
+    assert auto_clocks(preset_spec("h100-like").freqs_mhz) == (1980, 1830, 1680, 1095, 210)
     assert auto_clocks([300.0, 600.0]) == (600.0, 300.0)  # a small grid: no duplicates
 
 

@@ -69,8 +69,8 @@ def tune(
         str,
         typer.Option(
             "--clocks",
-            help="Clocks to profile: auto (the top, the two steps below it, mid and min) or a "
-            "list (MHz and/or min, mid, max).",
+            help="Clocks to profile: auto (the top, the clocks ~7.5% and ~15% below it, mid, min) "
+            "or a list (MHz and/or min, mid, max).",
         ),
     ] = "auto",
     out: Annotated[

@@ -110,27 +110,33 @@ PHASES: tuple[str, ...] = (
 PROFILING = ("settle", "unsteady", "counted")
 
 
-def auto_clocks(freqs_mhz: Sequence[float], *, near: int = 2) -> tuple[float, ...]:
-    """Return the clocks ``--clocks auto`` profiles: top, ``near`` steps below it, mid and min.
+def auto_clocks(
+    freqs_mhz: Sequence[float], *, below: Sequence[float] = (0.925, 0.85)
+) -> tuple[float, ...]:
+    """Return the clocks ``--clocks auto`` profiles: the top, two clocks below it, mid and min.
 
-    Why these: a slowdown budget of a few percent is spent within a few clock steps of the top
-    (one step is ~1% of the clock on the presets' 15 MHz grids), where iteration time is
-    nearly flat and the fitted time model's error is largest relative to the budget (a plan on
-    3 spread clocks saved 12.6% measured against 17.8% from a sweep that also measured two
-    clocks near the top, README); measured there, the planner uses measurements, not models,
-    where the budget decides. The models (time ``a + b/f`` per operator, power ``p0 + a f^3``)
-    need a spread to separate their terms, and ``opdvfs plan`` refuses clocks outside the
-    measured range (the models would extrapolate), so the device's lowest clock and the one
-    nearest the middle of its range close it: memory-bound operators can go there at no cost.
-    Five clocks in all; fewer when the device has fewer.
+    ``below``: the clocks nearest these fractions of the top (7.5% and 15% below it). Why
+    these. A slowdown budget of a few percent is spent where operators lose little time per
+    clock step: compute-bound ones (time ~ 1/f) can give up no more than the budget in clock,
+    memory- and latency-bound ones far more, and a plan mixes them, so its clocks lie mostly
+    5-15% below the top. Measured there, the planner plans on measurements where the budget
+    decides, instead of on the fitted time model, which over-predicts the slowdown where time
+    is nearly flat in the clock. The steps just below the top tell it almost nothing (one
+    15 MHz step is 1% of the clock, within the model's error): on ``sim:a100-like`` with the
+    tiny GPT at 2%, profiling top, 1395, 1380, mid and min kept a plan that saved 13.7%
+    measured against 17.9% from top, 1305, 1200, mid and min (the offline pipeline, every clock
+    profiled: 18.1%; ``benchmarks/tune_vs_offline.py``). The models (time ``a + b/f`` per
+    operator, power ``p0 + a f^3``) need a spread to separate their terms, and ``opdvfs plan``
+    refuses clocks outside the measured range (the models would extrapolate), so the device's
+    lowest clock and the one nearest the middle of its range close it: memory-bound
+    operators can go there at no cost. Five clocks; fewer when the device has fewer.
     """
     grid = np.unique(np.asarray(freqs_mhz, dtype=float))
     if grid.size == 0:
         raise ValidationError("the device lists no clock", field="freqs_mhz")
-    top = grid.size - 1
-    picks = {top - k for k in range(near + 1) if top - k >= 0}
-    mid = int(np.argmin(np.abs(grid - (grid[0] + grid[-1]) / 2)))
-    picks |= {mid, 0}
+    top = grid[-1]
+    targets = [top, *(top * f for f in below), (grid[0] + grid[-1]) / 2, grid[0]]
+    picks = {int(np.argmin(np.abs(grid - t))) for t in targets}
     return tuple(float(grid[i]) for i in sorted(picks, reverse=True))
 
 
@@ -296,7 +302,7 @@ class TuneCache:
 # ----------------------------------------------------------------------------- the run
 @dataclass
 class TuneIteration:
-    """One iteration of a tuning run: its phase, the clock set at its start, time and energy.
+    """One iteration of a tuning run: its phase, the clock last requested, its time and energy.
 
     ``time_s`` and ``energy_j`` are on the device's clock and counter (a simulated GPU's
     virtual time; a real GPU's wall time after a synchronise and its energy counter; None
