@@ -301,9 +301,11 @@ def test_through_nvml_the_sweep_is_traced_and_closed_mid_run_and_the_clock_reset
     result = tuner.result
     # the trace ended at the step after the sweep and its profile has both clocks
     assert result.profile is not None and list(result.profile.freqs_mhz) == [1005.0, 1410.0]
-    # the CPU trace has no power: nothing to plan on, said in the result, training went on
+    # the CPU trace has no power: nothing to plan on, said in the result (the planning thread
+    # is joined at the end), and training went on at the top clock
     assert "measures no power" in (result.error or "")
-    assert len(result.iterations) == 12 and result.iterations[-1].phase == "top"
+    assert len(result.iterations) == 12
+    assert {it.phase for it in result.iterations[-3:]} <= {"planning", "top"}
     locks = [c.args[1:] for c in fake_nvml.nvmlDeviceSetGpuLockedClocks.call_args_list]
     assert locks == [(1410, 1410), (1005, 1005), (1410, 1410)]
     assert fake_nvml.nvmlDeviceResetGpuLockedClocks.call_count == 1

@@ -9,6 +9,7 @@ running saving) to stderr when it is a terminal.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -180,9 +181,23 @@ def tune(
     except BaseException:
         act.close()
         raise
+
+    shown = warnings.showwarning
+
+    def one_line(message: Any, *args: Any, **kwargs: Any) -> None:
+        """Show opdvfs's own warnings as one line on stderr; the script's as Python does."""
+        text = str(message)
+        if not text.startswith("opdvfs: "):
+            shown(message, *args, **kwargs)
+            return
+        text = text.removeprefix("opdvfs: ")
+        stderr.print(f"opdvfs: warning: {text}", markup=False, highlight=False, soft_wrap=True)
+
     try:
-        with tuner:
-            run_python(command)
+        with warnings.catch_warnings():
+            warnings.showwarning = one_line
+            with tuner:
+                run_python(command)
     finally:
         if progress is not None:
             progress.stop()

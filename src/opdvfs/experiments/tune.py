@@ -354,6 +354,8 @@ class TuneResult:
     error: str | None = None
     plan_seconds: float = 0.0
     timeline: dict[str, list[float]] | None = None
+    #: What the cached schedule measured when it was tuned (a cache hit).
+    cached: dict[str, Any] | None = None
 
     def count(self, *phases: str) -> int:
         """Return how many iterations were in any of ``phases``."""
@@ -415,6 +417,7 @@ class TuneResult:
             "measured_saving": asdict(best.saving) if best and best.saving else None,
             "cache_key": self.cache_key,
             "cache_hit": self.cache_hit,
+            "cached": self.cached,
             "plan_seconds": self.plan_seconds,
             "error": self.error,
             "per_iteration": [asdict(it) for it in self.iterations],
@@ -821,10 +824,11 @@ class Tuner:
         hit = self.cache.get(key) if self.cache is not None else None
         if hit is None:
             return False
-        schedule, _ = hit
+        schedule, measured = hit
         if schedule.n_ops != self.n_launches:
             return False
         self.result.cache_hit = True
+        self.result.cached = measured
         self.result.schedule = schedule
         self._apply(schedule)
         self.phase = "steady"
@@ -915,7 +919,11 @@ class Tuner:
                 self.cache.put(
                     self.result.cache_key,
                     fit.schedule,
-                    {"slowdown": asdict(chosen.slowdown), "budget": chosen.budget},
+                    {
+                        "budget": chosen.budget,
+                        "slowdown": asdict(chosen.slowdown),
+                        "saving": asdict(chosen.saving) if chosen.saving else None,
+                    },
                 )
             except OSError as exc:
                 warnings.warn(f"opdvfs: could not write the tune cache: {exc}", stacklevel=2)

@@ -29,19 +29,17 @@ from opdvfs.schedule import Objective
 __all__ = ["summary_lines", "tune", "write_tune"]
 
 
-def _pct(value: float | None) -> str:
-    return "?" if value is None or value != value else f"{value:+.2%}"
+def _pct(value: float | None, sign: str = "+") -> str:
+    return "?" if value is None or value != value else f"{value:{sign}.2%}"
 
 
-def _ci(interval: Interval | None) -> str:
+def _ci(interval: Interval | None, sign: str = "+") -> str:
     if interval is None or interval.n == 0:
         return "not measured"
+    mean, low, high = (_pct(v, sign) for v in (interval.mean, interval.low, interval.high))
     if interval.n < 2:
-        return f"{_pct(interval.mean)} (1 pair: no interval)"
-    return (
-        f"{_pct(interval.mean)} [{_pct(interval.low)}, {_pct(interval.high)}] "
-        f"({interval.confidence:.0%} t-interval, {interval.n} pairs)"
-    )
+        return f"{mean} (1 pair: no interval)"
+    return f"{mean} [{low}, {high}] ({interval.confidence:.0%} t-interval, {interval.n} pairs)"
 
 
 def summary_lines(result: TuneResult) -> list[str]:
@@ -50,9 +48,16 @@ def summary_lines(result: TuneResult) -> list[str]:
     n = len(r.iterations)
     lines = []
     if r.cache_hit:
+        then = ""
+        cached = r.cached or {}
+        if cached.get("slowdown") and cached.get("saving"):
+            then = (
+                f" (when it was tuned: measured slowdown {_pct(cached['slowdown']['mean'])}, "
+                f"energy saved {_pct(cached['saving']['mean'], '')})"
+            )
         lines.append(
             f"started from the cache ({r.cache_key and r.cache_key[:12]}): the schedule applied "
-            f"from iteration {r.count('warmup')}, no profiling or planning"
+            f"from iteration {r.count('warmup')}, no profiling or planning{then}"
         )
     else:
         clocks = ", ".join(f"{f:g}" for f in r.clocks_mhz)
@@ -67,7 +72,7 @@ def summary_lines(result: TuneResult) -> list[str]:
         lines.append(
             f"round {i + 1}: planned at {rnd.budget:.2%} ({rnd.stages} stages; predicted "
             f"{_pct(rnd.predicted_slowdown)} time, {_pct(-(rnd.predicted_saving or 0))} energy); "
-            f"measured slowdown {_ci(rnd.slowdown)}, energy saved {_ci(rnd.saving)}"
+            f"measured slowdown {_ci(rnd.slowdown)}, energy saved {_ci(rnd.saving, '')}"
         )
     best = r.best
     if best is not None and r.schedule is not None:
@@ -75,7 +80,7 @@ def summary_lines(result: TuneResult) -> list[str]:
         lines.append(
             f"applied round {(r.best_round or 0) + 1} for the rest of the run: measured slowdown "
             f"{_pct(best.slowdown.mean)} ({within} the {r.target:.2%} target), energy saved "
-            f"{_pct(best.saving.mean if best.saving else None)} vs the top clock"
+            f"{_pct(best.saving.mean if best.saving else None, '')} vs the top clock"
         )
     elif r.schedule is None and r.rounds:
         lines.append("no round saved energy: the run went on at the top clock")
@@ -83,9 +88,11 @@ def summary_lines(result: TuneResult) -> list[str]:
         lines.append(f"not done: {r.error}")
     steady = r.phase_means().get("steady")
     if steady and not r.rounds:
+        energy = steady["energy_j"]
         lines.append(
-            f"steady: {steady['iterations']} iterations, {steady['time_s']:.6g} s and "
-            f"{steady['energy_j'] if steady['energy_j'] is not None else '?'} J each"
+            f"steady: {steady['iterations']} iterations, {steady['time_s']:.6g} s"
+            + (f" and {energy:.6g} J" if energy is not None else "")
+            + " each (the device's clock and energy counter)"
         )
     return lines
 
@@ -179,7 +186,7 @@ def _markdown(result: TuneResult, figures: list[str]) -> str:
         for i, rnd in enumerate(r.rounds):
             lines.append(
                 f"| {i + 1} | {rnd.budget:.2%} | {rnd.stages} | {_pct(rnd.predicted_slowdown)} | "
-                f"{_ci(rnd.slowdown)} | {_ci(rnd.saving)} | {rnd.pairs} |"
+                f"{_ci(rnd.slowdown)} | {_ci(rnd.saving, '')} | {rnd.pairs} |"
             )
     if figures:
         lines += ["", "## Figures", ""] + [f"![{f}]({f})" for f in figures]
