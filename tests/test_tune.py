@@ -61,7 +61,7 @@ FAST = (
     *("--clocks", "1410,1380,210", "--iterations-per-clock", "1"),
     *("--block", "2", "--pairs", "2", "--rounds", "1"),
 )
-STEPS = 25
+STEPS = 26
 
 
 @pytest.fixture(scope="module")
