@@ -309,3 +309,11 @@ def test_through_nvml_the_sweep_is_traced_and_closed_mid_run_and_the_clock_reset
     locks = [c.args[1:] for c in fake_nvml.nvmlDeviceSetGpuLockedClocks.call_args_list]
     assert locks == [(1410, 1410), (1005, 1005), (1410, 1410)]
     assert fake_nvml.nvmlDeviceResetGpuLockedClocks.call_count == 1
+
+
+def test_an_out_that_is_a_file_is_one_line(script, tmp_path):
+    out = tmp_path / "taken"
+    out.write_text("")
+    res = _tune(tmp_path, script, tmp_path / "cache", "3", extra=("--out", str(out)))
+    assert res.exit_code == 2 and "not a folder" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "calls.jsonl").exists()

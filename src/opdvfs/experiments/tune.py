@@ -791,7 +791,8 @@ class Tuner:
         """Return the run's state now: phase, clock, iterations left in the phase, saving."""
         left: int | None = None
         if self.phase in ("warmup", "profiling"):
-            left = max(self.sweep.needed_iterations() - len(self.result.iterations), 0)
+            # an estimate: discards for an unsteady temperature come on top of it
+            left = max(self.sweep.needed_iterations() - len(self.result.iterations), 1)
         elif self._measurement is not None:
             left = sum(b.left for b in self._measurement.blocks)
         saving = None
