@@ -369,6 +369,27 @@ CASES = [
         "schedule for another workload",
         "run {in}/s.json --workload bert -- python {in}/noop.py",
     ),
+    Case("tune", "no program", "tune --target 0.02 --out {out}/t"),
+    Case("tune", "zero target", "tune --target 0 --out {out}/t -- python {in}/noop.py"),
+    Case("tune", "negative target", "tune --target -0.1 --out {out}/t -- python {in}/noop.py"),
+    Case("tune", "not python", "tune --target 0.02 --out {out}/t -- ls"),
+    Case("tune", "out is a file", "tune --target 0.02 --out {out}/keep.txt -- python {in}/noop.py"),
+    Case(
+        "tune",
+        "unknown actuator",
+        "tune --target 0.02 --actuator bogus --out {out}/t -- python {in}/noop.py",
+    ),
+    Case(
+        "tune",
+        "actuator that cannot measure",
+        "tune --target 0.02 --actuator twin --out {out}/t -- python {in}/noop.py",
+    ),
+    Case(
+        "tune",
+        "unknown clock list",
+        "tune --target 0.02 --clocks fast --actuator sim:a100-like --out {out}/t -- python "
+        "{in}/noop.py",
+    ),
 ]
 
 
