@@ -1,0 +1,61 @@
+"""A tiny GPT training loop: the script the README tunes (any PyTorch training script will do).
+
+    python examples/train_tiny_gpt.py [STEPS]
+
+Nothing in it knows about opdvfs: ``opdvfs tune ... -- python examples/train_tiny_gpt.py 200``
+runs it unchanged and counts an iteration at each ``optimizer.step()``.
+"""
+
+import sys
+
+import torch
+from torch import nn
+
+VOCAB, DIM, HEADS, LAYERS, SEQ = 64, 32, 2, 2, 16
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
+        self.attn = nn.MultiheadAttention(DIM, HEADS, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(DIM, 4 * DIM), nn.GELU(), nn.Linear(4 * DIM, DIM))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, DIM)
+        self.pos = nn.Parameter(torch.zeros(1, SEQ, DIM))
+        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
+        self.ln, self.head = nn.LayerNorm(DIM), nn.Linear(DIM, VOCAB, bias=False)
+        self.register_buffer("mask", torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), 1))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos[:, : idx.shape[1]]
+        for block in self.blocks:
+            x = block(x, self.mask)
+        return self.head(self.ln(x))
+
+
+def main(steps: int) -> None:
+    torch.manual_seed(0)
+    model = TinyGPT()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randint(0, VOCAB, (steps, 2, SEQ + 1))
+    for batch in data:
+        logits = model(batch[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    print(f"trained {steps} steps, last loss {loss.item():.3f}")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 200)
