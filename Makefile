@@ -31,8 +31,8 @@ demo: $(VENV)/.installed-run
 	$(BIN)/opdvfs info $(DEMO_OUT)/perseus-a100.parquet
 
 lint: $(VENV)/.installed-dev
-	$(BIN)/ruff check src tests benchmarks scripts
-	$(BIN)/ruff format --check src tests benchmarks scripts
+	$(BIN)/ruff check src tests benchmarks scripts examples
+	$(BIN)/ruff format --check src tests benchmarks scripts examples
 
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy

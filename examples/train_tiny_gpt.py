@@ -15,6 +15,8 @@ VOCAB, DIM, HEADS, LAYERS, SEQ = 64, 32, 2, 2, 16
 
 
 class Block(nn.Module):
+    """One transformer block: attention and an MLP, each behind a layer norm."""
+
     def __init__(self) -> None:
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
@@ -22,12 +24,15 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(DIM, 4 * DIM), nn.GELU(), nn.Linear(4 * DIM, DIM))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Return the block's output for ``x`` under the causal ``mask``."""
         h = self.ln1(x)
         x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
         return x + self.mlp(self.ln2(x))
 
 
 class TinyGPT(nn.Module):
+    """A two-layer GPT over a 64-token vocabulary."""
+
     def __init__(self) -> None:
         super().__init__()
         self.tok = nn.Embedding(VOCAB, DIM)
@@ -37,6 +42,7 @@ class TinyGPT(nn.Module):
         self.register_buffer("mask", torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), 1))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """Return next-token logits for the token ids ``idx``."""
         x = self.tok(idx) + self.pos[:, : idx.shape[1]]
         for block in self.blocks:
             x = block(x, self.mask)
@@ -44,6 +50,7 @@ class TinyGPT(nn.Module):
 
 
 def main(steps: int) -> None:
+    """Train for ``steps`` steps on random tokens (one optimizer step each)."""
     torch.manual_seed(0)
     model = TinyGPT()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
