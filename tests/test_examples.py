@@ -1,0 +1,19 @@
+"""The README's example script runs as it stands (needs torch)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "train_tiny_gpt.py"
+
+
+def test_the_tuned_example_trains():
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), "3"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("trained 3 steps, last loss ")
