@@ -11,17 +11,17 @@ import sys
 import torch
 from torch import nn
 
-VOCAB, DIM, HEADS, LAYERS, SEQ = 64, 32, 2, 2, 16
+VOCAB, SEQ = 64, 16
 
 
 class Block(nn.Module):
     """One transformer block: attention and an MLP, each behind a layer norm."""
 
-    def __init__(self) -> None:
+    def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
-        self.attn = nn.MultiheadAttention(DIM, HEADS, batch_first=True)
-        self.mlp = nn.Sequential(nn.Linear(DIM, 4 * DIM), nn.GELU(), nn.Linear(4 * DIM, DIM))
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Return the block's output for ``x`` under the causal ``mask``."""
@@ -31,15 +31,17 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    """A two-layer GPT over a 64-token vocabulary."""
+    """A small GPT: token and position embeddings, ``layers`` blocks, a language-model head."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, vocab: int = VOCAB, dim: int = 32, heads: int = 2, layers: int = 2, seq: int = SEQ
+    ) -> None:
         super().__init__()
-        self.tok = nn.Embedding(VOCAB, DIM)
-        self.pos = nn.Parameter(torch.zeros(1, SEQ, DIM))
-        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.ln, self.head = nn.LayerNorm(DIM), nn.Linear(DIM, VOCAB, bias=False)
-        self.register_buffer("mask", torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), 1))
+        self.tok = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.zeros(1, seq, dim))
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(dim), nn.Linear(dim, vocab, bias=False)
+        self.register_buffer("mask", torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """Return next-token logits for the token ids ``idx``."""

@@ -6,43 +6,17 @@ trace fixture, so that both exercise the same program.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
 from torch import nn
 
+# the model is the README's example's (one model for the docs, the tests and the fixtures)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from train_tiny_gpt import Block, TinyGPT
 
-class Block(nn.Module):
-    def __init__(self, dim: int, heads: int) -> None:
-        super().__init__()
-        self.ln1 = nn.LayerNorm(dim)
-        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
-        self.ln2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        h = self.ln1(x)
-        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
-        return x + self.mlp(self.ln2(x))
-
-
-class TinyGPT(nn.Module):
-    def __init__(
-        self, vocab: int = 64, dim: int = 32, heads: int = 2, layers: int = 2, seq: int = 16
-    ) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(vocab, dim)
-        self.pos = nn.Parameter(torch.zeros(1, seq, dim))
-        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
-        self.ln = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab, bias=False)
-        self.register_buffer("mask", torch.triu(torch.ones(seq, seq, dtype=torch.bool), 1))
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tok(idx) + self.pos[:, : idx.shape[1]]
-        for block in self.blocks:
-            x = block(x, self.mask)
-        return self.head(self.ln(x))
+__all__ = ["Block", "LaunchLog", "TinyGPT", "capture_training_trace"]
 
 
 class LaunchLog:
