@@ -290,8 +290,10 @@ def test_through_nvml_the_sweep_is_traced_and_closed_mid_run_and_the_clock_reset
     from opdvfs.experiments.tune import Tuner
     from opdvfs.runtime.actuators import NvmlActuator
 
+    # enough iterations for the 0.1 s a real switch settles, however fast the CPU runs them
+    steps = 40
     argv = sys.argv
-    sys.argv = [str(script), "12"]
+    sys.argv = [str(script), str(steps)]
     tuner = Tuner(NvmlActuator(), target=0.02, clocks=[1410.0, 1005.0], iterations_per_clock=2)
     try:
         with tuner:
@@ -304,7 +306,7 @@ def test_through_nvml_the_sweep_is_traced_and_closed_mid_run_and_the_clock_reset
     # the CPU trace has no power: nothing to plan on, said in the result (the planning thread
     # is joined at the end), and training went on at the top clock
     assert "measures no power" in (result.error or "")
-    assert len(result.iterations) == 12
+    assert len(result.iterations) == steps
     assert {it.phase for it in result.iterations[-3:]} <= {"planning", "top"}
     locks = [c.args[1:] for c in fake_nvml.nvmlDeviceSetGpuLockedClocks.call_args_list]
     assert locks == [(1410, 1410), (1005, 1005), (1410, 1410)]

@@ -24,6 +24,18 @@ iterations (an iteration ends at an optimizer step):
    in the planning thread; each ``measure`` waits for the training thread's A/B blocks).
 6. **steady**: the best round's schedule applies for the rest of the run, and is cached.
 
+Under ``torchrun`` (a process group exists when an iteration ends) every rank measures and
+rank 0 leads: at each iteration end the ranks all-reduce the iteration's time (the slowest
+rank's) and energy (every rank's: :func:`~opdvfs.runtime.distributed.job_iteration`); rank 0
+alone runs the phases above on those job-wide figures (its sweep, its planning thread, its
+A/B blocks) and broadcasts what it decided: the phase, the clock it set, the schedule it
+applies. So every rank moves through the same phases at the same iterations, the A/B blocks
+start and end together, and data-parallel ranks share rank 0's plan. Rank 0's operator
+sequence is the one profiled and planned: when the ranks' sequences differ (pipeline
+stages; :func:`~opdvfs.runtime.distributed.job_view`) rank 0 warns in one line that the job
+is planned as data-parallel on its sequence, and the ranks whose sequence differs stay at
+the top clock (still measured). Only rank 0 reads and writes the cache.
+
 Layering: the runtime may not import the planner, so the orchestration that fits and plans
 lives here, in ``experiments`` (which may import models, plan and runtime); the runtime keeps
 only what runs between iterations (the sweep, the executor, the guard). Every exit path ends
@@ -315,6 +327,9 @@ class TuneIteration:
     time_s: float
     energy_j: float | None
     round: int | None = None
+    #: Under torchrun: this rank's own time and energy (``time_s``/``energy_j`` are the job's).
+    rank_time_s: float | None = None
+    rank_energy_j: float | None = None
 
 
 @dataclass
@@ -356,6 +371,10 @@ class TuneResult:
     timeline: dict[str, list[float]] | None = None
     #: What the cached schedule measured when it was tuned (a cache hit).
     cached: dict[str, Any] | None = None
+    #: Ranks of the job (torchrun); time is the slowest rank's, energy every rank's.
+    world_size: int = 1
+    #: Under torchrun: whether every rank ran rank 0's operator sequence (None: not compared).
+    same_sequence: bool | None = None
 
     def count(self, *phases: str) -> int:
         """Return how many iterations were in any of ``phases``."""
@@ -418,6 +437,8 @@ class TuneResult:
             "cache_key": self.cache_key,
             "cache_hit": self.cache_hit,
             "cached": self.cached,
+            "world_size": self.world_size,
+            "same_sequence": self.same_sequence,
             "plan_seconds": self.plan_seconds,
             "error": self.error,
             "per_iteration": [asdict(it) for it in self.iterations],
@@ -442,6 +463,86 @@ class _Measurement:
     blocks: list[_Block]
     done: threading.Event = field(default_factory=threading.Event)
     measured: Measured | None = None
+
+
+@contextlib.contextmanager
+def _no_modes() -> Any:
+    """Run collectives outside the dispatch modes: the executor must not count their ops."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        yield
+
+
+def _group_ready() -> bool:
+    """Whether a process group of more than one rank exists (torchrun, after the script's init)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return False
+    return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+
+
+class _Job:
+    """The ranks of a torchrun job, coordinated at each iteration end; rank 0 leads.
+
+    The collectives go over a gloo group (the default one when it is gloo; a new one beside an
+    NCCL group, whose collectives take CUDA tensors), outside the dispatch modes.
+    """
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.group: Any = None
+        if dist.get_backend() != "gloo":
+            self.group = dist.new_group(backend="gloo")
+        #: A follower whose operators are rank 0's applies rank 0's clocks and schedules.
+        self.follows_plan = True
+        self.sent: Schedule | None = None  # the leader's last schedule sent
+        self.sent_mhz: float | None = None  # the leader's last clock sent
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    def iteration(
+        self, time_s: float, energy_j: float | None, abandoned: bool
+    ) -> tuple[float, float | None, bool]:
+        """Return the job's time (max), energy (sum; None if a rank has none), any abandoned."""
+        import torch
+        import torch.distributed as dist
+
+        from opdvfs.runtime.distributed import job_iteration
+
+        with _no_modes():
+            job_s, job_j = job_iteration(
+                time_s, math.nan if energy_j is None else energy_j, group=self.group
+            )
+            flag = torch.tensor([1.0 if abandoned else 0.0], dtype=torch.float64)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return job_s, job_j if math.isfinite(job_j) else None, bool(flag.item() > 0)
+
+    def same_sequence(self, op_names: Sequence[str]) -> tuple[bool, dict[str, list[int]]]:
+        """Compare every rank's operator sequence; set :attr:`follows_plan`; return the groups."""
+        from opdvfs.runtime.distributed import job_view
+
+        key = hashlib.sha256("\n".join(op_names).encode()).hexdigest()
+        with _no_modes():
+            view = job_view(key, group=self.group)
+        self.follows_plan = view.keys[self.rank] == view.keys[0]
+        return view.same_sequence, view.groups
+
+    def exchange(self, directive: dict[str, Any] | None) -> dict[str, Any]:
+        """Return rank 0's ``directive`` on every rank (the others pass None)."""
+        import torch.distributed as dist
+
+        payload = [directive]
+        with _no_modes():
+            dist.broadcast_object_list(payload, src=0, group=self.group)
+        assert payload[0] is not None
+        return payload[0]
 
 
 def _make_executor(actuator: Actuator, tuner: Tuner) -> Any:
@@ -585,6 +686,17 @@ class Tuner:
         self._reference: Schedule | None = None
         self._fitted: PlanOnProfile | None = None
         self._timeline_at: int | None = None
+        self._job: _Job | None = None
+        self._job_lost = False
+        self._peer_abandoned = False
+        self._followed: Schedule | None = None
+
+    @property
+    def rank(self) -> int:
+        """Return this process's rank in the job (0 without a process group)."""
+        if self._job is not None:
+            return self._job.rank
+        return int(os.environ.get("RANK", "0") or 0)
 
     # ------------------------------------------------------------------------- device time
     def _device_now(self) -> float:
@@ -628,6 +740,12 @@ class Tuner:
         self._stack.close()
         self._timeline()
         if self.result.error is not None or self.result.schedule is not None:
+            return
+        if self._job is None and self._waits_for_group():
+            self.result.error = (
+                f"rank {self.rank}: the script never created a process group, so this rank "
+                "could not follow rank 0's tuning: it ran at the top clock"
+            )
             return
         if self.phase in ("warmup", "profiling"):
             self.result.error = self.sweep_incomplete()
@@ -711,14 +829,169 @@ class Tuner:
         """Record the iteration that ended and move the run on (the executor's hook).
 
         A failure of the tuner's own never reaches the program: it is the result's error,
-        and the program trains on at the top clock.
+        and the program trains on at the top clock. Under torchrun every rank calls this at
+        the same iteration end: the job's time and energy are reduced, rank 0 moves the run
+        on and the others follow what it broadcasts (see the module).
         """
+        job = self._join()
+        measured = self._measure_iteration()
+        if job is not None:
+            try:
+                measured = self._job_measure(job, iteration, measured)
+            except Exception as exc:
+                self._lost_job(exc)
+                job = None
+        if job is not None and not job.leader:
+            try:
+                self._follow(job, iteration, measured)
+            except Exception as exc:
+                self._lost_job(exc)
+            self._report()
+            return
+        if job is None and self._waits_for_group():
+            self.result.iterations.append(
+                TuneIteration(iteration, self.phase, None, measured[0], measured[1])
+            )
+            return
         try:
-            self._iteration_ended(iteration, n_ops)
+            self._iteration_ended(iteration, n_ops, measured)
         except Exception as exc:
             self.result.error = f"tuning stopped: {type(exc).__name__}: {exc}"
             self._stop_tuning()
+        if job is not None:
+            try:
+                self._lead(job, iteration)
+            except Exception as exc:
+                self._lost_job(exc)
         self._report()
+
+    # ------------------------------------------------------------------------- torchrun
+    def _join(self) -> _Job | None:
+        """Join the job's ranks once the script has made its process group (torchrun)."""
+        if self._job is None and not self._job_lost and _group_ready():
+            with _no_modes():
+                self._job = _Job()
+            self.result.world_size = self._job.world_size
+            if not self._job.leader:
+                self.cache = None  # rank 0 alone reads and writes it
+        return self._job
+
+    def _waits_for_group(self) -> bool:
+        """Return whether this is a rank other than 0 of a torchrun job with no group (yet)."""
+        return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and self.rank != 0
+
+    def _lost_job(self, exc: BaseException) -> None:
+        self.result.error = (
+            f"rank {self.rank}: the ranks could not exchange an iteration's figures "
+            f"({type(exc).__name__}: {exc}); this rank went on at the top clock"
+        )
+        self._job, self._job_lost = None, True
+        self._stop_tuning()
+
+    def _measure_iteration(self) -> tuple[float, float | None, float | None, float | None]:
+        """Return this iteration's time and energy on this device (job-wide: see below)."""
+        now = self._now_s()
+        energy = self._energy_j()
+        used_j = (
+            energy - self._last_energy_j
+            if energy is not None and self._last_energy_j is not None
+            else None
+        )
+        time_s = now - self._last_end_s
+        self._last_end_s, self._last_energy_j = now, energy
+        return time_s, used_j, None, None
+
+    def _job_measure(
+        self,
+        job: _Job,
+        iteration: int,
+        measured: tuple[float, float | None, float | None, float | None],
+    ) -> tuple[float, float | None, float | None, float | None]:
+        """Return the job's iteration (slowest rank's time, all ranks' energy) and this rank's.
+
+        At the last warm-up iteration the ranks' operator sequences are compared; rank 0
+        warns in one line when they differ.
+        """
+        time_s, energy_j = measured[0], measured[1]
+        job_s, job_j, abandoned = job.iteration(time_s, energy_j, self.executor.abandoned)
+        self._peer_abandoned = abandoned and not self.executor.abandoned
+        if iteration == self.warmup - 1:
+            same, groups = job.same_sequence(self.op_names)
+            self.result.same_sequence = same
+            if job.leader and not same:
+                ranks = "; ".join(", ".join(map(str, g)) for g in groups.values())
+                warnings.warn(
+                    f"opdvfs: the ranks run {len(groups)} different operator sequences (ranks "
+                    f"{ranks}): the job is planned as data-parallel on rank 0's sequence; the "
+                    "ranks whose sequence differs stay at the top clock",
+                    stacklevel=2,
+                )
+        return job_s, job_j, time_s, energy_j
+
+    def _lead(self, job: _Job, iteration: int) -> None:
+        """Rank 0: send what this iteration end decided (phase, clock, schedule) to the others."""
+        record = self.result.iterations[-1]
+        schedule = self.executor.schedule
+        payload = None
+        if schedule is not None and schedule is not job.sent:
+            payload, job.sent = schedule.to_json(), schedule
+        freq: float | None = None
+        if schedule is None:
+            freq = self.top_mhz
+            if self.phase in ("warmup", "profiling") and not self.sweep.done:
+                freq = float(getattr(self.sweep, "_set_mhz", self.top_mhz))
+            if freq == job.sent_mhz:
+                freq = None
+            else:
+                job.sent_mhz = freq
+        job.exchange(
+            {
+                "iteration": iteration,
+                "phase": record.phase if record.iteration == iteration else self.phase,
+                "round": record.round if record.iteration == iteration else None,
+                "next": self.phase,
+                "freq_mhz": freq,
+                "schedule": payload,
+                "error": self.result.error,
+                "cache_key": self.result.cache_key,
+                "cache_hit": self.result.cache_hit,
+            }
+        )
+
+    def _follow(
+        self,
+        job: _Job,
+        iteration: int,
+        measured: tuple[float, float | None, float | None, float | None],
+    ) -> None:
+        """Take rank 0's decision for this iteration end, and apply it (the other ranks)."""
+        d = job.exchange(None)
+        if d["iteration"] != iteration:
+            raise OpdvfsError(f"rank 0 ended iteration {d['iteration']}, this rank {iteration}")
+        self.result.iterations.append(
+            TuneIteration(
+                iteration,
+                d["phase"],
+                getattr(self.actuator, "current_mhz", None),
+                measured[0],
+                measured[1],
+                d["round"],
+                measured[2],
+                measured[3],
+            )
+        )
+        if job.follows_plan:
+            if d["schedule"] is not None:
+                self._followed = Schedule.from_json(d["schedule"], source="rank 0")
+                self._apply(self._followed)
+            elif d["freq_mhz"] is not None and self.executor.schedule is None:
+                self.actuator.at(iteration + 1, 0)
+                self.actuator.set_freq_mhz(float(d["freq_mhz"]))
+        self.phase = d["next"]
+        self.result.error = self.result.error or d["error"]
+        self.result.cache_key, self.result.cache_hit = d["cache_key"], d["cache_hit"]
+        if self.phase == "steady" and job.follows_plan:
+            self.result.schedule = self._followed
 
     def _stop_tuning(self) -> None:
         self._measurement = None
@@ -729,30 +1002,31 @@ class Tuner:
             self.actuator.set_freq_mhz(self.top_mhz)
         self.phase = "top"
 
-    def _iteration_ended(self, iteration: int, n_ops: int) -> None:
-        now = self._now_s()
-        energy = self._energy_j()
-        used_j = (
-            energy - self._last_energy_j
-            if energy is not None and self._last_energy_j is not None
-            else None
-        )
+    def _iteration_ended(
+        self,
+        iteration: int,
+        n_ops: int,
+        measured: tuple[float, float | None, float | None, float | None],
+    ) -> None:
         job = self._measurement
         record = TuneIteration(
             iteration,
             self.phase,
             getattr(self.actuator, "current_mhz", None),
-            now - self._last_end_s,
-            used_j,
+            measured[0],
+            measured[1],
             job.round if job is not None else None,
+            measured[2],
+            measured[3],
         )
-        self._last_end_s, self._last_energy_j = now, energy
         self.result.iterations.append(record)
         if self.phase == "top":
             return
-        if self.executor.abandoned and self.phase in ("switch", "reference", "tuned", "steady"):
+        abandoned = self.executor.abandoned or self._peer_abandoned
+        if abandoned and self.phase in ("switch", "reference", "tuned", "steady"):
+            where = self.executor.first_divergence if self.executor.abandoned else "on another rank"
             self.result.error = (
-                f"the program's operators changed ({self.executor.first_divergence}): the "
+                f"the program's operators changed ({where}): the "
                 "schedule was abandoned and the run went on at the top clock"
             )
             self._stop_tuning()
@@ -814,12 +1088,14 @@ class Tuner:
         if self.n_launches is None:
             return False
         work_scale = self.sim.gpu.work_scale if self.sim is not None else None
+        ranks = {"world_size": self.result.world_size} if self.result.world_size > 1 else {}
         key = cache_key(
             self.op_names,
             device=self.device or self.kind,
             target=self.target,
             objective=self.objective,
             work_scale=work_scale,
+            **ranks,
         )
         self.result.cache_key = key
         hit = self.cache.get(key) if self.cache is not None else None

@@ -1,0 +1,131 @@
+"""`opdvfs tune` under torchrun: two CPU ranks on gloo, each on its own simulated GPU (#21)."""
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from conftest import read_log  # noqa: E402
+
+#: Most iterations each rank trains: 2 warm-up, the sweep (3 clocks, 1 each, a settle after
+#: each switch), planning (its iterations depend on the machine's load), one round of 2 pairs of
+#: 2-blocks, then 2 steady ones (the ranks stop together: their phases are the same).
+STEPS = 60
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, port: int, out: str, steps: int, diverge: bool) -> None:
+    """One rank: the tiny GPT under a Tuner on sim:a100-like; its result and log into ``out``."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2"
+    )
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from opdvfs.experiments.tune import Tuner
+    from opdvfs.runtime.actuators import make_actuator
+
+    from tiny_gpt import TinyGPT
+
+    log = Path(out) / f"calls.rank{rank}.jsonl"
+    act = make_actuator("sim:a100-like", work_scale=1e6 * (1 + rank), log=str(log))
+    tuner = Tuner(
+        act,
+        target=0.02,
+        clocks=[1410.0, 1380.0, 210.0],
+        iterations_per_clock=1,
+        block=2,
+        pairs=2,
+        rounds=1,
+    )
+    torch.manual_seed(rank)  # data-parallel: the same model, this rank's data
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randint(0, 64, (steps, 2, 17))
+    with tuner:
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        try:
+            steady = 0
+            for i in range(steps):
+                steady += tuner.phase == "steady"
+                if steady > 2:
+                    break
+                logits = model(data[i, :, :-1])
+                if diverge and rank == 1:
+                    logits = logits * 1.0  # one more operator: a pipeline-like stage
+                loss = torch.nn.functional.cross_entropy(
+                    logits.reshape(-1, 64), data[i, :, 1:].reshape(-1)
+                )
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+        finally:
+            dist.destroy_process_group()
+    result = tuner.result.to_dict()
+    result["schedule_json"] = tuner.result.schedule.to_json() if tuner.result.schedule else None
+    (Path(out) / f"result.rank{rank}.json").write_text(json.dumps(result))
+
+
+def _run(tmp_path: Path, steps: int, *, diverge: bool = False) -> list[dict]:
+    mp.spawn(_rank, args=(_free_port(), str(tmp_path), steps, diverge), nprocs=2, join=True)
+    return [json.loads((tmp_path / f"result.rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_two_ranks_tune_together_on_the_jobs_time_and_energy(tmp_path):
+    r0, r1 = _run(tmp_path, STEPS)
+    assert r0["world_size"] == r1["world_size"] == 2 and r0["same_sequence"] is True
+    assert r0["error"] is None and r1["error"] is None, (r0["error"], r1["error"])
+    it0, it1 = r0["per_iteration"], r1["per_iteration"]
+    # the same phases at the same iterations on both ranks, A/B blocks included
+    assert [(i["iteration"], i["phase"], i["round"]) for i in it0] == [
+        (i["iteration"], i["phase"], i["round"]) for i in it1
+    ]
+    phases = [i["phase"] for i in it0]
+    assert phases.count("counted") == 3 and phases.count("reference") == 2
+    assert phases.count("tuned") == 2 and phases[-1] == "steady"
+    # every iteration's figures are the job's: the slowest rank's time, the ranks' energy summed
+    for a, b in zip(it0, it1, strict=True):
+        assert a["time_s"] == b["time_s"] == pytest.approx(max(a["rank_time_s"], b["rank_time_s"]))
+        assert a["energy_j"] == b["energy_j"]
+        assert a["energy_j"] == pytest.approx(a["rank_energy_j"] + b["rank_energy_j"])
+    # rank 1 does twice rank 0's work: its iterations are the job's, and its energy counts
+    assert it1[0]["rank_time_s"] > it0[0]["rank_time_s"] * 1.5
+    ab = [i for i in it0 if i["phase"] in ("reference", "tuned")]
+    assert all(i["energy_j"] > 1.5 * i["rank_energy_j"] for i in ab)
+    # the round was measured on those job-wide figures, and both ranks apply one plan
+    (rnd,) = r0["rounds"]
+    assert rnd["saving"]["mean"] > 0.03 and r0["met"] is True
+    assert r0["schedule_json"] is not None and r0["schedule_json"] == r1["schedule_json"]
+    # each rank set the sweep's clocks itself, and restored its clock exactly once, last
+    for rank in (0, 1):
+        calls = read_log(tmp_path / f"calls.rank{rank}.jsonl")
+        kinds = [c["kind"] for c in calls]
+        assert kinds[-1] == "restore" and kinds.count("restore") == 1, (rank, kinds[-3:])
+        sets = [c["freq_mhz"] for c in calls if c["kind"] == "set"]
+        assert sets[:4] == [1410.0, 1380.0, 210.0, 1410.0], (rank, sets[:6])
+        assert len(set(sets)) > 3, (rank, sorted(set(sets)))  # the plan's clocks too
+
+
+def test_ranks_with_different_operators_are_planned_as_data_parallel_on_rank0(tmp_path):
+    r0, r1 = _run(tmp_path, 12, diverge=True)
+    assert r0["same_sequence"] is False and r1["same_sequence"] is False
+    assert [i["phase"] for i in r0["per_iteration"]] == [i["phase"] for i in r1["per_iteration"]]
+    # rank 1 follows the phases but keeps the top clock: rank 0's plan is not its operators'
+    sets1 = {c["freq_mhz"] for c in read_log(tmp_path / "calls.rank1.jsonl") if c["kind"] == "set"}
+    assert sets1 == {1410.0}
+    sets0 = {c["freq_mhz"] for c in read_log(tmp_path / "calls.rank0.jsonl") if c["kind"] == "set"}
+    assert {1380.0, 210.0} <= sets0
+    for rank in (0, 1):
+        kinds = [c["kind"] for c in read_log(tmp_path / f"calls.rank{rank}.jsonl")]
+        assert kinds[-1] == "restore" and kinds.count("restore") == 1
