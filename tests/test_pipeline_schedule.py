@@ -128,8 +128,9 @@ def test_a_longer_time_limit_buys_a_certificate_at_least_as_tight(tmp_path):
         res = CliRunner().invoke(app, [*base, *extra, "--out", str(tmp_path / "p.json")])
         assert res.exit_code == 0, res.output
         gaps.append(json.loads(res.stdout)["gap_pct"])
-    assert gaps[1] < gaps[0]  # the flag reaches the planner: more time, a tighter bound
-    assert gaps[1] <= 0.1  # this 8 x 8 Perseus pipeline certifies within 0.1% in 3 s
+    # the flag reaches the planner: more time, a tighter bound (how tight in how long depends on
+    # the machine: benchmarks/pipeline_planning.py measures it, a unit test does not time it)
+    assert gaps[1] < gaps[0]
     res = CliRunner().invoke(
         app,
         ["plan", str(PERSEUS), "--target", "0.02", "--time-limit-s", "3", "--out", "x.json"],
