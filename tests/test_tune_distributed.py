@@ -129,3 +129,77 @@ def test_ranks_with_different_operators_are_planned_as_data_parallel_on_rank0(tm
     for rank in (0, 1):
         kinds = [c["kind"] for c in read_log(tmp_path / f"calls.rank{rank}.jsonl")]
         assert kinds[-1] == "restore" and kinds.count("restore") == 1
+
+
+#: A data-parallel script for torchrun: it makes its gloo group, then trains `STEPS` steps.
+DP_SCRIPT = """
+import sys
+import torch
+import torch.distributed as dist
+sys.path.insert(0, {tests!r})
+from tiny_gpt import TinyGPT
+steps = int(sys.argv[1])
+dist.init_process_group("gloo")
+torch.set_num_threads(1)
+torch.manual_seed(dist.get_rank())
+model = TinyGPT()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+data = torch.randint(0, 64, (steps, 2, 17))
+for i in range(steps):
+    logits = model(data[i, :, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), data[i, :, 1:].reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_tune_then_a_rerun_from_rank0s_cache(tmp_path):
+    import subprocess
+
+    from conftest import torchrun_opdvfs
+
+    script = tmp_path / "train_dp.py"
+    script.write_text(DP_SCRIPT.format(tests=str(Path(__file__).parent)))
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OPDVFS_CACHE_DIR": str(tmp_path / "cache")}
+
+    def tune(name: str, steps: int) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            torchrun_opdvfs(
+                2,
+                "tune",
+                *("--target", "0.02", "--actuator", "sim:a100-like", "--work-scale", "1e6"),
+                *("--clocks", "1410,1380,210", "--iterations-per-clock", "1"),
+                *("--block", "2", "--pairs", "2", "--rounds", "1"),
+                *("--out", str(tmp_path / name), "--log-file", str(tmp_path / f"{name}.jsonl")),
+                *("--", "python", str(script), str(steps)),
+            ),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=240,
+            cwd=tmp_path,
+        )
+
+    first = tune("first", 48)
+    assert first.returncode == 0, first.stdout + first.stderr
+    # rank 0 alone printed the summary and wrote the job's files
+    assert first.stdout.count("tuned on sim:a100-like") == 1, first.stdout
+    assert "a job of 2 ranks" in first.stdout and "rank 0's plan (data-parallel)" in first.stdout
+    result = json.loads((tmp_path / "first" / "tune.json").read_text())
+    assert result["world_size"] == 2 and result["same_sequence"] is True and result["met"]
+    for it in result["per_iteration"]:  # the job's energy: more than rank 0's own
+        assert it["energy_j"] > it["rank_energy_j"] > 0
+    second = tune("second", 6)
+    assert second.returncode == 0, second.stdout + second.stderr
+    again = json.loads((tmp_path / "second" / "tune.json").read_text())
+    assert again["cache_hit"] is True and again["cache_key"] == result["cache_key"]
+    assert [i["phase"] for i in again["per_iteration"]] == ["warmup"] * 2 + ["steady"] * 4
+    for name in ("first", "second"):
+        for rank in (0, 1):
+            calls = read_log(tmp_path / f"{name}.rank{rank}.jsonl")
+            kinds = [c["kind"] for c in calls]
+            assert kinds[-1] == "restore" and kinds.count("restore") == 1, (name, rank)
+            # rank 1 applies rank 0's cached plan from the cache hit on: clocks below the top
+            assert {c["freq_mhz"] for c in calls if c["kind"] == "set"} - {1410.0}, (name, rank)

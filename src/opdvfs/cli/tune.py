@@ -5,10 +5,16 @@
 :class:`opdvfs.experiments.tune.Tuner`; the files go to ``--out`` (:func:`opdvfs.report.tune.
 write_tune`), the summary to stdout, a progress display (phase, clock, iterations left, the
 running saving) to stderr when it is a terminal.
+
+Under ``torchrun ... -m opdvfs tune ... -- python train.py`` every rank runs this command and
+tunes its own device, coordinated once the script makes its process group (rank 0 leads: see
+:mod:`opdvfs.experiments.tune`); ``--log`` gets ``.rankN`` before its suffix, and only rank 0
+writes ``--out``, prints the summary and shows the progress display.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 from typing import Annotated, Any
@@ -110,7 +116,13 @@ def tune(
         str | None, typer.Option("--device", "-d", help="With --actuator dry-run: its clocks.")
     ] = None,
     log: Annotated[
-        Path | None, typer.Option("--log", help="JSON lines of actuator calls (appended).")
+        Path | None,
+        typer.Option(
+            "--log",
+            "--log-file",
+            help="JSON lines of actuator calls (appended); --log-file under torchrun "
+            "(its own --log-dir takes --log), one file per rank (calls.rank1.jsonl).",
+        ),
     ] = None,
     no_cache: Annotated[
         bool,
@@ -152,7 +164,12 @@ def tune(
     command = _program(argv)
     if command is None:
         raise UsageError("tune runs the script in opdvfs's process: -- python SCRIPT ARGS")
-    header = {"command": "tune", "actuator": actuator, "target": target}
+    header: dict[str, Any] = {"command": "tune", "actuator": actuator, "target": target}
+    rank = int(os.environ.get("RANK", "0") or 0)
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:  # torchrun: one log per rank
+        header["rank"] = rank
+        if log is not None:
+            log = log.with_name(f"{log.stem}.rank{rank}{log.suffix}")
     act = make_actuator(
         actuator,
         device=device,
@@ -164,7 +181,7 @@ def tune(
         chosen: Any = "auto"
         if clocks.strip().lower() != "auto":
             chosen = parse_clocks(clocks, act.supported_freqs_mhz())
-        progress, update = _progress()
+        progress, update = _progress() if rank == 0 else (None, None)
         tuner = Tuner(
             act,
             target=target,
@@ -202,6 +219,10 @@ def tune(
         if progress is not None:
             progress.stop()
     result = tuner.result
+    if tuner.rank != 0:  # rank 0 writes the job's files and summary
+        if result.error is not None and result.schedule is None:
+            raise CaptureError(f"rank {tuner.rank}: {result.error}")
+        return
     written = write_tune(result, out)
     for line in summary_lines(result):
         stdout.print(line, highlight=False)

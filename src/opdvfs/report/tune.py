@@ -68,6 +68,17 @@ def summary_lines(result: TuneResult) -> list[str]:
             f"{r.count('switch', 'reference', 'tuned')} A/B measuring, {r.count('steady')} "
             f"steady; profiling + planning {r.overhead_fraction:.1%} of the iterations"
         )
+    if r.world_size > 1:
+        lines.append(
+            f"a job of {r.world_size} ranks: each iteration's time is the slowest rank's and its "
+            "energy all ranks' together; "
+            + (
+                "every rank applies rank 0's plan (data-parallel)"
+                if r.same_sequence is not False
+                else "the ranks' operators differ: planned as data-parallel on rank 0's "
+                "sequence, the ranks whose sequence differs stayed at the top clock"
+            )
+        )
     for i, rnd in enumerate(r.rounds):
         lines.append(
             f"round {i + 1}: planned at {rnd.budget:.2%} ({rnd.stages} stages; predicted "
@@ -275,7 +286,7 @@ class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
         return self
 
     def __exit__(self, *exc: object) -> None:
-        """Restore the clock, then write the files (when ``out`` was given)."""
+        """Restore the clock, then write the files (when ``out`` was given; rank 0 only)."""
         self.tuner.__exit__(*exc)
-        if self.out is not None:
+        if self.out is not None and self.tuner.rank == 0:
             write_tune(self.tuner.result, self.out)
