@@ -131,6 +131,51 @@ def test_ranks_with_different_operators_are_planned_as_data_parallel_on_rank0(tm
         assert kinds[-1] == "restore" and kinds.count("restore") == 1
 
 
+def _traced_rank(rank: int, port: int, out: str) -> None:
+    """One rank tuning through a device without the simulator (dry run: traced, no power)."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2"
+    )
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from opdvfs.experiments.tune import Tuner
+    from opdvfs.runtime.actuators import make_actuator
+
+    from tiny_gpt import TinyGPT
+
+    act = make_actuator("dry-run", device="a100-like")
+    tuner = Tuner(act, target=0.02, clocks=[1410.0, 1005.0], iterations_per_clock=1)
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    traced_at_end = []
+    with tuner:
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        try:
+            for _ in range(40):
+                model(torch.randint(0, 64, (2, 16))).sum().backward()
+                opt.step()
+            traced_at_end.append(tuner._trace_stack is not None)
+        finally:
+            dist.destroy_process_group()
+    result = tuner.result.to_dict()
+    result["traced_at_end"] = traced_at_end[0]
+    result["profiled"] = tuner.result.profile is not None
+    (Path(out) / f"result.rank{rank}.json").write_text(json.dumps(result))
+
+
+def test_off_the_simulator_only_rank0_traces_its_sweep_and_its_error_reaches_every_rank(
+    tmp_path, cpu_only
+):
+    mp.spawn(_traced_rank, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (json.loads((tmp_path / f"result.rank{r}.json").read_text()) for r in (0, 1))
+    # rank 0 traced the sweep and closed its trace; rank 1 dropped its own at the first step
+    assert r0["profiled"] and not r1["profiled"]
+    assert not r0["traced_at_end"] and not r1["traced_at_end"]
+    # the dry run measures no power: rank 0 cannot plan, and says so on every rank
+    assert "measures no power" in r0["error"] and r1["error"] == r0["error"]
+    assert [i["phase"] for i in r0["per_iteration"]] == [i["phase"] for i in r1["per_iteration"]]
+
+
 #: A data-parallel script for torchrun: it makes its gloo group, then trains `STEPS` steps.
 DP_SCRIPT = """
 import sys

@@ -25,8 +25,10 @@ iterations (an iteration ends at an optimizer step):
 6. **steady**: the best round's schedule applies for the rest of the run, and is cached.
 
 Under ``torchrun`` (a process group exists when an iteration ends) every rank measures and
-rank 0 leads: at each iteration end the ranks all-reduce the iteration's time (the slowest
-rank's) and energy (every rank's: :func:`~opdvfs.runtime.distributed.job_iteration`); rank 0
+rank 0 leads: at each iteration end the ranks exchange the iteration's time and energy
+through the group's key-value store (no tensor operator the executor or a trace would see),
+and each takes the job's: the slowest rank's time and every rank's energy, as
+:func:`~opdvfs.runtime.distributed.job_iteration` defines them; rank 0
 alone runs the phases above on those job-wide figures (its sweep, its planning thread, its
 A/B blocks) and broadcasts what it decided: the phase, the clock it set, the schedule it
 applies. So every rank moves through the same phases at the same iterations, the A/B blocks
@@ -467,7 +469,7 @@ class _Measurement:
 
 @contextlib.contextmanager
 def _no_modes() -> Any:
-    """Run collectives outside the dispatch modes: the executor must not count their ops."""
+    """Run the block outside the dispatch modes: the executor must not count its operators."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes():
@@ -486,63 +488,86 @@ def _group_ready() -> bool:
 class _Job:
     """The ranks of a torchrun job, coordinated at each iteration end; rank 0 leads.
 
-    The collectives go over a gloo group (the default one when it is gloo; a new one beside an
-    NCCL group, whose collectives take CUDA tensors), outside the dispatch modes.
+    The ranks exchange their figures through the process group's key-value store (the one
+    ``init_process_group`` made), not its collectives: a store call runs no tensor operator,
+    so the executor's operator counts, the simulated GPU's launches and a real device's
+    torch.profiler trace see none of it, and it works beside any backend (NCCL's collectives
+    would take CUDA tensors). Every exchange has its own keys; a rank deletes its keys once an
+    exchange in which every rank took part shows they were all read.
     """
 
     def __init__(self) -> None:
         import torch.distributed as dist
+        from torch.distributed.distributed_c10d import _get_default_store
 
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
-        self.group: Any = None
-        if dist.get_backend() != "gloo":
-            self.group = dist.new_group(backend="gloo")
+        self.store = dist.PrefixStore("opdvfs-tune/", _get_default_store())
         #: A follower whose operators are rank 0's applies rank 0's clocks and schedules.
         self.follows_plan = True
         self.sent: Schedule | None = None  # the leader's last schedule sent
         self.sent_mhz: float | None = None  # the leader's last clock sent
+        self._n = 0  # exchanges so far
+        self._posted: list[str] = []  # this rank's keys not yet deleted
 
     @property
     def leader(self) -> bool:
         return self.rank == 0
 
+    def _post(self, value: str) -> str:
+        key = f"{self._n}/{self.rank}"
+        self._n += 1
+        self.store.set(key, value)
+        self._posted.append(key)
+        return key
+
+    def _all(self, value: str) -> list[str]:
+        """Return every rank's ``value``, by rank (an exchange every rank takes part in)."""
+        key = self._post(value)
+        n = key.split("/")[0]
+        out = [
+            value if r == self.rank else self.store.get(f"{n}/{r}").decode()
+            for r in range(self.world_size)
+        ]
+        # every rank posted here, so it has read every key of the exchanges before this one
+        done, self._posted = self._posted[:-1], self._posted[-1:]
+        for old in done:
+            with contextlib.suppress(Exception):
+                self.store.delete_key(old)
+        return out
+
     def iteration(
         self, time_s: float, energy_j: float | None, abandoned: bool
     ) -> tuple[float, float | None, bool]:
-        """Return the job's time (max), energy (sum; None if a rank has none), any abandoned."""
-        import torch
-        import torch.distributed as dist
+        """Return the job's time (max), energy (sum; None if a rank has none), any abandoned.
 
-        from opdvfs.runtime.distributed import job_iteration
-
-        with _no_modes():
-            job_s, job_j = job_iteration(
-                time_s, math.nan if energy_j is None else energy_j, group=self.group
-            )
-            flag = torch.tensor([1.0 if abandoned else 0.0], dtype=torch.float64)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        return job_s, job_j if math.isfinite(job_j) else None, bool(flag.item() > 0)
+        As :func:`~opdvfs.runtime.distributed.job_iteration`, summed in rank order on every
+        rank (the same float everywhere).
+        """
+        rows = [json.loads(v) for v in self._all(json.dumps([time_s, energy_j, abandoned]))]
+        energies = [row[1] for row in rows]
+        total = None if any(e is None for e in energies) else float(math.fsum(energies))
+        return max(float(row[0]) for row in rows), total, any(bool(row[2]) for row in rows)
 
     def same_sequence(self, op_names: Sequence[str]) -> tuple[bool, dict[str, list[int]]]:
         """Compare every rank's operator sequence; set :attr:`follows_plan`; return the groups."""
-        from opdvfs.runtime.distributed import job_view
+        from opdvfs.runtime.distributed import JobView
 
         key = hashlib.sha256("\n".join(op_names).encode()).hexdigest()
-        with _no_modes():
-            view = job_view(key, group=self.group)
+        view = JobView(self.rank, self.world_size, tuple(self._all(key)))
         self.follows_plan = view.keys[self.rank] == view.keys[0]
         return view.same_sequence, view.groups
 
     def exchange(self, directive: dict[str, Any] | None) -> dict[str, Any]:
         """Return rank 0's ``directive`` on every rank (the others pass None)."""
-        import torch.distributed as dist
-
-        payload = [directive]
-        with _no_modes():
-            dist.broadcast_object_list(payload, src=0, group=self.group)
-        assert payload[0] is not None
-        return payload[0]
+        if self.leader:
+            self._post(json.dumps(directive))
+            assert directive is not None
+            return directive
+        n = self._n
+        self._n += 1
+        doc: dict[str, Any] = json.loads(self.store.get(f"{n}/0").decode())
+        return doc
 
 
 def _make_executor(actuator: Actuator, tuner: Tuner) -> Any:
@@ -870,12 +895,28 @@ class Tuner:
     def _join(self) -> _Job | None:
         """Join the job's ranks once the script has made its process group (torchrun)."""
         if self._job is None and not self._job_lost and _group_ready():
-            with _no_modes():
-                self._job = _Job()
+            self._job = _Job()
             self.result.world_size = self._job.world_size
             if not self._job.leader:
                 self.cache = None  # rank 0 alone reads and writes it
+                if self._trace_stack is not None:
+                    self._drop_trace_soon()  # rank 0's sweep is the one profiled
         return self._job
+
+    def _drop_trace_soon(self) -> None:
+        """End this rank's trace, unread, at the next optimizer step's start (not from a hook)."""
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        def close(*_: object) -> None:
+            stack, self._trace_stack = self._trace_stack, None
+            if stack is None:
+                return
+            with warnings.catch_warnings(), _no_modes():
+                warnings.simplefilter("ignore")
+                with contextlib.suppress(Exception):
+                    stack.close()
+
+        self._pre_hook = register_optimizer_step_pre_hook(close)
 
     def _waits_for_group(self) -> bool:
         """Return whether this is a rank other than 0 of a torchrun job with no group (yet)."""

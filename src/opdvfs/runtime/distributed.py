@@ -131,22 +131,21 @@ def _group() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def job_iteration(time_s: float, energy_j: float, *, group: Any = None) -> tuple[float, float]:
+def job_iteration(time_s: float, energy_j: float) -> tuple[float, float]:
     """Return the whole job's iteration from this rank's: the slowest rank's time, all energy.
 
     Ranks step together (a collective or a pipeline flush ends every iteration), so the job's
     iteration lasts as long as its slowest rank's, and its energy is every device's. Every rank
     must call this at the same iteration (two all-reduces over the default group, as float64 on
-    the CPU: gloo's path; NCCL groups take CUDA tensors, so pass a gloo ``group`` there, from
-    ``torch.distributed.new_group(backend="gloo")``). Without a process group it returns its
-    arguments. A rank without an energy reading passes ``nan``: the sum is then ``nan``.
+    the CPU: gloo's path; NCCL groups take CUDA tensors, so call it from a gloo group there).
+    Without a process group it returns its arguments.
     """
     if not _group():
         return float(time_s), float(energy_j)
     slowest = torch.tensor([time_s], dtype=torch.float64)
     total = torch.tensor([energy_j], dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
     return float(slowest.item()), float(total.item())
 
 
@@ -180,15 +179,15 @@ class JobView:
         return out
 
 
-def job_view(sequence_key: str, *, group: Any = None) -> JobView:
+def job_view(sequence_key: str) -> JobView:
     """Gather every rank's operator-sequence key (e.g. a hash of its op names) on every rank.
 
     Data-parallel ranks run the same operators and can share one plan; pipeline stages differ
     and need their own. Every rank must call this at the same point. Without a process group
-    the job is this one process. ``group``: the group to gather over (default: the default).
+    the job is this one process.
     """
     if not _group():
         return JobView(0, 1, (sequence_key,))
     keys: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(keys, sequence_key, group=group)
+    dist.all_gather_object(keys, sequence_key)
     return JobView(dist.get_rank(), dist.get_world_size(), tuple(str(k) for k in keys))
