@@ -176,7 +176,8 @@ def test_off_the_simulator_only_rank0_traces_its_sweep_and_its_error_reaches_eve
     assert [i["phase"] for i in r0["per_iteration"]] == [i["phase"] for i in r1["per_iteration"]]
 
 
-#: A data-parallel script for torchrun: it makes its gloo group, then trains `STEPS` steps.
+#: A data-parallel script for torchrun: it makes its gloo group, then trains `STEPS` steps;
+#: `STEPS CRASH_AT`: rank 1 raises at that step.
 DP_SCRIPT = """
 import sys
 import torch
@@ -184,6 +185,7 @@ import torch.distributed as dist
 sys.path.insert(0, {tests!r})
 from tiny_gpt import TinyGPT
 steps = int(sys.argv[1])
+crash_at = int(sys.argv[2]) if len(sys.argv) > 2 else -1
 dist.init_process_group("gloo")
 torch.set_num_threads(1)
 torch.manual_seed(dist.get_rank())
@@ -191,6 +193,8 @@ model = TinyGPT()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 data = torch.randint(0, 64, (steps, 2, 17))
 for i in range(steps):
+    if i == crash_at and dist.get_rank() == 1:
+        raise RuntimeError(f"boom on rank 1 at step {{i}}")
     logits = model(data[i, :, :-1])
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), data[i, :, 1:].reshape(-1))
     opt.zero_grad(set_to_none=True)
@@ -209,7 +213,7 @@ def test_torchrun_tune_then_a_rerun_from_rank0s_cache(tmp_path):
     script.write_text(DP_SCRIPT.format(tests=str(Path(__file__).parent)))
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OPDVFS_CACHE_DIR": str(tmp_path / "cache")}
 
-    def tune(name: str, steps: int) -> subprocess.CompletedProcess:
+    def tune(name: str, *steps: int, cache: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(
             torchrun_opdvfs(
                 2,
@@ -218,7 +222,8 @@ def test_torchrun_tune_then_a_rerun_from_rank0s_cache(tmp_path):
                 *("--clocks", "1410,1380,210", "--iterations-per-clock", "1"),
                 *("--block", "2", "--pairs", "2", "--rounds", "1"),
                 *("--out", str(tmp_path / name), "--log-file", str(tmp_path / f"{name}.jsonl")),
-                *("--", "python", str(script), str(steps)),
+                *(() if cache else ("--no-cache",)),
+                *("--", "python", str(script), *map(str, steps)),
             ),
             capture_output=True,
             text=True,
@@ -248,3 +253,12 @@ def test_torchrun_tune_then_a_rerun_from_rank0s_cache(tmp_path):
             assert kinds[-1] == "restore" and kinds.count("restore") == 1, (name, rank)
             # rank 1 applies rank 0's cached plan from the cache hit on: clocks below the top
             assert {c["freq_mhz"] for c in calls if c["kind"] == "set"} - {1410.0}, (name, rank)
+    # rank 1 crashes during the sweep: torchrun fails, rank 0 is stopped, each restores once
+    crash = tune("crash", 48, 7, cache=False)
+    assert crash.returncode != 0 and "boom on rank 1 at step 7" in crash.stderr
+    for rank in (0, 1):
+        calls = read_log(tmp_path / f"crash.rank{rank}.jsonl")
+        kinds = [c["kind"] for c in calls]
+        assert kinds[-1] == "restore" and kinds.count("restore") == 1, (rank, kinds[-3:])
+        sets = [c["freq_mhz"] for c in calls if c["kind"] == "set"]
+        assert 1380.0 in sets, (rank, sets)  # the sweep had gone below the top
