@@ -869,7 +869,7 @@ class Tuner:
                 job = None
         if job is not None and not job.leader:
             try:
-                self._follow(job, iteration, measured)
+                self._follow(job, iteration, n_ops, measured)
             except Exception as exc:
                 self._lost_job(exc)
             self._report()
@@ -1004,9 +1004,11 @@ class Tuner:
         self,
         job: _Job,
         iteration: int,
+        n_ops: int,
         measured: tuple[float, float | None, float | None, float | None],
     ) -> None:
         """Take rank 0's decision for this iteration end, and apply it (the other ranks)."""
+        self.n_launches = n_ops  # (if the ranks lose each other: the top clock by operator)
         d = job.exchange(None)
         if d["iteration"] != iteration:
             raise OpdvfsError(f"rank 0 ended iteration {d['iteration']}, this rank {iteration}")
