@@ -1,7 +1,6 @@
 """`opdvfs capture --profile P --freqs LIST`: every clock profiled in one run (#21)."""
 
 import json
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -22,33 +21,8 @@ from opdvfs.sim import SimulatedDevice
 from opdvfs.workloads.workload import Workload
 
 from conftest import read_log
+from tiny_gpt import write_train_script
 
-#: The tiny GPT training script; `train.py STEPS [STOP_AT [raise|term]]` stops at STOP_AT.
-TRAIN = textwrap.dedent("""
-    import os
-    import signal
-    import sys
-    import torch
-    sys.path.insert(0, {tests!r})
-    from tiny_gpt import TinyGPT
-    steps = int(sys.argv[1])
-    stop_at = int(sys.argv[2]) if len(sys.argv) > 2 else -1
-    how = sys.argv[3] if len(sys.argv) > 3 else "raise"
-    torch.manual_seed(0)
-    model = TinyGPT()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    data = torch.randint(0, 64, (steps, 2, 17))
-    for i in range(steps):
-        if i == stop_at:
-            if how == "term":
-                os.kill(os.getpid(), signal.SIGTERM)
-            raise RuntimeError(f"boom at step {{i}}")
-        logits = model(data[i, :, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), data[i, :, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-""")
 #: The tiny GPT's iteration is ~2 ms on sim:a100-like, under its 100 ms power sensor; at this
 #: scale of its work it is ~160 ms, so a clock's few iterations span the sensor's windows.
 WORK_SCALE = "1e5"
@@ -58,9 +32,7 @@ TOP, MID, MIN = 1410.0, 810.0, 210.0  # a100-like: min, mid (nearest the middle)
 
 @pytest.fixture(scope="module")
 def script(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("sweep") / "train.py"
-    path.write_text(TRAIN.format(tests=str(Path(__file__).parent)))
-    return path
+    return write_train_script(tmp_path_factory.mktemp("sweep"))
 
 
 def _sweep_argv(out: Path, script: Path, *args: str, extra: tuple[str, ...] = ()) -> list[str]:

@@ -1,7 +1,6 @@
 """`opdvfs tune`: the closed loop on a running training job, in one run (#21)."""
 
 import json
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -23,37 +22,8 @@ from opdvfs.experiments.tune import (
 from opdvfs.sim.presets import preset_spec
 
 from conftest import read_log
+from tiny_gpt import write_train_script
 
-#: The tiny GPT; `train.py STEPS [STOP_AT [raise|term|exit|diverge]]`.
-TRAIN = textwrap.dedent("""
-    import os
-    import signal
-    import sys
-    import torch
-    sys.path.insert(0, {tests!r})
-    from tiny_gpt import TinyGPT
-    steps = int(sys.argv[1])
-    stop_at = int(sys.argv[2]) if len(sys.argv) > 2 else -1
-    how = sys.argv[3] if len(sys.argv) > 3 else "raise"
-    torch.manual_seed(0)
-    model = TinyGPT()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    data = torch.randint(0, 64, (steps, 2, 17))
-    for i in range(steps):
-        if i == stop_at and how == "term":
-            os.kill(os.getpid(), signal.SIGTERM)
-        if i == stop_at and how == "raise":
-            raise RuntimeError(f"boom at step {{i}}")
-        if i == stop_at and how == "exit":
-            sys.exit(0)
-        logits = model(data[i, :, :-1])
-        if how == "diverge" and 0 <= stop_at <= i:
-            logits = logits * 1.0 + 0.0  # two more operators per iteration from here on
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), data[i, :, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-""")
 #: Each operator does 10^6 times its work: a ~1.5 s iteration spans the 100 ms power sensor.
 SIM = ("--actuator", "sim:a100-like", "--work-scale", "1e6")
 #: Small enough for the tests: 3 clocks, 1 iteration each, one round of 2 pairs of 2-blocks.
@@ -67,9 +37,7 @@ STEPS = 40
 
 @pytest.fixture(scope="module")
 def script(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("tune") / "train.py"
-    path.write_text(TRAIN.format(tests=str(Path(__file__).parent)))
-    return path
+    return write_train_script(tmp_path_factory.mktemp("tune"))
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,13 @@
-"""A tiny GPT training step and a torch.profiler capture of it (needs torch).
+"""The tests' tiny GPT: its training script, a launch log and a torch.profiler capture (torch).
 
-Shared by the live-capture test and by ``fixtures/make_torch_trace.py``, which wrote the checked-in
-trace fixture, so that both exercise the same program.
+Shared by the live-capture, sweep and tune tests and by ``fixtures/make_torch_trace.py``, which
+wrote the checked-in trace fixture, so that all exercise the same program.
 """
 
 from __future__ import annotations
 
 import sys
+import textwrap
 from pathlib import Path
 
 import torch
@@ -16,7 +17,54 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from train_tiny_gpt import Block, TinyGPT
 
-__all__ = ["Block", "LaunchLog", "TinyGPT", "capture_training_trace"]
+__all__ = [
+    "TRAIN_SCRIPT",
+    "Block",
+    "LaunchLog",
+    "TinyGPT",
+    "capture_training_trace",
+    "write_train_script",
+]
+
+#: The tiny GPT as a training script (a test writes it with :func:`write_train_script`):
+#: ``train.py STEPS [STOP_AT [raise|term|exit|diverge]]`` stops at step STOP_AT as told, or, with
+#: ``diverge``, runs two more operators per iteration from it on.
+TRAIN_SCRIPT = textwrap.dedent("""
+    import os
+    import signal
+    import sys
+    import torch
+    sys.path.insert(0, {tests!r})
+    from tiny_gpt import TinyGPT
+    steps = int(sys.argv[1])
+    stop_at = int(sys.argv[2]) if len(sys.argv) > 2 else -1
+    how = sys.argv[3] if len(sys.argv) > 3 else "raise"
+    torch.manual_seed(0)
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randint(0, 64, (steps, 2, 17))
+    for i in range(steps):
+        if i == stop_at and how == "term":
+            os.kill(os.getpid(), signal.SIGTERM)
+        if i == stop_at and how == "raise":
+            raise RuntimeError(f"boom at step {{i}}")
+        if i == stop_at and how == "exit":
+            sys.exit(0)
+        logits = model(data[i, :, :-1])
+        if how == "diverge" and 0 <= stop_at <= i:
+            logits = logits * 1.0 + 0.0  # two more operators per iteration from here on
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), data[i, :, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+""")
+
+
+def write_train_script(folder: Path) -> Path:
+    """Write :data:`TRAIN_SCRIPT` to ``folder / "train.py"`` (it imports this module); return it."""
+    path = folder / "train.py"
+    path.write_text(TRAIN_SCRIPT.format(tests=str(Path(__file__).resolve().parent)))
+    return path
 
 
 class LaunchLog:

@@ -58,7 +58,7 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -108,18 +108,7 @@ Phase = Literal[
     "top",
 ]
 #: Every phase an iteration can be in, in the order a run goes through them.
-PHASES: tuple[str, ...] = (
-    "warmup",
-    "settle",
-    "unsteady",
-    "counted",
-    "planning",
-    "switch",
-    "reference",
-    "tuned",
-    "steady",
-    "top",
-)
+PHASES: tuple[str, ...] = get_args(Phase)
 #: Phases that cost the job profiling (the sweep after the warm-up) or planning.
 PROFILING = ("settle", "unsteady", "counted")
 
