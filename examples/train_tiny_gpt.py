@@ -51,6 +51,22 @@ class TinyGPT(nn.Module):
         return self.head(self.ln(x))
 
 
+def train_step(
+    model: TinyGPT, optimizer: torch.optim.Optimizer, batch: torch.Tensor
+) -> torch.Tensor:
+    """Take one step of next-token training on ``batch`` (sequences of SEQ + 1 tokens).
+
+    Returns the loss tensor (reading its value would synchronise with the device).
+    """
+    logits = model(batch[:, :-1])
+    vocab = logits.shape[-1]
+    loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), batch[:, 1:].reshape(-1))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
 def main(steps: int) -> None:
     """Train for ``steps`` steps on random tokens (one optimizer step each)."""
     torch.manual_seed(0)
@@ -58,11 +74,7 @@ def main(steps: int) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = torch.randint(0, VOCAB, (steps, 2, SEQ + 1))
     for batch in data:
-        logits = model(batch[:, :-1])
-        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        loss = train_step(model, optimizer, batch)
     print(f"trained {steps} steps, last loss {loss.item():.3f}")
 
 

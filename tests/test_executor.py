@@ -12,7 +12,7 @@ from opdvfs.runtime.dispatch import ScheduleExecutor, WorkloadRecorder  # noqa: 
 from opdvfs.sim import SimulatedDevice  # noqa: E402
 from opdvfs.sim.presets import get_preset  # noqa: E402
 
-from tiny_gpt import TinyGPT  # noqa: E402
+from tiny_gpt import TinyGPT, train_step  # noqa: E402
 
 A100 = get_preset("a100-like")
 
@@ -25,13 +25,7 @@ def train(steps: int, mode=None, seed: int = 0) -> None:
 
     def loop() -> None:
         for i in range(steps):
-            logits = model(data[i, :, :-1])
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, 64), data[i, :, 1:].reshape(-1)
-            )
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            train_step(model, opt, data[i])
 
     if mode is None:
         loop()

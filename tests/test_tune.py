@@ -236,7 +236,7 @@ def test_the_python_api_tunes_the_block_and_starts_from_the_cache(
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = torch.randint(0, 64, (5, 2, 17))
     with opdvfs.tune(target=0.02, actuator="sim:a100-like", work_scale=1e6, out=tmp_path) as t:
-        for i in range(5):
+        for i in range(5):  # the operators of TRAIN_SCRIPT's loop, one by one: its cache key
             logits = model(data[i, :, :-1])
             loss = torch.nn.functional.cross_entropy(
                 logits.reshape(-1, 64), data[i, :, 1:].reshape(-1)

@@ -11,11 +11,10 @@ import textwrap
 from pathlib import Path
 
 import torch
-from torch import nn
 
 # the model is the README's example's (one model for the docs, the tests and the fixtures)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-from train_tiny_gpt import Block, TinyGPT
+from train_tiny_gpt import Block, TinyGPT, train_step
 
 __all__ = [
     "TRAIN_SCRIPT",
@@ -23,6 +22,7 @@ __all__ = [
     "LaunchLog",
     "TinyGPT",
     "capture_training_trace",
+    "train_step",
     "write_train_script",
 ]
 
@@ -93,13 +93,6 @@ def capture_training_trace(
     if device.startswith("cuda"):
         activities.append(torch.profiler.ProfilerActivity.CUDA)
 
-    def train_step(batch: torch.Tensor) -> None:
-        logits = model(batch[:, :-1])
-        loss = nn.functional.cross_entropy(logits.reshape(-1, 64), batch[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
     def save(prof: torch.profiler.profile) -> None:
         prof.export_chrome_trace(str(path))
 
@@ -110,7 +103,7 @@ def capture_training_trace(
         record_shapes=True,
     ) as prof:
         for i in range(steps + 1):
-            train_step(data[i])
+            train_step(model, opt, data[i])
             if i == 1 and freq_mhz is not None:
                 # Metadata only sticks while the profiler is recording (an active step).
                 prof.add_metadata_json("opdvfs_freq_mhz", str(freq_mhz))

@@ -245,6 +245,21 @@ ObjectiveOption = Annotated[
 ]
 
 
+WorkScaleOption = Annotated[
+    float | None,
+    typer.Option(
+        "--work-scale",
+        min=0.0,
+        help="With --actuator sim:PRESET: each operator does this many times its work, so "
+        "a CPU-sized model stands for a larger one (longer iterations on the device).",
+    ),
+]
+
+DryRunDeviceOption = Annotated[
+    str | None, typer.Option("--device", "-d", help="With --actuator dry-run: its clocks.")
+]
+
+
 def _version(value: bool) -> None:
     if value:
         stdout.print(f"opdvfs {__version__}")

@@ -19,7 +19,15 @@ from typing import Annotated, Any
 
 import typer
 
-from opdvfs.cli._app import UsageError, app, reports_errors, stderr, stdout
+from opdvfs.cli._app import (
+    DryRunDeviceOption,
+    UsageError,
+    WorkScaleOption,
+    app,
+    reports_errors,
+    stderr,
+    stdout,
+)
 from opdvfs.exceptions import CaptureError
 
 _SCRIPT = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -136,17 +144,6 @@ def _in_process(command: Any, settings: dict[str, Any], profile: Any = None) -> 
     return session.outcome(), measured
 
 
-WorkScaleOption = Annotated[
-    float | None,
-    typer.Option(
-        "--work-scale",
-        min=0.0,
-        help="With --actuator sim:PRESET: each operator does this many times its work, so "
-        "a CPU-sized model stands for a larger one (longer iterations on the device).",
-    ),
-]
-
-
 @app.command(context_settings=_SCRIPT)
 @reports_errors
 def capture(
@@ -204,9 +201,7 @@ def capture(
         ),
     ] = 2,
     work_scale: WorkScaleOption = None,
-    device: Annotated[
-        str | None, typer.Option("--device", "-d", help="With --actuator dry-run: its clocks.")
-    ] = None,
+    device: DryRunDeviceOption = None,
     log: Annotated[
         Path | None,
         typer.Option(

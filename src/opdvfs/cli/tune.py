@@ -21,7 +21,15 @@ from typing import Annotated, Any
 
 import typer
 
-from opdvfs.cli._app import UsageError, app, reports_errors, stderr, stdout
+from opdvfs.cli._app import (
+    DryRunDeviceOption,
+    UsageError,
+    WorkScaleOption,
+    app,
+    reports_errors,
+    stderr,
+    stdout,
+)
 from opdvfs.exceptions import CaptureError
 
 _SCRIPT = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -104,17 +112,8 @@ def tune(
     rounds: Annotated[
         int, typer.Option("--rounds", min=1, help="Most plans measured (re-plans included).")
     ] = 3,
-    work_scale: Annotated[
-        float | None,
-        typer.Option(
-            "--work-scale",
-            min=0.0,
-            help="With --actuator sim:PRESET: each operator does this many times its work.",
-        ),
-    ] = None,
-    device: Annotated[
-        str | None, typer.Option("--device", "-d", help="With --actuator dry-run: its clocks.")
-    ] = None,
+    work_scale: WorkScaleOption = None,
+    device: DryRunDeviceOption = None,
     log: Annotated[
         Path | None,
         typer.Option(
