@@ -18,16 +18,25 @@ operator doing ``WORK_SCALE`` times its work, so an iteration spans the power se
 
 Acceptance (issue 21): profiling + planning <= 15% of the run's iterations; tune's steady
 saving >= 90% of offline's; tune's slowdown <= target + 0.2 points.
+
+Planning runs in wall time beside the training, which the simulated GPU compresses (a 1.55 s
+device iteration of the tiny GPT takes ~50 ms of CPU), so the iterations that pass while it plans
+depend on the host's speed and load (4 to 19 on sim:a100-like). The table also prints what the same
+planning seconds span at the device's own pace, ``ceil(plan seconds / device time per iteration)``:
+what a host kept in step with the device, as a real GPU keeps it, would spend. The first verdict
+is on the iterations as run.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -127,6 +136,13 @@ def main() -> None:
                 "profiling": r.profiling_iterations,
                 "planning": r.planning_iterations,
                 "overhead": r.overhead_fraction,
+                # what planning would span at the device's pace (see the module docstring)
+                "planning_at_device": math.ceil(
+                    r.plan_seconds
+                    / np.mean([it.time_s for it in r.iterations if it.phase == "planning"])
+                )
+                if r.planning_iterations
+                else 0,
                 "ab": r.count("switch", "reference", "tuned"),
                 "rounds": len(r.rounds),
                 "budget": best.budget if best else float("nan"),
@@ -145,20 +161,22 @@ def main() -> None:
         "(after 2) against the top clock, on fresh simulated GPUs\n"
     )
     head = (
-        "| preset | tune: profiling + planning (of iterations) | A/B iterations | rounds | "
+        "| preset | tune: profiling + planning (of iterations) | planning at the device's pace | "
+        "A/B iterations | rounds | "
         "budget kept | tune A/B: slowdown [95% CI] | tune A/B: saving [95% CI] | "
         "steady: tune slowdown / saving | steady: offline slowdown / saving | "
         "tune saving / offline | offline profiling iterations |"
     )
     print(head)
-    print("|---|---:|---:|---:|---:|---|---|---|---|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---|---|---|---|---:|---:|")
     for row in rows:
         slow, save = row["ab_slow"], row["ab_save"]
         t_slow, t_save = row["tune"]
         o_slow, o_save = row["offline"]
         print(
             f"| {row['preset']} | {row['profiling']} + {row['planning']} of {row['iterations']} "
-            f"= {row['overhead']:.1%} | {row['ab']} | {row['rounds']} | {row['budget']:.2%} | "
+            f"= {row['overhead']:.1%} | {row['planning_at_device']} | {row['ab']} | "
+            f"{row['rounds']} | {row['budget']:.2%} | "
             f"{slow.mean:+.2%} [{slow.low:+.2%}, {slow.high:+.2%}] | "
             f"{save.mean:.2%} [{save.low:.2%}, {save.high:.2%}] | "
             f"{t_slow:+.2%} / {t_save:.2%} | {o_slow:+.2%} / {o_save:.2%} | "
@@ -170,6 +188,10 @@ def main() -> None:
         o_save = row["offline"][1]
         checks = {
             "profiling + planning <= 15%": row["overhead"] <= 0.15,
+            "the same, planning at the device's pace": (
+                row["profiling"] + row["planning_at_device"]
+            )
+            <= 0.15 * row["iterations"],
             "tune saving >= 90% of offline": t_save >= 0.9 * o_save,
             f"tune slowdown <= {TARGET:.0%} + 0.2 pt": t_slow <= TARGET + 0.002,
         }
