@@ -13,12 +13,9 @@ from typer.testing import CliRunner
 
 from opdvfs import Schedule
 from opdvfs.cli import app
-from opdvfs.experiments.tune import (
-    TuneCache,
-    auto_clocks,
-    cache_key,
-    paired_interval,
-)
+from opdvfs.experiments.tune import auto_clocks
+from opdvfs.runtime.schedule_cache import TuneCache, cache_key
+from opdvfs.runtime.tuning import paired_interval
 from opdvfs.sim.presets import preset_spec
 
 from conftest import read_log
@@ -225,7 +222,7 @@ def test_the_python_api_tunes_the_block_and_starts_from_the_cache(
     import torch
 
     import opdvfs
-    from opdvfs.experiments.tune import CACHE_ENV
+    from opdvfs.runtime.schedule_cache import CACHE_ENV
 
     sys.path.insert(0, str(Path(__file__).parent))
     from tiny_gpt import TinyGPT

@@ -143,10 +143,11 @@ def tune(
     """
     from opdvfs.cli._app import parse_clocks
     from opdvfs.cli.runtime import _program
-    from opdvfs.experiments.tune import TuneCache, Tuner
+    from opdvfs.experiments.tune import Tuner
     from opdvfs.report.tune import summary_lines, write_tune
     from opdvfs.runtime.actuators import make_actuator
     from opdvfs.runtime.launch import run_python
+    from opdvfs.runtime.schedule_cache import TuneCache
 
     if not target > 0:
         raise UsageError(f"--target {target:g}: expected a slowdown > 0 (0.02 = 2%)")

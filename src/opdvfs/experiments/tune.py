@@ -4,7 +4,8 @@ One run of the user's unchanged script goes through these phases, each between t
 iterations (an iteration ends at an optimizer step):
 
 1. **warm-up** at the top clock (the first iteration differs: allocations, optimizer state);
-   the last warm-up iteration's operator sequence is the job's :func:`cache_key`. A cached
+   the last warm-up iteration's operator sequence is the job's
+   :func:`~opdvfs.runtime.schedule_cache.cache_key`. A cached
    schedule for it starts applying at once (phase ``steady``), skipping 2-4.
 2. **profiling** at K clocks (:func:`auto_clocks`), through the clock sweep of
    :mod:`opdvfs.runtime.sweep` (:class:`~opdvfs.runtime.sweep.ClockSweep`: the iterations a
@@ -18,7 +19,7 @@ iterations (an iteration ends at an optimizer step):
    alternate with top-clock reference blocks (ABBA order, so a linear drift such as a warming
    die cancels); each block's first iteration is discarded (a switch in flight). Each pair of
    blocks gives one paired ratio of time and of energy; their mean and Student-t interval
-   (:func:`paired_interval`) are the measured slowdown and saving.
+   (:func:`~opdvfs.runtime.tuning.paired_interval`) are the measured slowdown and saving.
 5. **re-plan** when the measured slowdown is not within the target:
    :func:`opdvfs.runtime.tuning.fit_budget` plans at another budget and measures again (it runs
    in the planning thread; each ``measure`` waits for the training thread's A/B blocks).
@@ -57,12 +58,10 @@ import warnings
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Literal, get_args
 
 import numpy as np
 
-from opdvfs._files import write_text_atomic
 from opdvfs.exceptions import OpdvfsError, ValidationError
 from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import PerfModel
@@ -70,30 +69,23 @@ from opdvfs.models.power import PowerModel
 from opdvfs.plan.planner import PlanInputs, plan_schedule
 from opdvfs.profile import Profile
 from opdvfs.runtime.actuators import Actuator, ClockGuard, SimGpuActuator
+from opdvfs.runtime.schedule_cache import TuneCache, cache_key
 from opdvfs.runtime.sweep import REAL_SETTLE_S, ClockSweep, on_launches, sweep_profile
-from opdvfs.runtime.tuning import BudgetFit, Measured, fit_budget
+from opdvfs.runtime.tuning import BudgetFit, Interval, Measured, fit_budget, paired_interval
 from opdvfs.schedule import Objective, Schedule
 from opdvfs.sim.presets import preset_spec
 
 __all__ = [
-    "CACHE_ENV",
     "PHASES",
-    "Interval",
     "PlanOnProfile",
-    "TuneCache",
     "TuneResult",
     "TuneRound",
     "Tuner",
     "auto_clocks",
-    "cache_key",
-    "default_cache_dir",
     "fit_profile",
-    "paired_interval",
     "plan_fitted",
 ]
 
-#: Environment variable naming the cache folder (default ``~/.cache/opdvfs/tune``).
-CACHE_ENV = "OPDVFS_CACHE_DIR"
 
 Phase = Literal[
     "warmup",
@@ -211,95 +203,6 @@ def plan_fitted(
         assert fitted.inputs.measured is not None
         schedule = on_launches(schedule, fitted.inputs.measured.op_ids, fitted.n_launches)
     return schedule
-
-
-# ----------------------------------------------------------------------------- statistics
-@dataclass(frozen=True)
-class Interval:
-    """A mean and its two-sided Student-t confidence interval.
-
-    Attributes
-    ----------
-    mean, low, high
-        The mean and the interval's ends (``nan`` with fewer than two values).
-    n
-        How many values.
-    confidence
-        The interval's level (0.95).
-    """
-
-    mean: float
-    low: float
-    high: float
-    n: int
-    confidence: float = 0.95
-
-
-def paired_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
-    """Return the mean of paired differences and its t-interval (``mean +- t * s / sqrt(n)``).
-
-    ``values``: one per A/B pair (e.g. tuned/reference ratio minus 1). The interval is the
-    one-sample Student-t interval of the mean (n - 1 degrees of freedom).
-    """
-    from scipy import stats
-
-    x = np.asarray(values, dtype=float)
-    x = x[np.isfinite(x)]
-    if x.size == 0:
-        return Interval(math.nan, math.nan, math.nan, 0, confidence)
-    mean = float(x.mean())
-    if x.size < 2:
-        return Interval(mean, math.nan, math.nan, 1, confidence)
-    half = float(stats.t.ppf(0.5 + confidence / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
-    return Interval(mean, mean - half, mean + half, int(x.size), confidence)
-
-
-# ----------------------------------------------------------------------------- cache
-def cache_key(op_names: Sequence[str], *, device: str, target: float, **extra: Any) -> str:
-    """Return the cache key of a job: a SHA-256 of its operator sequence and what the plan fits.
-
-    The sequence is one iteration's operators as the executor counts them (the last warm-up
-    iteration's); the device (with a simulated GPU's work scale), the target and ``extra``
-    (the objective) are part of the key, since a plan is only valid for them.
-    """
-    doc = {"ops": list(op_names), "device": device, "target": round(float(target), 9), **extra}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
-
-
-def default_cache_dir() -> Path:
-    """Return the cache folder: ``$OPDVFS_CACHE_DIR``, else ``~/.cache/opdvfs/tune``."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env) if env else Path.home() / ".cache" / "opdvfs" / "tune"
-
-
-class TuneCache:
-    """Schedules measured by earlier tuning runs, one JSON file per :func:`cache_key`."""
-
-    def __init__(self, folder: str | os.PathLike[str] | None = None) -> None:
-        self.folder = Path(folder) if folder is not None else default_cache_dir()
-
-    def path(self, key: str) -> Path:
-        """Return the file of ``key``."""
-        return self.folder / f"{key}.json"
-
-    def get(self, key: str) -> tuple[Schedule, dict[str, Any]] | None:
-        """Return the cached schedule and what it measured, or None (none, or unreadable)."""
-        path = self.path(key)
-        if not path.is_file():
-            return None
-        try:
-            doc = json.loads(path.read_text())
-            return Schedule.model_validate(doc["schedule"]), dict(doc.get("measured", {}))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-    def put(self, key: str, schedule: Schedule, measured: dict[str, Any]) -> Path:
-        """Write the schedule under ``key`` (atomically); return its file."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.path(key)
-        doc = {"schedule": schedule.model_dump(mode="json"), "measured": measured}
-        write_text_atomic(path, json.dumps(doc))
-        return path
 
 
 # ----------------------------------------------------------------------------- the run

@@ -23,7 +23,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from opdvfs._files import atomic_path, write_text_atomic
-from opdvfs.experiments.tune import Interval, TuneCache, Tuner, TuneResult
+from opdvfs.experiments.tune import Tuner, TuneResult
+from opdvfs.runtime.schedule_cache import TuneCache
+from opdvfs.runtime.tuning import Interval
 from opdvfs.schedule import Objective
 
 __all__ = ["summary_lines", "tune", "write_tune"]

@@ -14,9 +14,12 @@ same loop serves ``opdvfs tune`` (re-plan when the measured slowdown exceeds the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
+
+import numpy as np
 
 from opdvfs.exceptions import ValidationError
 from opdvfs.schedule import Schedule
@@ -25,7 +28,15 @@ if TYPE_CHECKING:
     from opdvfs.sim.twin import SimulatedDevice
     from opdvfs.workloads.workload import Workload
 
-__all__ = ["BudgetFit", "BudgetRound", "Measured", "fit_budget", "twin_measure"]
+__all__ = [
+    "BudgetFit",
+    "BudgetRound",
+    "Interval",
+    "Measured",
+    "fit_budget",
+    "paired_interval",
+    "twin_measure",
+]
 
 
 @dataclass(frozen=True)
@@ -231,3 +242,43 @@ def twin_measure(
         )
 
     return measure
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean and its two-sided Student-t confidence interval.
+
+    Attributes
+    ----------
+    mean, low, high
+        The mean and the interval's ends (``nan`` with fewer than two values).
+    n
+        How many values.
+    confidence
+        The interval's level (0.95).
+    """
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    confidence: float = 0.95
+
+
+def paired_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
+    """Return the mean of paired differences and its t-interval (``mean +- t * s / sqrt(n)``).
+
+    ``values``: one per A/B pair (e.g. tuned/reference ratio minus 1). The interval is the
+    one-sample Student-t interval of the mean (n - 1 degrees of freedom).
+    """
+    from scipy import stats
+
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return Interval(math.nan, math.nan, math.nan, 0, confidence)
+    mean = float(x.mean())
+    if x.size < 2:
+        return Interval(mean, math.nan, math.nan, 1, confidence)
+    half = float(stats.t.ppf(0.5 + confidence / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+    return Interval(mean, mean - half, mean + half, int(x.size), confidence)
