@@ -14,9 +14,8 @@ from opdvfs.exceptions import DistributedError  # noqa: E402
 from opdvfs.runtime.actuators import DryRunActuator  # noqa: E402
 from opdvfs.runtime.dispatch import ScheduleExecutor  # noqa: E402
 from opdvfs.runtime.distributed import (  # noqa: E402
+    JobView,
     broadcast_schedule,
-    job_iteration,
-    job_view,
     share_schedule_on_group_init,
 )
 
@@ -56,33 +55,13 @@ def test_rank0_schedule_reaches_every_rank(tmp_path):
         assert Schedule.from_json((tmp_path / f"got.{rank}").read_text()) == plan
 
 
-def _measure_rank(rank: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=3)
-    try:
-        # ranks 0 and 1 run one sequence (data parallel), rank 2 another (a pipeline stage)
-        view = job_view("gpt-stage-a" if rank < 2 else "gpt-stage-b")
-        time_s, energy_j = job_iteration(0.1 * (rank + 1), 100.0 + rank)
-        with open(f"{out}.{rank}", "w") as fh:
-            fh.write(repr((view.rank, view.world_size, view.same_sequence, view.groups)))
-            fh.write(f"\n{time_s!r} {energy_j!r}")
-    finally:
-        dist.destroy_process_group()
-
-
-def test_job_iteration_is_the_slowest_rank_and_every_rank_s_energy(tmp_path):
-    out = tmp_path / "got"
-    mp.spawn(_measure_rank, args=(_free_port(), str(out)), nprocs=3, join=True)
-    groups = {"gpt-stage-a": [0, 1], "gpt-stage-b": [2]}
-    for rank in range(3):
-        view, iteration = (tmp_path / f"got.{rank}").read_text().splitlines()
-        assert view == repr((rank, 3, False, groups))
-        time_s, energy_j = map(float, iteration.split())
-        assert time_s == pytest.approx(0.3) and energy_j == pytest.approx(303.0)
-    # one process: the job is this process
-    assert job_iteration(0.5, 7.0) == (0.5, 7.0)
-    alone = job_view("k")
-    assert alone.same_sequence and alone.groups == {"k": [0]} and alone.world_size == 1
+def test_job_view_groups_the_ranks_by_operator_sequence():
+    # ranks 0 and 1 run one sequence (data parallel), rank 2 another (a pipeline stage)
+    view = JobView(2, 3, ("gpt-stage-a", "gpt-stage-a", "gpt-stage-b"))
+    assert not view.same_sequence
+    assert view.groups == {"gpt-stage-a": [0, 1], "gpt-stage-b": [2]}
+    alone = JobView(0, 1, ("k",))
+    assert alone.same_sequence and alone.groups == {"k": [0]}
 
 
 def test_single_process_is_the_identity():

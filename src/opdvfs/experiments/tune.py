@@ -28,14 +28,13 @@ iterations (an iteration ends at an optimizer step):
 Under ``torchrun`` (a process group exists when an iteration ends) every rank measures and
 rank 0 leads: at each iteration end the ranks exchange the iteration's time and energy
 through the group's key-value store (no tensor operator the executor or a trace would see),
-and each takes the job's: the slowest rank's time and every rank's energy, as
-:func:`~opdvfs.runtime.distributed.job_iteration` defines them; rank 0
+and each takes the job's: the slowest rank's time and every rank's energy; rank 0
 alone runs the phases above on those job-wide figures (its sweep, its planning thread, its
 A/B blocks) and broadcasts what it decided: the phase, the clock it set, the schedule it
 applies. So every rank moves through the same phases at the same iterations, the A/B blocks
 start and end together, and data-parallel ranks share rank 0's plan. Rank 0's operator
 sequence is the one profiled and planned: when the ranks' sequences differ (pipeline
-stages; :func:`~opdvfs.runtime.distributed.job_view`) rank 0 warns in one line that the job
+stages; :class:`~opdvfs.runtime.distributed.JobView`) rank 0 warns in one line that the job
 is planned as data-parallel on its sequence, and the ranks whose sequence differs stay at
 the top clock (still measured). Only rank 0 reads and writes the cache.
 
@@ -433,8 +432,7 @@ class _Job:
     ) -> tuple[float, float | None, bool]:
         """Return the job's time (max), energy (sum; None if a rank has none), any abandoned.
 
-        As :func:`~opdvfs.runtime.distributed.job_iteration`, summed in rank order on every
-        rank (the same float everywhere).
+        The energy is summed in rank order on every rank (the same float everywhere).
         """
         rows = [json.loads(v) for v in self._all(json.dumps([time_s, energy_j, abandoned]))]
         energies = [row[1] for row in rows]
@@ -572,16 +570,7 @@ class Tuner:
             "on_done": self._sweep_done,
         }
         if self.sim is not None:
-            gpu = self.sim.gpu
-            self.sweep = ClockSweep(
-                actuator,
-                chosen,
-                settle_s=gpu.switch_latency_s,
-                now_s=gpu.now_s,
-                temp_c=gpu.temperature_c,
-                sensor_s=gpu.sensor_s,
-                **sweep_kw,
-            )
+            self.sweep = ClockSweep.on_simulated_gpu(self.sim, chosen, **sweep_kw)
         else:
             self.sweep = ClockSweep(
                 actuator, chosen, settle_s=REAL_SETTLE_S, now_s=self._device_now, **sweep_kw

@@ -51,6 +51,7 @@ __all__ = [
     "fit_top_rise",
     "prior_curve",
     "shape_curve",
+    "shape_voltages",
     "two_clock_curve",
 ]
 
@@ -92,6 +93,24 @@ def shape_curve(top_mhz: float, knee_fraction: float, top_rise: float) -> Voltag
     span = top_mhz - knee
     slope = top_rise / span if span > 0 else 0.0
     return VoltageCurve(knee_mhz=float(min(knee, top_mhz)), flat_v=1.0, slope_v_per_mhz=slope)
+
+
+def shape_voltages(
+    freqs_mhz: np.ndarray,
+    top_mhz: float,
+    knee_fractions: np.ndarray = KNEE_FRACTIONS,
+    top_rises: np.ndarray = TOP_RISES,
+) -> np.ndarray:
+    """Return ``V`` at ``freqs_mhz`` of every shape :func:`shape_curve` makes from the grid.
+
+    Shape (len(knee_fractions) * len(top_rises), len(freqs_mhz)), knee-major: row
+    ``i * len(top_rises) + j`` is ``shape_curve(top_mhz, knee_fractions[i], top_rises[j])``.
+    """
+    f = np.asarray(freqs_mhz, dtype=float)
+    kk, rr = np.meshgrid(knee_fractions, top_rises, indexing="ij")
+    knee = kk.ravel()[:, None] * top_mhz
+    span = np.maximum(top_mhz - knee, 1e-9)
+    return 1.0 + rr.ravel()[:, None] * np.maximum(0.0, f[None, :] - knee) / span
 
 
 def prior_curve(top_mhz: float) -> VoltageCurve:
@@ -146,13 +165,9 @@ def curve_errors(
     """
     f = np.asarray(freqs_mhz, dtype=float)
     top = float(f.max()) if top_mhz is None else float(top_mhz)
-    kk, rr = np.meshgrid(knee_fractions, top_rises, indexing="ij")
-    knee = kk.ravel()[:, None] * top
-    span = np.maximum(top - knee, 1e-9)
-    volt = 1.0 + rr.ravel()[:, None] * np.maximum(0.0, f[None, :] - knee) / span
-    x = f[None, :] / 1e3 * volt**2
+    x = f[None, :] / 1e3 * shape_voltages(f, top, knee_fractions, top_rises) ** 2
     n_points = max(int((np.isfinite(power) & (power > 0)).sum()), 1)
-    return np.sqrt(_fit_errors(power, x) / n_points).reshape(kk.shape)
+    return np.sqrt(_fit_errors(power, x) / n_points).reshape(len(knee_fractions), len(top_rises))
 
 
 def fit_top_rise(
@@ -274,10 +289,7 @@ def envelope_rise(
     p = p[:: -(-len(p) // _ENVELOPE_OPS)] if len(p) else p
     if len(p) < 3 or not f1 < f2:
         return None, 0.0
-    knee = knee_fraction * top_mhz
-    span = max(top_mhz - knee, 1e-9)
-    v1 = 1.0 + top_rises * max(0.0, f1 - knee) / span
-    v2 = 1.0 + top_rises * max(0.0, f2 - knee) / span
+    v1, v2 = shape_voltages(np.array([f1, f2]), top_mhz, np.array([knee_fraction]), top_rises).T
     keep = v2 / v1 <= f2 / f1 * (1 + 1e-12)  # V no steeper than f between the clocks
     rises, v1, v2 = top_rises[keep], v1[keep], v2[keep]
     g1, g2 = f1 * v1**2, f2 * v2**2

@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
 import torch.distributed as dist
 
 from opdvfs.exceptions import DistributedError
@@ -26,13 +25,7 @@ from opdvfs.schedule import PipelineSchedule, Schedule
 if TYPE_CHECKING:
     from opdvfs.runtime.applier import ScheduleApplier
 
-__all__ = [
-    "JobView",
-    "broadcast_schedule",
-    "job_iteration",
-    "job_view",
-    "share_schedule_on_group_init",
-]
+__all__ = ["JobView", "broadcast_schedule", "share_schedule_on_group_init"]
 
 
 def broadcast_schedule(
@@ -127,31 +120,9 @@ def share_schedule_on_group_init(
         dist.init_process_group = original
 
 
-def _group() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
-def job_iteration(time_s: float, energy_j: float) -> tuple[float, float]:
-    """Return the whole job's iteration from this rank's: the slowest rank's time, all energy.
-
-    Ranks step together (a collective or a pipeline flush ends every iteration), so the job's
-    iteration lasts as long as its slowest rank's, and its energy is every device's. Every rank
-    must call this at the same iteration (two all-reduces over the default group, as float64 on
-    the CPU: gloo's path; NCCL groups take CUDA tensors, so call it from a gloo group there).
-    Without a process group it returns its arguments.
-    """
-    if not _group():
-        return float(time_s), float(energy_j)
-    slowest = torch.tensor([time_s], dtype=torch.float64)
-    total = torch.tensor([energy_j], dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    dist.all_reduce(total, op=dist.ReduceOp.SUM)
-    return float(slowest.item()), float(total.item())
-
-
 @dataclass(frozen=True)
 class JobView:
-    """How the ranks' operator sequences compare (:func:`job_view`).
+    """How the ranks' operator sequences compare (``opdvfs tune`` under torchrun).
 
     Attributes
     ----------
@@ -177,17 +148,3 @@ class JobView:
         for rank, key in enumerate(self.keys):
             out.setdefault(key, []).append(rank)
         return out
-
-
-def job_view(sequence_key: str) -> JobView:
-    """Gather every rank's operator-sequence key (e.g. a hash of its op names) on every rank.
-
-    Data-parallel ranks run the same operators and can share one plan; pipeline stages differ
-    and need their own. Every rank must call this at the same point. Without a process group
-    the job is this one process.
-    """
-    if not _group():
-        return JobView(0, 1, (sequence_key,))
-    keys: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(keys, sequence_key)
-    return JobView(dist.get_rank(), dist.get_world_size(), tuple(str(k) for k in keys))

@@ -183,6 +183,31 @@ class ClockSweep(IterationCounter):
         self._last_end = 0.0
         self._last_temp: float | None = None
 
+    @classmethod
+    def on_simulated_gpu(
+        cls,
+        actuator: SimGpuActuator,
+        freqs_mhz: Sequence[float],
+        *,
+        settle_s: float | None = None,
+        **options: Any,
+    ) -> ClockSweep:
+        """Return a sweep read off a simulated GPU's own instruments.
+
+        Its virtual clock, die temperature and power sensor; settling for its switch latency
+        unless ``settle_s`` is given. ``options`` go to the constructor.
+        """
+        gpu = actuator.gpu
+        return cls(
+            actuator,
+            freqs_mhz,
+            settle_s=gpu.switch_latency_s if settle_s is None else settle_s,
+            now_s=gpu.now_s,
+            temp_c=gpu.temperature_c,
+            sensor_s=gpu.sensor_s,
+            **options,
+        )
+
     def __enter__(self) -> Any:
         """Lock the top clock for the warm-up and start counting iterations."""
         self.actuator.set_freq_mhz(self.top_mhz)
@@ -468,16 +493,7 @@ def sweep_run(
     }
     measured: Profile | None = None
     if sim is not None:
-        gpu = sim.gpu
-        sweep = ClockSweep(
-            actuator,
-            freqs_mhz,
-            settle_s=gpu.switch_latency_s if settle_s is None else settle_s,
-            now_s=gpu.now_s,
-            temp_c=gpu.temperature_c,
-            sensor_s=gpu.sensor_s,
-            **sweep_kw,
-        )
+        sweep = ClockSweep.on_simulated_gpu(sim, freqs_mhz, settle_s=settle_s, **sweep_kw)
         with actuator, guard, sweep:
             run()
     else:
