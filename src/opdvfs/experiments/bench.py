@@ -13,8 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from opdvfs._model import FrozenModel
+from opdvfs.calibration import PowerCalibration
 from opdvfs.models.attribution import sensor_iterations
 from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import PerfModel
@@ -27,7 +29,7 @@ from opdvfs.sim.twin import SimRun, SimulatedDevice
 from opdvfs.workloads.library import load_workload
 from opdvfs.workloads.workload import Workload
 
-__all__ = ["Bench", "Outcome", "measure", "prepare", "saving_pct"]
+__all__ = ["Bench", "Outcome", "calibrate", "measure", "prepare", "saving_pct"]
 
 
 @dataclass(frozen=True)
@@ -98,12 +100,57 @@ def prepare(
     # enough iterations per clock for a coarse (NVML-like) sensor's windows, as `opdvfs profile`
     repeats = sensor_iterations(baseline.iteration_time_s, **sim.sensor_ms)
     profile = sim.profile(work, train, iterations=repeats)
+    # the paper's offline calibration (Fig. 11): idle power and a cool-down give the leakage's
+    # temperature slope, which static profiles cannot (their temperature follows the clock)
+    calibration = calibrate(sim)
     models = ModelBundle(
-        PerfModel().fit(profile), PowerModel().fit(profile, device=spec), device=spec
+        PerfModel().fit(profile),
+        PowerModel().fit(profile, device=spec, calibration=calibration),
+        device=spec,
     )
     inputs = PlanInputs.from_workload(work, spec.freqs_mhz, device=spec.name)
     predictions = predict(models, inputs)
     return Bench(device_name, sim, work, profile, models, inputs, baseline, iterations, predictions)
+
+
+def calibrate(sim: SimulatedDevice, *, seconds: float = 60.0) -> PowerCalibration:
+    """Take the paper's offline power measurements (Fig. 11) on ``sim``, the chip rail's too.
+
+    The simulator's idle runs and core cool-down (:meth:`SimulatedDevice.calibration_runs`),
+    and a cool-down read on the board's own sensor: ``seconds`` of matrix work at the top clock,
+    then ``seconds`` idle while the sensor records chip power and temperature falling together
+    (``chip_power_w`` beside ``core_power_w``; :func:`~opdvfs.models.thermal.leakage_slope`
+    takes either rail's ``gamma`` from it). A GPU reads board power only (NVML), so its
+    leakage slope comes from this trace. Samples whose averaging window still covers the load
+    are dropped.
+    """
+    runs = sim.calibration_runs(idle_s=seconds)
+    top = float(sim.spec.max_freq_mhz)
+    tick_us = 1e4  # idle as 10 ms gaps: the leakage follows the cooling die interval by interval
+    n_load, n_idle = int(seconds * 1e6 / 2000), int(seconds * 1e6 / tick_us)
+    ops = pd.DataFrame(
+        {
+            "name": [f"load{i}" for i in range(n_load)] + [f"idle{i}" for i in range(n_idle)],
+            "type": ["MatMul"] * n_load + ["Host"] * n_idle,
+            "stream": ["compute"] * n_load + ["host"] * n_idle,
+            "flops": [3.5e11] * n_load + [0.0] * n_idle,
+            "bytes_loaded": [2e7] * n_load + [0.0] * n_idle,
+            "bytes_stored": [2e7] * n_load + [0.0] * n_idle,
+            "gap_before_us": [0.0] * n_load + [tick_us] * n_idle,
+        }
+    )
+    _, run = sim.run(Workload(ops, name="cool-down"), freq_mhz=top, label="cool-down")
+    load_end_s = float(run.execution.end_us[n_load - 1]) * 1e-6
+    after = run.samples[run.samples["t_s"] > load_end_s + sim.sensor_ms["window_ms"] * 1e-3]
+    cooldown = pd.DataFrame(
+        {
+            "freq_mhz": top,
+            "core_power_w": after["core_power_w"].to_numpy(dtype=float),
+            "chip_power_w": after["power_w"].to_numpy(dtype=float),
+            "temp_c": after["temp_c"].to_numpy(dtype=float),
+        }
+    )
+    return PowerCalibration(idle=runs.idle, cooldown=cooldown)
 
 
 def saving_pct(base: float | None, value: float | None) -> float:

@@ -62,7 +62,7 @@ from opdvfs.models._lsq import fit_fixed_effects, mean_by, per_op_static, stack_
 from opdvfs.models.attribution import power_rows
 from opdvfs.models.characterise import fit_voltage_curve, idle_calibration
 from opdvfs.models.perf import check_times, op_names
-from opdvfs.models.thermal import fit_thermal, solve_temperature
+from opdvfs.models.thermal import fit_thermal, leakage_slope, solve_temperature
 from opdvfs.models.vf_prior import fit_top_rise, prior_curve, two_clock_curve
 from opdvfs.profile import Profile
 
@@ -174,9 +174,9 @@ class _Coefficients:
 
 
 def _leakage(
-    design: _Design, calibration: PowerCalibration | None, voltage: VoltageCurve
+    design: _Design, calibration: PowerCalibration | None, voltage: VoltageCurve, rail: str
 ) -> tuple[float, np.ndarray, list[np.ndarray]]:
-    """``gamma`` from a cool-down trace, or the column to fit it jointly.
+    """``gamma`` from a cool-down trace of ``rail``, or the column to fit it jointly.
 
     Returns ``gamma``, the target and the shared columns left to fit. With a trace its term is
     taken off the target; without one (no calibration, or a device characterisation) the
@@ -184,8 +184,9 @@ def _leakage(
     """
     if design.dtemp is None:
         return 0.0, design.target, []
-    if calibration is not None and calibration.cooldown is not None:
-        gamma = calibration.gamma(voltage)
+    cooldown = calibration.cooldown if calibration is not None else None
+    gamma = leakage_slope(cooldown, f"{rail}_power_w", voltage)
+    if gamma is not None:
         return gamma, design.target - gamma * design.volt * design.dtemp, []
     return 0.0, design.target, [design.volt * design.dtemp]
 
@@ -234,7 +235,7 @@ def _fit_paper_procedure(
     ``f V^2`` (``beta`` is kept for reporting).
     """
     d = design
-    gamma, rest, leakage = _leakage(d, calibration, voltage)
+    gamma, rest, leakage = _leakage(d, calibration, voltage, "core")
     beta, theta = _idle_fit(calibration, "core", voltage, gamma, ambient_c)
     coef, fitted = fit_fixed_effects(
         d.x[:, None], stack_columns(leakage, len(d.x)), rest - theta * d.volt, d.op, d.n_ops
@@ -244,18 +245,28 @@ def _fit_paper_procedure(
     return _Coefficients(alpha=coef[:, 0], gamma=gamma, theta=theta, beta=beta)
 
 
-def _fit_chip(design: _Design, voltage: VoltageCurve, train_mhz: np.ndarray) -> _Coefficients:
+def _fit_chip(
+    design: _Design,
+    voltage: VoltageCurve,
+    train_mhz: np.ndarray,
+    calibration: PowerCalibration | None = None,
+) -> _Coefficients:
     """Fit the clock form on the chip rail: ``alpha_i f V^2 + u_i`` per op (+ ``gamma dT V``).
 
     Fitted jointly; ``u_i`` is the kernel's memory/uncore power and stands in for ``theta V``.
+    With temperature (only with a chip cool-down trace: :meth:`PowerModel.fit`), ``gamma`` comes
+    from the trace (eq. 16's ``gamma_SoC``) and its term is taken off the rows first: fitted
+    jointly with ``u_i`` it is not identified (the static profiles' temperature follows the
+    clock).
     """
     d = design
-    if d.dtemp is None and np.ptp(voltage.voltage_v(train_mhz)) > 0 and len(train_mhz) >= 3:
+    gamma, target, _ = _leakage(d, calibration, voltage, "chip")
+    if np.ptp(voltage.voltage_v(train_mhz)) > 0 and len(train_mhz) >= 3:
         # three clocks or more, the voltage moving among them: each kernel gets its own
         # V-proportional static term too (its power is not one f V^2 shape plus a constant)
-        alpha, theta_op = per_op_static(d.x, d.volt, d.target, d.op, d.n_ops)
-        return _Coefficients(alpha=alpha, gamma=0.0, theta=0.0, theta_op=theta_op)
-    alpha, gamma, _ = fit_core_power(d.x, d.volt, d.dtemp, d.target, d.op, d.n_ops, intercept=True)
+        alpha, theta_op = per_op_static(d.x, d.volt, target, d.op, d.n_ops)
+        return _Coefficients(alpha=alpha, gamma=gamma, theta=0.0, theta_op=theta_op)
+    alpha, _, _ = fit_core_power(d.x, d.volt, None, target, d.op, d.n_ops, intercept=True)
     return _Coefficients(alpha=alpha, gamma=gamma, theta=0.0)
 
 
@@ -270,7 +281,7 @@ def _fit_throughput(
     d = design
     assert d.inv_t is not None  # the throughput form's design has the ops' times
     per_op = [d.volt**2 * d.inv_t] + ([d.inv_t] if rail == "chip" else [d.x])
-    gamma, target, shared = _leakage(d, calibration, voltage)
+    gamma, target, shared = _leakage(d, calibration, voltage, rail)
     joint_gamma = bool(shared)
     beta = theta = 0.0
     if calibration is not None:
@@ -515,8 +526,13 @@ class PowerModel(JsonFile):
             self.voltage, device, rows, train, op, len(op_ids), top_mhz, self.two_clocks
         )
         # On the chip rail alone gamma cannot be told apart from the per-op uncore constants and
-        # can make T = T0 + k P run away; the paper's temperature term is a core-rail term.
-        use_t = self.temperature and rail == "core" and "temp_c" in rows
+        # can make T = T0 + k P run away: there the term needs a chip cool-down trace (eq. 16's
+        # gamma_SoC, measured, not fitted).
+        chip_trace = (
+            calibration is not None
+            and leakage_slope(calibration.cooldown, "chip_power_w", voltage) is not None
+        )
+        use_t = self.temperature and (rail == "core" or chip_trace) and "temp_c" in rows
         use_t = use_t and bool(rows["temp_c"].notna().all())
         ambient_c, k_c_per_w = fit_thermal(rows, calibration)
         design = _Design.from_rows(
@@ -536,7 +552,7 @@ class PowerModel(JsonFile):
         elif rail == "core":
             coef = _fit_clock_core(design)
         else:
-            coef = _fit_chip(design, voltage, train)
+            coef = _fit_chip(design, voltage, train, calibration)
         self.rail_, self.voltage_ = rail, voltage
         self.ambient_c_, self.k_c_per_w_ = ambient_c, k_c_per_w
         self.alpha_, self.gamma_, self.theta_ = coef.alpha, coef.gamma, coef.theta
@@ -605,7 +621,11 @@ class PowerModel(JsonFile):
 
     # ----------------------------------------------------------------------------- predict
     def predict(
-        self, freqs_mhz: Sequence[float] | np.ndarray, time_us: np.ndarray | None = None
+        self,
+        freqs_mhz: Sequence[float] | np.ndarray,
+        time_us: np.ndarray | None = None,
+        *,
+        die_at_mhz: float | None = None,
     ) -> dict[str, np.ndarray]:
         """Predicted power of every op at each clock, with the temperature solved per clock.
 
@@ -616,6 +636,14 @@ class PowerModel(JsonFile):
         time_us
             Each op's time at each clock, shape (n_ops, n_freqs) (e.g. ``PerfModel.predict``);
             needed by the throughput form, ignored by the clock form.
+        die_at_mhz
+            Hold the die at the temperature it reaches at this clock (one of ``freqs_mhz``), at
+            every clock, instead of each clock's own steady temperature. A static-clock run
+            reaches its own (a lower clock runs cooler and leaks less, ``gamma dT V``, eqs.
+            11 and 15); a per-operator plan that keeps most of an iteration at the top clock
+            keeps the die near the top clock's temperature, and the ops it slows leak at that
+            temperature: plan with ``die_at_mhz`` = the top clock. No effect without the
+            temperature term (``gamma_`` 0 or none fitted).
 
         Returns
         -------
@@ -624,6 +652,12 @@ class PowerModel(JsonFile):
             ``iterations`` (n_freqs,): the fixed-point steps taken (paper: <= 4). ``core_w`` is
             NaN when the model was fitted on the chip rail (board power, e.g. NVML): the
             core's share of it is not measured.
+
+        Raises
+        ------
+        ValidationError
+            If ``die_at_mhz`` is not one of ``freqs_mhz``, or the throughput form has no or
+            misshapen ``time_us``.
         """
         check_is_fitted(self, "alpha_")
         freqs = np.atleast_1d(np.asarray(freqs_mhz, dtype=float))
@@ -634,28 +668,79 @@ class PowerModel(JsonFile):
         weight = self.time_weight_ / max(self.time_weight_.sum(), 1e-300)
         ops = np.arange(n)
         inv_t = self._inverse_times(time_us, n, len(freqs))
-        for j, f in enumerate(freqs):
-            volt = float(self.voltage_.voltage_v(f))
-            x = np.full(n, f / 1e3 * volt**2)
-            vv = np.full(n, volt)
-            it = None if inv_t is None else inv_t[:, j]
+        use_t = self.use_temperature_
 
-            def chip_at(dt: np.ndarray, x=x, vv=vv, it=it) -> np.ndarray:
-                p = self._core(ops, x, vv, dt if self.use_temperature_ else None, it)
-                p = p + self.uncore_w_ + self.uncore_beta_ * x
+        def terms(j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+            volt = float(self.voltage_.voltage_v(freqs[j]))
+            x = np.full(n, freqs[j] / 1e3 * volt**2)
+            return x, np.full(n, volt), None if inv_t is None else inv_t[:, j]
+
+        def rise(j: int) -> tuple[np.ndarray, int]:
+            """Return the rise at ``freqs[j]``'s own steady state (eq. 15's fixed point)."""
+            if not use_t or self.k_c_per_w_ <= 0:
+                return np.zeros(n), 0
+            x, vv, it = terms(j)
+
+            def chip_at(dt: np.ndarray) -> np.ndarray:
+                p = self._core(ops, x, vv, dt, it) + self.uncore_w_ + self.uncore_beta_ * x
                 return np.asarray(weight @ p) if self.thermal == "workload" else p
 
-            if self.use_temperature_ and self.k_c_per_w_ > 0:
-                dtemp, steps[j] = solve_temperature(chip_at, self.k_c_per_w_, n)
-            else:
-                dtemp = np.zeros(n)
-            core[:, j] = self._core(ops, x, vv, dtemp if self.use_temperature_ else None, it)
+            return solve_temperature(chip_at, self.k_c_per_w_, n)
+
+        held = None if die_at_mhz is None else rise(self._die_column(freqs, die_at_mhz))
+        for j in range(len(freqs)):
+            dtemp, steps[j] = rise(j) if held is None else held
+            x, vv, it = terms(j)
+            core[:, j] = self._core(ops, x, vv, dtemp if use_t else None, it)
             temps[:, j] = self.ambient_c_ + dtemp
         fv2 = freqs / 1e3 * self.voltage_.voltage_v(freqs) ** 2
         chip = core + self.uncore_w_[:, None] + self.uncore_beta_ * fv2[None, :]
         if self.rail_ == "chip":  # fitted on board power: the core's share is not identified
             core, chip = np.full_like(chip, np.nan), chip
         return {"core_w": core, "chip_w": chip, "temp_c": temps, "iterations": steps}
+
+    @staticmethod
+    def _die_column(freqs: np.ndarray, die_at_mhz: float) -> int:
+        """Column of ``die_at_mhz`` among ``freqs``; a clock not predicted is refused."""
+        near = np.flatnonzero(np.isclose(freqs, die_at_mhz, rtol=1e-9, atol=0.0))
+        if not len(near):
+            raise ValidationError(
+                f"die_at_mhz {die_at_mhz:g} MHz is not one of the clocks predicted "
+                f"({', '.join(f'{f:g}' for f in freqs)})",
+                field="die_at_mhz",
+            )
+        return int(near[0])
+
+    def temperature_shift_w(
+        self, freqs_mhz: Sequence[float] | np.ndarray, from_temp_c: Any, to_temp_c: Any
+    ) -> np.ndarray:
+        """Return the power change of moving the die from ``from_temp_c`` to ``to_temp_c`` (W).
+
+        The model's own temperature term, ``gamma (T_to - T_from) V(f)`` (eqs. 10-11): what a
+        measurement taken on a die at ``from_temp_c`` would have read at ``to_temp_c``. It is
+        the same on the core and the chip rail (the core's leakage is part of the chip's; on a
+        chip-rail model ``gamma_`` is the chip's). Zero without the temperature term.
+
+        Parameters
+        ----------
+        freqs_mhz
+            Clocks, shape (n_freqs,).
+        from_temp_c, to_temp_c
+            Die temperatures (C), broadcastable to (n_ops, n_freqs); a NaN (no temperature
+            recorded) gives no shift.
+
+        Returns
+        -------
+        ndarray, shape (n_ops, n_freqs)
+        """
+        check_is_fitted(self, "alpha_")
+        freqs = np.atleast_1d(np.asarray(freqs_mhz, dtype=float))
+        shape = (len(self.op_ids_), len(freqs))
+        if not self.use_temperature_ or self.gamma_ == 0.0:
+            return np.zeros(shape)
+        rise = np.asarray(to_temp_c, dtype=float) - np.asarray(from_temp_c, dtype=float)
+        shift = self.gamma_ * self.voltage_.voltage_v(freqs)[None, :] * rise
+        return np.broadcast_to(np.nan_to_num(shift, nan=0.0), shape).copy()
 
     def _inverse_times(self, time_us: np.ndarray | None, n: int, k: int) -> np.ndarray | None:
         if self.dynamic != "throughput":

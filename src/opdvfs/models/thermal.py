@@ -5,6 +5,12 @@ chip power of each profiled clock (and the idle runs of a calibration, when give
 not profiled, the temperature rise ``dT`` that the leakage term ``gamma dT V`` needs depends on
 the power, which depends on ``dT``: :func:`solve_temperature` iterates from ``dT = 0`` (the
 paper reports <= 4 steps).
+
+The leakage slope ``gamma`` of ``gamma dT V`` (eqs. 10-11) is not identified by static-clock
+profiles: across them the clock and the die's temperature move together (a lower clock runs
+cooler), so a joint fit hands the temperature's share to the clock's terms. The paper takes it
+from a cool-down instead (§5.2: ``dP/dT = gamma V`` while the idle chip cools at one clock):
+:func:`leakage_slope`, on either rail.
 """
 
 from __future__ import annotations
@@ -15,8 +21,9 @@ import numpy as np
 import pandas as pd
 
 from opdvfs.calibration import PowerCalibration
+from opdvfs.devices.spec import VoltageCurve
 
-__all__ = ["fit_thermal", "solve_temperature"]
+__all__ = ["fit_thermal", "leakage_slope", "solve_temperature"]
 
 _FIXED_POINT_TOL_C = 0.01
 _FIXED_POINT_MAX = 50
@@ -100,3 +107,41 @@ def fit_thermal(
         return float(runs["t"].mean()), 0.0
     k, t0 = np.polyfit(runs["p"], runs["t"], 1)
     return float(t0), float(max(k, 0.0))
+
+
+def leakage_slope(
+    cooldown: pd.DataFrame | None, column: str, voltage: VoltageCurve
+) -> float | None:
+    """``gamma`` (W per C per V) of one rail from a cool-down trace (paper §5.2, eqs. 10-11).
+
+    While the idle chip cools at one clock only its leakage changes, ``dP/dT = gamma V``: the
+    least-squares slope of ``column`` against ``temp_c`` over the samples, over ``V`` at the
+    trace's clock, clipped at 0 (leakage grows with temperature).
+
+    Parameters
+    ----------
+    cooldown
+        Samples with ``freq_mhz``, ``temp_c`` and the rail's power column; None: no trace.
+    column
+        ``core_power_w`` (the paper's AICore ``gamma``) or ``chip_power_w`` (eq. 16's
+        ``gamma_SoC``, the board's on a GPU).
+    voltage
+        The V-f curve the model uses.
+
+    Returns
+    -------
+    float or None
+        None when there is no trace, it lacks ``column``, or its temperature does not vary.
+    """
+    if cooldown is None or column not in cooldown or "temp_c" not in cooldown:
+        return None
+    temp = cooldown["temp_c"].to_numpy(dtype=float)
+    power = cooldown[column].to_numpy(dtype=float)
+    keep = np.isfinite(temp) & np.isfinite(power)
+    temp, power = temp[keep], power[keep]
+    if len(temp) < 2 or np.ptp(temp) <= 0:
+        return None
+    dt = temp - temp.mean()
+    slope = float(dt @ (power - power.mean())) / float(dt @ dt)
+    volt = float(voltage.voltage_v(float(cooldown["freq_mhz"].iloc[0])))
+    return max(slope / volt, 0.0)

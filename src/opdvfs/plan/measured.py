@@ -12,6 +12,12 @@ beyond them (so a plan never trades a measured fact for a model value).
 :data:`~opdvfs.schedule.Values` selects the source: ``auto`` (measured where present, the
 corrected models elsewhere), ``measured`` (every op at every planned clock must be measured:
 a gap is an error naming the op and the clock) or ``model`` (the models alone, as before).
+
+A static-clock profile measures each clock with the die at that clock's own steady temperature;
+a plan runs its slowed ops on a die near the top clock's, where they leak more. Before they
+correct the models, :func:`at_die` moves the measured energies to the plan's die temperature by
+the power model's own temperature term (``gamma dT V``, paper eqs. 10-11): left at their cooler
+die they would pull the corrected tables back to the profile's bias.
 """
 
 from __future__ import annotations
@@ -23,9 +29,10 @@ import pandas as pd
 
 from opdvfs.exceptions import ValidationError
 from opdvfs.models.perf import check_times
+from opdvfs.models.power import PowerModel
 from opdvfs.profile import Profile
 
-__all__ = ["MeasuredTables", "correct_to_measurements", "missing_measurement"]
+__all__ = ["MeasuredTables", "at_die", "correct_to_measurements", "missing_measurement"]
 
 #: Relative tolerance when matching a planned clock to a profiled one.
 _CLOCK_RTOL = 1e-9
@@ -48,6 +55,10 @@ class MeasuredTables:
     chip_energy_j, core_energy_j
         Median over iterations of each row's ``time x power`` (J), shape (n_ops, n_clocks); NaN
         where the row has no power of that rail (e.g. a NaN in the source's energy column).
+    temp_c
+        Median die temperature the cell was measured at (C), shape (n_ops, n_clocks); NaN
+        where the profile has none. A static-clock profile measures each clock at that
+        clock's own steady temperature (:func:`at_die`).
     """
 
     op_ids: np.ndarray
@@ -56,6 +67,7 @@ class MeasuredTables:
     time_us: np.ndarray
     chip_energy_j: np.ndarray
     core_energy_j: np.ndarray
+    temp_c: np.ndarray | None = None
 
     @classmethod
     def from_profile(cls, profile: Profile) -> MeasuredTables:
@@ -68,6 +80,7 @@ class MeasuredTables:
                 "time_us": rows["time_us"],
                 "chip_j": _energy(rows, "chip_power_w"),
                 "core_j": _energy(rows, "core_power_w"),
+                "temp_c": rows.get("temp_c", np.nan),
             }
         )
         # median skips NaN: an energy is the median of the iterations that measured it
@@ -88,6 +101,7 @@ class MeasuredTables:
             time_us,
             table["chip_j"].to_numpy(dtype=float).reshape(shape),
             table["core_j"].to_numpy(dtype=float).reshape(shape),
+            table["temp_c"].to_numpy(dtype=float).reshape(shape),
         )
 
     def columns(self, freqs_mhz: np.ndarray) -> np.ndarray:
@@ -115,6 +129,13 @@ class MeasuredTables:
             return np.where(found[None, :], table[:, np.maximum(cols, 0)], np.nan)
 
         return pick(self.time_us), pick(self.chip_energy_j), pick(self.core_energy_j)
+
+    def temp_at(self, freqs_mhz: np.ndarray) -> np.ndarray:
+        """Die temperature (C) of each cell at ``freqs_mhz``; NaN where not measured or none."""
+        cols = self.columns(np.asarray(freqs_mhz, dtype=float))
+        if self.temp_c is None:
+            return np.full((len(self.op_ids), len(cols)), np.nan)
+        return np.where(cols[None, :] >= 0, self.temp_c[:, np.maximum(cols, 0)], np.nan)
 
 
 def _energy(rows: pd.DataFrame, power_column: str) -> pd.Series:
@@ -190,3 +211,37 @@ def correct_to_measurements(
     share = np.where(has_left & has_right, share, np.where(has_left, 0.0, 1.0))
     correction = np.where(has_left | has_right, (1.0 - share) * r_left + share * r_right, 0.0)
     return np.where(known, measured, predicted * np.exp(correction))
+
+
+def at_die(
+    power: PowerModel,
+    freqs_mhz: np.ndarray,
+    time_us: np.ndarray,
+    energy_j: np.ndarray,
+    temp_c: np.ndarray,
+    die_temp_c: np.ndarray,
+) -> np.ndarray:
+    """Return measured energies moved from the die they were measured at to ``die_temp_c``.
+
+    ``energy + gamma (T_die - T_cell) V(f) time`` (:meth:`PowerModel.temperature_shift_w`,
+    paper eqs. 10-11), cell by cell; unchanged where the cell has no temperature or the model
+    no temperature term. Vectorised over ops and clocks.
+
+    Parameters
+    ----------
+    power
+        The fitted power model whose temperature term moves the cells.
+    freqs_mhz
+        Clocks of the columns (MHz), shape (n_clocks,).
+    time_us, energy_j, temp_c
+        The measured time (us), energy (J, either rail) and die temperature (C) of every
+        cell, NaN where not measured, shape (n_ops, n_clocks).
+    die_temp_c
+        The die temperature to move them to (C), broadcastable to (n_ops, n_clocks).
+
+    Returns
+    -------
+    ndarray, shape (n_ops, n_clocks)
+    """
+    shift_w = power.temperature_shift_w(freqs_mhz, temp_c, die_temp_c)
+    return energy_j + shift_w * np.nan_to_num(time_us, nan=0.0) * 1e-6

@@ -50,7 +50,12 @@ from opdvfs.plan.dp import (
     stage_tables,
 )
 from opdvfs.plan.ga import genetic_plan
-from opdvfs.plan.measured import MeasuredTables, correct_to_measurements, missing_measurement
+from opdvfs.plan.measured import (
+    MeasuredTables,
+    at_die,
+    correct_to_measurements,
+    missing_measurement,
+)
 from opdvfs.plan.segment import segment
 from opdvfs.profile import Profile
 from opdvfs.schedule import Dispatch, Objective, Schedule, Solver, Values, op_signature
@@ -562,12 +567,19 @@ def _op_tables(
     # The power model's temperature fixed point takes a dot product over all ops per step:
     # OpenBLAS splits one that long across threads, and waking them on a busy machine costs
     # milliseconds per product where one thread takes microseconds (6x the gpt3 plan).
+    # The die runs at the top clock's temperature: a plan within a small budget keeps most of
+    # the iteration there, and the ops it slows leak at that temperature, not at the cooler
+    # one of a static run at their clock (eqs. 11, 15; benchmarks/thermal_bias.py).
     with threadpool_limits(limits=1, user_api="blas"):
         time_us = models.perf.predict(grid)
-        power = models.power.predict(grid, time_us=time_us)
+        power = models.power.predict(grid, time_us=time_us, die_at_mhz=float(freqs[-1]))
     chip_j, core_j = power["chip_w"] * time_us * 1e-6, power["core_w"] * time_us * 1e-6
     if measured is not None:
         time_g, chip_g, core_g = measured.at(grid)
+        # measured at each clock's own die: moved to the plan's before they correct the models
+        temp_g, die_c = measured.temp_at(grid), power["temp_c"]
+        chip_g = at_die(models.power, grid, time_g, chip_g, temp_g, die_c)
+        core_g = at_die(models.power, grid, time_g, core_g, temp_g, die_c)
         time_us = correct_to_measurements(grid, time_us, time_g)
         chip_j = correct_to_measurements(grid, chip_j, chip_g)
         core_j = correct_to_measurements(grid, core_j, core_g)
