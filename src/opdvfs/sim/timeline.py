@@ -3,11 +3,15 @@
 SetFreq semantics (paper §7.1: SetFreq is an operator on its own stream): a request is issued
 ``delay_us`` after its trigger operator starts (0: as it starts), requests are issued in order
 (one stream), and a request lands ``latency_us`` after it is issued. A request issued while an
-earlier one is still pending supersedes it: the earlier one never lands (the frequency
-regulator takes the newest target), so a stage shorter than the latency loses its clock
-altogether, as on hardware. An operator runs wholly at the clock in effect when it starts: a
-request landing while it runs takes effect from the next operator (or part-way through the idle
-gap before it). Between events every step is a vectorised cumulative sum, so a run costs
+earlier one is still pending supersedes it: the earlier one never lands, and the clock change
+under way lands when it was due, at the newest target (the clock controller's target register
+holds one value, the newest write; a newer write replaces the target, it does not restart the
+change). So a stage shorter than the latency loses its clock altogether, as on hardware, while
+a stream of requests closer together than the latency still moves the clock once per latency,
+to the newest target (a controller whose change restarted at every write would never land one
+under such a stream). An operator runs wholly at the clock in effect when it starts: a request
+landing while it runs takes effect from the next operator (or part-way through the idle gap
+before it). Between events every step is a vectorised cumulative sum, so a run costs
 O(n_ops + n_switches), not a Python loop over ops.
 """
 
@@ -26,7 +30,8 @@ class SwitchEvent:
     """A clock request, issued at ``issue_us`` (``trigger_op`` starts), effective at ``land_us``.
 
     ``landed`` is False for a request superseded by a later one before ``land_us``: it never
-    took effect.
+    took effect. ``land_us`` is ``issue_us`` plus the latency, or earlier for a request that
+    superseded a pending one: it lands when the superseded change was due.
     """
 
     trigger_op: int
@@ -103,7 +108,8 @@ def execute(
         Request ``k`` is issued when op ``triggers[k]`` starts and asks for ``clocks[k]``;
         ``triggers`` non-decreasing.
     latency_us
-        Time from issue to landing.
+        Time from issue to landing (a request that supersedes a pending one lands when that
+        one was due).
     gap_us
         Idle time before each op (device waits), shape (n_ops,).
     host_us
@@ -135,10 +141,15 @@ def execute(
             s_i = max(t + gap[i], host_us[i] if host_us is not None else -np.inf)
             issue = max(s_i + (delay[k] if delay is not None else 0.0), last_issue)
             last_issue = issue
+            land = issue + latency_us
             if pending and issued[pending[-1]][3] > issue:
-                issued[pending.pop()][4] = 0.0  # superseded before it landed
+                # the last request has not landed: this one replaces its target, and the change
+                # still lands when it was due (a newer request never postpones it)
+                prev = pending.pop()
+                issued[prev][4] = 0.0
+                land = issued[prev][3]
             pending.append(len(issued))
-            issued.append([float(triggers[k]), float(clocks[k]), issue, issue + latency_us, 1.0])
+            issued.append([float(triggers[k]), float(clocks[k]), issue, land, 1.0])
             k += 1
             continue
         host = None if host_us is None else host_us[i:stop]
@@ -196,9 +207,11 @@ def execute_loop(
         while k < len(triggers) and triggers[k] == i:
             issue = max(s + (0.0 if delay_us is None else delay_us[k]), last_issue)
             last_issue = issue
+            land = issue + latency_us
             if pending and pending[-1][0] > issue:
-                pending.pop()  # a newer request supersedes the pending one
-            pending.append((issue + latency_us, int(clocks[k])))
+                # a newer request replaces the pending one's target; the change lands when due
+                land = pending.pop()[0]
+            pending.append((land, int(clocks[k])))
             k += 1
         while pending and pending[0][0] <= s:  # requests landed by the time op i starts
             cur = pending.pop(0)[1]
