@@ -456,6 +456,10 @@ class PowerModel(JsonFile):
     uncore_beta_ : float
         Chip power not on the core rail that follows the core clock, W per GHz V^2 (one for
         every op, paper eq. 16's ``alpha_SoC f V^2``); 0 on the chip rail alone.
+    uncore_gamma_ : float
+        Leakage slope of the chip beyond the core's, W per C per V (eq. 16's ``gamma_SoC``
+        less the core's ``gamma``): from a cool-down trace with ``chip_power_w`` beside the
+        core's; 0 without one and on the chip rail alone (``gamma_`` is then the chip's).
     ambient_c_, k_c_per_w_ : float
         Thermal model ``T = T0 + k P_chip``.
     rail_ : str
@@ -569,6 +573,14 @@ class PowerModel(JsonFile):
         model = self._core(op, design.x, design.volt, design.dtemp, design.inv_t)
         measured = rows["chip_power_w"].to_numpy(dtype=float) if "chip_power_w" in rows else model
         rest = measured - model
+        # the rest of the chip leaks too (eq. 16's gamma_SoC dT V): its slope is what a chip
+        # cool-down shows beyond the core's; left in the rest, the profiles' cooler low clocks
+        # would pass it for clock-coupled power
+        self.uncore_gamma_ = 0.0
+        if rail == "core" and design.dtemp is not None and calibration is not None:
+            chip_gamma = leakage_slope(calibration.cooldown, "chip_power_w", voltage)
+            self.uncore_gamma_ = max((chip_gamma or 0.0) - self.gamma_, 0.0)
+            rest = rest - self.uncore_gamma_ * design.volt * design.dtemp
         x_op = mean_by(op, design.x, n_ops)
         dx = design.x - x_op[op]
         # the slope from the ops whose time does not follow the clock (collectives, waits,
@@ -597,6 +609,7 @@ class PowerModel(JsonFile):
             theta_=self.theta_,
             beta_=self.beta_,
             theta_op_=self.theta_op_,
+            uncore_gamma_=self.uncore_gamma_,
             core_uj_per_v2_=self.core_uj_per_v2_,
             uncore_uj_=self.uncore_uj_,
             uncore_w_=self.uncore_w_,
@@ -683,6 +696,7 @@ class PowerModel(JsonFile):
 
             def chip_at(dt: np.ndarray) -> np.ndarray:
                 p = self._core(ops, x, vv, dt, it) + self.uncore_w_ + self.uncore_beta_ * x
+                p = p + self.uncore_gamma_ * vv * dt
                 return np.asarray(weight @ p) if self.thermal == "workload" else p
 
             return solve_temperature(chip_at, self.k_c_per_w_, n)
@@ -693,8 +707,11 @@ class PowerModel(JsonFile):
             x, vv, it = terms(j)
             core[:, j] = self._core(ops, x, vv, dtemp if use_t else None, it)
             temps[:, j] = self.ambient_c_ + dtemp
-        fv2 = freqs / 1e3 * self.voltage_.voltage_v(freqs) ** 2
+        volt = self.voltage_.voltage_v(freqs)
+        fv2 = freqs / 1e3 * volt**2
         chip = core + self.uncore_w_[:, None] + self.uncore_beta_ * fv2[None, :]
+        if use_t and self.uncore_gamma_:
+            chip = chip + self.uncore_gamma_ * volt[None, :] * (temps - self.ambient_c_)
         if self.rail_ == "chip":  # fitted on board power: the core's share is not identified
             core, chip = np.full_like(chip, np.nan), chip
         return {"core_w": core, "chip_w": chip, "temp_c": temps, "iterations": steps}
@@ -713,12 +730,12 @@ class PowerModel(JsonFile):
 
     def temperature_shift_w(
         self, freqs_mhz: Sequence[float] | np.ndarray, from_temp_c: Any, to_temp_c: Any
-    ) -> np.ndarray:
+    ) -> dict[str, np.ndarray]:
         """Return the power change of moving the die from ``from_temp_c`` to ``to_temp_c`` (W).
 
-        The model's own temperature term, ``gamma (T_to - T_from) V(f)`` (eqs. 10-11): what a
-        measurement taken on a die at ``from_temp_c`` would have read at ``to_temp_c``. It is
-        the same on the core and the chip rail (the core's leakage is part of the chip's; on a
+        The model's own temperature terms (eqs. 10-11 and 16): what a measurement taken on a
+        die at ``from_temp_c`` would have read at ``to_temp_c``. Core: ``gamma dT V(f)``; chip:
+        ``(gamma + gamma_uncore) dT V(f)`` (the core's leakage is part of the chip's; on a
         chip-rail model ``gamma_`` is the chip's). Zero without the temperature term.
 
         Parameters
@@ -731,16 +748,21 @@ class PowerModel(JsonFile):
 
         Returns
         -------
-        ndarray, shape (n_ops, n_freqs)
+        dict
+            ``core_w`` and ``chip_w``, shape (n_ops, n_freqs).
         """
         check_is_fitted(self, "alpha_")
         freqs = np.atleast_1d(np.asarray(freqs_mhz, dtype=float))
         shape = (len(self.op_ids_), len(freqs))
-        if not self.use_temperature_ or self.gamma_ == 0.0:
-            return np.zeros(shape)
+        if not self.use_temperature_:
+            return {"core_w": np.zeros(shape), "chip_w": np.zeros(shape)}
         rise = np.asarray(to_temp_c, dtype=float) - np.asarray(from_temp_c, dtype=float)
-        shift = self.gamma_ * self.voltage_.voltage_v(freqs)[None, :] * rise
-        return np.broadcast_to(np.nan_to_num(shift, nan=0.0), shape).copy()
+        per_gamma = np.nan_to_num(self.voltage_.voltage_v(freqs)[None, :] * rise, nan=0.0)
+        per_gamma = np.broadcast_to(per_gamma, shape)
+        return {
+            "core_w": self.gamma_ * per_gamma,
+            "chip_w": (self.gamma_ + self.uncore_gamma_) * per_gamma,
+        }
 
     def _inverse_times(self, time_us: np.ndarray | None, n: int, k: int) -> np.ndarray | None:
         if self.dynamic != "throughput":
@@ -784,6 +806,7 @@ class PowerModel(JsonFile):
             "uncore_uj": self.uncore_uj_.tolist(),
             "uncore_w": self.uncore_w_.tolist(),
             "uncore_beta": self.uncore_beta_,
+            "uncore_gamma": self.uncore_gamma_,
             "time_weight": self.time_weight_.tolist(),
         }
 
@@ -814,6 +837,7 @@ class PowerModel(JsonFile):
             model.uncore_uj_ = np.asarray(doc.get("uncore_uj", zeros), float)
             model.uncore_w_ = np.asarray(doc["uncore_w"], dtype=float)
             model.uncore_beta_ = float(doc.get("uncore_beta", 0.0))
+            model.uncore_gamma_ = float(doc.get("uncore_gamma", 0.0))
             model.time_weight_ = np.asarray(doc["time_weight"], dtype=float)
         except (KeyError, TypeError, ValueError) as exc:
             raise InputFormatError(f"{source}: malformed power model ({exc})") from None

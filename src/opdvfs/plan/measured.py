@@ -220,12 +220,14 @@ def at_die(
     energy_j: np.ndarray,
     temp_c: np.ndarray,
     die_temp_c: np.ndarray,
+    *,
+    rail: str,
 ) -> np.ndarray:
     """Return measured energies moved from the die they were measured at to ``die_temp_c``.
 
     ``energy + gamma (T_die - T_cell) V(f) time`` (:meth:`PowerModel.temperature_shift_w`,
-    paper eqs. 10-11), cell by cell; unchanged where the cell has no temperature or the model
-    no temperature term. Vectorised over ops and clocks.
+    paper eqs. 10-11 and 16, the ``rail``'s ``gamma``), cell by cell; unchanged where the cell
+    has no temperature or the model no temperature term. Vectorised over ops and clocks.
 
     Parameters
     ----------
@@ -238,10 +240,12 @@ def at_die(
         cell, NaN where not measured, shape (n_ops, n_clocks).
     die_temp_c
         The die temperature to move them to (C), broadcastable to (n_ops, n_clocks).
+    rail
+        ``chip`` or ``core``: the rail ``energy_j`` is on.
 
     Returns
     -------
     ndarray, shape (n_ops, n_clocks)
     """
-    shift_w = power.temperature_shift_w(freqs_mhz, temp_c, die_temp_c)
+    shift_w = power.temperature_shift_w(freqs_mhz, temp_c, die_temp_c)[f"{rail}_w"]
     return energy_j + shift_w * np.nan_to_num(time_us, nan=0.0) * 1e-6

@@ -578,8 +578,8 @@ def _op_tables(
         time_g, chip_g, core_g = measured.at(grid)
         # measured at each clock's own die: moved to the plan's before they correct the models
         temp_g, die_c = measured.temp_at(grid), power["temp_c"]
-        chip_g = at_die(models.power, grid, time_g, chip_g, temp_g, die_c)
-        core_g = at_die(models.power, grid, time_g, core_g, temp_g, die_c)
+        chip_g = at_die(models.power, grid, time_g, chip_g, temp_g, die_c, rail="chip")
+        core_g = at_die(models.power, grid, time_g, core_g, temp_g, die_c, rail="core")
         time_us = correct_to_measurements(grid, time_us, time_g)
         chip_j = correct_to_measurements(grid, chip_j, chip_g)
         core_j = correct_to_measurements(grid, core_j, core_g)
