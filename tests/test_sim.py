@@ -3,6 +3,7 @@ import pandas as pd
 import pytest
 
 from opdvfs import Schedule, Workload
+from opdvfs.exceptions import ValidationError
 from opdvfs.sim import SimulatedDevice
 from opdvfs.sim.physics import CUBE, FAMILIES, VECTOR, core_power_w, op_arrays, op_timing
 from opdvfs.sim.presets import PRESETS, get_preset
@@ -318,6 +319,41 @@ def test_requests_closer_than_the_latency_still_move_the_clock_once_per_latency(
     )
     np.testing.assert_allclose(exe.start_us, start)
     np.testing.assert_array_equal(exe.clock, clock)
+
+
+def test_a_delayed_setfreq_lands_that_much_later_and_every_one_lands():
+    """Paper Fig. 18's "SetFreq delayed by 14 ms": the same plan, each request issued late.
+
+    On the 1 ms chip no request is superseded (stages of ~5 ms), so every switch takes effect,
+    14 ms after the op it was planned for starts: the ops in between run at the old clock.
+    """
+    w = one_op_workload(["MatMul"] * 300, [3e11] * 300, [4e6] * 300, [4e6] * 300)
+    dev = SimulatedDevice.from_preset("ascend-910b-like", seed=1)
+    starts = np.arange(0, 300, 5)  # ~5 ms stages, alternating clocks
+    freqs = np.where(np.arange(len(starts)) % 2 == 0, 1800.0, 1000.0)
+    plan = Schedule.from_stage_freqs(starts, freqs, n_ops=300, target=0.5, solver="test")
+    _, on_time = dev.run(w, plan)
+    late = dev.with_switch_delay(14.0)
+    assert late.seed == dev.seed and late.switch_delay_ms == 14.0
+    _, sim = late.run(w, plan)
+    lat_us = ASCEND.spec.switch_latency_ms * 1e3
+    exe = sim.execution
+    assert all(e.landed for e in exe.switches)
+    assert len(exe.switches) == len(on_time.execution.switches)
+    for e in exe.switches[1:]:  # the first is issued at op 0, before any op ran late
+        assert e.issue_us == pytest.approx(exe.start_us[e.trigger_op] + 14e3)
+        assert e.land_us - e.issue_us == pytest.approx(lat_us)
+    # every op runs at the clock of the last request landed by its start ...
+    lands = np.array([e.land_us for e in exe.switches])
+    for i in range(0, 300, 7):
+        last = np.flatnonzero(lands <= exe.start_us[i])
+        want = dev.spec.freqs_mhz[exe.switches[last[-1]].clock] if len(last) else 1800.0
+        assert sim.freq_mhz[i] == want
+    # ... the same clocks as on time, in the same order, each 14 ms later
+    assert [e.clock for e in exe.switches] == [e.clock for e in on_time.execution.switches]
+    assert sim.freq_mhz[starts[1]] == 1800.0 != on_time.freq_mhz[starts[1] + 1]
+    with pytest.raises(ValidationError):
+        SimulatedDevice(ASCEND.spec, ASCEND.twin, switch_delay_ms=-1.0)
 
 
 def test_energy_is_booked_at_each_pieces_clock_at_any_switch_density():
