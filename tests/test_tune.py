@@ -285,3 +285,51 @@ def test_an_out_that_is_a_file_is_one_line(script, tmp_path):
     res = _tune(tmp_path, script, tmp_path / "cache", "3", extra=("--out", str(out)))
     assert res.exit_code == 2 and "not a folder" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "calls.jsonl").exists()
+
+
+def _linear_steps(steps: int) -> None:
+    """A tiny training loop: ``steps`` optimizer steps of a linear layer (~1 ms each)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    x = torch.randn(4, 8)
+    for _ in range(steps):
+        loss = model(x).square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+
+def test_on_nvml_tunes_sweep_checks_the_temperature_and_sizes_clocks_by_the_counter(
+    fake_nvml, cpu_only, monkeypatch
+):
+    """Off the simulator the sweep is sweep_run's: NVML's temperature and counter period (#21)."""
+    import itertools
+
+    from opdvfs.experiments.tune import Tuner
+    from opdvfs.models.attribution import sensor_iterations
+    from opdvfs.runtime.actuators import NvmlActuator
+    from opdvfs.runtime.sweep import NVML_COUNTER_S, SWEEP_WINDOWS
+
+    # the die warms by 3 degC per read for five reads, then holds: the first three iterations
+    # after the warm-up move more than 1 degC and are discarded as unsteady
+    fake_nvml.nvmlDeviceGetTemperature.side_effect = itertools.chain(
+        [50, 53, 56, 59, 62, 65], itertools.repeat(65)
+    )
+    clock = itertools.count(0.0, 0.0625)  # the device's clock: 62.5 ms per read
+    monkeypatch.setattr(Tuner, "_device_now", lambda self: next(clock))
+    tuner = Tuner(NvmlActuator(), target=0.02, clocks=[1410.0, 1005.0])
+    with tuner:
+        _linear_steps(40)
+    sweep = tuner.sweep
+    assert sweep.sensor_s == (NVML_COUNTER_S, NVML_COUNTER_S)
+    assert sweep.iteration_s == pytest.approx(0.125)  # the sweep's and the tuner's reads
+    want = sensor_iterations(0.125, period_ms=100.0, window_ms=100.0, windows=SWEEP_WINDOWS)
+    assert sweep.per_clock == want and want != 5  # not DEFAULT_PER_CLOCK
+    phases = [r.phase for r in sweep.records]
+    assert phases.count("unsteady") == 3 and phases[2:5] == ["unsteady"] * 3
+    assert phases.count("counted") == 2 * want
+    assert all(r.temp_delta_c is not None for r in sweep.records)
+    assert sweep.done and fake_nvml.nvmlDeviceResetGpuLockedClocks.call_count == 1

@@ -69,7 +69,7 @@ from opdvfs.plan.planner import PlanInputs, plan_schedule
 from opdvfs.profile import Profile
 from opdvfs.runtime.actuators import Actuator, ClockGuard, SimGpuActuator
 from opdvfs.runtime.schedule_cache import TuneCache, cache_key
-from opdvfs.runtime.sweep import REAL_SETTLE_S, ClockSweep, on_launches, sweep_profile
+from opdvfs.runtime.sweep import ClockSweep, device_meter, on_launches, sweep_profile
 from opdvfs.runtime.tuning import BudgetFit, Interval, Measured, fit_budget, paired_interval
 from opdvfs.schedule import Objective, Schedule
 from opdvfs.sim.presets import preset_spec
@@ -102,6 +102,8 @@ Phase = Literal[
 PHASES: tuple[str, ...] = get_args(Phase)
 #: Phases that cost the job profiling (the sweep after the warm-up) or planning.
 PROFILING = ("settle", "unsteady", "counted")
+#: How often the sweep's power sampler reads NVML on a real GPU (ms).
+_SAMPLE_MS = 20.0
 
 
 def auto_clocks(
@@ -572,9 +574,22 @@ class Tuner:
         if self.sim is not None:
             self.sweep = ClockSweep.on_simulated_gpu(self.sim, chosen, **sweep_kw)
         else:
-            self.sweep = ClockSweep(
-                actuator, chosen, settle_s=REAL_SETTLE_S, now_s=self._device_now, **sweep_kw
-            )
+            import torch
+
+            self._cuda = torch.cuda.is_available()
+            try:  # as sweep_run: the die temperature and the energy counter's period, via NVML
+                meter = device_meter(actuator, cuda=self._cuda, stack=self._stack)
+                self.sweep = ClockSweep.on_device(
+                    actuator,
+                    chosen,
+                    now_s=self._device_now,
+                    meter=meter,
+                    interval_ms=_SAMPLE_MS,
+                    **sweep_kw,
+                )
+            except BaseException:
+                self._stack.close()
+                raise
         self.sweep.optimizer_steps = False  # driven from the executor's iteration ends
         self.phase: str = "warmup"
         self.result = TuneResult(
@@ -693,23 +708,20 @@ class Tuner:
 
     def _start_trace(self) -> None:
         """Trace the sweep with torch.profiler (and NVML): a real device, or a dry run."""
-        import torch
-
         from opdvfs.runtime.profiling import traced
 
-        self._cuda = torch.cuda.is_available()
         sampler = None
         if self._cuda:
             from opdvfs.runtime.sampler import NvmlSampler
 
-            sampler = NvmlSampler(interval_ms=20.0)
+            sampler = NvmlSampler(interval_ms=_SAMPLE_MS)
         stack = ExitStack()
         self._trace = stack.enter_context(
             traced(
                 sampler=sampler,
                 cuda=self._cuda,
                 freq_mhz=self.top_mhz,
-                interval_ms=20.0,
+                interval_ms=_SAMPLE_MS,
                 until=lambda: self.sweep.done,
             )
         )
@@ -1097,11 +1109,12 @@ class Tuner:
             fit = fit_budget(plan_at, self._measure, target=self.target, rounds=self.rounds)
         except _Aborted:
             return
-        except (OpdvfsError, ValueError, np.linalg.LinAlgError) as exc:
+        except Exception as exc:  # the tuner's own failure never reaches the program
             hint = ""
             if self.result.profile is not None and self.result.profile.samples is None:
                 hint = f" ({self.kind} measures no power: tune with nvml, zeusd or sim:PRESET)"
-            self.result.error = f"planning failed: {exc}{hint}"
+            what = "" if isinstance(exc, OpdvfsError | ValueError) else f"{type(exc).__name__}: "
+            self.result.error = f"planning failed: {what}{exc}{hint}"
         else:
             self._finish(fit)
         finally:

@@ -55,6 +55,7 @@ __all__ = [
     "ClockSweep",
     "SweepIteration",
     "SweepResult",
+    "device_meter",
     "on_launches",
     "sweep_profile",
     "sweep_run",
@@ -205,6 +206,49 @@ class ClockSweep(IterationCounter):
             now_s=gpu.now_s,
             temp_c=gpu.temperature_c,
             sensor_s=gpu.sensor_s,
+            **options,
+        )
+
+    @classmethod
+    def on_device(
+        cls,
+        actuator: Actuator,
+        freqs_mhz: Sequence[float],
+        *,
+        now_s: Callable[[], float],
+        meter: Any | None,
+        interval_ms: float = 20.0,
+        settle_s: float | None = None,
+        **options: Any,
+    ) -> ClockSweep:
+        """Return a sweep of a real device (or a dry run), read off its NVML ``meter``.
+
+        The one construction ``sweep_run`` and ``opdvfs tune`` share off the simulated GPU:
+        settling :data:`REAL_SETTLE_S` unless ``settle_s`` is given; with a meter (what
+        :func:`device_meter` returns) the die temperature checks each counted iteration's
+        steadiness, and the iterations per clock (unless ``options`` fix them) are sized for
+        :data:`SWEEP_WINDOWS` updates of NVML's energy counter, which moves every
+        ``max(interval_ms / 1e3, NVML_COUNTER_S)`` s whatever the sampler's read interval
+        (the power windows are the counter's updates: ``io.samples.counter_windows``).
+        Without a meter: no temperature check, :data:`DEFAULT_PER_CLOCK` iterations.
+
+        Parameters
+        ----------
+        now_s
+            The device's clock (s), read at each iteration end (synchronise the device first).
+        meter
+            Has ``read_temperature_c()`` (deg C), or None.
+        interval_ms
+            The power sampler's read interval (ms).
+        """
+        counter_s = max(interval_ms / 1e3, NVML_COUNTER_S)
+        return cls(
+            actuator,
+            freqs_mhz,
+            settle_s=REAL_SETTLE_S if settle_s is None else settle_s,
+            now_s=now_s,
+            temp_c=meter.read_temperature_c if meter is not None else None,
+            sensor_s=(counter_s, counter_s) if meter is not None else None,
             **options,
         )
 
@@ -370,6 +414,22 @@ class SweepResult:
         )
 
 
+def device_meter(actuator: Actuator, *, cuda: bool, stack: ExitStack) -> Any | None:
+    """Return what reads the swept device's die temperature, or None: nothing does.
+
+    The actuator's own NVML reader where it has one (``nvml``, ``zeusd``, a dry run measuring
+    the GPU: its ``meter``); else, when the program runs on CUDA, a read-only
+    :class:`~opdvfs.runtime.actuators.nvml.NvmlReader` of GPU 0, closed with ``stack``.
+    """
+    meter = getattr(actuator, "meter", None)
+    if meter is None and cuda:
+        from opdvfs.runtime.actuators.nvml import NvmlReader
+
+        meter = NvmlReader(index=0)
+        stack.callback(meter.close)
+    return meter
+
+
 def _counted_clocks(records: Sequence[SweepIteration]) -> dict[int, float]:
     return {r.iteration: r.freq_mhz for r in records if r.phase == "counted"}
 
@@ -418,7 +478,11 @@ def _traced_profile(measured: Profile, sweep: ClockSweep) -> Profile:
 
     Rows are placed by their start (``wall_s``, the trace's ``time.time()`` clock) within the
     counted iterations' spans; the sweep synchronised the device at each iteration end, so
-    those spans hold exactly their iteration's kernels. Rows in no counted iteration go.
+    those spans hold exactly their iteration's kernels. Rows in no counted iteration go, and
+    so do counted iterations whose operator sequence is not the most common one: the trace's
+    clock and ``time.time()`` agree to within a fraction of a millisecond, so on a loaded host
+    an operator at an iteration's edge can land in its neighbour (as the trace reader drops
+    iterations whose sequence differs, :func:`opdvfs.io.torch_trace.read`).
     """
     ops = measured.ops
     if "wall_s" not in ops:
@@ -434,9 +498,32 @@ def _traced_profile(measured: Profile, sweep: ClockSweep) -> Profile:
     rows["iteration"] = np.array([r.iteration for r in counted])[which]
     rows["freq_mhz"] = np.array([r.freq_mhz for r in counted])[which]
     rows["op"] = rows.groupby("iteration").cumcount()
+    rows = _common_sequence(rows, sweep.freqs_mhz)
     meta = measured.meta
     meta["sources"] = ["opdvfs capture --freqs"]
     return Profile(rows, measured.samples, meta=meta)
+
+
+def _common_sequence(rows: pd.DataFrame, freqs_mhz: Sequence[float]) -> pd.DataFrame:
+    """Keep the iterations whose operator-name sequence is the most common one.
+
+    Raises
+    ------
+    CaptureError
+        If a swept clock keeps no iteration.
+    """
+    if rows.empty:
+        return rows
+    signature = rows.groupby("iteration")["name"].agg(lambda s: hash(tuple(s)))
+    keep = signature.index[signature == signature.mode().iloc[0]]
+    kept = rows[rows["iteration"].isin(keep)]
+    lost = sorted(set(freqs_mhz) - set(kept["freq_mhz"].unique()))
+    if lost:
+        raise CaptureError(
+            f"the trace's counted iterations at {', '.join(f'{f:g}' for f in lost)} MHz ran "
+            "another operator sequence than the others"
+        )
+    return kept
 
 
 def sweep_run(
@@ -501,40 +588,26 @@ def sweep_run(
 
         from opdvfs.runtime.profiling import traced
 
-        stack = ExitStack()  # NVML's thermometer, closed with the run
-
+        stack = ExitStack()  # NVML's thermometer, if opened here: closed with the run
         use_cuda = torch.cuda.is_available() if cuda is None else cuda
         sampler: Any = None
-        temp_c = None
         if use_cuda:
-            from opdvfs.runtime.actuators.nvml import NvmlDevice, nvml_errors
             from opdvfs.runtime.sampler import NvmlSampler
 
             sampler = NvmlSampler(interval_ms=interval_ms)
-            thermometer = NvmlDevice(index=0)
-            stack.callback(thermometer.close)
-
-            def temp_c() -> float:
-                nv = thermometer.lib
-                with nvml_errors("read the temperature"):
-                    return float(
-                        nv.nvmlDeviceGetTemperature(thermometer.handle, nv.NVML_TEMPERATURE_GPU)
-                    )
 
         def device_now() -> float:
             if use_cuda:  # the iteration's kernels are done: the next clock meets none of them
                 torch.cuda.synchronize()
             return time.time()
 
-        # the windows are the energy counter's updates (io.samples.counter_windows), not the reads
-        counter_s = max(interval_ms / 1e3, NVML_COUNTER_S)
-        sweep = ClockSweep(
+        sweep = ClockSweep.on_device(
             actuator,
             freqs_mhz,
-            settle_s=REAL_SETTLE_S if settle_s is None else settle_s,
             now_s=device_now,
-            temp_c=temp_c,
-            sensor_s=(counter_s, counter_s) if sampler is not None else None,
+            meter=device_meter(actuator, cuda=use_cuda, stack=stack),
+            interval_ms=interval_ms,
+            settle_s=settle_s,
             **sweep_kw,
         )
         with (

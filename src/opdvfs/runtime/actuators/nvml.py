@@ -6,6 +6,11 @@ into opdvfs errors that say what to do, chained to the original. The actuator he
 sampler (:mod:`opdvfs.runtime.sampler`) both use them, so no caller imports pynvml. A clock is
 set only when it changes. Setting clocks needs root (NVML returns NO_PERMISSION otherwise);
 reading supported clocks and power does not.
+
+:class:`NvmlReader` is the read-only half (supported clocks, power, the energy counter, the
+die temperature): it calls no ``nvmlDeviceSet*``/``Reset*`` function at all. The actuator
+reads through one, and a dry run (:class:`~opdvfs.runtime.actuators.DryRunActuator`) takes one
+as its ``meter`` to measure a real GPU while it only records the clocks it would set.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ try:  # the optional extra: pip install 'opdvfs[nvidia]'
 except ImportError:  # pragma: no cover - exercised where nvidia-ml-py is absent
     pynvml = None
 
-__all__ = ["NvmlActuator", "NvmlDevice", "nvml_errors"]
+__all__ = ["NvmlActuator", "NvmlDevice", "NvmlReader", "nvml_errors"]
 
 _NO_DRIVER = "no NVIDIA driver: cannot {action} ({exc})"
 _NO_GPU = "no such GPU while trying to {action} ({exc})"
@@ -135,8 +140,11 @@ class NvmlDevice:
                 self.lib.nvmlShutdown()
 
 
-class NvmlActuator(Actuator):
-    """Core (SM) clock control of one NVIDIA GPU.
+class NvmlReader:
+    """Read one NVIDIA GPU through NVML, never writing to it: clocks, power, energy, temperature.
+
+    Reads need no root. Nothing here calls an ``nvmlDeviceSet*`` or ``nvmlDeviceReset*``
+    function (a test checks the source), so a dry run measures a real GPU through it safely.
 
     Parameters
     ----------
@@ -144,6 +152,11 @@ class NvmlActuator(Actuator):
         NVML device index (default 0). NVML's order may differ from CUDA's: prefer ``uuid``.
     uuid
         Device UUID (``GPU-...``), e.g. ``"GPU-" + str(torch.cuda.get_device_properties(i).uuid)``.
+
+    Attributes
+    ----------
+    device
+        The :class:`NvmlDevice` read.
 
     Raises
     ------
@@ -162,11 +175,62 @@ class NvmlActuator(Actuator):
             self.device.close()
             raise
         self._clocks = tuple(sorted(float(c) for c in clocks))
-        self._current: float | None = None
 
     def supported_freqs_mhz(self) -> Sequence[float]:
         """Return the SM clocks NVML supports at the highest memory clock (MHz), ascending."""
         return self._clocks
+
+    def read_power_w(self) -> float:
+        """Return the board power (W); NVML reports mW (a 1 s average on Ampere and newer)."""
+        with nvml_errors("read the power"):
+            return float(self.device.lib.nvmlDeviceGetPowerUsage(self.device.handle)) / 1e3
+
+    def read_energy_j(self) -> float:
+        """Return the energy the GPU has used since the driver loaded (J; NVML counts mJ)."""
+        with nvml_errors("read the energy counter"):
+            mj = self.device.lib.nvmlDeviceGetTotalEnergyConsumption(self.device.handle)
+        return float(mj) / 1e3
+
+    def read_temperature_c(self) -> float:
+        """Return the GPU die temperature (deg C)."""
+        nv = self.device.lib
+        with nvml_errors("read the temperature"):
+            return float(nv.nvmlDeviceGetTemperature(self.device.handle, nv.NVML_TEMPERATURE_GPU))
+
+    def close(self) -> None:
+        """Shut NVML down (once, however often it is called)."""
+        self.device.close()
+
+
+class NvmlActuator(Actuator):
+    """Core (SM) clock control of one NVIDIA GPU.
+
+    Parameters
+    ----------
+    index
+        NVML device index (default 0). NVML's order may differ from CUDA's: prefer ``uuid``.
+    uuid
+        Device UUID (``GPU-...``), e.g. ``"GPU-" + str(torch.cuda.get_device_properties(i).uuid)``.
+
+    Attributes
+    ----------
+    meter
+        The :class:`NvmlReader` every read goes through.
+
+    Raises
+    ------
+    DeviceNotFoundError
+        Without nvidia-ml-py, without a driver, or when no GPU has that index or UUID.
+    """
+
+    def __init__(self, *, index: int | None = None, uuid: str | None = None) -> None:
+        self.meter = NvmlReader(index=index, uuid=uuid)
+        self.device = self.meter.device
+        self._current: float | None = None
+
+    def supported_freqs_mhz(self) -> Sequence[float]:
+        """Return the SM clocks NVML supports at the highest memory clock (MHz), ascending."""
+        return self.meter.supported_freqs_mhz()
 
     def set_freq_mhz(self, freq_mhz: float) -> None:
         """Lock the SM clock at ``freq_mhz`` (MHz; ``nvmlDeviceSetGpuLockedClocks`` min = max).
@@ -200,15 +264,16 @@ class NvmlActuator(Actuator):
             self.device.lib.nvmlDeviceResetGpuLockedClocks(self.device.handle)
 
     def read_power_w(self) -> float:
-        """Return the board power (W); NVML reports mW (a 1 s average on Ampere and newer)."""
-        with nvml_errors("read the power"):
-            return float(self.device.lib.nvmlDeviceGetPowerUsage(self.device.handle)) / 1e3
+        """Return the board power (W) (:meth:`NvmlReader.read_power_w`)."""
+        return self.meter.read_power_w()
 
     def read_energy_j(self) -> float:
-        """Return the energy the GPU has used since the driver loaded (J; NVML counts mJ)."""
-        with nvml_errors("read the energy counter"):
-            mj = self.device.lib.nvmlDeviceGetTotalEnergyConsumption(self.device.handle)
-        return float(mj) / 1e3
+        """Return the GPU's energy counter (J) (:meth:`NvmlReader.read_energy_j`)."""
+        return self.meter.read_energy_j()
+
+    def read_temperature_c(self) -> float:
+        """Return the GPU die temperature (deg C) (:meth:`NvmlReader.read_temperature_c`)."""
+        return self.meter.read_temperature_c()
 
     def close(self) -> None:
         """Shut NVML down (the clock is not touched); safe to call more than once."""
