@@ -95,6 +95,68 @@ def test_nvml_close_shuts_down_once(fake_nvml):
     fake_nvml.nvmlDeviceResetGpuLockedClocks.assert_not_called()  # closing leaves the clock
 
 
+def _writes(fake) -> list[str]:
+    """The names of every NVML set/reset function the fake was called through."""
+    return [c[0] for c in fake.mock_calls if c[0].startswith(("nvmlDeviceSet", "nvmlDeviceReset"))]
+
+
+def test_the_nvml_reader_has_no_write_at_all():
+    import ast
+    import inspect
+
+    from opdvfs.runtime.actuators import NvmlReader
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(NvmlReader)))
+    names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert "nvmlDeviceGetPowerUsage" in names  # the walk sees its NVML calls
+    assert not [n for n in names if n.startswith(("nvmlDeviceSet", "nvmlDeviceReset"))]
+
+
+def test_a_dry_run_with_no_preset_measures_the_gpu_read_only(fake_nvml, tmp_path):
+    import itertools
+
+    from opdvfs.runtime.actuators import NvmlReader, make_actuator
+
+    fake_nvml.nvmlDeviceGetTotalEnergyConsumption.side_effect = itertools.count(1_000, 2_500)
+    fake_nvml.nvmlDeviceGetTemperature.side_effect = itertools.count(60)
+    with make_actuator("dry-run", log=tmp_path / "calls.jsonl") as act:
+        assert isinstance(act, DryRunActuator) and isinstance(act.meter, NvmlReader)
+        assert list(act.supported_freqs_mhz()) == sorted(NVML_CLOCKS_MHZ)  # the GPU's clocks
+        assert act.read_power_w() == pytest.approx(312.5)
+        assert act.read_energy_j() == pytest.approx(1.0)  # mJ -> J, the GPU's counter
+        assert act.read_energy_j() == pytest.approx(3.5)
+        assert (act.read_temperature_c(), act.read_temperature_c()) == (60.0, 61.0)
+        with ClockGuard(act):
+            act.set_freq_mhz(1005.0)
+            act.set_freq_mhz(210.0)
+    assert _writes(fake_nvml) == []  # recorded, never set
+    calls = read_log(tmp_path / "calls.jsonl")
+    assert [c["kind"] for c in calls] == ["run", "set", "set", "restore"]
+    assert calls[0]["meter"] == "nvml"
+    fake_nvml.nvmlShutdown.assert_called_once_with()  # the meter closes with the actuator
+    NvmlActuator().set_freq_mhz(1005.0)  # the check sees a real write
+    assert _writes(fake_nvml) == ["nvmlDeviceSetGpuLockedClocks"]
+
+
+def test_a_dry_run_with_a_preset_keeps_its_clocks_and_measures_nothing(fake_nvml):
+    from opdvfs.runtime.actuators import make_actuator
+    from opdvfs.sim.presets import preset_spec
+
+    act = make_actuator("dry-run", device="a100-like")
+    assert act.meter is None and act.read_energy_j() is None and act.read_power_w() == 0.0
+    assert tuple(act.supported_freqs_mhz()) == tuple(preset_spec("a100-like").freqs_mhz)
+    fake_nvml.nvmlInit.assert_not_called()
+
+
+def test_a_dry_run_without_a_gpu_still_asks_for_its_clocks(fake_nvml):
+    from opdvfs.exceptions import ValidationError
+    from opdvfs.runtime.actuators import make_actuator
+
+    fake_nvml.nvmlInit.side_effect = pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    with pytest.raises(ValidationError, match="a dry run needs the clocks"):
+        make_actuator("dry-run")
+
+
 def test_guard_restores_on_exception():
     act = DryRunActuator([1000.0, 1800.0])
 

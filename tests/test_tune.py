@@ -333,3 +333,35 @@ def test_on_nvml_tunes_sweep_checks_the_temperature_and_sizes_clocks_by_the_coun
     assert phases.count("counted") == 2 * want
     assert all(r.temp_delta_c is not None for r in sweep.records)
     assert sweep.done and fake_nvml.nvmlDeviceResetGpuLockedClocks.call_count == 1
+
+
+def _nvml_writes(fake) -> list[str]:
+    """The names of every NVML set/reset function the fake was called through."""
+    return [c[0] for c in fake.mock_calls if c[0].startswith(("nvmlDeviceSet", "nvmlDeviceReset"))]
+
+
+def test_dry_run_on_an_nvml_machine_measures_read_only_and_never_sets(
+    fake_nvml, cpu_only, script, tmp_path
+):
+    """``--actuator dry-run``, no --device: the GPU's clocks and counter; clocks only logged."""
+    import itertools
+
+    fake_nvml.nvmlDeviceGetTotalEnergyConsumption.side_effect = itertools.count(0, 50_000)
+    argv = [
+        "tune",
+        *("--target", "0.02", "--actuator", "dry-run", *FAST, "--no-cache"),
+        *("--out", str(tmp_path), "--log", str(tmp_path / "calls.jsonl")),
+        *("--", "python", str(script), "12"),
+    ]
+    res = CliRunner().invoke(app, argv)
+    assert _nvml_writes(fake_nvml) == []  # not one set or reset in the whole run
+    result = json.loads((tmp_path / "tune.json").read_text())
+    rows = result["per_iteration"]
+    assert len(rows) == 12 and all(it["energy_j"] > 0 for it in rows)  # the GPU's counter
+    calls = read_log(tmp_path / "calls.jsonl")
+    assert calls[0]["meter"] == "nvml" and calls[0]["freqs_mhz"] == [210, 1005, 1380, 1395, 1410]
+    sets = [c["freq_mhz"] for c in calls if c["kind"] == "set"]
+    assert sets[:4] == [1410.0, 1380.0, 210.0, 1410.0]  # the sweep, logged
+    assert calls[-1]["kind"] == "restore" and _kinds(tmp_path / "calls.jsonl").count("restore") == 1
+    # a CPU trace has no power samples: planning stops there, and says why
+    assert res.exit_code == 2 and "measures no power" in res.stderr

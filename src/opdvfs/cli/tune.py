@@ -76,8 +76,9 @@ def tune(
         typer.Option(
             "--actuator",
             help="nvml (root), zeusd (no root: the Zeus daemon at ZEUSD_SOCK_PATH), "
-            "sim:PRESET (a simulated GPU, e.g. sim:a100-like), or dry-run (clocks only "
-            "recorded; needs --device).",
+            "sim:PRESET (a simulated GPU, e.g. sim:a100-like), or dry-run (clock calls only "
+            "recorded: --device PRESET's clocks, else the NVIDIA GPU's, whose power and energy "
+            "it reads through NVML, read-only).",
         ),
     ] = "nvml",
     clocks: Annotated[

@@ -6,11 +6,11 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opdvfs.exceptions import ValidationError
+from opdvfs.exceptions import ActuatorError, ValidationError
 from opdvfs.runtime.actuators.ascend import AscendActuator
 from opdvfs.runtime.actuators.base import Actuator, ClockGuard
 from opdvfs.runtime.actuators.dry_run import DryRunActuator
-from opdvfs.runtime.actuators.nvml import NvmlActuator
+from opdvfs.runtime.actuators.nvml import NvmlActuator, NvmlReader
 from opdvfs.runtime.actuators.sim_gpu import SIM_PREFIX, SimGpuActuator
 from opdvfs.runtime.actuators.twin import TwinActuator
 from opdvfs.runtime.actuators.zeusd import ZeusdActuator
@@ -26,6 +26,7 @@ __all__ = [
     "ClockGuard",
     "DryRunActuator",
     "NvmlActuator",
+    "NvmlReader",
     "SimGpuActuator",
     "TwinActuator",
     "ZeusdActuator",
@@ -57,7 +58,7 @@ def make_actuator(
         ``"zeusd"`` (the same GPU without root, through Zeus's daemon at ``ZEUSD_SOCK_PATH``),
         ``"ascend"``
         (an Ascend NPU: requests logged, not applied), ``"dry-run"`` (records what would be
-        set) or ``"twin"`` (records, then replays on the simulated preset); or
+        set; see below) or ``"twin"`` (records, then replays on the simulated preset); or
         ``"sim:PRESET"`` (a simulated GPU of that preset, e.g. ``"sim:a100-like"``: the program's
         operators run on it, :class:`SimGpuActuator`).
     device
@@ -66,6 +67,13 @@ def make_actuator(
     schedule
         The schedule to be applied. Without a preset, a dry run accepts the clocks its stages
         use.
+
+        A dry run with neither a preset nor a schedule measures the NVIDIA GPU it runs on,
+        read-only, when NVML finds one (device 0): it accepts that GPU's clocks and reads its
+        power, energy counter and temperature through an
+        :class:`~opdvfs.runtime.actuators.nvml.NvmlReader` (its ``meter``), which never sets
+        anything; its clock calls are only recorded. A preset keeps meaning its clocks (and
+        nothing is measured), so every call that worked before is unchanged.
     log
         JSON-lines file of the recording actuators' calls (ignored by ``"nvml"``).
     header
@@ -84,7 +92,7 @@ def make_actuator(
     ValidationError
         For an unknown ``kind`` or ``sim:`` preset (the message names them); for ``"twin"``
         without a preset; for ``"dry-run"`` with neither
-        a preset nor a schedule to take clocks from.
+        a preset nor a schedule nor an NVIDIA GPU to take clocks from.
     DeviceNotFoundError
         For ``"nvml"`` and ``"zeusd"`` without nvidia-ml-py, a driver or a GPU; for ``"zeusd"``
         without the daemon's address.
@@ -132,11 +140,25 @@ def make_actuator(
         freqs = spec.freqs_mhz
     elif schedule is not None:
         freqs = sorted({s.freq_mhz for s in schedule.stages})
+    elif kind == "dry-run" and (meter := _nvml_meter()) is not None:
+        freqs = meter.supported_freqs_mhz()
+        return DryRunActuator(
+            freqs, log=log, header={**(header or {}), "meter": "nvml"}, meter=meter
+        )
     else:
         raise ValidationError(
-            "a dry run needs the clocks it accepts: give a preset as the device, or a schedule",
+            "a dry run needs the clocks it accepts: give a preset as the device, or a schedule "
+            "(or run it where NVML finds an NVIDIA GPU, whose clocks it then takes)",
             field="device",
         )
     if kind == "ascend":
         return AscendActuator(freqs, log=log, header=header)
     return DryRunActuator(freqs, log=log, header=header)
+
+
+def _nvml_meter() -> NvmlReader | None:
+    """Return a read-only NVML reader of GPU 0, or None where NVML cannot read one."""
+    try:
+        return NvmlReader(index=0)
+    except ActuatorError:  # no nvidia-ml-py, no driver, no GPU, or its clocks unreadable
+        return None

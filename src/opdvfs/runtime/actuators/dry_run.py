@@ -1,4 +1,9 @@
-"""An actuator that changes nothing and records every call (one JSON line each, if logging)."""
+"""An actuator that changes nothing and records every call (one JSON line each, if logging).
+
+Given a ``meter`` (an :class:`~opdvfs.runtime.actuators.nvml.NvmlReader`), it measures the real
+GPU it runs on, read-only: power, the energy counter and the die temperature come from the
+meter, while every clock call is only recorded.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,27 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from opdvfs.runtime.actuators.base import Actuator
 
-__all__ = ["DryRunActuator"]
+__all__ = ["DryRunActuator", "Meter"]
+
+
+class Meter(Protocol):
+    """What a dry run measures through: a device's read-only sensors (an ``NvmlReader``)."""
+
+    def read_power_w(self) -> float:
+        """Return the power draw (W)."""
+
+    def read_energy_j(self) -> float:
+        """Return the energy counter (J)."""
+
+    def read_temperature_c(self) -> float:
+        """Return the die temperature (deg C)."""
+
+    def close(self) -> None:
+        """Release the sensors."""
 
 
 class DryRunActuator(Actuator):
@@ -31,9 +52,13 @@ class DryRunActuator(Actuator):
     log
         JSON-lines file the records are appended to (created with its folder), or None.
     power_w
-        What :meth:`read_power_w` returns (W); nothing is measured.
+        What :meth:`read_power_w` returns without a meter (W).
     header
         More fields for the log's header line (the command, the schedule, the rank ...).
+    meter
+        Read-only sensors of the device the program runs on (an
+        :class:`~opdvfs.runtime.actuators.nvml.NvmlReader`), or None: nothing is measured
+        (power ``power_w``, no energy counter, no temperature). Closed with the actuator.
     """
 
     def __init__(
@@ -43,7 +68,9 @@ class DryRunActuator(Actuator):
         log: str | os.PathLike[str] | None = None,
         power_w: float = 0.0,
         header: Mapping[str, Any] | None = None,
+        meter: Meter | None = None,
     ) -> None:
+        self.meter = meter
         self._freqs = tuple(sorted(float(f) for f in freqs_mhz))
         self._power_w = power_w
         # re-entrant: a signal handler restoring the clock may interrupt a record on this thread
@@ -132,13 +159,25 @@ class DryRunActuator(Actuator):
         self._record("restore", None)
 
     def read_power_w(self) -> float:
-        """Return the constant given at construction (nothing is measured)."""
+        """Return the meter's power (W), or without one the constant given at construction."""
+        if self.meter is not None:
+            return self.meter.read_power_w()
         return self._power_w
 
+    def read_energy_j(self) -> float | None:
+        """Return the meter's energy counter (J), or None without a meter."""
+        return self.meter.read_energy_j() if self.meter is not None else None
+
+    def read_temperature_c(self) -> float | None:
+        """Return the meter's die temperature (deg C), or None without a meter."""
+        return self.meter.read_temperature_c() if self.meter is not None else None
+
     def close(self) -> None:
-        """Close the log file (the calls stay in :attr:`calls`); safe to call more than once."""
+        """Close the log file and the meter (the calls stay in :attr:`calls`); idempotent."""
         with self._lock:
             self._log_path = None  # nothing is recorded into the file after this
             if self._log is not None:
                 self._log.close()
                 self._log = None
+        if self.meter is not None:
+            self.meter.close()
