@@ -95,12 +95,13 @@ def test_a_chip_cool_down_gives_the_board_rail_its_temperature_term(kernels):
     profile, alpha, u, calibration = kernels
     model = PowerModel(voltage=VF).fit(profile, calibration=calibration)
     assert model.rail_ == "chip" and model.use_temperature_
-    assert model.gamma_ == pytest.approx(GAMMA)
+    assert model.gamma_ == pytest.approx(GAMMA) and model.gamma_from_ == "cooldown"
+    assert PowerModel.from_dict(model.to_dict()).gamma_from_ == "cooldown"
     np.testing.assert_allclose(model.alpha_, alpha, rtol=1e-6)
     np.testing.assert_allclose(model.uncore_w_, u, rtol=1e-6)
     # without a trace the board rail has no temperature term (gamma is not identified there)
     plain = PowerModel(voltage=VF).fit(profile)
-    assert not plain.use_temperature_ and plain.gamma_ == 0.0
+    assert not plain.use_temperature_ and plain.gamma_ == 0.0 and plain.gamma_from_ == "none"
 
 
 def test_die_at_the_top_clock_predicts_a_low_clock_on_the_top_clocks_die(kernels):
@@ -190,3 +191,31 @@ def test_simulated_cool_down_reads_the_twins_leakage_on_both_rails():
         again.predict(freqs, die_at_mhz=top)["chip_w"],
         model.predict(freqs, die_at_mhz=top)["chip_w"],
     )
+
+
+def test_a_fully_measured_profile_is_planned_on_the_top_clocks_die_too(kernels):
+    profile, alpha, u, calibration = kernels
+    power = PowerModel(voltage=VF).fit(profile, calibration=calibration)
+    models = ModelBundle(PerfModel().fit(profile), power)
+    inputs = PlanInputs.from_profile(profile)  # every op at every clock measured
+    hot = die_rise(alpha, u, 1380.0)
+    truth_j = np.stack([board_power(alpha, u, f, hot) for f in TRAIN], axis=1) * TIME_US * 1e-6
+    np.testing.assert_allclose(predict(models, inputs).chip_energy_j, truth_j, rtol=1e-4)
+    # values="measured" plans on the measurements as they are
+    _, chip_m, _ = MeasuredTables.from_profile(profile).at(TRAIN)
+    np.testing.assert_array_equal(predict(models, inputs, "measured").chip_energy_j, chip_m)
+
+
+def test_a_gamma_fitted_on_static_profiles_moves_nothing():
+    """Fitted jointly on static clocks (temperature follows the clock) gamma is not identified:
+    the planner keeps each clock on its own die and the measured cells as measured."""
+    sim = SimulatedDevice.from_preset("ascend-910b-like", seed=0)
+    profile = sim.profile(BUILDERS["bert"](), [1000.0, 1400.0, 1800.0])
+    power = PowerModel().fit(profile, device=sim.spec)
+    assert power.gamma_from_ == "fit"
+    models = ModelBundle(PerfModel().fit(profile), power)
+    inputs = PlanInputs.from_profile(profile, sim.spec)
+    tables = predict(models, inputs)
+    measured = MeasuredTables.from_profile(profile)
+    cols = np.searchsorted(tables.freqs_mhz, measured.freqs_mhz)
+    np.testing.assert_array_equal(tables.chip_energy_j[:, cols], measured.chip_energy_j)

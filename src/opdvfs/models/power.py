@@ -11,9 +11,15 @@ with ``alpha_i`` per operator instance, ``beta f V^2 + theta V`` the idle power 
 * ``beta`` is folded into ``alpha_i`` unless idle power at two clocks is given (it multiplies the
   same ``f V^2``); ``gamma`` and ``theta`` are fitted jointly over all operators and clocks (a
   fixed-effects least squares: ``alpha_i`` are eliminated per op, vectorised with bincount),
-  or ``gamma`` comes from a cool-down trace (``dP/dT = gamma V`` while the chip cools idle);
+  or ``gamma`` comes from a cool-down trace (``dP/dT = gamma V`` while the chip cools idle:
+  :func:`~opdvfs.models.thermal.leakage_slope`). Static-clock profiles do not identify it
+  (a lower clock runs cooler: temperature and clock move together, and the joint fit gives
+  ``gamma`` ~ 0); only the trace does;
 * the chip/board rail is the core model plus a per-op constant (uncore power does not scale with
-  the core clock: paper §7), or, when only chip power is measured, ``alpha_i f V^2 + u_i``;
+  the core clock: paper §7) and, with a cool-down that reads chip power too, the rest of the
+  chip's leakage (``uncore_gamma_ dT V``, eq. 16's ``gamma_SoC`` beyond the core's); when only
+  chip power is measured, ``alpha_i f V^2 + u_i``, plus ``gamma dT V`` with ``gamma`` from a
+  chip cool-down (never fitted jointly there: it trades with ``u_i``);
 * ``V(f)`` comes from the device (``DeviceSpec.voltage``: a preset's, or characterised from
   power alone by ``opdvfs characterise``), else never a constant (power is convex in ``f`` on
   every real GPU measured): from 2 clocks the generic GPU prior of :mod:`opdvfs.models.vf_prior`
@@ -26,7 +32,10 @@ with ``alpha_i`` per operator instance, ``beta f V^2 + theta V`` the idle power 
 * ``dT`` at a new clock: the fixed point of ``T = T0 + k P`` with ``P`` the op's own chip power
   (``thermal="op"``, the paper's per-op use) or the workload's time-weighted mean power
   (``thermal="workload"``, default: a chip's temperature follows its average power over seconds,
-  far longer than one operator). The iteration count is kept (paper: <= 4).
+  far longer than one operator). The iteration count is kept (paper: <= 4). Or, with
+  ``predict(die_at_mhz=...)``, the die held at one clock's steady temperature at every clock:
+  what a per-operator plan that stays near the top clock runs its slowed ops on (the planner's
+  use, :mod:`opdvfs.plan.measured`).
 
 ``dynamic="throughput"`` adds the op's energy per launch spent at its own pace,
 ``e_i V^2 / t_i(f)``, with ``t_i(f)`` the op's time at ``f`` (measured at the training clocks,
@@ -449,6 +458,10 @@ class PowerModel(JsonFile):
         chip rail, its memory energy per launch (uJ). Zero in the clock form.
     gamma_, theta_ : float
         Core-rail temperature and static coefficients.
+    gamma_from_ : str
+        Where ``gamma_`` came from: ``"cooldown"`` (a cool-down trace: measured), ``"fit"``
+        (fitted jointly on the profile's clocks, where temperature follows the clock: not
+        identified, often ~0) or ``"none"`` (no temperature term).
     beta_ : float
         Load-independent dynamic coefficient from idle calibration (0 when folded in alpha).
     uncore_w_ : ndarray, shape (n_ops,)
@@ -597,6 +610,9 @@ class PowerModel(JsonFile):
         self.uncore_beta_ = max(slope, 0.0) if rail == "core" else 0.0
         self.uncore_w_ = mean_by(op, rest, n_ops) - self.uncore_beta_ * x_op
         self.use_temperature_ = bool(use_t)
+        cooldown = calibration.cooldown if calibration is not None else None
+        measured_gamma = leakage_slope(cooldown, f"{rail}_power_w", voltage) is not None
+        self.gamma_from_ = "none" if not use_t else "cooldown" if measured_gamma else "fit"
         self.op_ids_ = op_ids
         times = profile.ops.groupby("op")["time_us"].median()
         self.time_weight_ = times.reindex(op_ids).fillna(0.0).to_numpy(dtype=float)
@@ -794,6 +810,7 @@ class PowerModel(JsonFile):
             "dynamic": self.dynamic,
             "voltage": self.voltage_.model_dump(),
             "gamma": self.gamma_,
+            "gamma_from": self.gamma_from_,
             "theta": self.theta_,
             "beta": self.beta_,
             "ambient_c": self.ambient_c_,
@@ -826,6 +843,9 @@ class PowerModel(JsonFile):
             model.use_temperature_ = bool(doc["temperature"])
             model.voltage_ = VoltageCurve.model_validate(doc["voltage"])
             model.gamma_, model.theta_ = float(doc["gamma"]), float(doc["theta"])
+            model.gamma_from_ = str(
+                doc.get("gamma_from", "fit" if model.use_temperature_ else "none")
+            )
             model.beta_ = float(doc["beta"])
             model.ambient_c_, model.k_c_per_w_ = float(doc["ambient_c"]), float(doc["k_c_per_w"])
             model.train_freqs_mhz_ = np.asarray(doc["train_freqs_mhz"], dtype=float)

@@ -9,8 +9,12 @@ workload (:meth:`PlanInputs.from_workload`) or from a profile (:meth:`PlanInputs
 
 Measurements first (DESIGN §4, :mod:`opdvfs.plan.measured`): inputs from a profile carry its
 measured medians, and ``values="auto"`` plans on them wherever they exist, the models filling
-only the unmeasured clocks (corrected to pass through the measured points); with every op
-measured at every clock no model is needed. ``interval_ms=0`` plans one stage per operator; with
+only the unmeasured clocks (corrected to pass through the measured points). With a power model
+whose leakage slope was measured (a cool-down trace) both are taken on the top clock's die (the
+model's ``die_at_mhz``; measured cells moved there by its temperature term,
+:func:`~opdvfs.plan.measured.at_die`): a static profile's low clocks ran on a cooler die than a
+plan's slowed ops do. With every op measured at every clock no
+model is needed. ``interval_ms=0`` plans one stage per operator; with
 an interval, the classes only guide which neighbours merge (a prior for merging, not a
 constraint on the optimum: every stage still gets the clock that is best for it).
 
@@ -513,7 +517,9 @@ def _op_tables(
     Measurements first (:mod:`opdvfs.plan.measured`): with ``auto`` the measured medians where
     the profile has them and the models, corrected through them, elsewhere (no model is needed
     when every op was measured at every clock); ``measured`` only the measurements; ``model``
-    only the models. Core energy is NaN where nothing gives it.
+    only the models. With ``auto`` and a power model whose leakage slope was measured, all on
+    the top clock's die (:func:`_die_mhz`; measured cells moved there by the model's temperature
+    term, :func:`at_die`). Core energy is NaN where nothing gives it.
     """
     if isinstance(models, Predictions):
         return _predicted(models, inputs, values)
@@ -552,6 +558,14 @@ def _op_tables(
                 gap = missing_measurement(measured, table, freqs, what)
                 if gap is not None:
                     raise gap
+            if values == "auto" and _die_mhz(models, freqs) is not None:
+                assert models is not None
+                assert models.power is not None
+                # every cell measured, each on its own clock's die: moved to the top clock's
+                die_c = models.power.predict(freqs[-1:], time_us=time_m[:, -1:])["temp_c"]
+                temp_m = measured.temp_at(freqs)
+                chip_m = at_die(models.power, freqs, time_m, chip_m, temp_m, die_c, rail="chip")
+                core_m = at_die(models.power, freqs, time_m, core_m, temp_m, die_c, rail="core")
             return names, (freqs, time_m, chip_m, core_m)
         if no_power:
             gap = missing_measurement(measured, time_m, freqs, "time")
@@ -572,20 +586,35 @@ def _op_tables(
     # one of a static run at their clock (eqs. 11, 15; benchmarks/thermal_bias.py).
     with threadpool_limits(limits=1, user_api="blas"):
         time_us = models.perf.predict(grid)
-        power = models.power.predict(grid, time_us=time_us, die_at_mhz=float(freqs[-1]))
+        die_mhz = _die_mhz(models, freqs)
+        power = models.power.predict(grid, time_us=time_us, die_at_mhz=die_mhz)
     chip_j, core_j = power["chip_w"] * time_us * 1e-6, power["core_w"] * time_us * 1e-6
     if measured is not None:
         time_g, chip_g, core_g = measured.at(grid)
-        # measured at each clock's own die: moved to the plan's before they correct the models
-        temp_g, die_c = measured.temp_at(grid), power["temp_c"]
-        chip_g = at_die(models.power, grid, time_g, chip_g, temp_g, die_c, rail="chip")
-        core_g = at_die(models.power, grid, time_g, core_g, temp_g, die_c, rail="core")
+        if die_mhz is not None:
+            # measured at each clock's own die: moved to the plan's before they correct the models
+            temp_g, die_c = measured.temp_at(grid), power["temp_c"]
+            chip_g = at_die(models.power, grid, time_g, chip_g, temp_g, die_c, rail="chip")
+            core_g = at_die(models.power, grid, time_g, core_g, temp_g, die_c, rail="core")
         time_us = correct_to_measurements(grid, time_us, time_g)
         chip_j = correct_to_measurements(grid, chip_j, chip_g)
         core_j = correct_to_measurements(grid, core_j, core_g)
         cols = np.searchsorted(grid, freqs)
         time_us, chip_j, core_j = time_us[:, cols], chip_j[:, cols], core_j[:, cols]
     return names, (freqs, time_us, chip_j, core_j)
+
+
+def _die_mhz(models: ModelBundle | None, freqs: np.ndarray) -> float | None:
+    """Return the clock whose die the tables are on: the top one, if the leakage was measured.
+
+    Only a ``gamma`` from a cool-down trace (``gamma_from_ == "cooldown"``) moves power between
+    dies: one fitted on static profiles is not identified (their temperature follows the clock)
+    and would move the measured cells by an arbitrary amount. None: each clock on its own die.
+    """
+    power = models.power if models is not None else None
+    if power is None or power.gamma_from_ != "cooldown":
+        return None
+    return float(freqs[-1])
 
 
 def _predicted(
