@@ -240,11 +240,20 @@ def test_execute_matches_reference(seed):
         # a request is dropped exactly when the next one goes out before it lands
         if k + 1 < len(exe.switches):
             assert ev.landed == (exe.switches[k + 1].issue_us >= ev.land_us)
-    # every op runs at the clock of the last request landed by its start
+    # every op runs at the clock of the last request landed by its start; the chip's clock
+    # changes at the first landing inside it (NaN: none) and is the last landed at its end
     landed = exe.landed
     for i in range(0, n, 17):
         before = [ev.clock for ev in landed if ev.land_us <= exe.start_us[i]]
         assert exe.clock[i] == (before[-1] if before else 0)
+    for i in range(n):
+        inside = [ev.land_us for ev in landed if exe.start_us[i] < ev.land_us < exe.end_us[i]]
+        if inside:
+            assert exe.op_land_us[i] == inside[0]
+        else:
+            assert np.isnan(exe.op_land_us[i])
+        by_end = [ev.clock for ev in landed if ev.land_us <= exe.end_us[i]]
+        assert exe.end_clock[i] == (by_end[-1] if by_end else 0)
 
 
 def two_stage_workload(n=200):
@@ -620,6 +629,38 @@ def test_a_landing_inside_an_idle_gap_books_each_piece_at_its_clock():
         idle[1800.0] * exe.end_us[j - 1] + idle[1000.0] * (exe.end_us[-1] - exe.end_us[j - 1])
     ) * 1e-6
     assert abs(wrong_j / expected_j - 1) > 0.02
+
+
+def test_a_landing_inside_a_clock_independent_op_books_the_rest_at_the_new_clock():
+    """A pipeline wait or collective runs on unchanged; the chip's clock changes under it.
+
+    A compute op keeps the clock it started at to its end (its duration would change), but an
+    op whose time does not depend on the clock (the AI cores idle in a 1 s pipeline wait) draws
+    power at the new clock from the landing on, as a gap does.
+    """
+    dev = SimulatedDevice(ASCEND.spec.model_copy(update={"switch_latency_ms": 5.0}), ASCEND.twin)
+    for kind, stream, comm in (("AllReduce", "comm", True), ("MatMul", "compute", False)):
+        w = one_op_workload([kind] * 2, [0.0 if comm else 4e13] * 2, [4e9] * 2, [4e9] * 2, stream)
+        plan = Schedule.from_stage_freqs([0], [1000.0], n_ops=2, target=0.5, solver="test")
+        _, sim = dev.run(w, plan)
+        _, hi = dev.run(w, freq_mhz=1800.0)
+        _, lo = dev.run(w, freq_mhz=1000.0)
+        exe = sim.execution
+        land = exe.switches[0].land_us
+        dur = exe.end_us[0] - exe.start_us[0]
+        assert exe.start_us[0] < land < exe.end_us[0] and dur > 4 * land  # lands inside op 0
+        assert exe.op_land_us[0] == land
+        p_hi = hi.op_core_energy_j[0] / (hi.dur_us[0] * 1e-6)
+        p_lo = lo.op_core_energy_j[0] / (lo.dur_us[0] * 1e-6)
+        got = sim.op_core_energy_j[0]
+        split = (p_hi * land + p_lo * (dur - land)) * 1e-6
+        whole = p_hi * dur * 1e-6
+        assert split < 0.9 * whole
+        if comm:
+            assert dur == pytest.approx(hi.dur_us[0], rel=1e-9)  # the clock leaves it alone
+            assert got == pytest.approx(split, rel=0.01)
+        else:  # (the runs' temperatures differ a little: leakage)
+            assert got == pytest.approx(whole, rel=0.03)
 
 
 def test_the_power_model_recovers_the_clock_coupled_chip_power():

@@ -48,7 +48,11 @@ class Execution:
     Op ``i`` runs from ``start_us`` to ``end_us`` at clock index ``clock``. The idle gap before
     it (from the previous op's end, or the run's start) runs at ``gap_clock`` until
     ``gap_land_us`` (NaN: the whole gap) and at ``clock`` after it. If several requests land in
-    one gap, the time after the first landing is at ``clock``.
+    one gap, the time after the first landing is at ``clock``. A request landing while op ``i``
+    runs does not change its duration (the op keeps the clock it started at), but the chip's
+    clock changes then: ``op_land_us`` is the first landing inside the op (NaN: none) and
+    ``end_clock`` the clock in effect when it ends, which an op whose time does not depend on
+    the clock (a collective, a pipeline wait) draws power at from the landing on.
     """
 
     start_us: np.ndarray
@@ -56,6 +60,8 @@ class Execution:
     clock: np.ndarray
     gap_clock: np.ndarray
     gap_land_us: np.ndarray
+    op_land_us: np.ndarray
+    end_clock: np.ndarray
     switches: tuple[SwitchEvent, ...]
 
     @property
@@ -127,6 +133,7 @@ def execute(
     clock = np.empty(n, dtype=np.int64)
     gap_clock = np.empty(n, dtype=np.int64)
     gap_land = np.full(n, np.nan)
+    op_land = np.full(n, np.nan)
     issued: list[list[float]] = []  # per request: trigger, clock, issue, land, landed
     pending: deque[int] = deque()  # requests not landed yet, oldest first (lands increase)
     delay = None if delay_us is None else np.asarray(delay_us, dtype=float)
@@ -172,11 +179,21 @@ def execute(
             g_land = land
         elif land <= t:  # landed while op j - 1 ran: it kept its clock, op j's gap has the new
             g_clock = new
+            if land < t and j > 0 and np.isnan(op_land[j - 1]):
+                op_land[j - 1] = land
         cur, i = new, j
+    # the clock each op ends at: the one the gap after it starts at; for the last op, any
+    # request still pending that lands before it ends
+    end_clock = np.r_[gap_clock[1:], cur] if n else np.empty(0, dtype=np.int64)
+    for r in pending if n else ():
+        if issued[r][3] < end[-1]:
+            if np.isnan(op_land[-1]):
+                op_land[-1] = issued[r][3]
+            end_clock[-1] = int(issued[r][1])
     events = tuple(
         SwitchEvent(int(a), int(c), issue, land, bool(ok)) for a, c, issue, land, ok in issued
     )
-    return Execution(start, end, clock, gap_clock, gap_land, events)
+    return Execution(start, end, clock, gap_clock, gap_land, op_land, end_clock, events)
 
 
 def execute_loop(

@@ -257,27 +257,41 @@ class SimulatedDevice:
         )
         act = activity(arrays, timing, p)
         uncore = uncore_power_w(arrays, timing.time_us, p)
-        clk, gclk = exe.clock, exe.gap_clock
+        clk, gclk, eclk = exe.clock, exe.gap_clock, exe.end_clock
+        # A request landing inside an op changes the chip's clock there. An op whose time is
+        # the same at its start and end clocks (a collective, a pipeline wait: the AI cores
+        # idle) runs on unchanged and draws power at the new clock from the landing; any other
+        # op keeps the clock it started at to its end (SetFreq semantics).
+        inside = ~np.isnan(exe.op_land_us)
+        inside[inside] = (
+            timing.time_us[op[inside], clk[inside]] == timing.time_us[op[inside], eclk[inside]]
+        )
+        op_split = np.where(inside, exe.op_land_us, exe.end_us)
         # what the result keeps of the (ops, clocks) timing tables, gathered now so that the
         # tables (hundreds of MB at a million ops) are freed before the thermal passes
         busy = (timing.core_busy[op, clk], timing.ld_busy[op, clk], timing.st_busy[op, clk])
         del timing, dur
-        # Three intervals per op instance: the idle gap before it (the run starts at 0, so the
+        # Four intervals per op instance: the idle gap before it (the run starts at 0, so the
         # first op's gap counts too) at the clock in effect when the gap began, the rest of the
-        # gap after a request landed in it, and the op itself, wholly at one clock (SetFreq
-        # semantics, :mod:`opdvfs.sim.timeline`): every piece is booked at its own clock.
+        # gap after a request landed in it, the op at the clock it started at, and the rest of
+        # a clock-independent op after a request landed inside it (empty for every other op):
+        # every piece is booked at its own clock.
         prev_end = np.r_[0.0, exe.end_us[:-1]]
         split = np.where(np.isnan(exe.gap_land_us), exe.start_us, exe.gap_land_us)
-        dt_us = np.stack(
-            [split - prev_end, exe.start_us - split, exe.end_us - exe.start_us], axis=1
-        )
+        late = np.flatnonzero(inside)  # the ops with a fourth interval
+        pieces = [split - prev_end, exe.start_us - split, op_split - exe.start_us]
+        if late.size:  # (a run without one, e.g. at a static clock, keeps three columns)
+            pieces.append(exe.end_us - op_split)
+        dt_us = np.stack(pieces, axis=1)
+        cols = dt_us.shape[1]
         temp0 = p.ambient_c + 30.0 if start_temp_c is None else start_temp_c
         temp_ops = np.full(total, temp0)
-        # one pair of (total, 3) buffers for every pass: a million ops, 24 MB each
-        chip, core = np.empty((total, 3)), np.empty((total, 3))
-        temp_cols = np.full((total, 3), temp0)
+        # one pair of (total, cols) buffers for every pass: a million ops, 24-32 MB each
+        chip, core = np.zeros((total, cols)), np.zeros((total, cols))
+        temp_cols = np.full((total, cols), temp0)
+        power_args = (act, uncore, op, clk, gclk, eclk, late, temp_cols, f_used, v_used)
         for step in range(_THERMAL_PASSES):
-            self._interval_power(act, uncore, op, clk, gclk, temp_cols, f_used, v_used, chip, core)
+            self._interval_power(*power_args, chip, core)
             if step == 0 and start_temp_c is None:
                 # A warm device: start at the steady state of the run's own mean power.
                 temp0 = p.ambient_c + p.k_c_per_w * float((chip * dt_us).sum() / dt_us.sum())
@@ -288,19 +302,19 @@ class SimulatedDevice:
                 ambient_c=p.ambient_c,
                 k_c_per_w=p.k_c_per_w,
                 tau_s=p.tau_s,
-            ).reshape(total, 3)
+            ).reshape(total, cols)
             # each interval's power is taken at its starting temperature
-            temp_cols[:, 0] = np.r_[temp0, ends[:-1, 2]]
-            temp_cols[:, 1:] = ends[:, :2]
+            temp_cols[:, 0] = np.r_[temp0, ends[:-1, -1]]
+            temp_cols[:, 1:] = ends[:, :-1]
             temp_ops = ends[:, 1]  # temperature when each op starts (after its gap)
-        self._interval_power(act, uncore, op, clk, gclk, temp_cols, f_used, v_used, chip, core)
+        self._interval_power(*power_args, chip, core)
         # energies in the power buffers themselves, (power * dt) * 1e-6 as before
         for power in (chip, core):
             power *= dt_us
             power *= 1e-6
         chip_j, core_j = chip, core
         edges = np.r_[0.0, (prev_end[:, None] + np.cumsum(dt_us, axis=1)).ravel()]
-        clock_mhz = np.stack([f_used[gclk], f_used[clk], f_used[clk]], axis=1)
+        clock_mhz = np.stack([f_used[gclk], f_used[clk], f_used[clk], f_used[eclk]][:cols], axis=1)
         samples = sample_sensors(
             edges * 1e-6,
             np.r_[0.0, np.cumsum(chip_j)],
@@ -316,8 +330,8 @@ class SimulatedDevice:
         return SimRun(
             execution=exe,
             dur_us=exe.end_us - exe.start_us,
-            op_chip_energy_j=chip_j[:, 2].copy(),
-            op_core_energy_j=core_j[:, 2].copy(),
+            op_chip_energy_j=chip_j[:, 2:].sum(axis=1),
+            op_core_energy_j=core_j[:, 2:].sum(axis=1),
             chip_energy_j=float(chip_j.sum()),
             core_energy_j=float(core_j.sum()),
             temp_start_c=temp_ops,
@@ -338,18 +352,23 @@ class SimulatedDevice:
         op: np.ndarray,
         clk: np.ndarray,
         gclk: np.ndarray,
+        eclk: np.ndarray,
+        late: np.ndarray,
         temp_c: np.ndarray,
         f: np.ndarray,
         v: np.ndarray,
         chip: np.ndarray,
         core: np.ndarray,
     ) -> None:
-        """Fill ``chip`` and ``core`` power of (gap at its first clock, rest of gap, op), (n, 3).
+        """Fill ``chip`` and ``core`` power of each op's intervals, (n, 3) or (n, 4).
 
-        ``clk``/``gclk`` index the clocks ``f`` (MHz) with voltages ``v`` used by this run;
-        ``temp_c`` is each interval's starting temperature, (n, 3). The columns are computed one
-        at a time into the caller's buffers, so a pass holds one column's temporaries rather
-        than three stacked copies.
+        Columns: the gap at its first clock, the rest of the gap, the op at its start clock,
+        and (if the buffers have a fourth column) the rest of the op at its end clock, filled
+        only in the rows ``late`` (the other rows' fourth interval is empty and stays 0).
+        ``clk``/``gclk``/``eclk`` index the clocks ``f`` (MHz) with voltages ``v`` used by this
+        run; ``temp_c`` is each interval's starting temperature. The columns are computed one at
+        a time into the caller's buffers, so a pass holds one column's temporaries rather than
+        stacked copies.
         """
         p = self.params
         for col, c, a in ((0, gclk, 0.0), (1, clk, 0.0), (2, clk, None)):
@@ -363,7 +382,17 @@ class SimulatedDevice:
             rest = p.uncore_idle_w if a is not None else uncore[op, c]
             np.add(core[:, col], rest, out=chip[:, col])
             chip[:, col] += coupled_power_w(fc, vc, t, p, leak_scale=scale)
-        chip += p.misc_w
+            chip[:, col] += p.misc_w
+        if chip.shape[1] == 4 and late.size:  # the rest of an op after a landing inside it
+            t, c, o = temp_c[late, 3], eclk[late], op[late]
+            scale = leakage_scale(t, p)
+            core[late, 3] = core_power_w(act[o, c], f[c], v[c], t, p, leak_scale=scale)
+            chip[late, 3] = (
+                core[late, 3]
+                + uncore[o, c]
+                + coupled_power_w(f[c], v[c], t, p, leak_scale=scale)
+                + p.misc_w
+            )
 
     # ----------------------------------------------------------------------------- profiling
     def profile(
