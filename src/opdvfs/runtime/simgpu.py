@@ -7,8 +7,8 @@ a launch). It keeps a *virtual* device timeline: kernels run back to back, each 
 in effect when it starts (as if the host always kept ahead of the device: the CPU's own speed
 does not show, so a script run on a CPU times like the same script on that GPU), and a clock
 request lands the preset's switch latency after it is issued (SetFreq semantics, as
-:mod:`opdvfs.sim.timeline`: a newer request supersedes one still pending, which then never
-lands).
+:mod:`opdvfs.sim.timeline`: a newer request replaces the clock of one still pending, which
+then never lands, and the change lands when the pending one was due).
 
 It exposes only what a real GPU's instruments give -- the supported clocks, set/reset clock, a
 total-energy counter (J, as NVML's ``nvmlDeviceGetTotalEnergyConsumption``), power samples at
@@ -398,7 +398,10 @@ class SimulatedGpu:
                 self._clock, self._pending = self._pending[0], None
             else:
                 issue_us, _, clock = self._future.pop(0)
-                self._pending = (clock, issue_us + self._latency_us)  # supersedes any pending
+                # a newer request replaces the pending clock but not its landing time (as
+                # sim/timeline: requests closer than the latency must not starve the change)
+                due_us = self._pending[1] if self._pending is not None else None
+                self._pending = (clock, issue_us + self._latency_us if due_us is None else due_us)
 
     def _flush(self) -> None:
         """Place the buffered launches on the timeline (vectorised between clock events)."""
