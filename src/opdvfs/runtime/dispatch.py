@@ -187,6 +187,9 @@ class ScheduleExecutor(ScheduleApplier, _OpMode):
     """
 
     trigger = "op"
+    #: The line warned once when the script compiles (a subclass run by another command names
+    #: that command's remedy).
+    compiled_hint = COMPILED_HINT
 
     def __init__(
         self,
@@ -287,7 +290,7 @@ class ScheduleExecutor(ScheduleApplier, _OpMode):
         self._read_energy()
         if self.compile_seen and not self._compile_warned:
             self._compile_warned = True
-            warnings.warn(f"opdvfs: {COMPILED_HINT}", stacklevel=3)
+            warnings.warn(f"opdvfs: {self.compiled_hint}", stacklevel=3)
         if self.schedule is None:
             return
         if not self._off and not self.abandoned and n_ops != self.schedule.n_ops:
