@@ -67,6 +67,10 @@ def prepare(
 ) -> Bench:
     """Profile ``workload`` at the training clocks, fit both models, measure the top clock.
 
+    The power model is fitted with the paper's offline calibration (:func:`calibrate`: idle
+    runs and a cool-down, whose leakage slope the static profiles cannot give), so the plans
+    are made on the top clock's die (:func:`~opdvfs.plan.planner.predict`).
+
     Parameters
     ----------
     workload
@@ -116,13 +120,14 @@ def prepare(
 def calibrate(sim: SimulatedDevice, *, seconds: float = 60.0) -> PowerCalibration:
     """Take the paper's offline power measurements (Fig. 11) on ``sim``, the chip rail's too.
 
-    The simulator's idle runs and core cool-down (:meth:`SimulatedDevice.calibration_runs`),
-    and a cool-down read on the board's own sensor: ``seconds`` of matrix work at the top clock,
-    then ``seconds`` idle while the sensor records chip power and temperature falling together
+    The simulator's idle runs (:meth:`SimulatedDevice.calibration_runs`), and a cool-down read
+    on the device's own power sensor: ``seconds`` of matrix work at the top clock, then
+    ``seconds`` idle while the sensor records power and temperature falling together
     (``chip_power_w`` beside ``core_power_w``; :func:`~opdvfs.models.thermal.leakage_slope`
     takes either rail's ``gamma`` from it). A GPU reads board power only (NVML), so its
-    leakage slope comes from this trace. Samples whose averaging window still covers the load
-    are dropped.
+    leakage slope comes from the chip column. Samples whose averaging window still covers the
+    load are dropped (``calibration_runs``' own cool-down keeps them: on h100-like's 1 s
+    window its core slope reads 2.88 W/C/V against 1.10 here), and so is its core-only trace.
     """
     runs = sim.calibration_runs(idle_s=seconds)
     top = float(sim.spec.max_freq_mhz)
