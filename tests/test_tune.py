@@ -351,13 +351,13 @@ def test_dry_run_on_an_nvml_machine_measures_read_only_and_never_sets(
         "tune",
         *("--target", "0.02", "--actuator", "dry-run", *FAST, "--no-cache"),
         *("--out", str(tmp_path), "--log", str(tmp_path / "calls.jsonl")),
-        *("--", "python", str(script), "12"),
+        *("--", "python", str(script), "40"),  # the 0.1 s settles span many CPU iterations
     ]
     res = CliRunner().invoke(app, argv)
     assert _nvml_writes(fake_nvml) == []  # not one set or reset in the whole run
     result = json.loads((tmp_path / "tune.json").read_text())
     rows = result["per_iteration"]
-    assert len(rows) == 12 and all(it["energy_j"] > 0 for it in rows)  # the GPU's counter
+    assert len(rows) == 40 and all(it["energy_j"] > 0 for it in rows)  # the GPU's counter
     calls = read_log(tmp_path / "calls.jsonl")
     assert calls[0]["meter"] == "nvml" and calls[0]["freqs_mhz"] == [210, 1005, 1380, 1395, 1410]
     sets = [c["freq_mhz"] for c in calls if c["kind"] == "set"]
@@ -365,3 +365,73 @@ def test_dry_run_on_an_nvml_machine_measures_read_only_and_never_sets(
     assert calls[-1]["kind"] == "restore" and _kinds(tmp_path / "calls.jsonl").count("restore") == 1
     # a CPU trace has no power samples: planning stops there, and says why
     assert res.exit_code == 2 and "measures no power" in res.stderr
+
+
+def test_off_the_simulator_the_ab_blocks_apply_the_plan_by_time(
+    fake_nvml, cpu_only, script, tmp_path, monkeypatch
+):
+    """dry-run on (fake) NVML: the tuned blocks apply the plan by time, as run --trigger time.
+
+    The CPU trace has no power samples to plan on, so the plan is a fixed two-stage one on the
+    trace's operators (low clock, then the top, halfway through the measured iteration): what is
+    tested is how tune applies and measures it, not the planner.
+    """
+    import itertools
+    from types import SimpleNamespace
+
+    from opdvfs.experiments import tune as tune_module
+
+    fake_nvml.nvmlDeviceGetTotalEnergyConsumption.side_effect = itertools.count(0, 50_000)
+    iteration_s: list[float] = []
+
+    def fit(profile, **_):
+        ops = profile.ops  # an iteration's length: first op to the next iteration's first op
+        first = ops.groupby("iteration")["wall_s"].min()
+        steps = first.diff()[np.diff(first.index, prepend=-1) == 1]
+        iteration_s.append(float(steps.median()))
+        return SimpleNamespace(models=None, n_ops=int(ops.groupby("iteration").size().iloc[0]))
+
+    def plan(fitted, *, target, **_):
+        t, n_ops = iteration_s[-1], fitted.n_ops
+        return Schedule.from_stage_freqs(
+            [0, n_ops // 2], [1005.0, 1410.0], n_ops=n_ops, start_s=[0.0, t / 2],
+            predicted_time_s=t, baseline_time_s=t, target=target, solver="manual",
+        )  # fmt: skip
+
+    monkeypatch.setattr(tune_module, "fit_profile", fit)
+    monkeypatch.setattr(tune_module, "plan_fitted", plan)
+    # a shared CPU's iterations vary by tens of %: keep the schedule applied through them
+    timed = tune_module._make_timed
+    monkeypatch.setattr(tune_module, "_make_timed", lambda act: timed(act, tolerance=0.95))
+    log = tmp_path / "calls.jsonl"
+    argv = [
+        "tune",
+        *("--target", "0.02", "--actuator", "dry-run", *FAST, "--no-cache"),
+        *("--block", "3", "--iterations-per-clock", "2"),  # consecutive counted iterations
+        *("--out", str(tmp_path), "--log", str(log)),
+        *("--", "python", str(script), "80"),
+    ]
+    res = CliRunner().invoke(app, argv)
+    assert _nvml_writes(fake_nvml) == []
+    result = json.loads((tmp_path / "tune.json").read_text())
+    assert "trigger time" not in (result["error"] or ""), result["error"]
+    (rnd,) = result["rounds"]  # measured: two pairs of blocks, time and energy
+    assert rnd["pairs"] == 2 and rnd["slowdown"]["n"] == 2 and rnd["saving"]["n"] == 2
+    rows = result["per_iteration"]
+    phases = [it["phase"] for it in rows]
+    tuned = {
+        it["iteration"]
+        for k, it in enumerate(rows)
+        if it["phase"] in ("tuned", "steady")
+        or (it["phase"] == "switch" and k + 1 < len(rows) and phases[k + 1] == "tuned")
+    }
+    if phases[-1] == "steady":  # its next iteration was armed when the script ended
+        tuned.add(rows[-1]["iteration"] + 1)
+    calls = read_log(log)
+    # (the first record, iteration None, is the top clock locked before the program starts)
+    by_time = [c for c in calls[2:] if c["kind"] == "set" and c["op_index"] is None]
+    assert by_time, (res.stderr, phases)
+    assert {c["iteration"] for c in by_time} <= tuned
+    assert 1005.0 in {c["freq_mhz"] for c in by_time}  # the plan's low stage, set by time
+    assert calls[-1]["kind"] == "restore" and _kinds(log).count("restore") == 1
+    assert res.exit_code in (0, 2), res.output

@@ -14,10 +14,15 @@ iterations (an iteration ends at an optimizer step):
 3. **planning** in a background thread while training goes on at the top clock: the models
    are fitted and the schedule planned by the same functions ``opdvfs plan`` uses on a swept
    profile (:func:`fit_profile`, :func:`plan_fitted`).
-4. **A/B measurement**: the schedule is applied by the executor ``opdvfs run`` uses
-   (:class:`~opdvfs.runtime.dispatch.ScheduleExecutor`, operator-triggered), in blocks that
-   alternate with top-clock reference blocks (ABBA order, so a linear drift such as a warming
-   die cancels); each block's first iteration is discarded (a switch in flight). Each pair of
+4. **A/B measurement**: the schedule is applied by the executor ``opdvfs run`` uses, in
+   blocks that alternate with top-clock reference blocks: on a simulated GPU operator-triggered
+   (:class:`~opdvfs.runtime.dispatch.ScheduleExecutor`: the swept profile's kernels map back
+   onto the operators it counts, :func:`~opdvfs.runtime.sweep.on_launches`); on a real device
+   (nvml, zeusd, a dry run measuring the GPU) time-triggered, as ``opdvfs run --trigger time``
+   (:class:`~opdvfs.runtime.timed.TimedExecutor`: the trace's operators are CUDA kernels the
+   operator count cannot match, and the stages' planned start times place the switches),
+   paused between the blocks. The blocks alternate in ABBA order, so a linear drift such as a
+   warming die cancels; each block's first iteration is discarded (a switch in flight). Each pair of
    blocks gives one paired ratio of time and of energy; their mean and Student-t interval
    (:func:`~opdvfs.runtime.tuning.paired_interval`) are the measured slowdown and saving.
 5. **re-plan** when the measured slowdown is not within the target:
@@ -484,6 +489,29 @@ def _make_executor(actuator: Actuator, tuner: Tuner) -> Any:
     return TuneExecutor(None, actuator, max_diverged=2)
 
 
+def _make_timed(actuator: Actuator, *, tolerance: float = 0.2) -> Any:
+    """Return the time-anchored executor ``opdvfs run --trigger time`` uses, driven by the tuner.
+
+    Its iterations end where the tuner's do (no optimizer hook of its own); ``pause()`` stops
+    it applying between the A/B blocks. ``tolerance`` as
+    :class:`~opdvfs.runtime.timed.TimedExecutor` (its default).
+    """
+    from opdvfs.runtime.timed import TimedExecutor
+
+    class TuneTimedExecutor(TimedExecutor):
+        """:class:`TimedExecutor` that can stop applying and start again with another plan."""
+
+        def pause(self) -> None:
+            """Apply nothing from now until the next :meth:`use_schedule` (pending dropped)."""
+            with self._lock:
+                if self._issuer is not None:
+                    self._issuer.cancel()
+                self.schedule = self.timing = None
+                self._armed, self._wrapped_issued, self._off = False, 0, False
+
+    return TuneTimedExecutor(None, actuator, tolerance=tolerance, optimizer_steps=False)
+
+
 class Tuner:
     """Tune a running program's clocks (see the module): enter it around the program.
 
@@ -492,8 +520,10 @@ class Tuner:
     actuator
         A :class:`~opdvfs.runtime.actuators.SimGpuActuator` (the program runs on the simulated
         GPU) or a real device's (NVML, zeusd: traced with torch.profiler and NVML during the
-        sweep) or a dry run (the CPU's op times; no energy counter, so nothing to plan on: the
-        run ends in the planning phase with an error in the result). Entered and closed here.
+        sweep; the plans applied by time) or a dry run (clocks only recorded: measuring the GPU
+        through its NVML ``meter`` like a real device, or without one the CPU's op times and
+        no energy counter, so nothing to plan on: the run ends in the planning phase with an
+        error in the result). Entered and closed here.
     target
         Allowed measured slowdown (0.02 = 2%).
     clocks
@@ -565,7 +595,11 @@ class Tuner:
         self._pre_hook: Any = None
         self._cuda = False
         self.executor = _make_executor(actuator, self)
-        self.guard = ClockGuard(actuator, before_restore=self.executor.halt)
+        #: Off the simulated GPU: the time-anchored executor that applies the tuned schedules
+        #: (the trace's operators are not those the operator-counting executor counts).
+        self.timed: Any = _make_timed(actuator) if self.sim is None else None
+        self._applied: Schedule | None = None  # what the time-anchored executor applies now
+        self.guard = ClockGuard(actuator, before_restore=self._halt)
         sweep_kw: dict[str, Any] = {
             "warmup": warmup,
             "iterations_per_clock": iterations_per_clock,
@@ -648,6 +682,8 @@ class Tuner:
             if self.sim is None:
                 self._start_trace()
             stack.enter_context(self.executor)
+            if self.timed is not None:  # its issuer closes before the guard restores the clock
+                stack.enter_context(self.timed)
             stack.enter_context(self.sweep)
             self._last_end_s = self._now_s()
             self._last_energy_j = self._energy_j()
@@ -752,6 +788,22 @@ class Tuner:
         the same iteration end: the job's time and energy are reduced, rank 0 moves the run
         on and the others follow what it broadcasts (see the module).
         """
+        try:
+            self._iteration_end(iteration, n_ops)
+        finally:
+            self._anchor_timed()
+
+    def _anchor_timed(self) -> None:
+        """End the iteration for the time-anchored executor: it arms the next one, if applying."""
+        if self.timed is None:
+            return
+        try:
+            self.timed.mark_iteration()
+        except Exception as exc:
+            self.result.error = f"tuning stopped: {type(exc).__name__}: {exc}"
+            self._stop_tuning()
+
+    def _iteration_end(self, iteration: int, n_ops: int) -> None:
         job = self._join()
         measured = self._measure_iteration()
         if job is not None:
@@ -866,10 +918,11 @@ class Tuner:
     def _lead(self, job: _Job, iteration: int) -> None:
         """Rank 0: send what this iteration end decided (phase, clock, schedule) to the others."""
         record = self.result.iterations[-1]
-        schedule = self.executor.schedule
+        schedule = self._applied_schedule()
         payload = None
-        if schedule is not None and schedule is not job.sent:
-            payload, job.sent = schedule.to_json(), schedule
+        if schedule is not job.sent:
+            payload = schedule.to_json() if schedule is not None else None
+            job.sent, job.sent_mhz = schedule, None  # a clock after a schedule is sent anew
         freq: float | None = None
         if schedule is None:
             freq = self.top_mhz
@@ -921,9 +974,11 @@ class Tuner:
             if d["schedule"] is not None:
                 self._followed = Schedule.from_json(d["schedule"], source="rank 0")
                 self._apply(self._followed)
-            elif d["freq_mhz"] is not None and self.executor.schedule is None:
+            elif d["freq_mhz"] is not None and self._applied_schedule() is None:
                 self.actuator.at(iteration + 1, 0)
                 self.actuator.set_freq_mhz(float(d["freq_mhz"]))
+            elif d["freq_mhz"] is not None and self.timed is not None:
+                self._apply_top()  # rank 0 left its schedule for the top clock
         self.phase = d["next"]
         self.result.error = self.result.error or d["error"]
         self.result.cache_key, self.result.cache_hit = d["cache_key"], d["cache_hit"]
@@ -933,8 +988,8 @@ class Tuner:
     def _stop_tuning(self) -> None:
         self._measurement = None
         self._aborted.set()
-        if self.n_launches is not None:
-            self._apply(self._reference_schedule())
+        if self.n_launches is not None or self.timed is not None:
+            self._apply_top()
         else:
             self.actuator.set_freq_mhz(self.top_mhz)
         self.phase = "top"
@@ -1039,7 +1094,10 @@ class Tuner:
         if hit is None:
             return False
         schedule, measured = hit
-        if schedule.n_ops != self.n_launches:
+        if self.timed is None and schedule.n_ops != self.n_launches:
+            return False
+        supported = set(self.actuator.supported_freqs_mhz())
+        if self.timed is not None and any(st.freq_mhz not in supported for st in schedule.stages):
             return False
         self.result.cache_hit = True
         self.result.cached = measured
@@ -1175,15 +1233,40 @@ class Tuner:
         return self._reference
 
     def _apply(self, schedule: Schedule) -> None:
-        self.executor.use_schedule(schedule)
+        """Apply ``schedule`` from the next iteration: by operator, or by time off the simulator."""
+        if self.timed is None:
+            self.executor.use_schedule(schedule)
+            return
+        self.timed.use_schedule(schedule)
+        self._applied = schedule
+
+    def _apply_top(self) -> None:
+        """Run the next iterations at the top clock (a reference block, or no plan)."""
+        if self.timed is None:
+            self._apply(self._reference_schedule())
+            return
+        self.timed.pause()  # nothing pending; a switch being issued has landed
+        self._applied = None
+        self.actuator.at(self.executor.iteration + 1, 0)
+        self.actuator.set_freq_mhz(self.top_mhz)
+
+    def _applied_schedule(self) -> Schedule | None:
+        """Return the schedule being applied now (None: a clock set directly)."""
+        return self.executor.schedule if self.timed is None else self._applied
+
+    def _halt(self) -> None:
+        """Stop every switch for good (the guard's ``before_restore``)."""
+        self.executor.halt()
+        if self.timed is not None:
+            self.timed.halt()
 
     def _start_measurement(self) -> None:
         with self._lock:
             job, self._pending = self._pending, None
         if job is None:
             return
-        if job.schedule.n_ops != self.n_launches:
-            # a real GPU's trace has the kernel-launching operators, not every one dispatched
+        if self.timed is None and job.schedule.n_ops != self.n_launches:
+            # a schedule of other operators than the executor counts cannot apply by operator
             self.result.schedule = job.schedule
             self.result.error = (
                 f"the schedule plans the trace's {job.schedule.n_ops} operators but the "
@@ -1200,7 +1283,10 @@ class Tuner:
         job = self._measurement
         assert job is not None
         block = job.blocks[0]
-        self._apply(job.schedule if block.kind == "tuned" else self._reference_schedule())
+        if block.kind == "tuned":
+            self._apply(job.schedule)
+        else:
+            self._apply_top()
         self.phase = "switch"
 
     def _advance_block(self, job: _Measurement) -> None:
@@ -1266,7 +1352,7 @@ class Tuner:
         )
         # until the next plan or the result: the top clock
         self.phase = "planning"
-        self._apply(self._reference_schedule())
+        self._apply_top()
         job.done.set()
 
     def _go_steady(self, schedule: Schedule) -> None:
