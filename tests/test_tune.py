@@ -167,7 +167,9 @@ def test_a_script_ending_during_profiling_exits_2_in_one_line_and_restores_once(
     assert res.exit_code == 2, res.output
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "before tuning was done" in lines[0], res.stderr
-    assert "profiling alone needs" in lines[0]
+    assert "profiling alone needs" in lines[0] and "nothing was written" in lines[0]
+    # bad input: as capture --freqs, no half-written output (the clock log is the actuator's)
+    assert {p.name for p in tmp_path.iterdir()} <= {"cache", "calls.jsonl"}
     kinds = _kinds(tmp_path / "calls.jsonl")
     assert kinds[-1] == "restore" and kinds.count("restore") == 1
 
@@ -435,3 +437,19 @@ def test_off_the_simulator_the_ab_blocks_apply_the_plan_by_time(
     assert 1005.0 in {c["freq_mhz"] for c in by_time}  # the plan's low stage, set by time
     assert calls[-1]["kind"] == "restore" and _kinds(log).count("restore") == 1
     assert res.exit_code in (0, 2), res.output
+
+
+def test_the_python_api_writes_nothing_when_the_block_ends_before_the_sweep(tmp_path):
+    import torch
+
+    import opdvfs
+
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    out = tmp_path / "out"
+    with opdvfs.tune(actuator="sim:a100-like", out=out, cache=False) as t:
+        for _ in range(2):  # the warm-up alone
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+    assert "before tuning was done" in (t.result.error or "")
+    assert not out.exists() and t.tuner.guard.restored

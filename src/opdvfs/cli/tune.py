@@ -224,6 +224,8 @@ def tune(
         if result.error is not None and result.schedule is None:
             raise CaptureError(f"rank {tuner.rank}: {result.error}")
         return
+    if tuner.sweep_unfinished:  # bad input (a script too short): as capture --freqs, no files
+        raise CaptureError(f"{result.error} (nothing was written)")
     written = write_tune(result, out)
     for line in summary_lines(result):
         stdout.print(line, highlight=False)

@@ -732,6 +732,14 @@ class Tuner:
             "freq_mhz": rows["freq_mhz"].to_numpy(dtype=float).tolist(),
         }
 
+    @property
+    def sweep_unfinished(self) -> bool:
+        """Whether the run ended before its clock sweep was done: no profile, nothing to write.
+
+        (A run from the cache skips the sweep: it is not unfinished.)
+        """
+        return self.phase in ("warmup", "profiling") and self.result.schedule is None
+
     def sweep_incomplete(self) -> str:
         """One line: the iterations the script had and those the sweep needs."""
         done = len(self.result.iterations)

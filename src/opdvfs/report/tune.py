@@ -288,7 +288,11 @@ class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
         return self
 
     def __exit__(self, *exc: object) -> None:
-        """Restore the clock, then write the files (when ``out`` was given; rank 0 only)."""
+        """Restore the clock, then write the files (when ``out`` was given; rank 0 only).
+
+        Nothing is written when the block ended before the clock sweep was done (the result's
+        error says how many iterations it needs).
+        """
         self.tuner.__exit__(*exc)
-        if self.out is not None and self.tuner.rank == 0:
+        if self.out is not None and self.tuner.rank == 0 and not self.tuner.sweep_unfinished:
             write_tune(self.tuner.result, self.out)
