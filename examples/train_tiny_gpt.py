@@ -1,12 +1,14 @@
 """A tiny GPT training loop: the script the README tunes (any PyTorch training script will do).
 
-    python examples/train_tiny_gpt.py [STEPS]
+    python examples/train_tiny_gpt.py [STEPS] [--device cpu|cuda] [--dim DIM] [--batch N]
 
 Nothing in it knows about opdvfs: ``opdvfs tune ... -- python examples/train_tiny_gpt.py 200``
-runs it unchanged and counts an iteration at each ``optimizer.step()``.
+runs it unchanged and counts an iteration at each ``optimizer.step()``. On the CPU by default;
+``--device cuda`` trains on the GPU (``--dim`` and ``--batch`` make its kernels take time: at
+the defaults an iteration is launch-bound, its clock barely matters).
 """
 
-import sys
+import argparse
 
 import torch
 from torch import nn
@@ -67,16 +69,22 @@ def train_step(
     return loss
 
 
-def main(steps: int) -> None:
-    """Train for ``steps`` steps on random tokens (one optimizer step each)."""
+def main(steps: int, *, device: str = "cpu", dim: int = 32, batch: int = 2) -> None:
+    """Train for ``steps`` steps on random tokens (one optimizer step each) on ``device``."""
     torch.manual_seed(0)
-    model = TinyGPT()
+    model = TinyGPT(dim=dim).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    data = torch.randint(0, VOCAB, (steps, 2, SEQ + 1))
+    data = torch.randint(0, VOCAB, (steps, batch, SEQ + 1), device=device)
     for batch in data:
         loss = train_step(model, optimizer, batch)
     print(f"trained {steps} steps, last loss {loss.item():.3f}")
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 200)
+    parser = argparse.ArgumentParser(description="Train the tiny GPT on random tokens.")
+    parser.add_argument("steps", nargs="?", type=int, default=200, help="optimizer steps")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--dim", type=int, default=32, help="model width (default 32)")
+    parser.add_argument("--batch", type=int, default=2, help="sequences per step (default 2)")
+    args = parser.parse_args()
+    main(args.steps, device=args.device, dim=args.dim, batch=args.batch)

@@ -1178,7 +1178,10 @@ class Tuner:
         except Exception as exc:  # the tuner's own failure never reaches the program
             hint = ""
             if self.result.profile is not None and self.result.profile.samples is None:
-                hint = f" ({self.kind} measures no power: tune with nvml, zeusd or sim:PRESET)"
+                hint = (
+                    f" ({self.kind} measures no power: tune with nvml, zeusd or sim:PRESET, or "
+                    "dry-run without --device where NVML finds the GPU CUDA trains on)"
+                )
             what = "" if isinstance(exc, OpdvfsError | ValueError) else f"{type(exc).__name__}: "
             self.result.error = f"planning failed: {what}{exc}{hint}"
         else:
