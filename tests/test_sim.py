@@ -254,6 +254,13 @@ def test_execute_matches_reference(seed):
             assert np.isnan(exe.op_land_us[i])
         by_end = [ev.clock for ev in landed if ev.land_us <= exe.end_us[i]]
         assert exe.end_clock[i] == (by_end[-1] if by_end else 0)
+        # every landing inside the op is kept, in order, with the clock it set
+        mine = exe.inner_op == i
+        assert exe.inner_land_us[mine].tolist() == inside
+        assert exe.inner_clock[mine].tolist() == [
+            ev.clock for ev in landed if exe.start_us[i] < ev.land_us < exe.end_us[i]
+        ]
+    assert np.all(np.diff(exe.inner_land_us) > 0)
 
 
 def two_stage_workload(n=200):
@@ -661,6 +668,52 @@ def test_a_landing_inside_a_clock_independent_op_books_the_rest_at_the_new_clock
             assert got == pytest.approx(split, rel=0.01)
         else:  # (the runs' temperatures differ a little: leakage)
             assert got == pytest.approx(whole, rel=0.03)
+
+
+def test_each_landing_inside_a_clock_independent_op_books_its_own_piece():
+    """Two clocks landing inside one wait: each piece of it at the clock in effect then.
+
+    A 1 s pipeline wait can hold two landings (the run's first: the previous stage's clock
+    landing late, then the next stage's landing early); booking everything after the first
+    landing at the clock the op ends at charged GPT-3's first 1 s Recv at 1320 MHz instead of
+    495 MHz in time mode's first iteration, 1.3% of the run's energy.
+    """
+    dev = SimulatedDevice(ASCEND.spec.model_copy(update={"switch_latency_ms": 5.0}), ASCEND.twin)
+    w = one_op_workload(["AllReduce"] * 2, [0.0] * 2, [4e10] * 2, [4e10] * 2, "comm")
+    _, hi = dev.run(w, freq_mhz=1800.0)
+    _, lo = dev.run(w, freq_mhz=1000.0)
+    dur = hi.dur_us[0]
+    assert dur > 100e3
+    # 1000 MHz lands 5 ms into op 0, 1800 MHz again at 60% of it (both issued by op 0)
+    second_us = 0.6 * dur - 5e3
+    plan = Schedule.model_validate(
+        {
+            "n_ops": 2,
+            "stages": [
+                {"first_op": 0, "last_op": 0, "freq_mhz": 1000.0},
+                {"first_op": 1, "last_op": 1, "freq_mhz": 1800.0},
+            ],
+            "switches": [
+                {"trigger_op": 0, "stage": 0, "freq_mhz": 1000.0},
+                {"trigger_op": 0, "stage": 1, "freq_mhz": 1800.0, "delay_us": second_us},
+            ],
+            "target": 0.5,
+            "solver": "test",
+        }
+    )
+    _, sim = dev.run(w, plan)
+    exe = sim.execution
+    assert exe.inner_op.tolist() == [0, 0]
+    land = exe.inner_land_us
+    assert land == pytest.approx([5e3, 0.6 * dur])
+    assert exe.end_us[0] - exe.start_us[0] == pytest.approx(dur, rel=1e-9)
+    p_hi = hi.op_core_energy_j[0] / (hi.dur_us[0] * 1e-6)
+    p_lo = lo.op_core_energy_j[0] / (lo.dur_us[0] * 1e-6)
+    want = (p_hi * land[0] + p_lo * (land[1] - land[0]) + p_hi * (dur - land[1])) * 1e-6
+    # (the static runs' dies are 4-5 C warmer and cooler than this one's: leakage)
+    assert sim.op_core_energy_j[0] == pytest.approx(want, rel=0.02)
+    # the whole rest after the first landing at the clock it ends at (1800 MHz): 34% more
+    assert p_hi * dur * 1e-6 / want - 1 > 0.25
 
 
 def test_the_power_model_recovers_the_clock_coupled_chip_power():

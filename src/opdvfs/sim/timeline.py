@@ -11,14 +11,16 @@ a stream of requests closer together than the latency still moves the clock once
 to the newest target (a controller whose change restarted at every write would never land one
 under such a stream). An operator runs wholly at the clock in effect when it starts: a request
 landing while it runs takes effect from the next operator (or part-way through the idle gap
-before it). Between events every step is a vectorised cumulative sum, so a run costs
-O(n_ops + n_switches), not a Python loop over ops.
+before it); the landings inside an op are kept (:attr:`Execution.inner_land_us`), since an op
+whose time does not depend on the clock draws power at each of them from its landing on.
+Between events every step is a vectorised cumulative sum, so a run costs O(n_ops +
+n_switches), not a Python loop over ops.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -63,6 +65,9 @@ class Execution:
     op_land_us: np.ndarray
     end_clock: np.ndarray
     switches: tuple[SwitchEvent, ...]
+    inner_op: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    inner_land_us: np.ndarray = field(default_factory=lambda: np.empty(0))
+    inner_clock: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
 
     @property
     def makespan_us(self) -> float:
@@ -136,6 +141,7 @@ def execute(
     op_land = np.full(n, np.nan)
     issued: list[list[float]] = []  # per request: trigger, clock, issue, land, landed
     pending: deque[int] = deque()  # requests not landed yet, oldest first (lands increase)
+    inner: list[tuple[int, float, int]] = []  # landings inside an op: op, time, clock
     delay = None if delay_us is None else np.asarray(delay_us, dtype=float)
     cur, i, t, k = int(initial_clock), 0, float(start_us), 0
     last_issue = -np.inf
@@ -179,8 +185,10 @@ def execute(
             g_land = land
         elif land <= t:  # landed while op j - 1 ran: it kept its clock, op j's gap has the new
             g_clock = new
-            if land < t and j > 0 and np.isnan(op_land[j - 1]):
-                op_land[j - 1] = land
+            if land < t and j > 0:
+                inner.append((j - 1, land, new))
+                if np.isnan(op_land[j - 1]):
+                    op_land[j - 1] = land
         cur, i = new, j
     # the clock each op ends at: the one the gap after it starts at; for the last op, any
     # request still pending that lands before it ends
@@ -190,10 +198,23 @@ def execute(
             if np.isnan(op_land[-1]):
                 op_land[-1] = issued[r][3]
             end_clock[-1] = int(issued[r][1])
+            inner.append((n - 1, issued[r][3], int(issued[r][1])))
     events = tuple(
         SwitchEvent(int(a), int(c), issue, land, bool(ok)) for a, c, issue, land, ok in issued
     )
-    return Execution(start, end, clock, gap_clock, gap_land, op_land, end_clock, events)
+    return Execution(
+        start,
+        end,
+        clock,
+        gap_clock,
+        gap_land,
+        op_land,
+        end_clock,
+        events,
+        inner_op=np.array([r[0] for r in inner], dtype=np.int64),
+        inner_land_us=np.array([r[1] for r in inner], dtype=float),
+        inner_clock=np.array([r[2] for r in inner], dtype=np.int64),
+    )
 
 
 def execute_loop(

@@ -259,14 +259,23 @@ class SimulatedDevice:
         uncore = uncore_power_w(arrays, timing.time_us, p)
         clk, gclk, eclk = exe.clock, exe.gap_clock, exe.end_clock
         # A request landing inside an op changes the chip's clock there. An op whose time is
-        # the same at its start and end clocks (a collective, a pipeline wait: the AI cores
-        # idle) runs on unchanged and draws power at the new clock from the landing; any other
-        # op keeps the clock it started at to its end (SetFreq semantics).
+        # the same at its start clock and at every clock landed inside it (a collective, a
+        # pipeline wait: the AI cores idle) runs on unchanged and draws power at each clock from
+        # its landing to the next (or the op's end); any other op keeps the clock it started
+        # at to its end (SetFreq semantics).
+        row, seg_clock = exe.inner_op, exe.inner_clock
+        same = timing.time_us[op[row], seg_clock] == timing.time_us[op[row], clk[row]]
         inside = ~np.isnan(exe.op_land_us)
-        inside[inside] = (
-            timing.time_us[op[inside], clk[inside]] == timing.time_us[op[inside], eclk[inside]]
-        )
+        inside &= np.bincount(row[~same], minlength=total) == 0
         op_split = np.where(inside, exe.op_land_us, exe.end_us)
+        late = np.flatnonzero(inside)  # the ops with a fourth interval
+        # the fourth interval's pieces, one per landing: its clock and its share of the interval
+        keep = inside[row]
+        row, seg_clock, seg_land = row[keep], seg_clock[keep], exe.inner_land_us[keep]
+        then = np.r_[row[1:] == row[:-1], False]  # another landing follows in the same op
+        seg_end = np.where(then, np.r_[seg_land[1:], 0.0], exe.end_us[row])
+        seg_share = (seg_end - seg_land) / (exe.end_us[row] - exe.op_land_us[row])
+        pieces_late = (np.searchsorted(late, row), seg_clock, seg_share)
         # what the result keeps of the (ops, clocks) timing tables, gathered now so that the
         # tables (hundreds of MB at a million ops) are freed before the thermal passes
         busy = (timing.core_busy[op, clk], timing.ld_busy[op, clk], timing.st_busy[op, clk])
@@ -278,7 +287,6 @@ class SimulatedDevice:
         # every piece is booked at its own clock.
         prev_end = np.r_[0.0, exe.end_us[:-1]]
         split = np.where(np.isnan(exe.gap_land_us), exe.start_us, exe.gap_land_us)
-        late = np.flatnonzero(inside)  # the ops with a fourth interval
         pieces = [split - prev_end, exe.start_us - split, op_split - exe.start_us]
         if late.size:  # (a run without one, e.g. at a static clock, keeps three columns)
             pieces.append(exe.end_us - op_split)
@@ -289,7 +297,7 @@ class SimulatedDevice:
         # one pair of (total, cols) buffers for every pass: a million ops, 24-32 MB each
         chip, core = np.zeros((total, cols)), np.zeros((total, cols))
         temp_cols = np.full((total, cols), temp0)
-        power_args = (act, uncore, op, clk, gclk, eclk, late, temp_cols, f_used, v_used)
+        power_args = (act, uncore, op, clk, gclk, late, pieces_late, temp_cols, f_used, v_used)
         for step in range(_THERMAL_PASSES):
             self._interval_power(*power_args, chip, core)
             if step == 0 and start_temp_c is None:
@@ -352,8 +360,8 @@ class SimulatedDevice:
         op: np.ndarray,
         clk: np.ndarray,
         gclk: np.ndarray,
-        eclk: np.ndarray,
         late: np.ndarray,
+        pieces_late: tuple[np.ndarray, np.ndarray, np.ndarray],
         temp_c: np.ndarray,
         f: np.ndarray,
         v: np.ndarray,
@@ -363,12 +371,15 @@ class SimulatedDevice:
         """Fill ``chip`` and ``core`` power of each op's intervals, (n, 3) or (n, 4).
 
         Columns: the gap at its first clock, the rest of the gap, the op at its start clock,
-        and (if the buffers have a fourth column) the rest of the op at its end clock, filled
-        only in the rows ``late`` (the other rows' fourth interval is empty and stays 0).
-        ``clk``/``gclk``/``eclk`` index the clocks ``f`` (MHz) with voltages ``v`` used by this
-        run; ``temp_c`` is each interval's starting temperature. The columns are computed one at
-        a time into the caller's buffers, so a pass holds one column's temporaries rather than
-        stacked copies.
+        and (if the buffers have a fourth column) the rest of the op after the first landing
+        inside it, filled only in the rows ``late`` (the other rows' fourth interval is empty
+        and stays 0): ``pieces_late`` is, per landing inside those ops, its row's position in
+        ``late``, the clock it set and its share of the interval, and the interval's power is
+        the pieces' powers weighted by their shares (its energy, each piece at its own clock).
+        ``clk``, ``gclk`` and the pieces' clocks index the clocks ``f`` (MHz) with voltages
+        ``v`` used by this run; ``temp_c`` is each interval's starting temperature. The columns
+        are computed one at a time into the caller's buffers, so a pass holds one column's
+        temporaries rather than stacked copies.
         """
         p = self.params
         for col, c, a in ((0, gclk, 0.0), (1, clk, 0.0), (2, clk, None)):
@@ -384,15 +395,18 @@ class SimulatedDevice:
             chip[:, col] += coupled_power_w(fc, vc, t, p, leak_scale=scale)
             chip[:, col] += p.misc_w
         if chip.shape[1] == 4 and late.size:  # the rest of an op after a landing inside it
-            t, c, o = temp_c[late, 3], eclk[late], op[late]
+            pos, c, share = pieces_late
+            t, o = temp_c[late[pos], 3], op[late[pos]]
             scale = leakage_scale(t, p)
-            core[late, 3] = core_power_w(act[o, c], f[c], v[c], t, p, leak_scale=scale)
-            chip[late, 3] = (
-                core[late, 3]
+            core_w = core_power_w(act[o, c], f[c], v[c], t, p, leak_scale=scale)
+            chip_w = (
+                core_w
                 + uncore[o, c]
                 + coupled_power_w(f[c], v[c], t, p, leak_scale=scale)
                 + p.misc_w
             )
+            core[late, 3] = np.bincount(pos, weights=share * core_w, minlength=late.size)
+            chip[late, 3] = np.bincount(pos, weights=share * chip_w, minlength=late.size)
 
     # ----------------------------------------------------------------------------- profiling
     def profile(
