@@ -241,7 +241,7 @@ def test_a_measured_run_beats_the_planned_start_times():
     plan = _three_stages(n, start_s=[0.0, 0.01, 0.02], predicted_time_s=0.05)
     run, _ = dev.run(work, plan, iterations=2)
     measured = [rec.start_s for rec in run.timeline]
-    timing = plan_timing(plan, device=dev, workload=work)
+    timing = plan_timing(plan, device=dev, workload=work, relearn=0)  # the op-triggered run's
     assert timing.source == "twin"  # the twin measures even where the plan has start times
     assert timing.stage_s.tolist() == pytest.approx(measured)
     assert timing.iteration_s == pytest.approx(run.iteration_time_s)
@@ -263,6 +263,42 @@ def test_a_measured_run_beats_the_planned_start_times():
     )
     with pytest.raises(ValidationError, match="3 stage records; the schedule has 2"):
         measured_timing(other, run)
+
+
+def test_the_start_times_are_learned_again_from_the_run_as_time_mode_issues_it():
+    """Switches issued by time land before their stages when learned from time mode's run.
+
+    The plan's switches fire at their stages' first ops, so by its trigger ops each clock lands
+    one latency (15 ms) into its stage: the stages after a low clock start later than when
+    time mode lands that clock a latency earlier. Learned from that run, the last switch lands
+    after its stage's first op in time mode's own run; learned again from time mode's run,
+    every switch lands before its stage.
+    """
+    import numpy as np
+
+    dev, work = _bert_on_twin()
+    n = len(work)
+    plan = _three_stages(n)
+
+    def lateness_ms(timing):  # each switch's landing minus its stage's start, time mode's run
+        _, sim = dev.run(work, issued_by_time(plan, timing), iterations=2)
+        exe = sim.execution
+        lands = np.array([e.land_us for e in exe.landed if e.land_us > exe.start_us[n] - 50e3])
+        starts = np.array([exe.start_us[n + st.first_op] for st in plan.stages])
+        return (lands[-2:] - starts[1:]) / 1e3, sim
+
+    from_op_run = plan_timing(plan, device=dev, workload=work, relearn=0)
+    late, time_run = lateness_ms(from_op_run)
+    assert late.max() > 0.5  # the last switch lands inside its stage
+    relearned = plan_timing(plan, device=dev, workload=work)  # relearn=1
+    # the start times of time mode's run at the op-triggered run's offsets
+    stage_us = np.array([time_run.execution.start_us[n + st.first_op] for st in plan.stages])
+    assert relearned.stage_s == pytest.approx((stage_us - stage_us[0]) * 1e-6)
+    assert (lateness_ms(relearned)[0] < 0).all()
+    from opdvfs.exceptions import ValidationError
+
+    with pytest.raises(ValidationError, match="relearn"):
+        plan_timing(plan, device=dev, workload=work, relearn=-1)
 
 
 def test_issued_by_time_is_what_the_executor_sends():

@@ -59,12 +59,14 @@ __all__ = [
 #: time lands where the clock says, and the executed run is never exactly the run its offsets
 #: were measured on: on the simulated a100-like, a GPT-3 plan's stages start up to 1.5 ms
 #: earlier when its switches are issued by time than in the operator-triggered run they were
-#: learned from, and the worker thread wakes 0.1-0.5 ms late on this CPU. A switch landing
-#: after its stage's first op has started leaves that op at the previous clock -- a long one
-#: (a pipeline ``Send`` waiting 0.85 s, planned at a low clock) costs 0.25% of the iteration's
-#: energy on that plan -- while one landing a millisecond early moves a sliver of the
-#: previous stage: measured there (20 ms stages), a 1 ms guard keeps time mode's saving at op
-#: mode's for +0.005 points of slowdown; 2 ms costs +0.1 points, 5 ms +0.3.
+#: learned from (:func:`plan_timing` now learns them again from time mode's own run: the
+#: drift left is one run's noise against another's), and the worker thread wakes 0.1-0.5 ms
+#: late on this CPU. A switch landing after its stage's first op has started leaves that op
+#: at the previous clock -- a long one (a pipeline ``Send`` waiting 0.85 s, planned at a low
+#: clock) costs 0.25% of the iteration's energy on that plan -- while one landing a
+#: millisecond early moves a sliver of the previous stage: measured there (20 ms stages), a
+#: 1 ms guard keeps time mode's saving at op mode's for +0.005 points of slowdown; 2 ms costs
+#: +0.1 points, 5 ms +0.3.
 GUARD_S = 1e-3
 #: Anchors kept on a GPU to time iterations on the device: the host may run this many ahead.
 ANCHORS_KEPT = 8
@@ -118,16 +120,30 @@ def plan_timing(
     device: SimulatedDevice | None = None,
     workload: Workload | None = None,
     guard_s: float = GUARD_S,
+    relearn: int = 1,
 ) -> PlanTiming:
     """Return when each switch of ``schedule`` is due, from the iteration's start.
 
     A measured run beats the planner's prediction: given the simulated device and the
     workload, the schedule is run on the twin (switches at their trigger ops, as the
     operator-counting executor issues them) and the stages' start times are read from that
-    run (:func:`measured_timing`). Without them, the stages' ``start_s`` that the planner
-    wrote are used -- sums of its fitted models' op times, which drift from the executed
-    run along the iteration (a 2% GPT-3 plan on the simulated ``a100-like``: its last stage
-    starts 136-148 ms later than predicted, 1% of the iteration, ten switch latencies).
+    run (:func:`measured_timing`); then, ``relearn`` times, the schedule is run as time mode
+    issues it at those times (:func:`issued_by_time`) and they are read from that run. The
+    operator-triggered run is not the run time mode executes: its switches land where their
+    trigger ops put them, late where the planner predicted an op short. A GPT-3[:4000] plan on
+    the simulated ``a100-like``: by its trigger op the clock after the first 1 s Recv lands
+    4.4 ms into the next stage, issued by time 1 ms before it, so every later stage starts
+    3-4 ms earlier in time mode than in the run the offsets were learned from; the switch
+    after a 210 MHz ``Send`` then landed 3 ms into its stage, whose first matmul ran at
+    210 MHz (+13 ms): time mode measured +2.35% where op mode measured +1.92% for the same
+    plan. Learned once more from time mode's own run: +1.83% (a second pass: < 0.01 points
+    more). Where an early landing moves many ops to another clock (a 210 MHz stage's end) the
+    passes converge slowly: each one leaves most of the error to the next.
+
+    Without a device, the stages' ``start_s`` that the planner wrote are used -- sums of its
+    fitted models' op times, which drift from the executed run along the iteration (a 2%
+    GPT-3 plan on the simulated ``a100-like``: its last stage starts 136-148 ms later than
+    predicted, 1% of the iteration, ten switch latencies).
 
     Parameters
     ----------
@@ -140,18 +156,30 @@ def plan_timing(
         The twin to measure the planned run on (both, or neither).
     guard_s
         How much earlier than the latency to issue each switch (:data:`GUARD_S`).
+    relearn
+        How many times to learn the start times again from a twin run of the schedule as
+        time mode issues it (>= 0; 0: the operator-triggered run's).
 
     Raises
     ------
     ValidationError
         If the schedule carries no stage start times and there is no simulated device and
-        workload to measure them with.
+        workload to measure them with, or ``relearn`` is negative.
     """
+    if relearn < 0:
+        raise ValidationError(f"relearn {relearn}: expected >= 0", field="relearn")
     if device is not None and workload is not None:
         result, _ = device.run(workload, schedule, iterations=2)
-        return measured_timing(
+        timing = measured_timing(
             schedule, result, latency_s=latency_s, source="twin", guard_s=guard_s
         )
+        for _ in range(relearn):
+            issued = issued_by_time(schedule, timing)
+            result, _ = device.run(workload, issued, iterations=2)
+            timing = measured_timing(
+                schedule, result, latency_s=latency_s, source="twin", guard_s=guard_s
+            )
+        return timing
     known = [st.start_s for st in schedule.stages]
     if not (all(s is not None for s in known) and schedule.predicted_time_s):
         raise ValidationError(
