@@ -367,6 +367,7 @@ def test_dry_run_on_an_nvml_machine_measures_read_only_and_never_sets(
     assert calls[-1]["kind"] == "restore" and _kinds(tmp_path / "calls.jsonl").count("restore") == 1
     # a CPU trace has no power samples: planning stops there, and says why
     assert res.exit_code == 2 and "measures no power" in res.stderr
+    assert not (tmp_path / "clock.png").exists()  # no schedule: no clock figure, not an empty one
 
 
 def test_off_the_simulator_the_ab_blocks_apply_the_plan_by_time(

@@ -123,6 +123,8 @@ def _figure(path: Path) -> Iterator[Any]:
 
 def _plot_clock(result: TuneResult, path: Path) -> bool:
     """Clock over one iteration run under the schedule (measured), else the plan per operator."""
+    if result.timeline is None and result.schedule is None:
+        return False  # (a return inside the figure's block would still save it, empty)
     with _figure(path) as fig:
         ax = fig.add_subplot()
         if result.timeline is not None:
@@ -140,8 +142,6 @@ def _plot_clock(result: TuneResult, path: Path) -> bool:
             ax.plot(xs, ys, lw=1.0, color="tab:blue")
             ax.set_xlabel("operator in the iteration")
             ax.set_title("core clock over one iteration (the schedule's stages)")
-        else:
-            return False
         ax.set_ylabel("clock (MHz)")
     return True
 
