@@ -216,7 +216,8 @@ def twin_measure(
     each switch at its due time from the iteration's start
     (:func:`~opdvfs.runtime.timed.issued_by_time`, the default guard included), the due times
     learned from a measured run of the plan (``offsets="measured"``: the plan run on the twin
-    by its trigger ops, :func:`~opdvfs.runtime.timed.plan_timing`) or taken from the
+    by its trigger ops, then once as time mode issues it,
+    :func:`~opdvfs.runtime.timed.plan_timing`) or taken from the
     planner's predicted stage starts (``"planned"``). Both against the top clock over the same
     ``iterations``; each iteration draws its own noise, so a time-triggered switch meets an
     executed run that differs from the one its due time was learned on. The executor's own
