@@ -45,12 +45,14 @@ step() {
 }
 
 T=scripts/gpu_train_gpt.py
-step tune_eager 170 $PY -m opdvfs tune --target 0.02 "${ACT[@]}" --out "$W/tune_eager" \
+step tune_eager 170 $PY -m opdvfs tune --target 0.02 "${ACT[@]}" --block 4 --out "$W/tune_eager" \
   --log "$W/tune_eager.calls.jsonl" -- $PY $T "$STEPS"
+[ -f "$W/tune_eager/tune.json" ] && $PY benchmarks/tune_dry_run_check.py "$W/tune_eager" \
+  "$W/tune_eager.calls.jsonl" 2>&1 | cut -c1-300 | tee -a "$OUT/summary.txt"
 step tune_cached 90 $PY -m opdvfs tune --target 0.02 "${ACT[@]}" --out "$W/tune_cached" \
   --log "$W/tune_cached.calls.jsonl" -- $PY $T 60
-step tune_compiled 170 $PY -m opdvfs tune --target 0.02 "${ACT[@]}" --no-cache \
-  --out "$W/tune_compiled" --log "$W/tune_compiled.calls.jsonl" -- $PY $T "$STEPS" --compile default
+step tune_compiled 150 $PY -m opdvfs tune --target 0.02 "${ACT[@]}" --block 4 --no-cache \
+  --out "$W/tune_compiled" --log "$W/tune_compiled.calls.jsonl" -- $PY $T 300 --compile default
 if [ -f "$W/tune_eager/schedule.json" ]; then
   RUN_ACT=("${ACT[@]}")
   [ "$REHEARSE" = 1 ] || RUN_ACT=(--actuator dry-run)
@@ -79,6 +81,11 @@ for calls in sorted(w.glob("*.calls.jsonl")):
           "last", kinds[-1] if kinds else None,
           "set iterations", sorted({r["iteration"] for r in sets if r["iteration"] is not None})[:12])
 PY
+if [ "$REHEARSE" != 1 ]; then
+  step tests_on_gpu 130 $PY -m pytest -q -x -n 8 -p no:cacheprovider tests/test_actuators.py \
+    tests/test_contracts.py tests/test_tune.py tests/test_capture_sweep.py
+  tail -5 "$W/tests_on_gpu.log" | tee -a "$OUT/summary.txt"
+fi
 tar -czf "$OUT/results.tar.gz" -C "$W" --exclude cache . 2>/dev/null
 ls -la "$OUT"
 log "done"
