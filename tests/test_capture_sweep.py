@@ -304,6 +304,38 @@ def test_the_default_count_spans_the_sensor_windows():
     assert sweep.per_clock == 24
 
 
+def test_a_clock_sized_for_the_sensor_counts_until_its_iterations_span_the_windows():
+    # the warm-up's last iteration (120 ms) runs slower than the steady ones (100 ms), as a
+    # GPT step on an H200 did: 10 iterations sized from it span 1.0 s, too few windows
+    act = DryRunActuator([510.0, 1410.0])
+    clock = [0.0]
+    sweep = ClockSweep(
+        act, [510.0, 1410.0], warmup=1, settle_s=0.0, now_s=lambda: clock[0], sensor_s=(0.1, 0.1)
+    )
+    _drive(sweep, clock, [0.12] + [0.1] * 40)
+    assert sweep.per_clock == 10  # ceil(1.2 s / 0.12 s)
+    counted = [r for r in sweep.records if r.phase == "counted"]
+    per_clock = {f: sum(r.freq_mhz == f for r in counted) for f in (510.0, 1410.0)}
+    assert per_clock == {510.0: 12, 1410.0: 12}  # 1.2 s of 100 ms iterations each
+    assert sweep.done
+
+
+def test_a_given_count_per_clock_is_kept_with_a_sensor():
+    act = DryRunActuator([510.0, 1410.0])
+    clock = [0.0]
+    sweep = ClockSweep(
+        act,
+        [510.0, 1410.0],
+        warmup=1,
+        iterations_per_clock=3,
+        settle_s=0.0,
+        now_s=lambda: clock[0],
+        sensor_s=(0.1, 0.1),
+    )
+    _drive(sweep, clock, [0.1] * 10)
+    assert sum(r.phase == "counted" for r in sweep.records) == 6 and sweep.done
+
+
 def test_the_nvml_path_traces_the_script_and_locks_each_clock_through_nvml(fake_nvml, script):
     import runpy
     import sys

@@ -13,7 +13,8 @@ script, between its iterations (each ends at an optimizer step, as
    real GPU the latency plus a margin, and at least the first iteration after a switch), and if
    the die's temperature changed by at most ``max_temp_delta_c`` across it (Zeus's
    ``zeus.profile`` steadiness idea, where the device reads a temperature);
-   ``iterations_per_clock`` counted iterations, then the next clock;
+   ``iterations_per_clock`` counted iterations (sized for a power sensor: as many as span its
+   windows), then the next clock;
 3. the clock is restored (once) as soon as the last clock is done, and the training goes on at
    the driver's clock. A :class:`~opdvfs.runtime.actuators.ClockGuard` restores it on every
    other path: an exception, SIGINT/SIGTERM, interpreter exit, a script that ends mid-sweep.
@@ -119,7 +120,8 @@ class ClockSweep(IterationCounter):
     iterations_per_clock
         Counted iterations per clock; None: enough for ``sensor_s`` (``(period_s, window_s)``)
         to give :data:`SWEEP_WINDOWS` complete windows at the top clock's iteration length
-        (measured in the warm-up), or :data:`DEFAULT_PER_CLOCK` without a sensor.
+        (measured in the warm-up), and at each clock more if its counted iterations do not yet
+        span them, or :data:`DEFAULT_PER_CLOCK` without a sensor.
     settle_s
         Time from a clock request until an iteration may start and count (s).
     now_s
@@ -164,6 +166,7 @@ class ClockSweep(IterationCounter):
         self.top_mhz = float(max(actuator.supported_freqs_mhz()))
         self.warmup = warmup
         self.per_clock = iterations_per_clock
+        self._fixed_per_clock = iterations_per_clock is not None
         self.settle_s = settle_s
         self.sensor_s = sensor_s
         self._now, self._temp = now_s, temp_c
@@ -179,6 +182,7 @@ class ClockSweep(IterationCounter):
         self._set_mhz = self.top_mhz
         self._settled_at = -math.inf
         self._counted = 0
+        self._counted_s = 0.0  # time of the counted iterations at the current clock
         self._unsteady = 0
         self._warned = False
         self._last_end = 0.0
@@ -261,7 +265,7 @@ class ClockSweep(IterationCounter):
 
     # ------------------------------------------------------------------------- the sweep
     def _begin_clock(self, index: int, now: float) -> None:
-        self._clock, self._counted, self._unsteady = index, 0, 0
+        self._clock, self._counted, self._counted_s, self._unsteady = index, 0, 0.0, 0
         freq = self.freqs_mhz[index]
         if freq != self._set_mhz:
             self.actuator.at(self.iteration + 1, 0)
@@ -318,12 +322,29 @@ class ClockSweep(IterationCounter):
                 )
             phase = "counted"
             self._counted += 1
+            self._counted_s += now - start
         self.records.append(SweepIteration(self.iteration, start, now, self._set_mhz, phase, delta))
-        if phase == "counted" and self._counted >= (self.per_clock or 1):
+        if phase == "counted" and self._clock_complete():
             if self._clock + 1 < len(self.freqs_mhz):
                 self._begin_clock(self._clock + 1, now)
             else:
                 self._finish()
+
+    def _clock_complete(self) -> bool:
+        """Whether the current clock has its counted iterations.
+
+        Given ``iterations_per_clock``, that many. Sized for a sensor, also until they span the
+        sensor's :data:`SWEEP_WINDOWS` windows: the count is estimated from the warm-up's last
+        iteration, which on a real GPU often runs slower than the steady ones (an H200 GPT step:
+        10 counted iterations of 101 ms held 9 complete 100 ms counter windows, below the
+        attribution's :data:`~opdvfs.models.attribution.MIN_WINDOWS`).
+        """
+        if self._counted < (self.per_clock or 1):
+            return False
+        if self._fixed_per_clock or self.sensor_s is None:
+            return True
+        period_s, window_s = self.sensor_s
+        return self._counted_s >= window_s + (SWEEP_WINDOWS - 1) * period_s
 
     def _default_per_clock(self, iteration_s: float) -> int:
         if self.sensor_s is None or not iteration_s > 0:
