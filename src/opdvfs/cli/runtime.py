@@ -182,7 +182,8 @@ def capture(
             "--actuator",
             help="With --freqs: nvml (root), zeusd (no root: the Zeus daemon at "
             "ZEUSD_SOCK_PATH), sim:PRESET (a simulated GPU, e.g. sim:a100-like), or dry-run "
-            "(the CPU's op times, clocks only recorded; needs --device).",
+            "(clocks only recorded: the clocks of --device, or on an NVIDIA machine without it "
+            "the GPU's, measured read-only through NVML).",
         ),
     ] = "nvml",
     iterations_per_clock: Annotated[
@@ -191,7 +192,7 @@ def capture(
             "--iterations-per-clock",
             min=1,
             help="With --freqs: iterations measured at each clock (default: enough for the "
-            "power sensor to give 12 windows per clock at the warm-up's pace; 5 without one).",
+            "power sensor to give 12 windows per clock; 5 without one).",
         ),
     ] = None,
     warmup: Annotated[
