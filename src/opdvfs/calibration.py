@@ -28,8 +28,11 @@ class PowerCalibration:
         ``chip_power_w``, optionally ``temp_c`` (steady state with nothing running).
     cooldown
         Samples while the idle chip cools after a load, at one clock: ``freq_mhz``,
-        ``core_power_w``, ``temp_c``. ``dP/dT = gamma V`` there (paper §5.2). None: no trace
-        (``gamma`` is then fitted jointly, or the temperature term left out).
+        ``temp_c`` and the rails' power, ``core_power_w`` and/or ``chip_power_w`` (a GPU's
+        board sensor reads the chip's only), none whose sensor window still covers the load.
+        ``dP/dT = gamma V`` there (paper §5.2; eq. 16's ``gamma_SoC`` on the chip rail,
+        :func:`~opdvfs.models.thermal.leakage_slope`). None: no trace (``gamma`` is then
+        fitted jointly on the core rail, or the temperature term left out).
     """
 
     idle: pd.DataFrame

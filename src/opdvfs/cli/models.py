@@ -122,6 +122,15 @@ def fit(
     dynamic: DynamicOption = "clock",
     characterise: CharacteriseOption = None,
     device: DeviceOption = None,
+    calibrate: Annotated[
+        bool,
+        typer.Option(
+            "--calibrate",
+            help="Take the paper's idle and cool-down runs on the simulated device (--device, "
+            "else the profile's): the leakage slope gamma from the cool-down (the board's on a "
+            "GPU), so plans are made with the die at the top clock's temperature.",
+        ),
+    ] = False,
     fmt: FormatOption = None,
     freq_mhz: FreqOption = None,
     as_json: JsonOption = False,
@@ -132,6 +141,8 @@ def fit(
     from opdvfs.models.power import PowerModel
     from opdvfs.sim.presets import preset_spec
 
+    if calibrate and characterise is not None:
+        raise UsageError("--calibrate and --characterise both give idle power: pass one")
     spec = device_spec(device)
     profile = load_profile([profile_path], fmt, freq_mhz)
     train = train_clocks(train_freqs, profile)
@@ -141,6 +152,8 @@ def fit(
     # --device, else the profile's device when a preset: its V-f curve (and idle power), and
     # plan MODELS then needs no --device
     spec = spec or preset_spec(profile.meta.get("device"))
+    if calibrate:
+        calibration = _simulated_calibration(device, spec, profile.meta.get("device"))
     has_power = {"core_power_w", "chip_power_w"} & set(profile.ops.columns)
     if has_power or profile.samples is not None:
         try:
@@ -162,11 +175,16 @@ def fit(
         "flagged_ops": int((perf.violation_ != 0).sum()),
         "median_train_residual_pct": float(np.nanmedian(perf.residual_) * 100),
         "power_model": None if power is None else power.rail_,
+        # where the leakage slope came from: "cooldown" (plans on the top clock's die), "fit"
+        # or "none" (PowerModel.gamma_from_)
+        "gamma_from": None if power is None else power.gamma_from_,
     }
     if as_json:
         print(json.dumps(payload))
         return
     power_text = "no power model" if power is None else f"power model on the {power.rail_} rail"
+    if power is not None and power.gamma_from_ == "cooldown":
+        power_text += " (leakage slope from the cool-down)"
     stdout.print(
         f"wrote {out}: {payload['form']} for {payload['operators']} operators on "
         f"{', '.join(f'{f:g}' for f in payload['train_freqs_mhz'])} MHz, {power_text}; "
@@ -376,6 +394,21 @@ def validate_power_command(
         f"{result['iterations']} fixed-point iterations",
         highlight=False,
     )
+
+
+def _simulated_calibration(
+    device: str | None, spec: DeviceSpec | None, profile_device: object
+) -> PowerCalibration:
+    """``--calibrate``: the simulated device's idle and cool-down runs (``calibration_runs``).
+
+    The device is ``--device``, else the one the profile was taken on; either must be a
+    simulated preset (a real device's cool-down is not something opdvfs can take here).
+    """
+    name = device if device is not None else profile_device
+    if spec is None or not spec.simulated or not isinstance(name, str):
+        where = f"{name} is not one" if name else "pass --device PRESET"
+        raise UsageError(f"--calibrate measures a simulated device; {where}")
+    return simulator(spec.name, 0).calibration_runs()
 
 
 def _dynamic(text: str) -> Dynamic:

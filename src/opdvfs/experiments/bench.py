@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from opdvfs._model import FrozenModel
 from opdvfs.calibration import PowerCalibration
@@ -120,42 +119,15 @@ def prepare(
 def calibrate(sim: SimulatedDevice, *, seconds: float = 60.0) -> PowerCalibration:
     """Take the paper's offline power measurements (Fig. 11) on ``sim``, the chip rail's too.
 
-    The simulator's idle runs (:meth:`SimulatedDevice.calibration_runs`), and a cool-down read
-    on the device's own power sensor: ``seconds`` of matrix work at the top clock, then
-    ``seconds`` idle while the sensor records power and temperature falling together
-    (``chip_power_w`` beside ``core_power_w``; :func:`~opdvfs.models.thermal.leakage_slope`
-    takes either rail's ``gamma`` from it). A GPU reads board power only (NVML), so its
-    leakage slope comes from the chip column. Samples whose averaging window still covers the
-    load are dropped (``calibration_runs``' own cool-down keeps them: on h100-like's 1 s
-    window its core slope reads 2.88 W/C/V against 1.10 here), and so is its core-only trace.
+    :meth:`SimulatedDevice.calibration_runs` (what ``opdvfs fit --calibrate`` and ``opdvfs
+    validate power --calibrate`` take): idle power at two clocks after ``seconds`` idle, and a
+    cool-down read on the device's own power sensor, ``seconds`` of matrix work at the top
+    clock then ``seconds`` idle, with ``chip_power_w`` beside ``core_power_w`` (a GPU reads
+    board power only, so its leakage slope comes from the chip column,
+    :func:`~opdvfs.models.thermal.leakage_slope`) and no sample whose averaging window still
+    covers the load.
     """
-    runs = sim.calibration_runs(idle_s=seconds)
-    top = float(sim.spec.max_freq_mhz)
-    tick_us = 1e4  # idle as 10 ms gaps: the leakage follows the cooling die interval by interval
-    n_load, n_idle = int(seconds * 1e6 / 2000), int(seconds * 1e6 / tick_us)
-    ops = pd.DataFrame(
-        {
-            "name": [f"load{i}" for i in range(n_load)] + [f"idle{i}" for i in range(n_idle)],
-            "type": ["MatMul"] * n_load + ["Host"] * n_idle,
-            "stream": ["compute"] * n_load + ["host"] * n_idle,
-            "flops": [3.5e11] * n_load + [0.0] * n_idle,
-            "bytes_loaded": [2e7] * n_load + [0.0] * n_idle,
-            "bytes_stored": [2e7] * n_load + [0.0] * n_idle,
-            "gap_before_us": [0.0] * n_load + [tick_us] * n_idle,
-        }
-    )
-    _, run = sim.run(Workload(ops, name="cool-down"), freq_mhz=top, label="cool-down")
-    load_end_s = float(run.execution.end_us[n_load - 1]) * 1e-6
-    after = run.samples[run.samples["t_s"] > load_end_s + sim.sensor_ms["window_ms"] * 1e-3]
-    cooldown = pd.DataFrame(
-        {
-            "freq_mhz": top,
-            "core_power_w": after["core_power_w"].to_numpy(dtype=float),
-            "chip_power_w": after["power_w"].to_numpy(dtype=float),
-            "temp_c": after["temp_c"].to_numpy(dtype=float),
-        }
-    )
-    return PowerCalibration(idle=runs.idle, cooldown=cooldown)
+    return sim.calibration_runs(idle_s=seconds)
 
 
 def saving_pct(base: float | None, value: float | None) -> float:

@@ -629,7 +629,12 @@ class SimulatedDevice:
 
         Idle power (core and chip) at two clocks after ``idle_s`` of nothing running, and a
         cool-down: ``idle_s`` of heavy matrix work at the top clock, then ``idle_s`` idle while
-        the samples record core power and temperature falling together.
+        the device's own power sensor records core power, chip power and temperature falling
+        together (``core_power_w``, ``chip_power_w``, ``temp_c``: either rail's leakage slope,
+        :func:`~opdvfs.models.thermal.leakage_slope`; a GPU's board sensor gives the chip's).
+        The cool-down keeps only the samples whose averaging window starts after the load ended:
+        a window still covering it reads load power at an idle temperature (on h100-like's 1 s
+        window they made the core slope 2.88 W/C/V instead of 1.10).
         """
         clocks = list(freqs_mhz or (self.spec.min_freq_mhz, self.spec.max_freq_mhz))
         # Idle time as many 10 ms gaps: power is evaluated per interval at its start temperature,
@@ -687,12 +692,14 @@ class SimulatedDevice:
             rng=np.random.default_rng([self.seed, 98]),
         )
         load_end = float(run.execution.end_us[load_ops - 1]) * 1e-6
-        after = run.samples[run.samples["t_s"] > load_end + 0.05]
+        # a sample averages [t - window, t]: only windows that start after the load ended
+        after = run.samples[run.samples["t_s"] > load_end + self.params.power_window_ms * 1e-3]
         cooldown = pd.DataFrame(
             {
                 "freq_mhz": float(self._clocks[top]),
-                "core_power_w": after["core_power_w"].to_numpy(),
-                "temp_c": after["temp_c"].to_numpy(),
+                "core_power_w": after["core_power_w"].to_numpy(dtype=float),
+                "chip_power_w": after["power_w"].to_numpy(dtype=float),
+                "temp_c": after["temp_c"].to_numpy(dtype=float),
             }
         )
         return PowerCalibration(idle=pd.DataFrame(rows), cooldown=cooldown)
