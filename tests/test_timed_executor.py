@@ -181,6 +181,31 @@ def test_time_mode_has_no_dispatch_mode_and_restores_on_exit_and_exception():
     assert ex.iteration == 3 and not ex.issuer.is_alive()
 
 
+def test_pause_applies_nothing_until_the_next_schedule():
+    """pause(): pending switches dropped, no iteration armed, until use_schedule (tune's A/B)."""
+    length = 0.1
+    plan = timed_plan(length)
+    act = DryRunActuator(FREQS)
+    ex = TimedExecutor(plan, act, optimizer_steps=False)
+    with ex:
+        for i in range(7):
+            t0 = time.perf_counter()
+            if i == 1:
+                ex.pause()  # iteration 1 was armed at iteration 0's end: its switches dropped
+                assert ex.schedule is None and ex.timing is None
+            if i == 4:
+                ex.use_schedule(plan)  # from the next anchor: iteration 5 on
+            time.sleep(max(length - (time.perf_counter() - t0), 0.0))
+            ex.mark_iteration()
+    sets = set_calls(act)
+    # (iteration 1's first stage may be set as iteration 0 ends, before the pause)
+    paused = {c["iteration"] for c in sets if c["freq_mhz"] != 1000.0 or c["iteration"] != 1}
+    assert not paused & {1, 2, 3, 4}, sets
+    assert {1400.0, 1800.0} <= {c["freq_mhz"] for c in sets if c["iteration"] == 5}
+    assert {1400.0, 1800.0} <= {c["freq_mhz"] for c in sets if c["iteration"] == 6}
+    assert not ex.diverged
+
+
 def test_plan_timing_and_auto():
     plan = timed_plan(1.0, latency_ms=15.0)
     timing = plan_timing(plan)

@@ -492,24 +492,13 @@ def _make_executor(actuator: Actuator, tuner: Tuner) -> Any:
 def _make_timed(actuator: Actuator, *, tolerance: float = 0.2) -> Any:
     """Return the time-anchored executor ``opdvfs run --trigger time`` uses, driven by the tuner.
 
-    Its iterations end where the tuner's do (no optimizer hook of its own); ``pause()`` stops
-    it applying between the A/B blocks. ``tolerance`` as
-    :class:`~opdvfs.runtime.timed.TimedExecutor` (its default).
+    Its iterations end where the tuner's do (no optimizer hook of its own);
+    :meth:`~opdvfs.runtime.timed.TimedExecutor.pause` stops it applying between the A/B
+    blocks. ``tolerance`` as :class:`~opdvfs.runtime.timed.TimedExecutor` (its default).
     """
     from opdvfs.runtime.timed import TimedExecutor
 
-    class TuneTimedExecutor(TimedExecutor):
-        """:class:`TimedExecutor` that can stop applying and start again with another plan."""
-
-        def pause(self) -> None:
-            """Apply nothing from now until the next :meth:`use_schedule` (pending dropped)."""
-            with self._lock:
-                if self._issuer is not None:
-                    self._issuer.cancel()
-                self.schedule = self.timing = None
-                self._armed, self._wrapped_issued, self._off = False, 0, False
-
-    return TuneTimedExecutor(None, actuator, tolerance=tolerance, optimizer_steps=False)
+    return TimedExecutor(None, actuator, tolerance=tolerance, optimizer_steps=False)
 
 
 class Tuner:

@@ -391,6 +391,21 @@ class TimedExecutor(ScheduleApplier):
             self._start_issuer()
             self.schedule, self.timing = schedule, timing
 
+    def pause(self) -> None:
+        """Apply nothing from now until the next :meth:`use_schedule`; the clock is left as is.
+
+        Every switch still pending is dropped (one the worker is issuing lands first), the next
+        iteration is not armed, and a fallback in progress ends: what runs next is the caller's
+        (``opdvfs tune`` sets the top clock for a reference block between its tuned ones). The
+        iterations go on being counted and anchored, so a later :meth:`use_schedule` applies
+        from the next anchor, its offsets scaled by the iteration before it.
+        """
+        with self._lock:
+            if self._issuer is not None:
+                self._issuer.cancel()
+            self.schedule = self.timing = None
+            self._armed, self._wrapped_issued, self._off = False, 0, False
+
     def _anchor(self) -> Marker:
         """Mark this iteration's end where the work runs: a CUDA event on a GPU, else now."""
         if self._cuda:
