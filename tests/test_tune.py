@@ -259,7 +259,7 @@ def test_through_nvml_the_sweep_is_traced_and_closed_mid_run_and_the_clock_reset
     from opdvfs.runtime.actuators import NvmlActuator
 
     # enough iterations for the 0.1 s a real switch settles, however fast the CPU runs them
-    steps = 40
+    steps = 100
     argv = sys.argv
     sys.argv = [str(script), str(steps)]
     tuner = Tuner(NvmlActuator(), target=0.02, clocks=[1410.0, 1005.0], iterations_per_clock=2)
@@ -353,13 +353,13 @@ def test_dry_run_on_an_nvml_machine_measures_read_only_and_never_sets(
         "tune",
         *("--target", "0.02", "--actuator", "dry-run", *FAST, "--no-cache"),
         *("--out", str(tmp_path), "--log", str(tmp_path / "calls.jsonl")),
-        *("--", "python", str(script), "40"),  # the 0.1 s settles span many CPU iterations
+        *("--", "python", str(script), "120"),  # the 0.1 s settles span many CPU iterations
     ]
     res = CliRunner().invoke(app, argv)
     assert _nvml_writes(fake_nvml) == []  # not one set or reset in the whole run
     result = json.loads((tmp_path / "tune.json").read_text())
     rows = result["per_iteration"]
-    assert len(rows) == 40 and all(it["energy_j"] > 0 for it in rows)  # the GPU's counter
+    assert len(rows) == 120 and all(it["energy_j"] > 0 for it in rows)  # the GPU's counter
     calls = read_log(tmp_path / "calls.jsonl")
     assert calls[0]["meter"] == "nvml" and calls[0]["freqs_mhz"] == [210, 1005, 1380, 1395, 1410]
     sets = [c["freq_mhz"] for c in calls if c["kind"] == "set"]
@@ -370,14 +370,11 @@ def test_dry_run_on_an_nvml_machine_measures_read_only_and_never_sets(
     assert not (tmp_path / "clock.png").exists()  # no schedule: no clock figure, not an empty one
 
 
-def test_off_the_simulator_the_ab_blocks_apply_the_plan_by_time(
-    fake_nvml, cpu_only, script, tmp_path, monkeypatch
-):
-    """dry-run on (fake) NVML: the tuned blocks apply the plan by time, as run --trigger time.
+def _fixed_two_stage_plan(monkeypatch, fake_nvml) -> None:
+    """Plan a fixed two-stage schedule on the trace's operators (the CPU trace has no power).
 
-    The CPU trace has no power samples to plan on, so the plan is a fixed two-stage one on the
-    trace's operators (low clock, then the top, halfway through the measured iteration): what is
-    tested is how tune applies and measures it, not the planner.
+    Low clock, then the top, halfway through the measured iteration: what is tested is how tune
+    applies and measures a plan, not the planner. The energy counter advances 50 J per read.
     """
     import itertools
     from types import SimpleNamespace
@@ -406,17 +403,10 @@ def test_off_the_simulator_the_ab_blocks_apply_the_plan_by_time(
     # a shared CPU's iterations vary by tens of %: keep the schedule applied through them
     timed = tune_module._make_timed
     monkeypatch.setattr(tune_module, "_make_timed", lambda act: timed(act, tolerance=0.95))
-    log = tmp_path / "calls.jsonl"
-    argv = [
-        "tune",
-        *("--target", "0.02", "--actuator", "dry-run", *FAST, "--no-cache"),
-        *("--block", "3", "--iterations-per-clock", "2"),  # consecutive counted iterations
-        *("--out", str(tmp_path), "--log", str(log)),
-        *("--", "python", str(script), "80"),
-    ]
-    res = CliRunner().invoke(app, argv)
-    assert _nvml_writes(fake_nvml) == []
-    result = json.loads((tmp_path / "tune.json").read_text())
+
+
+def _check_applied_by_time(result: dict, log: Path, stderr: str) -> None:
+    """One measured round; sets by time only in tuned/steady iterations; one restore, last."""
     assert "trigger time" not in (result["error"] or ""), result["error"]
     (rnd,) = result["rounds"]  # measured: two pairs of blocks, time and energy
     assert rnd["pairs"] == 2 and rnd["slowdown"]["n"] == 2 and rnd["saving"]["n"] == 2
@@ -433,10 +423,113 @@ def test_off_the_simulator_the_ab_blocks_apply_the_plan_by_time(
     calls = read_log(log)
     # (the first record, iteration None, is the top clock locked before the program starts)
     by_time = [c for c in calls[2:] if c["kind"] == "set" and c["op_index"] is None]
-    assert by_time, (res.stderr, phases)
+    assert by_time, (stderr, phases)
     assert {c["iteration"] for c in by_time} <= tuned
     assert 1005.0 in {c["freq_mhz"] for c in by_time}  # the plan's low stage, set by time
     assert calls[-1]["kind"] == "restore" and _kinds(log).count("restore") == 1
+
+
+def test_off_the_simulator_the_ab_blocks_apply_the_plan_by_time(
+    fake_nvml, cpu_only, script, tmp_path, monkeypatch
+):
+    """dry-run on (fake) NVML: the tuned blocks apply the plan by time, as run --trigger time."""
+    _fixed_two_stage_plan(monkeypatch, fake_nvml)
+    log = tmp_path / "calls.jsonl"
+    argv = [
+        "tune",
+        *("--target", "0.02", "--actuator", "dry-run", *FAST, "--no-cache"),
+        *("--block", "3", "--iterations-per-clock", "2"),  # consecutive counted iterations
+        *("--out", str(tmp_path), "--log", str(log)),
+        # no dispatch mode: a CPU iteration is ~4 ms, each 0.1 s settle ~25 of them
+        *("--", "python", str(script), "240"),
+    ]
+    res = CliRunner().invoke(app, argv)
+    assert _nvml_writes(fake_nvml) == []
+    _check_applied_by_time(json.loads((tmp_path / "tune.json").read_text()), log, res.stderr)
+    assert res.exit_code in (0, 2), res.output
+
+
+#: A training script whose model is ``torch.compile``d (``COMPILED.py STEPS OUT``): 10 ms steps;
+#: after each step it appends Dynamo's counters and the compiled graph's calls to OUT (JSON).
+COMPILED_SCRIPT = """
+import json, os, sys, time
+import torch
+from torch._dynamo.utils import counters
+
+class Counting:  # the backend, counting each call of the compiled graph (never eager)
+    calls = 0
+    def __call__(self, gm, example_inputs):
+        from torch._dynamo.backends.registry import lookup_backend
+        compiled = lookup_backend(os.environ.get("OPDVFS_TEST_BACKEND", "inductor"))(
+            gm, example_inputs
+        )
+        def run(*args):
+            self.calls += 1
+            return compiled(*args)
+        return run
+
+steps, out = int(sys.argv[1]), sys.argv[2]
+torch._dynamo.reset()
+counters.clear()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+backend = Counting()
+compiled = torch.compile(model, backend=backend)
+rows = []
+for i in range(steps):
+    t0 = time.perf_counter()
+    loss = compiled(torch.ones(2, 8)).sum()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    time.sleep(max(0.01 - (time.perf_counter() - t0), 0.0))
+    opt.step()
+    rows.append({
+        "calls": backend.calls,
+        "frames": counters["frames"]["total"],
+        "ok": counters["frames"]["ok"],
+        "graphs": counters["stats"]["unique_graphs"],
+        "breaks": sum(counters["graph_break"].values()),
+    })
+with open(out, "w") as f:
+    json.dump(rows, f)
+"""
+
+
+def test_off_the_simulator_a_compiled_model_stays_compiled_while_tuned(
+    fake_nvml, cpu_only, tmp_path, monkeypatch
+):
+    """dry-run on (fake) NVML: no dispatch mode, so the model runs compiled the whole run (#21).
+
+    The sweep, the A/B round and the time-triggered sets are those of the eager script's run.
+    """
+    _fixed_two_stage_plan(monkeypatch, fake_nvml)
+    train = tmp_path / "compiled.py"
+    train.write_text(COMPILED_SCRIPT)
+    counted, log, steps = tmp_path / "counters.json", tmp_path / "calls.jsonl", 90
+    argv = [
+        "tune",
+        *("--target", "0.02", "--actuator", "dry-run", *FAST, "--no-cache"),
+        *("--block", "3", "--iterations-per-clock", "2"),
+        *("--out", str(tmp_path / "out"), "--log", str(log)),
+        *("--", "python", str(train), str(steps), str(counted)),
+    ]
+    res = CliRunner().invoke(app, argv)
+    assert _nvml_writes(fake_nvml) == []
+    rows = json.loads(counted.read_text())
+    assert len(rows) == steps
+    # compiled once, at the first step; no graph break; nothing compiled again after the
+    # warm-up (no recompile), and every step ran the compiled graph: never eagerly
+    assert rows[0]["frames"] > 0 and rows[0]["ok"] > 0 and rows[0]["graphs"] > 0
+    assert all(r["breaks"] == 0 for r in rows)
+    assert {(r["frames"], r["ok"], r["graphs"]) for r in rows[1:]} == {
+        (rows[1]["frames"], rows[1]["ok"], rows[1]["graphs"])
+    }
+    assert [r["calls"] for r in rows] == list(range(1, steps + 1))
+    assert "runs eagerly" not in res.stderr and "--trigger" not in res.stderr
+    result = json.loads((tmp_path / "out" / "tune.json").read_text())
+    assert len(result["per_iteration"]) == steps
+    _check_applied_by_time(result, log, res.stderr)
     assert res.exit_code in (0, 2), res.output
 
 
@@ -454,3 +547,27 @@ def test_the_python_api_writes_nothing_when_the_block_ends_before_the_sweep(tmp_
             opt.step()
     assert "before tuning was done" in (t.result.error or "")
     assert not out.exists() and t.tuner.guard.restored
+
+
+def test_on_a_simulated_gpu_the_compile_warning_is_tunes_own():
+    """sim:PRESET keeps the dispatch mode (it drives the simulator): tune says so, no flag named."""
+    import warnings
+
+    import torch
+
+    from opdvfs.experiments.tune import SIM_COMPILED_HINT, Tuner
+    from opdvfs.runtime.actuators import make_actuator
+
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    tuner = Tuner(make_actuator("sim:a100-like", work_scale=1e6), target=0.02)
+    with warnings.catch_warnings(record=True) as seen, tuner:
+        warnings.simplefilter("always")
+        compiled = torch.compile(model, backend="eager")
+        for _ in range(2):
+            compiled(torch.randn(4, 8)).sum().backward()
+            opt.step()
+    lines = [str(w.message) for w in seen if "torch.compile" in str(w.message)]
+    assert lines == [f"opdvfs: {SIM_COMPILED_HINT}"]
+    assert "--trigger" not in lines[0] and "simulated GPU" in lines[0]
+    assert tuner.guard.restored

@@ -4,9 +4,10 @@ One run of the user's unchanged script goes through these phases, each between t
 iterations (an iteration ends at an optimizer step):
 
 1. **warm-up** at the top clock (the first iteration differs: allocations, optimizer state);
-   the last warm-up iteration's operator sequence is the job's
-   :func:`~opdvfs.runtime.schedule_cache.cache_key`. A cached
-   schedule for it starts applying at once (phase ``steady``), skipping 2-4.
+   the last warm-up iteration identifies the job for the
+   :func:`~opdvfs.runtime.schedule_cache.cache_key`: on a simulated GPU its operator sequence,
+   off it the optimizer step's :func:`step_signature` (its parameters). A cached schedule for
+   it starts applying at once (phase ``steady``), skipping 2-4.
 2. **profiling** at K clocks (:func:`auto_clocks`), through the clock sweep of
    :mod:`opdvfs.runtime.sweep` (:class:`~opdvfs.runtime.sweep.ClockSweep`: the iterations a
    switch disturbs discarded, thermal steadiness checked), into one profile
@@ -42,6 +43,14 @@ sequence is the one profiled and planned: when the ranks' sequences differ (pipe
 stages; :class:`~opdvfs.runtime.distributed.JobView`) rank 0 warns in one line that the job
 is planned as data-parallel on its sequence, and the ranks whose sequence differs stay at
 the top clock (still measured). Only rank 0 reads and writes the cache.
+
+What holds the program. On a simulated GPU the operator-counting executor, a dispatch mode,
+drives the simulator: every aten operator becomes a launch, so a ``torch.compile``d model runs
+eagerly there (:data:`SIM_COMPILED_HINT`). Off it tune holds no dispatch mode: iterations end
+at the optimizer step (a global step hook, as ``opdvfs run --trigger time``), the sweep is
+traced by torch.profiler (which sees compiled kernels), and the plans apply by time, so a
+compiled model stays compiled through the whole run and what is profiled, planned and measured
+is the job the user runs.
 
 Layering: the runtime may not import the planner, so the orchestration that fits and plans
 lives here, in ``experiments`` (which may import models, plan and runtime); the runtime keeps
@@ -81,6 +90,7 @@ from opdvfs.sim.presets import preset_spec
 
 __all__ = [
     "PHASES",
+    "SIM_COMPILED_HINT",
     "PlanOnProfile",
     "TuneResult",
     "TuneRound",
@@ -88,6 +98,7 @@ __all__ = [
     "auto_clocks",
     "fit_profile",
     "plan_fitted",
+    "step_signature",
 ]
 
 
@@ -467,12 +478,28 @@ class _Job:
         return doc
 
 
+#: The compile warning on a simulated GPU (:attr:`ScheduleExecutor.compiled_hint`): there the
+#: model must run eagerly, and no flag of tune's changes that.
+SIM_COMPILED_HINT = (
+    "the script uses torch.compile, and tune runs it eagerly on a simulated GPU (sim:PRESET): "
+    "the simulator times each operator the dispatch mode sees, and Dynamo does not compile "
+    "while one is active; on a real device (nvml, zeusd, dry-run measuring the GPU) tune keeps "
+    "the model compiled"
+)
+
+
 def _make_executor(actuator: Actuator, tuner: Tuner) -> Any:
-    """Return the executor ``opdvfs run`` uses, with the tuner called at each iteration end."""
+    """Return the executor ``opdvfs run`` uses, with the tuner called at each iteration end.
+
+    The simulated GPU's: the operator-counting dispatch mode that drives the simulator, so a
+    compiled model runs eagerly under it (:data:`SIM_COMPILED_HINT`).
+    """
     from opdvfs.runtime.dispatch import ScheduleExecutor
 
     class TuneExecutor(ScheduleExecutor):
         """:class:`ScheduleExecutor`, recording one iteration's names; the tuner runs after it."""
+
+        compiled_hint = SIM_COMPILED_HINT
 
         def __torch_dispatch__(
             self, func: Any, types: Any, args: Any = (), kwargs: Any = None
@@ -487,6 +514,71 @@ def _make_executor(actuator: Actuator, tuner: Tuner) -> Any:
             tuner.iteration_ended(iteration, n_ops)
 
     return TuneExecutor(None, actuator, max_diverged=2)
+
+
+def step_signature(optimizer: Any) -> list[str]:
+    """Return what identifies a job at an optimizer step, with no operator seen: its parameters.
+
+    The optimizer's class, then each parameter it steps (dtype, shape, device type) in its
+    groups' order, and whether ``torch.compile`` has compiled anything in this process (a
+    compiled job runs other kernels at other times than its eager form). Cheap (read once a
+    run) and the same whether the model is compiled or not: off the simulated GPU tune holds
+    no dispatch mode, so the operators themselves are not seen (:class:`_StepCounter`).
+    Not in it: the batch (neither is it in the operator names a simulated GPU's key hashes).
+    """
+    from opdvfs.runtime.dispatch import compile_in_use
+
+    kind = type(optimizer)
+    params = [
+        f"{p.dtype} {tuple(p.shape)} {p.device.type}"
+        for group in getattr(optimizer, "param_groups", ())
+        for p in group.get("params", ())
+    ]
+    return [f"{kind.__module__}.{kind.__qualname__}", *params, f"compiled={compile_in_use()}"]
+
+
+def _make_counter(tuner: Tuner) -> Any:
+    """Return the iteration counter tune uses off the simulated GPU: no dispatch mode at all.
+
+    Iterations end at the optimizer step (PyTorch's global step hook, as
+    :class:`~opdvfs.runtime.applier.IterationCounter` and ``opdvfs run --trigger time``), so a
+    ``torch.compile``d model stays compiled: Dynamo skips every frame under a dispatch mode.
+    The job's identity for the cache and the ranks' comparison is :func:`step_signature`,
+    taken at the step that ends the last warm-up iteration.
+    """
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from opdvfs.runtime.applier import IterationCounter
+
+    class _StepCounter(IterationCounter):
+        """Counts optimizer steps; the tuner runs at each. Applies nothing (TimedExecutor does)."""
+
+        #: What the tuner reads of the operator-counting executor: it never diverges.
+        abandoned = False
+        first_divergence: str | None = None
+        schedule: Schedule | None = None
+
+        def __init__(self) -> None:
+            super().__init__(optimizer_steps=False)  # the hook below, which sees the optimizer
+
+        def __enter__(self) -> Any:
+            def step(optimizer: Any, *_: object) -> None:
+                if tuner.recording(self.iteration):
+                    tuner.op_names[:] = step_signature(optimizer)
+                self.mark_iteration()
+
+            self._hook = register_optimizer_step_post_hook(step)
+            return super().__enter__()
+
+        def mark_iteration(self) -> None:
+            iteration = self.iteration
+            super().mark_iteration()
+            tuner.iteration_ended(iteration, 0)
+
+        def halt(self) -> None:
+            """Nothing to stop: the time-anchored executor issues the switches."""
+
+    return _StepCounter()
 
 
 def _make_timed(actuator: Actuator, *, tolerance: float = 0.2) -> Any:
@@ -583,7 +675,12 @@ class Tuner:
         self._trace_stack: ExitStack | None = None
         self._pre_hook: Any = None
         self._cuda = False
-        self.executor = _make_executor(actuator, self)
+        #: What ends the iterations and calls the tuner: on a simulated GPU the operator-counting
+        #: executor (a dispatch mode: the simulator runs the operators it sees); off it a counter
+        #: of optimizer steps, no dispatch mode, so a compiled model stays compiled.
+        self.executor = (
+            _make_executor(actuator, self) if self.sim is not None else _make_counter(self)
+        )
         #: Off the simulated GPU: the time-anchored executor that applies the tuned schedules
         #: (the trace's operators are not those the operator-counting executor counts).
         self.timed: Any = _make_timed(actuator) if self.sim is None else None
