@@ -571,3 +571,41 @@ def test_on_a_simulated_gpu_the_compile_warning_is_tunes_own():
     assert lines == [f"opdvfs: {SIM_COMPILED_HINT}"]
     assert "--trigger" not in lines[0] and "simulated GPU" in lines[0]
     assert tuner.guard.restored
+
+
+def test_off_the_simulator_the_cache_key_names_the_gpu_and_the_step_not_a_dispatch_mode(
+    fake_nvml, cpu_only
+):
+    """The key on a real device: the actuator's kind, NVML's GPU name, the optimizer's step."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from opdvfs.experiments.tune import Tuner, step_signature
+    from opdvfs.runtime.actuators import NvmlActuator, make_actuator
+
+    def key(name: str, kind: str = "nvml", width: int = 8) -> Tuner:
+        fake_nvml.nvmlDeviceGetName.return_value = name
+        act = NvmlActuator() if kind == "nvml" else make_actuator("dry-run")
+        tuner = Tuner(act, target=0.02, clocks=[1410.0, 1005.0])
+        with tuner:
+            model = torch.nn.Linear(width, 8)
+            opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+            for _ in range(3):
+                model(torch.randn(4, width)).sum().backward()
+                opt.step()
+        assert tuner.result.device == name and tuner.gpu_name == name
+        assert not isinstance(tuner.executor, TorchDispatchMode)  # a compiled model stays so
+        return tuner
+
+    h200 = key("NVIDIA H200")
+    assert h200.result.cache_key is not None
+    assert h200.op_names[0] == "torch.optim.sgd.SGD" and "torch.float32 (8, 8) cpu" in h200.op_names
+    assert h200.result.cache_key == key("NVIDIA H200").result.cache_key  # the same job
+    assert h200.result.cache_key != key("NVIDIA A100-SXM4-80GB").result.cache_key
+    assert h200.result.cache_key != key("NVIDIA H200", kind="dry-run").result.cache_key
+    assert h200.result.cache_key != key("NVIDIA H200", width=16).result.cache_key
+    opt = torch.optim.AdamW(torch.nn.Linear(2, 3).parameters())
+    assert step_signature(opt)[1:3] == ["torch.float32 (3, 2) cpu", "torch.float32 (3,) cpu"]
+    # the name is read through the read-only NVML reader, as bytes from an older pynvml too
+    fake_nvml.nvmlDeviceGetName.return_value = b"NVIDIA H200"
+    assert NvmlActuator().meter.name() == "NVIDIA H200"

@@ -6,8 +6,8 @@ iterations (an iteration ends at an optimizer step):
 1. **warm-up** at the top clock (the first iteration differs: allocations, optimizer state);
    the last warm-up iteration identifies the job for the
    :func:`~opdvfs.runtime.schedule_cache.cache_key`: on a simulated GPU its operator sequence,
-   off it the optimizer step's :func:`step_signature` (its parameters). A cached schedule for
-   it starts applying at once (phase ``steady``), skipping 2-4.
+   off it the optimizer step's :func:`step_signature` (its parameters) with the GPU's name. A
+   cached schedule for it starts applying at once (phase ``steady``), skipping 2-4.
 2. **profiling** at K clocks (:func:`auto_clocks`), through the clock sweep of
    :mod:`opdvfs.runtime.sweep` (:class:`~opdvfs.runtime.sweep.ClockSweep`: the iterations a
    switch disturbs discarded, thermal steadiness checked), into one profile
@@ -385,6 +385,18 @@ def _no_modes() -> Any:
         yield
 
 
+def _gpu_name(meter: Any) -> str | None:
+    """Return the name of the GPU ``meter`` reads (NVML's, e.g. "NVIDIA H200"), or None."""
+    read = getattr(meter, "name", None)
+    if read is None:
+        return None
+    try:
+        name = read()
+    except Exception:  # a name NVML cannot read: the key and the report go without it
+        return None
+    return name if isinstance(name, str) and name else None
+
+
 def _group_ready() -> bool:
     """Whether a process group of more than one rank exists (torchrun, after the script's init)."""
     try:
@@ -665,6 +677,7 @@ class Tuner:
         self.top_mhz = float(max(freqs))
         self.sim = actuator if isinstance(actuator, SimGpuActuator) else None
         self.device = self.sim.gpu.name if self.sim is not None else None
+        self.gpu_name: str | None = None
         self.kind = label or str(getattr(actuator, "kind", type(actuator).__name__))
         self.warmup = warmup
         self.op_names: list[str] = []
@@ -699,6 +712,9 @@ class Tuner:
             self._cuda = torch.cuda.is_available()
             try:  # as sweep_run: the die temperature and the energy counter's period, via NVML
                 meter = device_meter(actuator, cuda=self._cuda, stack=self._stack)
+                #: The GPU's own name (NVML's, read-only), for the cache key and the result.
+                self.gpu_name = _gpu_name(meter)
+                self.device = self.gpu_name
                 self.sweep = ClockSweep.on_device(
                     actuator,
                     chosen,
@@ -1175,12 +1191,16 @@ class Tuner:
             return False
         work_scale = self.sim.gpu.work_scale if self.sim is not None else None
         ranks = {"world_size": self.result.world_size} if self.result.world_size > 1 else {}
+        # off the simulator the device is the actuator's kind and the GPU it measures: an
+        # A100's plan is not an H200's, nor a dry run's (it sets nothing) a real run's
+        where = {"gpu": self.gpu_name} if self.sim is None else {}
         key = cache_key(
             self.op_names,
-            device=self.device or self.kind,
+            device=self.sim.gpu.name if self.sim is not None else self.kind,
             target=self.target,
             objective=self.objective,
             work_scale=work_scale,
+            **where,
             **ranks,
         )
         self.result.cache_key = key

@@ -8,9 +8,10 @@ set only when it changes. Setting clocks needs root (NVML returns NO_PERMISSION 
 reading supported clocks and power does not.
 
 :class:`NvmlReader` is the read-only half (supported clocks, power, the energy counter, the
-die temperature): it calls no ``nvmlDeviceSet*``/``Reset*`` function at all. The actuator
-reads through one, and a dry run (:class:`~opdvfs.runtime.actuators.DryRunActuator`) takes one
-as its ``meter`` to measure a real GPU while it only records the clocks it would set.
+die temperature, the GPU's name): it calls no ``nvmlDeviceSet*``/``Reset*`` function at all.
+The actuator reads through one, and a dry run
+(:class:`~opdvfs.runtime.actuators.DryRunActuator`) takes one as its ``meter`` to measure a
+real GPU while it only records the clocks it would set.
 """
 
 from __future__ import annotations
@@ -179,6 +180,18 @@ class NvmlReader:
     def supported_freqs_mhz(self) -> Sequence[float]:
         """Return the SM clocks NVML supports at the highest memory clock (MHz), ascending."""
         return self._clocks
+
+    def name(self) -> str:
+        """Return the GPU's product name (``nvmlDeviceGetName``, e.g. ``"NVIDIA H200"``).
+
+        Raises
+        ------
+        ActuatorError
+            If NVML cannot read it.
+        """
+        with nvml_errors("read the GPU's name"):
+            name = self.device.lib.nvmlDeviceGetName(self.device.handle)
+        return name.decode() if isinstance(name, bytes) else str(name)  # bytes: older pynvml
 
     def read_power_w(self) -> float:
         """Return the board power (W); NVML reports mW (a 1 s average on Ampere and newer)."""
