@@ -131,8 +131,11 @@ def test_ranks_with_different_operators_are_planned_as_data_parallel_on_rank0(tm
         assert kinds[-1] == "restore" and kinds.count("restore") == 1
 
 
-def _traced_rank(rank: int, port: int, out: str) -> None:
-    """One rank tuning through a device without the simulator (dry run: traced, no power)."""
+def _traced_rank(rank: int, port: int, out: str, wider: bool = False) -> None:
+    """One rank tuning through a device without the simulator (dry run: traced, no power).
+
+    ``wider``: rank 1 trains a wider model (a job whose ranks run other steps).
+    """
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2"
     )
@@ -145,7 +148,7 @@ def _traced_rank(rank: int, port: int, out: str) -> None:
 
     act = make_actuator("dry-run", device="a100-like")
     tuner = Tuner(act, target=0.02, clocks=[1410.0, 1005.0], iterations_per_clock=1)
-    model = TinyGPT()
+    model = TinyGPT(dim=48) if wider and rank == 1 else TinyGPT()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     traced_at_end = []
     with tuner:
@@ -173,6 +176,16 @@ def test_off_the_simulator_only_rank0_traces_its_sweep_and_its_error_reaches_eve
     assert not r0["traced_at_end"] and not r1["traced_at_end"]
     # the dry run measures no power: rank 0 cannot plan, and says so on every rank
     assert "measures no power" in r0["error"] and r1["error"] == r0["error"]
+    assert [i["phase"] for i in r0["per_iteration"]] == [i["phase"] for i in r1["per_iteration"]]
+    # no dispatch mode off the simulator: the ranks compare their optimizer steps' signatures
+    assert r0["same_sequence"] is True and r1["same_sequence"] is True
+
+
+def test_off_the_simulator_ranks_whose_steps_differ_are_told_apart(tmp_path, cpu_only):
+    """The ranks' step signatures (parameter shapes) differ: the job is not one sequence (#21)."""
+    mp.spawn(_traced_rank, args=(_free_port(), str(tmp_path), True), nprocs=2, join=True)
+    r0, r1 = (json.loads((tmp_path / f"result.rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["same_sequence"] is False and r1["same_sequence"] is False
     assert [i["phase"] for i in r0["per_iteration"]] == [i["phase"] for i in r1["per_iteration"]]
 
 
