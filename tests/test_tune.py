@@ -609,3 +609,53 @@ def test_off_the_simulator_the_cache_key_names_the_gpu_and_the_step_not_a_dispat
     # the name is read through the read-only NVML reader, as bytes from an older pynvml too
     fake_nvml.nvmlDeviceGetName.return_value = b"NVIDIA H200"
     assert NvmlActuator().meter.name() == "NVIDIA H200"
+
+
+def test_off_the_simulator_a_cached_plan_applies_by_time_from_the_warm_up(
+    fake_nvml, cpu_only, tmp_path, monkeypatch
+):
+    """The cache off the simulator: the step signature's key hits, the plan applies by time."""
+    import time
+
+    import torch
+
+    from opdvfs.experiments import tune as tune_module
+    from opdvfs.experiments.tune import Tuner
+    from opdvfs.runtime.actuators import make_actuator
+
+    timed = tune_module._make_timed
+    monkeypatch.setattr(tune_module, "_make_timed", lambda act: timed(act, tolerance=0.95))
+    fake_nvml.nvmlDeviceGetName.return_value = "NVIDIA H200"
+
+    def run(steps: int, log: Path) -> Tuner:
+        tuner = Tuner(
+            make_actuator("dry-run", log=log), target=0.02, cache=TuneCache(tmp_path / "cache")
+        )
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+        with tuner:
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                model(torch.randn(4, 8)).sum().backward()
+                time.sleep(max(0.02 - (time.perf_counter() - t0), 0.0))
+                opt.step()
+        return tuner
+
+    first = run(3, tmp_path / "first.jsonl")  # ends in the sweep: the key, nothing cached
+    key = first.result.cache_key
+    assert key is not None and TuneCache(tmp_path / "cache").get(key) is None
+    plan = Schedule.from_stage_freqs(
+        [0, 1], [1005.0, 1410.0], n_ops=2, start_s=[0.0, 0.01], predicted_time_s=0.02,
+        baseline_time_s=0.02, target=0.02, solver="manual",
+    )  # fmt: skip
+    TuneCache(tmp_path / "cache").put(key, plan, {"budget": 0.02})
+    log = tmp_path / "calls.jsonl"
+    second = run(8, log)
+    assert second.result.cache_hit and second.result.cache_key == key
+    assert [it.phase for it in second.result.iterations] == ["warmup"] * 2 + ["steady"] * 6
+    calls = read_log(log)
+    by_time = [c for c in calls[2:] if c["kind"] == "set" and c["op_index"] is None]
+    assert by_time and {c["iteration"] for c in by_time} <= set(range(2, 9))
+    assert 1005.0 in {c["freq_mhz"] for c in by_time}
+    assert calls[-1]["kind"] == "restore" and _kinds(log).count("restore") == 1
