@@ -141,6 +141,9 @@ def tune(
     t-intervals over the pairs); re-plan at another budget when the measured slowdown misses
     the target; then apply the best plan for the rest of the run. A second run of the same job
     starts from the cache and applies at once. The clock is restored however the run ends.
+    On nvml, zeusd and dry-run a torch.compile'd model stays compiled (iterations end at the
+    optimizer step, the plan applies by time); on sim:PRESET it runs eagerly (the simulator
+    times each operator).
     """
     from opdvfs.cli._app import parse_clocks
     from opdvfs.cli.runtime import _program
