@@ -56,6 +56,7 @@ def fake_nvml():
         fake.NVMLError = pynvml.NVMLError  # raised and caught as the real class
         fake.nvmlDeviceGetHandleByIndex.return_value = "handle0"
         fake.nvmlDeviceGetHandleByUUID.return_value = "handle-uuid"
+        fake.nvmlDeviceGetName.return_value = "NVIDIA A100-SXM4-80GB"
         fake.nvmlDeviceGetSupportedMemoryClocks.return_value = [1593, 1215]
         fake.nvmlDeviceGetSupportedGraphicsClocks.return_value = NVML_CLOCKS_MHZ
         fake.nvmlDeviceGetPowerUsage.return_value = 312_500  # mW
