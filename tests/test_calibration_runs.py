@@ -24,7 +24,7 @@ from opdvfs.models.thermal import leakage_slope
 from opdvfs.profile import Profile
 from opdvfs.sim import PRESETS, SimulatedDevice
 from opdvfs.sim.physics import leakage_scale
-from opdvfs.workloads.workload import Workload
+from user_workload import write_mini_workload
 
 runner = CliRunner()
 
@@ -97,21 +97,8 @@ def test_bench_calibrate_is_the_simulators_calibration():
 @pytest.fixture(scope="module")
 def gpu_profile(tmp_path_factory) -> Path:
     """``opdvfs profile`` of a small workload on h100-like (board power, 1 s sensor windows)."""
-    types = ["MatMul", "Gelu", "MatMul", "LayerNorm", "Add", "MatMul"] * 4
-    flops = {"MatMul": 2e12, "Gelu": 2e9, "LayerNorm": 4e9, "Add": 1e9}
-    moved = {"MatMul": 4e8, "Gelu": 2e9, "LayerNorm": 2e9, "Add": 3e9}
-    ops = pd.DataFrame(
-        {
-            "name": [f"{t.lower()}{i}" for i, t in enumerate(types)],
-            "type": types,
-            "stream": "compute",
-            "flops": [flops[t] for t in types],
-            "bytes_loaded": [moved[t] for t in types],
-            "bytes_stored": [moved[t] / 2 for t in types],
-        }
-    )
     folder = tmp_path_factory.mktemp("gpu")
-    Workload(ops, name="mini").write(folder / "w.json")
+    write_mini_workload(folder / "w.json")
     res = invoke(
         "profile", "--device", "h100-like", "--workload", folder / "w.json",
         "--freqs", "min,mid,max", "--out", folder / "p.parquet",

@@ -26,6 +26,7 @@ from opdvfs.models import ModelBundle
 from opdvfs.models.attribution import MIN_WINDOWS, SENSOR_WINDOWS, sensor_iterations
 from opdvfs.sim import PRESETS, SimulatedDevice
 from opdvfs.workloads.workload import Workload
+from user_workload import write_mini_workload
 
 runner = CliRunner()
 GPU_PRESETS = [name for name in PRESETS if PRESETS[name].spec.power_sample_period_ms > 1.0]
@@ -47,22 +48,7 @@ def one_error_line(res) -> str:
 @pytest.fixture(scope="module")
 def mini(tmp_path_factory) -> Path:
     """A user's own small workload file: 24 ops, ~0.04-0.26 s per iteration at the top clock."""
-    types = ["MatMul", "Gelu", "MatMul", "LayerNorm", "Add", "MatMul"] * 4
-    flops = {"MatMul": 2e12, "Gelu": 2e9, "LayerNorm": 4e9, "Add": 1e9}
-    moved = {"MatMul": 4e8, "Gelu": 2e9, "LayerNorm": 2e9, "Add": 3e9}
-    ops = pd.DataFrame(
-        {
-            "name": [f"{t.lower()}{i}" for i, t in enumerate(types)],
-            "type": types,
-            "stream": "compute",
-            "flops": [flops[t] for t in types],
-            "bytes_loaded": [moved[t] for t in types],
-            "bytes_stored": [moved[t] / 2 for t in types],
-        }
-    )
-    path = tmp_path_factory.mktemp("work") / "w.json"
-    Workload(ops, name="mini").write(path)
-    return path
+    return write_mini_workload(tmp_path_factory.mktemp("work") / "w.json")
 
 
 # ------------------------------------------------------------------ the rule

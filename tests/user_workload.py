@@ -1,0 +1,29 @@
+"""A user's own small workload (24 operators), shared by the tests of the user's path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from opdvfs.workloads.workload import Workload
+
+
+def write_mini_workload(path: Path) -> Path:
+    """Write a 24-op workload (matmuls, Gelu, LayerNorm, Add; ~0.04-0.26 s per iteration at the
+    top clock of the presets) to ``path`` and return it."""
+    types = ["MatMul", "Gelu", "MatMul", "LayerNorm", "Add", "MatMul"] * 4
+    flops = {"MatMul": 2e12, "Gelu": 2e9, "LayerNorm": 4e9, "Add": 1e9}
+    moved = {"MatMul": 4e8, "Gelu": 2e9, "LayerNorm": 2e9, "Add": 3e9}
+    ops = pd.DataFrame(
+        {
+            "name": [f"{t.lower()}{i}" for i, t in enumerate(types)],
+            "type": types,
+            "stream": "compute",
+            "flops": [flops[t] for t in types],
+            "bytes_loaded": [moved[t] for t in types],
+            "bytes_stored": [moved[t] / 2 for t in types],
+        }
+    )
+    Workload(ops, name="mini").write(path)
+    return path
