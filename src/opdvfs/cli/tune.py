@@ -104,9 +104,15 @@ def tune(
         int, typer.Option("--warmup", min=1, help="Iterations at the top clock first.")
     ] = 2,
     block: Annotated[
-        int,
-        typer.Option("--block", min=2, help="Iterations per A/B block (the first discarded)."),
-    ] = 3,
+        int | None,
+        typer.Option(
+            "--block",
+            min=2,
+            help="Iterations per A/B block (the first discarded). Default: 3 on sim:PRESET "
+            "(an exact energy counter); on nvml, zeusd and dry-run enough for the counted "
+            "iterations to span 10 updates of NVML's 100 ms energy counter at the top clock.",
+        ),
+    ] = None,
     pairs: Annotated[
         int, typer.Option("--pairs", min=1, help="A/B block pairs per measured plan.")
     ] = 3,

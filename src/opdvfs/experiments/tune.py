@@ -23,13 +23,20 @@ iterations (an iteration ends at an optimizer step):
    (:class:`~opdvfs.runtime.timed.TimedExecutor`: the trace's operators are CUDA kernels the
    operator count cannot match, and the stages' planned start times place the switches),
    paused between the blocks. The blocks alternate in ABBA order, so a linear drift such as a
-   warming die cancels; each block's first iteration is discarded (a switch in flight). Each pair of
-   blocks gives one paired ratio of time and of energy; their mean and Student-t interval
-   (:func:`~opdvfs.runtime.tuning.paired_interval`) are the measured slowdown and saving.
+   warming die cancels; each block's first iteration is discarded (a switch in flight), and so
+   are the tuned iterations the time-triggered executor fell back to the top clock in (they do
+   not measure the plan). Each pair of blocks gives one paired ratio of time and of energy
+   (:func:`ab_pairs`); their mean and Student-t interval
+   (:func:`~opdvfs.runtime.tuning.paired_interval`) are the measured slowdown and saving. Off
+   the simulated GPU a block spans enough iterations for the energy counter's updates
+   (:func:`ab_block`).
 5. **re-plan** when the measured slowdown is not within the target:
    :func:`opdvfs.runtime.tuning.fit_budget` plans at another budget and measures again (it runs
    in the planning thread; each ``measure`` waits for the training thread's A/B blocks).
-6. **steady**: the best round's schedule applies for the rest of the run, and is cached.
+6. **steady**: the round with the surest saving (:func:`choose_round`: the highest lower
+   bound of the saving's interval among the rounds within the target, not the highest mean,
+   which over a few noisy rounds is the luckiest) applies for the rest of the run, and is
+   cached.
 
 Under ``torchrun`` (a process group exists when an iteration ends) every rank measures and
 rank 0 leads: at each iteration end the ranks exchange the iteration's time and energy
@@ -68,7 +75,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
@@ -76,6 +83,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from opdvfs.exceptions import OpdvfsError, ValidationError
+from opdvfs.models.attribution import sensor_iterations
 from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel
@@ -89,13 +97,19 @@ from opdvfs.schedule import Objective, Schedule
 from opdvfs.sim.presets import preset_spec
 
 __all__ = [
+    "BLOCK_COUNTER_UPDATES",
+    "DEFAULT_BLOCK",
     "PHASES",
     "SIM_COMPILED_HINT",
+    "ABPairs",
     "PlanOnProfile",
     "TuneResult",
     "TuneRound",
     "Tuner",
+    "ab_block",
+    "ab_pairs",
     "auto_clocks",
+    "choose_round",
     "fit_profile",
     "plan_fitted",
     "step_signature",
@@ -120,6 +134,38 @@ PHASES: tuple[str, ...] = get_args(Phase)
 PROFILING = ("settle", "unsteady", "counted")
 #: How often the sweep's power sampler reads NVML on a real GPU (ms).
 _SAMPLE_MS = 20.0
+#: Iterations per A/B block (the first discarded) where the energy counter is exact (a simulated
+#: GPU's moves at every kernel) or absent, and the floor of :func:`ab_block`.
+DEFAULT_BLOCK = 3
+#: Energy-counter updates the counted iterations of an A/B block span off the simulated GPU
+#: (:func:`ab_block`).
+BLOCK_COUNTER_UPDATES = 10
+
+
+def ab_block(iteration_s: float | None, counter_s: float | None) -> int:
+    """Return the iterations per A/B block (its first discarded) for a device's energy counter.
+
+    A block's energy is the counter's difference across its counted iterations, so the
+    counter's update period ``counter_s`` (NVML's moves every 100 ms,
+    :data:`~opdvfs.runtime.sweep.NVML_COUNTER_S`) quantises it at each end: an error of up to
+    one period's energy, large against a block of a few ~100 ms iterations. The counted
+    iterations span :data:`BLOCK_COUNTER_UPDATES` periods (at the top clock's
+    ``iteration_s``; :func:`~opdvfs.models.attribution.sensor_iterations`, as the sweep sizes
+    its clocks), and never fewer than :data:`DEFAULT_BLOCK`'s. Measured on an H200 (a GPT step
+    of 100 ms, dry run: a null contrast), the standard deviation of one pair's energy ratio
+    over the top-clock iterations fell from 0.71% (eager) and 3.0% (compiled) with 3 counted
+    iterations per block to 0.20% and 0.50% with 10. ``counter_s`` None (an exact counter, or
+    none) or no iteration time: :data:`DEFAULT_BLOCK`.
+    """
+    if counter_s is None or iteration_s is None or not iteration_s > 0:
+        return DEFAULT_BLOCK
+    counted = sensor_iterations(
+        iteration_s,
+        period_ms=counter_s * 1e3,
+        window_ms=counter_s * 1e3,
+        windows=BLOCK_COUNTER_UPDATES,
+    )
+    return 1 + max(DEFAULT_BLOCK - 1, counted)
 
 
 def auto_clocks(
@@ -248,7 +294,8 @@ class TuneRound:
     """One planned schedule and what its A/B blocks measured against the top clock.
 
     ``slowdown`` and ``saving`` are paired intervals over the block pairs (tuned over
-    reference time minus 1; 1 minus tuned over reference energy).
+    reference time minus 1; 1 minus tuned over reference energy). ``dropped``: tuned
+    iterations left out because the time-triggered executor fell back to the top clock in them.
     """
 
     budget: float
@@ -258,6 +305,113 @@ class TuneRound:
     slowdown: Interval
     saving: Interval | None
     pairs: int
+    dropped: int = 0
+
+
+@dataclass(frozen=True)
+class ABPairs:
+    """What one round's A/B blocks measured (:func:`ab_pairs`)."""
+
+    slowdown: Interval
+    saving: Interval | None
+    pairs: int
+    dropped: int
+
+
+def ab_pairs(rows: Sequence[TuneIteration], *, drop: Collection[int] = ()) -> ABPairs:
+    """Return a round's paired intervals from its iterations, in the order they ran.
+
+    A block starts at a ``switch`` iteration (discarded) and goes on through the ``reference``
+    or ``tuned`` iterations after it; blocks pair in their order (1 with 2, 3 with 4, ...).
+    Each pair gives one ratio of mean time (tuned over reference) and of mean energy, and the
+    intervals are :func:`~opdvfs.runtime.tuning.paired_interval` of ``ratio - 1`` (slowdown)
+    and ``1 - ratio`` (saving) over the pairs. ``drop``: iterations whose tuned rows are left
+    out (those the executor fell back in); a pair with an empty side is skipped.
+    """
+    blocks: list[list[TuneIteration]] = []
+    kind: str | None = None
+    dropped = 0
+    for it in rows:
+        if it.phase == "switch":
+            blocks.append([])
+            kind = None
+            continue
+        if it.phase not in ("reference", "tuned"):
+            continue
+        if not blocks or kind not in (None, it.phase):  # (another kind with no switch row)
+            blocks.append([])
+        kind = it.phase
+        if it.phase == "tuned" and it.iteration in drop:
+            dropped += 1
+            continue
+        blocks[-1].append(it)
+    ratios_t: list[float] = []
+    ratios_e: list[float] = []
+    for first, second in zip(blocks[0::2], blocks[1::2], strict=False):
+        both = first + second
+        ref = [it for it in both if it.phase == "reference"]
+        tuned = [it for it in both if it.phase == "tuned"]
+        if not ref or not tuned:
+            continue
+        time_ratio = np.mean([i.time_s for i in tuned]) / np.mean([i.time_s for i in ref])
+        ratios_t.append(float(time_ratio))
+        e_ref = [i.energy_j for i in ref if i.energy_j is not None]
+        e_tun = [i.energy_j for i in tuned if i.energy_j is not None]
+        if e_ref and e_tun:
+            ratios_e.append(float(np.mean(e_tun) / np.mean(e_ref)))
+    slowdown = paired_interval([r - 1 for r in ratios_t])
+    saving = paired_interval([1 - r for r in ratios_e]) if ratios_e else None
+    return ABPairs(slowdown, saving, len(ratios_t), dropped)
+
+
+#: How :func:`choose_round` chose (the result's ``chosen_by``).
+CHOSEN_BY_LOW = (
+    "the highest lower bound of the energy saving's 95% interval among the rounds whose "
+    "measured slowdown is within the target"
+)
+CHOSEN_BY_MEAN = (
+    "the highest mean energy saving among the rounds whose measured slowdown is within the "
+    "target (fewer than 2 pairs: no interval)"
+)
+CHOSEN_BY_SLOWDOWN = "the least measured slowdown (no round within the target)"
+
+
+def choose_round(rounds: Sequence[TuneRound], target: float) -> tuple[int, bool, str]:
+    """Return the round to apply for the rest of the run, whether it met the target, and why.
+
+    Among the rounds whose mean measured slowdown is within ``target``, the one whose saving
+    has the highest lower confidence bound: over a few rounds of a few pairs the highest
+    *mean* is mostly the luckiest draw (the winner's curse: on an H200 with the clocks never
+    changed, a null contrast, it picked a round measuring 5.91% [-19.21%, 31.04%] over one
+    measuring 0.53% [-0.86%, 1.92%]). Ties, and rounds without an interval (1 pair), go by the
+    mean. No round within the target: the least measured slowdown. The rounds within the
+    target are those :func:`~opdvfs.runtime.tuning.fit_budget` counts, so ``met`` is its.
+
+    Raises
+    ------
+    ValidationError
+        If ``rounds`` is empty.
+    """
+    if not rounds:
+        raise ValidationError("no round was measured", field="rounds")
+
+    def finite(value: float | None) -> float:
+        return value if value is not None and math.isfinite(value) else -math.inf
+
+    within = [i for i, r in enumerate(rounds) if r.slowdown.mean <= target]
+    if not within:
+        index = min(range(len(rounds)), key=lambda i: -finite(-rounds[i].slowdown.mean))
+        return index, False, CHOSEN_BY_SLOWDOWN
+
+    def key(i: int) -> tuple[float, float]:
+        saving = rounds[i].saving
+        if saving is None:
+            return -math.inf, -math.inf
+        return finite(saving.low), finite(saving.mean)
+
+    index = max(within, key=key)  # the first of equals
+    bounded = any(math.isfinite(key(i)[0]) for i in within)
+    return index, True, CHOSEN_BY_LOW if bounded else CHOSEN_BY_MEAN
 
 
 @dataclass
@@ -286,6 +440,13 @@ class TuneResult:
     world_size: int = 1
     #: Under torchrun: whether every rank ran rank 0's operator sequence (None: not compared).
     same_sequence: bool | None = None
+    #: How the applied round was chosen (:func:`choose_round`; None: no round measured).
+    chosen_by: str | None = None
+    #: Iterations per A/B block (the first discarded), and why that many (:func:`ab_block`).
+    block: int | None = None
+    block_by: str | None = None
+    #: A/B block pairs per round.
+    pairs: int | None = None
 
     def count(self, *phases: str) -> int:
         """Return how many iterations were in any of ``phases``."""
@@ -327,6 +488,21 @@ class TuneResult:
         """The round whose schedule runs in the steady phase."""
         return self.rounds[self.best_round] if self.best_round is not None else None
 
+    @property
+    def saving_resolved(self) -> bool | None:
+        """Whether the applied round's saving interval excludes 0 (None: no interval).
+
+        False: at this many pairs the measured saving is not told apart from none (or the
+        interval lies wholly below 0).
+        """
+        best = self.best
+        if best is None or best.saving is None or best.saving.n < 2:
+            return None
+        low, high = best.saving.low, best.saving.high
+        if not (math.isfinite(low) and math.isfinite(high)):
+            return None
+        return bool(low > 0 or high < 0)
+
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON-able result (no profile, models or schedule: they have their files)."""
         best = self.best
@@ -342,7 +518,12 @@ class TuneResult:
             "phases": self.phase_means(),
             "rounds": [asdict(r) for r in self.rounds],
             "best_round": self.best_round,
+            "chosen_by": self.chosen_by,
             "met": self.met,
+            "saving_resolved": self.saving_resolved,
+            "block": self.block,
+            "block_by": self.block_by,
+            "pairs": self.pairs,
             "measured_slowdown": asdict(best.slowdown) if best else None,
             "measured_saving": asdict(best.saving) if best and best.saving else None,
             "cache_key": self.cache_key,
@@ -624,7 +805,10 @@ class Tuner:
     warmup, iterations_per_clock
         As :class:`~opdvfs.runtime.sweep.ClockSweep`.
     block
-        Iterations per A/B block (its first one discarded: >= 2).
+        Iterations per A/B block (its first one discarded: >= 2); None: :data:`DEFAULT_BLOCK`
+        on a simulated GPU (its energy counter is exact) or without an energy counter, else
+        sized for NVML's counter at the top clock's iteration time (:func:`ab_block`, decided
+        when the sweep ends).
     pairs
         Reference/tuned block pairs per round (>= 2 for an interval).
     rounds
@@ -647,7 +831,7 @@ class Tuner:
         clocks: Sequence[float] | Literal["auto"] = "auto",
         warmup: int = 2,
         iterations_per_clock: int | None = None,
-        block: int = 3,
+        block: int | None = None,
         pairs: int = 3,
         rounds: int = 3,
         objective: Objective = "energy",
@@ -658,14 +842,17 @@ class Tuner:
     ) -> None:
         if not target > 0:
             raise ValidationError(f"target {target}: expected a slowdown > 0", field="target")
-        if block < 2:
+        if block is not None and block < 2:
             raise ValidationError(f"block {block}: expected at least 2", field="block")
         if pairs < 1:
             raise ValidationError(f"pairs {pairs}: expected at least 1", field="pairs")
         if warmup < 1:
             raise ValidationError(f"warmup {warmup}: expected at least 1", field="warmup")
         self.actuator = actuator
-        self.target, self.block, self.pairs, self.rounds = target, block, pairs, rounds
+        self.target, self.pairs, self.rounds = target, pairs, rounds
+        #: Iterations per A/B block; None: sized when the sweep ends (:meth:`_size_block`).
+        self.block_given = block
+        self.block = block if block is not None else DEFAULT_BLOCK
         self.objective: Objective = objective
         self.interval_ms = interval_ms
         self.cache = cache
@@ -729,7 +916,7 @@ class Tuner:
         self.sweep.optimizer_steps = False  # driven from the executor's iteration ends
         self.phase: str = "warmup"
         self.result = TuneResult(
-            target, self.kind, self.device, self.sweep.freqs_mhz, iterations=[]
+            target, self.kind, self.device, self.sweep.freqs_mhz, iterations=[], pairs=pairs
         )
         self._last_end_s = 0.0
         self._last_energy_j: float | None = None
@@ -1221,8 +1408,45 @@ class Tuner:
         return True
 
     # ------------------------------------------------------------------------- planning
+    def _top_iteration_s(self) -> float | None:
+        """Return the top clock's iteration time (s): the median of its counted sweep iterations.
+
+        Else the last warm-up iteration's (which often runs slower than the steady ones).
+        """
+        times = [
+            r.end_s - r.start_s
+            for r in self.sweep.records
+            if r.phase == "counted" and r.freq_mhz == self.top_mhz
+        ]
+        return float(np.median(times)) if times else self.sweep.iteration_s
+
+    def _size_block(self) -> None:
+        """Decide the A/B block's length (once the sweep has timed the top clock)."""
+        if self.block_given is not None:
+            self.block, why = self.block_given, "given (--block)"
+        elif self.sim is not None or self.sweep.sensor_s is None:
+            self.block = DEFAULT_BLOCK
+            why = (
+                "the simulated GPU's energy counter is exact"
+                if self.sim is not None
+                else "no energy counter to size it by"
+            )
+        else:
+            counter_s = self.sweep.sensor_s[0]
+            iteration_s = self._top_iteration_s()
+            self.block = ab_block(iteration_s, counter_s)
+            why = (
+                f"{self.block - 1} counted iterations of {iteration_s:.4g} s at the top clock "
+                f"span >= {BLOCK_COUNTER_UPDATES} updates of the {counter_s * 1e3:g} ms "
+                "energy counter"
+                if iteration_s
+                else "no iteration time to size it by"
+            )
+        self.result.block, self.result.block_by = self.block, why
+
     def _sweep_done(self) -> None:
         """End the sweep (its last clock is done): train at the top clock, plan in a thread."""
+        self._size_block()
         self.actuator.set_freq_mhz(self.top_mhz)
         self.phase = "planning"
         if self.sim is None:
@@ -1296,19 +1520,25 @@ class Tuner:
             self._finished.set()
 
     def _finish(self, fit: BudgetFit) -> None:
-        index = next(i for i, r in enumerate(fit.rounds) if r is fit.best)
+        # the rounds measured here are fit_budget's, in its order; the choice is tune's own:
+        # by the saving's lower bound, not its mean (choose_round)
+        if len(self.result.rounds) == len(fit.rounds):
+            index, met, self.result.chosen_by = choose_round(self.result.rounds, self.target)
+        else:  # (not expected: every measure closes one round)
+            index, met = next(i for i, r in enumerate(fit.rounds) if r is fit.best), fit.met
+        schedule = fit.rounds[index].schedule
         self.result.best_round = index
-        self.result.met = fit.met
+        self.result.met = met
         chosen = self.result.rounds[index]
-        if fit.met or (chosen.saving is not None and chosen.saving.mean > 0):
-            self.result.schedule = fit.schedule
+        if met or (chosen.saving is not None and chosen.saving.mean > 0):
+            self.result.schedule = schedule
             with self._lock:
-                self._steady = fit.schedule
+                self._steady = schedule
         if self.cache is not None and self.result.cache_key and self._steady is not None:
             try:
                 self.cache.put(
                     self.result.cache_key,
-                    fit.schedule,
+                    schedule,
                     {
                         "budget": chosen.budget,
                         "slowdown": asdict(chosen.slowdown),
@@ -1419,28 +1649,23 @@ class Tuner:
             return
         self.phase = block.kind
 
+    def _fell_back(self) -> set[int]:
+        """Return the iterations the timed executor fell back to the top clock in, and the next.
+
+        It marks the iteration it judged off the plan (its watchdog fired, or its length was
+        off) and sets the top clock then, so the next one also starts at the top clock,
+        unarmed; both are dropped from a tuned block. (A fallback marked after the round's
+        last iteration was measured is not seen.)
+        """
+        if self.timed is None:
+            return set()
+        marked = list(self.timed.diverged_iterations)  # (appended from its worker thread)
+        return {i + k for i in marked for k in (0, 1)}
+
     def _close_round(self, job: _Measurement) -> None:
         rows = [it for it in self.result.iterations if it.round == job.round]
-        # pair the blocks by their order: each pair is 2 * (block - 1) counted iterations
-        ratios_t: list[float] = []
-        ratios_e: list[float] = []
-        counted = [it for it in rows if it.phase in ("reference", "tuned")]
-        per_pair = 2 * (self.block - 1)
-        for p in range(self.pairs):
-            chunk = counted[p * per_pair : (p + 1) * per_pair]
-            ref = [it for it in chunk if it.phase == "reference"]
-            tuned = [it for it in chunk if it.phase == "tuned"]
-            if not ref or not tuned:
-                continue
-            ratios_t.append(
-                float(np.mean([i.time_s for i in tuned]) / np.mean([i.time_s for i in ref]))
-            )
-            e_ref = [i.energy_j for i in ref if i.energy_j is not None]
-            e_tun = [i.energy_j for i in tuned if i.energy_j is not None]
-            if e_ref and e_tun:
-                ratios_e.append(float(np.mean(e_tun) / np.mean(e_ref)))
-        slowdown = paired_interval([r - 1 for r in ratios_t])
-        saving = paired_interval([1 - r for r in ratios_e]) if ratios_e else None
+        ab = ab_pairs(rows, drop=self._fell_back())
+        slowdown, saving = ab.slowdown, ab.saving
         s = job.schedule
         pred_slow = (
             s.predicted_time_s / s.baseline_time_s - 1
@@ -1460,7 +1685,8 @@ class Tuner:
                 pred_save,
                 slowdown,
                 saving,
-                len(ratios_t),
+                ab.pairs,
+                ab.dropped,
             )
         )
         job.measured = Measured(

@@ -44,8 +44,61 @@ def _ci(interval: Interval | None, sign: str = "+") -> str:
     return f"{mean} [{low}, {high}] ({interval.confidence:.0%} t-interval, {interval.n} pairs)"
 
 
+def _bracket(interval: Interval, sign: str = "+") -> str:
+    """``mean [low, high]``, or the mean alone where there is no interval."""
+    if interval.n < 2 or not (interval.low == interval.low and interval.high == interval.high):
+        return f"{_pct(interval.mean, sign)} ({interval.n} pair: no interval)"
+    return f"{_pct(interval.mean, sign)} [{_pct(interval.low, sign)}, {_pct(interval.high, sign)}]"
+
+
+def _blocks(r: TuneResult) -> str:
+    """``3 pairs of 10-iteration blocks`` (counted iterations), as far as the result knows."""
+    pairs = r.best.pairs if r.best is not None else r.pairs
+    what = f"{pairs} pair{'s' if pairs != 1 else ''}"
+    if r.block is not None:
+        what += f" of blocks of {r.block - 1} counted iteration{'s' if r.block != 2 else ''}"
+    return what
+
+
+def _applied_line(r: TuneResult) -> str:
+    """Return the final line: the round's two intervals; a saving claimed only if resolved."""
+    best = r.best
+    assert best is not None
+    slow = best.slowdown
+    if not r.met:
+        within = f"NOT within the {r.target:.2%} target"
+    elif slow.n >= 2 and slow.high == slow.high and slow.high > r.target:
+        within = f"mean within the {r.target:.2%} target, its interval reaching above it"
+    else:
+        within = f"within the {r.target:.2%} target"
+    line = (
+        f"applied round {(r.best_round or 0) + 1} for the rest of the run: measured slowdown "
+        f"{_bracket(slow)} ({within}), "
+    )
+    saving = best.saving
+    resolved = r.saving_resolved
+    if saving is None or saving.n == 0:
+        line += "energy not measured"
+    elif resolved and saving.low > 0:
+        line += f"energy saved {_bracket(saving, '')} vs the top clock"
+    elif resolved:
+        line += f"energy saved {_bracket(saving, '')}: it used MORE energy than the top clock"
+    else:
+        line += (
+            f"energy saved {_bracket(saving, '')}: not distinguishable from no saving at "
+            f"{_blocks(r)} (more --pairs or a longer --block narrow the interval)"
+        )
+    if r.chosen_by is not None and len(r.rounds) > 1:
+        line += f"; chosen by {r.chosen_by}"
+    return line
+
+
 def summary_lines(result: TuneResult) -> list[str]:
-    """Return the lines ``opdvfs tune`` prints: phases, each round, the choice."""
+    """Return the lines ``opdvfs tune`` prints: phases, each round, the choice.
+
+    The final line gives the applied round's slowdown and saving with their intervals, and
+    claims a saving only when its interval excludes 0 (:attr:`TuneResult.saving_resolved`).
+    """
     r = result
     n = len(r.iterations)
     lines = []
@@ -81,20 +134,27 @@ def summary_lines(result: TuneResult) -> list[str]:
                 "sequence, the ranks whose sequence differs stayed at the top clock"
             )
         )
+    if r.rounds and r.block is not None:
+        lines.append(
+            f"A/B: {r.pairs} pairs of blocks of {r.block} iterations per round (the first of "
+            f"each block discarded): {r.block_by}"
+        )
     for i, rnd in enumerate(r.rounds):
+        dropped = rnd.dropped
         lines.append(
             f"round {i + 1}: planned at {rnd.budget:.2%} ({rnd.stages} stages; predicted "
             f"{_pct(rnd.predicted_slowdown)} time, {_pct(-(rnd.predicted_saving or 0))} energy); "
             f"measured slowdown {_ci(rnd.slowdown)}, energy saved {_ci(rnd.saving, '')}"
+            + (
+                f"; {dropped} tuned iteration{'s' if dropped != 1 else ''} dropped (the "
+                "executor fell back to the top clock)"
+                if dropped
+                else ""
+            )
         )
     best = r.best
     if best is not None and r.schedule is not None:
-        within = "within" if r.met else "NOT within"
-        lines.append(
-            f"applied round {(r.best_round or 0) + 1} for the rest of the run: measured slowdown "
-            f"{_pct(best.slowdown.mean)} ({within} the {r.target:.2%} target), energy saved "
-            f"{_pct(best.saving.mean if best.saving else None, '')} vs the top clock"
-        )
+        lines.append(_applied_line(r))
     elif r.schedule is None and r.rounds:
         lines.append("no round saved energy: the run went on at the top clock")
     if r.error is not None and r.schedule is not None:
@@ -193,14 +253,18 @@ def _markdown(result: TuneResult, figures: list[str]) -> str:
             "## Rounds (A/B: tuned blocks against interleaved top-clock blocks, ABBA)",
             "",
             "| round | budget | stages | predicted time | measured slowdown (95% CI) | "
-            "measured saving (95% CI) | pairs |",
-            "|---:|---:|---:|---:|---|---|---:|",
+            "measured saving (95% CI) | pairs | dropped (fallback) | applied |",
+            "|---:|---:|---:|---:|---|---|---:|---:|---|",
         ]
         for i, rnd in enumerate(r.rounds):
+            applied = "yes" if i == r.best_round and r.schedule is not None else ""
             lines.append(
                 f"| {i + 1} | {rnd.budget:.2%} | {rnd.stages} | {_pct(rnd.predicted_slowdown)} | "
-                f"{_ci(rnd.slowdown)} | {_ci(rnd.saving, '')} | {rnd.pairs} |"
+                f"{_ci(rnd.slowdown)} | {_ci(rnd.saving, '')} | {rnd.pairs} | {rnd.dropped} | "
+                f"{applied} |"
             )
+        if r.chosen_by is not None:
+            lines += ["", f"The applied round was chosen by {r.chosen_by}."]
     if figures:
         lines += ["", "## Figures", ""] + [f"![{f}]({f})" for f in figures]
     return "\n".join(lines) + "\n"
