@@ -822,3 +822,25 @@ def test_fallback_iterations_are_dropped_from_their_tuned_block():
     # a tuned block emptied by the drops: its pair is skipped
     assert ab_pairs(rows, drop={5, 6, 7}).pairs == 2
     assert Tuner._fell_back(SimpleNamespace(timed=None)) == set()  # a simulated GPU: none
+
+
+def test_a_cache_hit_repeats_the_tuned_intervals_and_claims_no_unresolved_saving():
+    from dataclasses import asdict
+
+    from opdvfs.experiments.tune import TuneResult
+    from opdvfs.report.tune import summary_lines
+    from opdvfs.runtime.tuning import Interval
+
+    def hit(low: float, high: float) -> str:
+        result = TuneResult(0.02, "dry-run", None, (1980.0,), [], cache_hit=True, cache_key="k")
+        result.cached = {
+            "budget": 0.02,
+            "slowdown": asdict(Interval(-0.001, -0.008, 0.006, 3)),
+            "saving": asdict(Interval((low + high) / 2, low, high, 3)),
+        }
+        return summary_lines(result)[0]
+
+    null = hit(-0.0086, 0.0192)
+    assert "energy saved 0.53% [-0.86%, 1.92%]: not distinguishable from no saving" in null
+    real = hit(0.14, 0.16)
+    assert "energy saved 15.00% [14.00%, 16.00%])" in real and "not distinguishable" not in real

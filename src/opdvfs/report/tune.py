@@ -106,9 +106,13 @@ def summary_lines(result: TuneResult) -> list[str]:
         then = ""
         cached = r.cached or {}
         if cached.get("slowdown") and cached.get("saving"):
+            slow, save = Interval(**cached["slowdown"]), Interval(**cached["saving"])
+            held = save.n >= 2 and save.low <= 0 <= save.high  # (nan compares False)
             then = (
-                f" (when it was tuned: measured slowdown {_pct(cached['slowdown']['mean'])}, "
-                f"energy saved {_pct(cached['saving']['mean'], '')})"
+                f" (when it was tuned: measured slowdown {_bracket(slow)}, energy saved "
+                f"{_bracket(save, '')}"
+                + (": not distinguishable from no saving" if held else "")
+                + ")"
             )
         lines.append(
             f"started from the cache ({r.cache_key and r.cache_key[:12]}): the schedule applied "
