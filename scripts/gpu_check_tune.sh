@@ -45,14 +45,14 @@ step() {
 }
 
 T=scripts/gpu_train_gpt.py
-step tune_eager 170 $PY -m opdvfs tune --target 0.02 "${ACT[@]}" --block 4 --out "$W/tune_eager" \
+step tune_eager 170 $PY -m opdvfs tune --target 0.02 "${ACT[@]}" --out "$W/tune_eager" \
   --log "$W/tune_eager.calls.jsonl" -- $PY $T "$STEPS"
 [ -f "$W/tune_eager/tune.json" ] && $PY benchmarks/tune_dry_run_check.py "$W/tune_eager" \
   "$W/tune_eager.calls.jsonl" 2>&1 | cut -c1-300 | tee -a "$OUT/summary.txt"
 step tune_cached 90 $PY -m opdvfs tune --target 0.02 "${ACT[@]}" --out "$W/tune_cached" \
   --log "$W/tune_cached.calls.jsonl" -- $PY $T 80
-step tune_compiled 150 $PY -m opdvfs tune --target 0.02 "${ACT[@]}" --block 4 --no-cache \
-  --out "$W/tune_compiled" --log "$W/tune_compiled.calls.jsonl" -- $PY $T 300 --compile default
+step tune_compiled 150 $PY -m opdvfs tune --target 0.02 "${ACT[@]}" --no-cache \
+  --out "$W/tune_compiled" --log "$W/tune_compiled.calls.jsonl" -- $PY $T 450 --compile default
 [ -f "$W/tune_compiled/tune.json" ] && $PY benchmarks/tune_dry_run_check.py "$W/tune_compiled" \
   "$W/tune_compiled.calls.jsonl" 2>&1 | cut -c1-300 | tee -a "$OUT/summary.txt"
 if [ -f "$W/tune_eager/schedule.json" ]; then
