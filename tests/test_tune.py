@@ -349,12 +349,27 @@ def _nvml_writes(fake) -> list[str]:
 
 
 def test_dry_run_on_an_nvml_machine_measures_read_only_and_never_sets(
-    fake_nvml, cpu_only, script, tmp_path
+    fake_nvml, cpu_only, script, tmp_path, monkeypatch
 ):
-    """``--actuator dry-run``, no --device: the GPU's clocks and counter; clocks only logged."""
+    """``--actuator dry-run``, no --device: the GPU's clocks and counter; clocks only logged.
+
+    The sweep's trace is imported in the planning thread: read in the optimizer hook that ends
+    it, a GPT sweep's trace stalled an H200's training for 6.4 s.
+    """
     import itertools
+    import threading
+
+    from opdvfs.io import torch_trace
 
     fake_nvml.nvmlDeviceGetTotalEnergyConsumption.side_effect = itertools.count(0, 50_000)
+    readers: list[str] = []
+    read = torch_trace.read
+
+    def read_noting_the_thread(*args, **kwargs):
+        readers.append(threading.current_thread().name)
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(torch_trace, "read", read_noting_the_thread)
     argv = [
         "tune",
         *("--target", "0.02", "--actuator", "dry-run", *FAST, "--no-cache"),
@@ -374,6 +389,7 @@ def test_dry_run_on_an_nvml_machine_measures_read_only_and_never_sets(
     # a CPU trace has no power samples: planning stops there, and says why
     assert res.exit_code == 2 and "measures no power" in res.stderr
     assert not (tmp_path / "clock.png").exists()  # no schedule: no clock figure, not an empty one
+    assert readers == ["opdvfs-tune-plan"]
 
 
 def _fixed_two_stage_plan(monkeypatch, fake_nvml) -> None:

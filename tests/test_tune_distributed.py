@@ -154,7 +154,9 @@ def _traced_rank(rank: int, port: int, out: str, wider: bool = False) -> None:
     with tuner:
         dist.init_process_group("gloo", rank=rank, world_size=2)
         try:
-            for _ in range(40):
+            # long enough for rank 0's planning thread to import its trace and fail (no
+            # power) while the ranks still train, so its error reaches rank 1
+            for _ in range(200):
                 model(torch.randint(0, 64, (2, 16))).sum().backward()
                 opt.step()
             traced_at_end.append(tuner._trace_stack is not None)

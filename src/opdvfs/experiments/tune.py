@@ -78,7 +78,7 @@ import warnings
 from collections.abc import Callable, Collection, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
@@ -95,6 +95,9 @@ from opdvfs.runtime.sweep import ClockSweep, device_meter, on_launches, sweep_pr
 from opdvfs.runtime.tuning import BudgetFit, Interval, Measured, fit_budget, paired_interval
 from opdvfs.schedule import Objective, Schedule
 from opdvfs.sim.presets import preset_spec
+
+if TYPE_CHECKING:
+    from opdvfs.runtime.profiling import Traced
 
 __all__ = [
     "BLOCK_COUNTER_UPDATES",
@@ -1056,6 +1059,7 @@ class Tuner:
                 freq_mhz=self.top_mhz,
                 interval_ms=_SAMPLE_MS,
                 until=lambda: self.sweep.done,
+                lazy=True,  # imported in the planning thread, not in an optimizer hook
             )
         )
         self._trace_stack = stack
@@ -1465,25 +1469,33 @@ class Tuner:
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    stack.close()
-                measured = self._trace.profile
+                    stack.close()  # the profiler stopped and its trace exported; not yet read
             except Exception as exc:
                 self.result.error = f"the sweep's trace could not be read: {exc}"
                 return
-            self._start_thread(measured)
+            self._start_thread(self._trace)
 
         self._pre_hook = register_optimizer_step_pre_hook(close)
 
-    def _start_thread(self, measured: Profile | None) -> None:
+    def _start_thread(self, trace: Traced | None) -> None:
         self._thread = threading.Thread(
-            target=self._plan_loop, args=(measured,), name="opdvfs-tune-plan", daemon=True
+            target=self._plan_loop, args=(trace,), name="opdvfs-tune-plan", daemon=True
         )
         self._thread.start()
 
-    def _plan_loop(self, measured: Profile | None) -> None:
-        """Run the planning thread: profile, fit, then :func:`fit_budget` over measured rounds."""
+    def _plan_loop(self, trace: Traced | None) -> None:
+        """Run the planning thread: profile, fit, then :func:`fit_budget` over measured rounds.
+
+        A real device's sweep trace is imported here (:meth:`Traced.load`), while the program
+        trains on at the top clock.
+        """
         start = time.perf_counter()
         try:
+            try:
+                measured = trace.load() if trace is not None else None
+            except Exception as exc:
+                self.result.error = f"the sweep's trace could not be read: {exc}"
+                return
             profile = sweep_profile(self.sweep, measured)
             self.result.profile = profile
             launches = self.n_launches if self.sim is not None else None
