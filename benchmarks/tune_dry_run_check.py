@@ -24,6 +24,8 @@ import json
 import sys
 from pathlib import Path
 
+from opdvfs.experiments.tune import applied_iterations
+
 
 def _top_only(out: Path, header: dict) -> bool:
     """Whether the schedule tune wrote holds only the device's top clock."""
@@ -40,15 +42,7 @@ def check(out: Path, log: Path) -> bool:
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     header, records = calls[0], calls[1:]
     rows = result["per_iteration"]
-    phases = [it["phase"] for it in rows]
-    tuned = {
-        it["iteration"]
-        for k, it in enumerate(rows)
-        if it["phase"] in ("tuned", "steady")
-        or (it["phase"] == "switch" and k + 1 < len(rows) and phases[k + 1] == "tuned")
-    }
-    if rows and phases[-1] == "steady":  # its next iteration was armed when the script ended
-        tuned.add(rows[-1]["iteration"] + 1)
+    tuned = applied_iterations(rows)
     # (the top clock locked before the program starts has no iteration)
     sets = [c for c in records if c["kind"] == "set" and c["iteration"] is not None]
     by_time = [c for c in sets if c["op_index"] is None]
@@ -61,7 +55,8 @@ def check(out: Path, log: Path) -> bool:
         "at least one round measured time and energy in pairs": bool(rounds)
         and all(r["slowdown"]["n"] >= 1 and r["saving"] is not None for r in rounds),
         # a plan that keeps the top clock throughout issues none (the clock is already there)
-        "sets issued by time (or a plan at the top clock alone)": bool(by_time) or _top_only(out, header),
+        "sets issued by time (or a plan at the top clock alone)": bool(by_time)
+        or _top_only(out, header),
         f"sets by time only in tuned/steady iterations (outside: {outside[:5]})": not outside,
         "the log ends with exactly one restore": records[-1]["kind"] == "restore"
         and sum(c["kind"] == "restore" for c in records) == 1,

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from opdvfs import Schedule
 from opdvfs.cli import app
-from opdvfs.experiments.tune import auto_clocks
+from opdvfs.experiments.tune import applied_iterations, auto_clocks
 from opdvfs.runtime.schedule_cache import TuneCache, cache_key
 from opdvfs.runtime.tuning import paired_interval
 from opdvfs.sim.presets import preset_spec
@@ -437,14 +437,7 @@ def _check_applied_by_time(result: dict, log: Path, stderr: str) -> None:
     assert rnd["slowdown"]["n"] == rnd["saving"]["n"] == rnd["pairs"] >= 1
     rows = result["per_iteration"]
     phases = [it["phase"] for it in rows]
-    tuned = {
-        it["iteration"]
-        for k, it in enumerate(rows)
-        if it["phase"] in ("tuned", "steady")
-        or (it["phase"] == "switch" and k + 1 < len(rows) and phases[k + 1] == "tuned")
-    }
-    if phases[-1] == "steady":  # its next iteration was armed when the script ended
-        tuned.add(rows[-1]["iteration"] + 1)
+    tuned = applied_iterations(rows)
     calls = read_log(log)
     # (the first record, iteration None, is the top clock locked before the program starts)
     by_time = [c for c in calls[2:] if c["kind"] == "set" and c["op_index"] is None]
@@ -894,3 +887,12 @@ def test_a_real_h200_null_contrast_claims_no_saving(run):
     if run == "eager_block4":  # the winner's curse the point estimate fell for on this run
         luckiest = max(within, key=lambda i: rounds[i].saving.mean)
         assert luckiest != index and rounds[luckiest].saving.mean > 0.05
+
+
+def test_applied_iterations_are_the_tuned_blocks_their_switch_and_the_steady_phase():
+    phases = ["warmup", "switch", "tuned", "switch", "reference", "planning", "steady", "steady"]
+    rows = [{"iteration": i, "phase": p} for i, p in enumerate(phases)]
+    # the switch opening a tuned block is armed; one opening a reference block is not; the
+    # iteration after the last steady one was armed as the script ended
+    assert applied_iterations(rows) == {1, 2, 6, 7, 8}
+    assert applied_iterations(rows[:6]) == {1, 2}

@@ -112,6 +112,7 @@ __all__ = [
     "Tuner",
     "ab_block",
     "ab_pairs",
+    "applied_iterations",
     "auto_clocks",
     "choose_round",
     "fit_profile",
@@ -378,6 +379,26 @@ CHOSEN_BY_MEAN = (
     "target (fewer than 2 pairs: no interval)"
 )
 CHOSEN_BY_SLOWDOWN = "the least measured slowdown (no round within the target)"
+
+
+def applied_iterations(rows: Sequence[dict[str, Any]]) -> set[int]:
+    """Return the iterations a plan may switch the clock in, from a result's ``per_iteration``.
+
+    The tuned and steady iterations, and each ``switch`` iteration that opens a tuned block
+    (the schedule is armed there); when the run ended in the steady phase, the iteration after
+    its last one too (armed as the script ended). A dry-run log's sets by time should fall in
+    these alone.
+    """
+    phases = [it["phase"] for it in rows]
+    applied = {
+        it["iteration"]
+        for k, it in enumerate(rows)
+        if it["phase"] in ("tuned", "steady")
+        or (it["phase"] == "switch" and k + 1 < len(rows) and phases[k + 1] == "tuned")
+    }
+    if rows and phases[-1] == "steady":
+        applied.add(rows[-1]["iteration"] + 1)
+    return applied
 
 
 def choose_round(rounds: Sequence[TuneRound], target: float) -> tuple[int, bool, str]:
