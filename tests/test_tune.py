@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from opdvfs import Schedule
 from opdvfs.cli import app
-from opdvfs.experiments.tune import applied_iterations, auto_clocks
+from opdvfs.experiments.ab import applied_iterations
+from opdvfs.experiments.tune import auto_clocks
 from opdvfs.runtime.schedule_cache import TuneCache, cache_key
 from opdvfs.runtime.tuning import paired_interval
 from opdvfs.sim.presets import preset_spec
@@ -312,7 +313,8 @@ def test_on_nvml_tunes_sweep_checks_the_temperature_and_sizes_clocks_by_the_coun
     """Off the simulator the sweep is sweep_run's: NVML's temperature and counter period (#21)."""
     import itertools
 
-    from opdvfs.experiments.tune import Tuner, ab_block
+    from opdvfs.experiments.ab import ab_block
+    from opdvfs.experiments.tune import Tuner
     from opdvfs.models.attribution import sensor_iterations
     from opdvfs.runtime.actuators import NvmlActuator
     from opdvfs.runtime.sweep import NVML_COUNTER_S, SWEEP_WINDOWS
@@ -681,7 +683,7 @@ def test_off_the_simulator_a_cached_plan_applies_by_time_from_the_warm_up(
 
 # ----------------------------------------------------------------------------- A/B statistics
 def test_ab_block_spans_ten_counter_updates_and_keeps_the_default_without_a_counter():
-    from opdvfs.experiments.tune import BLOCK_COUNTER_UPDATES, DEFAULT_BLOCK, ab_block
+    from opdvfs.experiments.ab import BLOCK_COUNTER_UPDATES, DEFAULT_BLOCK, ab_block
     from opdvfs.models.attribution import sensor_iterations
 
     assert BLOCK_COUNTER_UPDATES == 10 and DEFAULT_BLOCK == 3
@@ -710,7 +712,7 @@ def _rows(
     Tuned iterations use ``1 - saving`` of the energy; ``outlier``: (iteration, s, J) put in
     place of one; ``top_in``: tuned iterations run at the top clock (reference-like).
     """
-    from opdvfs.experiments.tune import TuneIteration
+    from opdvfs.experiments.ab import TuneIteration
 
     rows, i = [], start
     for p in range(pairs):
@@ -729,7 +731,8 @@ def _rows(
 
 def _result(rows_by_round, *, target=0.02, block=4, pairs=3):
     """A TuneResult whose rounds are measured by ab_pairs and chosen by choose_round."""
-    from opdvfs.experiments.tune import TuneResult, TuneRound, ab_pairs, choose_round
+    from opdvfs.experiments.ab import TuneRound, ab_pairs, choose_round
+    from opdvfs.experiments.tune import TuneResult
 
     rounds = []
     for rows in rows_by_round:
@@ -796,7 +799,7 @@ def test_a_real_saving_with_tight_intervals_is_chosen_and_claimed():
 
 
 def test_no_round_within_the_target_takes_the_least_slowdown():
-    from opdvfs.experiments.tune import CHOSEN_BY_SLOWDOWN, TuneRound, choose_round
+    from opdvfs.experiments.ab import CHOSEN_BY_SLOWDOWN, TuneRound, choose_round
     from opdvfs.runtime.tuning import Interval
 
     def rnd(slow: float, save: float) -> TuneRound:
@@ -813,7 +816,8 @@ def test_fallback_iterations_are_dropped_from_their_tuned_block():
     """Iterations the time-triggered executor fell back in (top clock) do not measure the plan."""
     from types import SimpleNamespace
 
-    from opdvfs.experiments.tune import Tuner, ab_pairs
+    from opdvfs.experiments.ab import ab_pairs
+    from opdvfs.experiments.tune import Tuner
 
     rng = np.random.default_rng(5)
     # pair 1's tuned block is iterations 5-7 (4 is its switch); 6 and 7 ran at the top clock
@@ -866,7 +870,7 @@ def test_a_real_h200_null_contrast_claims_no_saving(run):
     The rounds' intervals are recomputed from the iterations as they ran; the applied round is
     the one whose saving's lower bound is highest, and its saving is not told apart from none.
     """
-    from opdvfs.experiments.tune import TuneIteration, TuneRound, ab_pairs, choose_round
+    from opdvfs.experiments.ab import TuneIteration, TuneRound, ab_pairs, choose_round
 
     doc = json.loads(H200_NULL_AB.read_text())["runs"][run]
     rows = [TuneIteration(freq_mhz=None, **r) for r in doc["ab_iterations"]]
