@@ -68,9 +68,7 @@ with exactly one restore of the clock (:class:`~opdvfs.runtime.actuators.ClockGu
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
-import json
 import math
 import os
 import threading
@@ -106,6 +104,7 @@ from opdvfs.schedule import Objective, Schedule
 from opdvfs.sim.presets import preset_spec
 
 if TYPE_CHECKING:
+    from opdvfs.runtime.distributed import StoreJob
     from opdvfs.runtime.profiling import Traced
 
 __all__ = [
@@ -406,99 +405,6 @@ def _gpu_name(meter: Any) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-def _group_ready() -> bool:
-    """Whether a process group of more than one rank exists (torchrun, after the script's init)."""
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return False
-    return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
-
-
-class _Job:
-    """The ranks of a torchrun job, coordinated at each iteration end; rank 0 leads.
-
-    The ranks exchange their figures through the process group's key-value store (the one
-    ``init_process_group`` made), not its collectives: a store call runs no tensor operator,
-    so the executor's operator counts, the simulated GPU's launches and a real device's
-    torch.profiler trace see none of it, and it works beside any backend (NCCL's collectives
-    would take CUDA tensors). Every exchange has its own keys; a rank deletes its keys once an
-    exchange in which every rank took part shows they were all read.
-    """
-
-    def __init__(self) -> None:
-        import torch.distributed as dist
-        from torch.distributed.distributed_c10d import _get_default_store
-
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
-        self.store = dist.PrefixStore("opdvfs-tune/", _get_default_store())
-        #: A follower whose operators are rank 0's applies rank 0's clocks and schedules.
-        self.follows_plan = True
-        self.sent: Schedule | None = None  # the leader's last schedule sent
-        self.sent_mhz: float | None = None  # the leader's last clock sent
-        self._n = 0  # exchanges so far
-        self._posted: list[str] = []  # this rank's keys not yet deleted
-
-    @property
-    def leader(self) -> bool:
-        return self.rank == 0
-
-    def _post(self, value: str) -> str:
-        key = f"{self._n}/{self.rank}"
-        self._n += 1
-        self.store.set(key, value)
-        self._posted.append(key)
-        return key
-
-    def _all(self, value: str) -> list[str]:
-        """Return every rank's ``value``, by rank (an exchange every rank takes part in)."""
-        key = self._post(value)
-        n = key.split("/")[0]
-        out = [
-            value if r == self.rank else self.store.get(f"{n}/{r}").decode()
-            for r in range(self.world_size)
-        ]
-        # every rank posted here, so it has read every key of the exchanges before this one
-        done, self._posted = self._posted[:-1], self._posted[-1:]
-        for old in done:
-            with contextlib.suppress(Exception):
-                self.store.delete_key(old)
-        return out
-
-    def iteration(
-        self, time_s: float, energy_j: float | None, abandoned: bool
-    ) -> tuple[float, float | None, bool]:
-        """Return the job's time (max), energy (sum; None if a rank has none), any abandoned.
-
-        The energy is summed in rank order on every rank (the same float everywhere).
-        """
-        rows = [json.loads(v) for v in self._all(json.dumps([time_s, energy_j, abandoned]))]
-        energies = [row[1] for row in rows]
-        total = None if any(e is None for e in energies) else float(math.fsum(energies))
-        return max(float(row[0]) for row in rows), total, any(bool(row[2]) for row in rows)
-
-    def same_sequence(self, op_names: Sequence[str]) -> tuple[bool, dict[str, list[int]]]:
-        """Compare every rank's operator sequence; set :attr:`follows_plan`; return the groups."""
-        from opdvfs.runtime.distributed import JobView
-
-        key = hashlib.sha256("\n".join(op_names).encode()).hexdigest()
-        view = JobView(self.rank, self.world_size, tuple(self._all(key)))
-        self.follows_plan = view.keys[self.rank] == view.keys[0]
-        return view.same_sequence, view.groups
-
-    def exchange(self, directive: dict[str, Any] | None) -> dict[str, Any]:
-        """Return rank 0's ``directive`` on every rank (the others pass None)."""
-        if self.leader:
-            self._post(json.dumps(directive))
-            assert directive is not None
-            return directive
-        n = self._n
-        self._n += 1
-        doc: dict[str, Any] = json.loads(self.store.get(f"{n}/0").decode())
-        return doc
-
-
 #: The compile warning on a simulated GPU (:attr:`ScheduleExecutor.compiled_hint`): there the
 #: model must run eagerly, and no flag of tune's changes that.
 SIM_COMPILED_HINT = (
@@ -758,7 +664,7 @@ class Tuner:
         self._reference: Schedule | None = None
         self._fitted: PlanOnProfile | None = None
         self._timeline_at: int | None = None
-        self._job: _Job | None = None
+        self._job: StoreJob | None = None
         self._job_lost = False
         self._peer_abandoned = False
         self._followed: Schedule | None = None
@@ -963,10 +869,14 @@ class Tuner:
         self._report()
 
     # ------------------------------------------------------------------------- torchrun
-    def _join(self) -> _Job | None:
+    def _join(self) -> StoreJob | None:
         """Join the job's ranks once the script has made its process group (torchrun)."""
-        if self._job is None and not self._job_lost and _group_ready():
-            self._job = _Job()
+        if self._job is None and not self._job_lost:
+            from opdvfs.runtime.distributed import StoreJob, group_ready  # (torch: lazily)
+
+            if not group_ready():
+                return None
+            self._job = StoreJob()
             self.result.world_size = self._job.world_size
             if not self._job.leader:
                 self.cache = None  # rank 0 alone reads and writes it
@@ -1016,7 +926,7 @@ class Tuner:
 
     def _job_measure(
         self,
-        job: _Job,
+        job: StoreJob,
         iteration: int,
         measured: tuple[float, float | None, float | None, float | None],
     ) -> tuple[float, float | None, float | None, float | None]:
@@ -1041,7 +951,7 @@ class Tuner:
                 )
         return job_s, job_j, time_s, energy_j
 
-    def _lead(self, job: _Job, iteration: int) -> None:
+    def _lead(self, job: StoreJob, iteration: int) -> None:
         """Rank 0: send what this iteration end decided (phase, clock, schedule) to the others."""
         record = self.result.iterations[-1]
         schedule = self._applied_schedule()
@@ -1074,7 +984,7 @@ class Tuner:
 
     def _follow(
         self,
-        job: _Job,
+        job: StoreJob,
         iteration: int,
         n_ops: int,
         measured: tuple[float, float | None, float | None, float | None],

@@ -8,10 +8,18 @@ Under ``torchrun`` each rank applies the schedule to its own device; they must a
 *same* plan, so rank 0's copy is sent to the others over the default process group (gloo or
 nccl) as JSON text. The user's script creates that group, so :func:`share_schedule_on_group_init`
 waits for it: it hooks ``torch.distributed.init_process_group`` and broadcasts right after.
+
+``opdvfs tune`` coordinates its ranks at every iteration end through the group's key-value store
+instead (:class:`StoreJob`): a store call runs no tensor operator, so no trace or operator count
+sees it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +33,13 @@ from opdvfs.schedule import PipelineSchedule, Schedule
 if TYPE_CHECKING:
     from opdvfs.runtime.applier import ScheduleApplier
 
-__all__ = ["JobView", "broadcast_schedule", "share_schedule_on_group_init"]
+__all__ = [
+    "JobView",
+    "StoreJob",
+    "broadcast_schedule",
+    "group_ready",
+    "share_schedule_on_group_init",
+]
 
 
 def broadcast_schedule(
@@ -148,3 +162,90 @@ class JobView:
         for rank, key in enumerate(self.keys):
             out.setdefault(key, []).append(rank)
         return out
+
+
+def group_ready() -> bool:
+    """Whether a process group of more than one rank exists (torchrun, after the script's init)."""
+    return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+
+
+class StoreJob:
+    """The ranks of a torchrun job, coordinated at each iteration end; rank 0 leads (``tune``).
+
+    The ranks exchange their figures through the process group's key-value store (the one
+    ``init_process_group`` made), not its collectives: a store call runs no tensor operator,
+    so the executor's operator counts, the simulated GPU's launches and a real device's
+    torch.profiler trace see none of it, and it works beside any backend (NCCL's collectives
+    would take CUDA tensors). Every exchange has its own keys; a rank deletes its keys once an
+    exchange in which every rank took part shows they were all read.
+    """
+
+    def __init__(self) -> None:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.store = dist.PrefixStore("opdvfs-tune/", _get_default_store())
+        #: A follower whose operators are rank 0's applies rank 0's clocks and schedules.
+        self.follows_plan = True
+        self.sent: Schedule | None = None  # the leader's last schedule sent
+        self.sent_mhz: float | None = None  # the leader's last clock sent
+        self._n = 0  # exchanges so far
+        self._posted: list[str] = []  # this rank's keys not yet deleted
+
+    @property
+    def leader(self) -> bool:
+        """Whether this rank leads (rank 0: it sweeps, plans and measures for the job)."""
+        return self.rank == 0
+
+    def _post(self, value: str) -> str:
+        key = f"{self._n}/{self.rank}"
+        self._n += 1
+        self.store.set(key, value)
+        self._posted.append(key)
+        return key
+
+    def _all(self, value: str) -> list[str]:
+        """Return every rank's ``value``, by rank (an exchange every rank takes part in)."""
+        key = self._post(value)
+        n = key.split("/")[0]
+        out = [
+            value if r == self.rank else self.store.get(f"{n}/{r}").decode()
+            for r in range(self.world_size)
+        ]
+        # every rank posted here, so it has read every key of the exchanges before this one
+        done, self._posted = self._posted[:-1], self._posted[-1:]
+        for old in done:
+            with contextlib.suppress(Exception):
+                self.store.delete_key(old)
+        return out
+
+    def iteration(
+        self, time_s: float, energy_j: float | None, abandoned: bool
+    ) -> tuple[float, float | None, bool]:
+        """Return the job's time (max), energy (sum; None if a rank has none), any abandoned.
+
+        The energy is summed in rank order on every rank (the same float everywhere).
+        """
+        rows = [json.loads(v) for v in self._all(json.dumps([time_s, energy_j, abandoned]))]
+        energies = [row[1] for row in rows]
+        total = None if any(e is None for e in energies) else float(math.fsum(energies))
+        return max(float(row[0]) for row in rows), total, any(bool(row[2]) for row in rows)
+
+    def same_sequence(self, op_names: Sequence[str]) -> tuple[bool, dict[str, list[int]]]:
+        """Compare every rank's operator sequence; set :attr:`follows_plan`; return the groups."""
+        key = hashlib.sha256("\n".join(op_names).encode()).hexdigest()
+        view = JobView(self.rank, self.world_size, tuple(self._all(key)))
+        self.follows_plan = view.keys[self.rank] == view.keys[0]
+        return view.same_sequence, view.groups
+
+    def exchange(self, directive: dict[str, Any] | None) -> dict[str, Any]:
+        """Return rank 0's ``directive`` on every rank (the others pass None)."""
+        if self.leader:
+            self._post(json.dumps(directive))
+            assert directive is not None
+            return directive
+        n = self._n
+        self._n += 1
+        doc: dict[str, Any] = json.loads(self.store.get(f"{n}/0").decode())
+        return doc
