@@ -288,17 +288,23 @@ def test_an_iteration_counts_only_once_the_temperature_is_steady():
     assert sweep.done
 
 
-def test_the_default_count_spans_the_sensor_windows():
+def _sensor_sweep(clock: list[float], **options) -> ClockSweep:
+    """A two-clock sweep on a fake device clock with a 100 ms / 100 ms power sensor."""
     act = DryRunActuator([510.0, 1410.0])
-    clock = [0.0]
-    sweep = ClockSweep(
+    return ClockSweep(
         act,
         [510.0, 1410.0],
         warmup=1,
         settle_s=0.0,
         now_s=lambda: clock[0],
         sensor_s=(0.1, 0.1),
+        **options,
     )
+
+
+def test_the_default_count_spans_the_sensor_windows():
+    clock = [0.0]
+    sweep = _sensor_sweep(clock)
     _drive(sweep, clock, [0.05])
     # 12 complete 100 ms windows read every 100 ms take 1.2 s: 24 iterations of 50 ms
     assert sweep.per_clock == 24
@@ -307,11 +313,8 @@ def test_the_default_count_spans_the_sensor_windows():
 def test_a_clock_sized_for_the_sensor_counts_until_its_iterations_span_the_windows():
     # the warm-up's last iteration (120 ms) runs slower than the steady ones (100 ms), as a
     # GPT step on an H200 did: 10 iterations sized from it span 1.0 s, too few windows
-    act = DryRunActuator([510.0, 1410.0])
     clock = [0.0]
-    sweep = ClockSweep(
-        act, [510.0, 1410.0], warmup=1, settle_s=0.0, now_s=lambda: clock[0], sensor_s=(0.1, 0.1)
-    )
+    sweep = _sensor_sweep(clock)
     _drive(sweep, clock, [0.12] + [0.1] * 40)
     assert sweep.per_clock == 10  # ceil(1.2 s / 0.12 s)
     counted = [r for r in sweep.records if r.phase == "counted"]
@@ -321,17 +324,8 @@ def test_a_clock_sized_for_the_sensor_counts_until_its_iterations_span_the_windo
 
 
 def test_a_given_count_per_clock_is_kept_with_a_sensor():
-    act = DryRunActuator([510.0, 1410.0])
     clock = [0.0]
-    sweep = ClockSweep(
-        act,
-        [510.0, 1410.0],
-        warmup=1,
-        iterations_per_clock=3,
-        settle_s=0.0,
-        now_s=lambda: clock[0],
-        sensor_s=(0.1, 0.1),
-    )
+    sweep = _sensor_sweep(clock, iterations_per_clock=3)
     _drive(sweep, clock, [0.1] * 10)
     assert sum(r.phase == "counted" for r in sweep.records) == 6 and sweep.done
 

@@ -255,6 +255,10 @@ WorkScaleOption = Annotated[
     ),
 ]
 
+#: Context settings of a command that runs the user's script: ``-- python train.py ARGS``
+#: passes through unparsed.
+SCRIPT_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+
 DryRunDeviceOption = Annotated[
     str | None, typer.Option("--device", "-d", help="With --actuator dry-run: its clocks.")
 ]

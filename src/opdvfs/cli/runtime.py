@@ -20,6 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from opdvfs.cli._app import (
+    SCRIPT_CONTEXT,
     DryRunDeviceOption,
     UsageError,
     WorkScaleOption,
@@ -29,8 +30,6 @@ from opdvfs.cli._app import (
     stdout,
 )
 from opdvfs.exceptions import CaptureError
-
-_SCRIPT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 IterationAtOption = Annotated[
     str | None,
@@ -144,7 +143,7 @@ def _in_process(command: Any, settings: dict[str, Any], profile: Any = None) -> 
     return session.outcome(), measured
 
 
-@app.command(context_settings=_SCRIPT)
+@app.command(context_settings=SCRIPT_CONTEXT)
 @reports_errors
 def capture(
     ctx: typer.Context,
@@ -373,7 +372,7 @@ def _capture_sweep(
     )
 
 
-@app.command(context_settings=_SCRIPT)
+@app.command(context_settings=SCRIPT_CONTEXT)
 @reports_errors
 def run(
     ctx: typer.Context,

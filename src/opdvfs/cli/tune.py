@@ -22,6 +22,7 @@ from typing import Annotated, Any
 import typer
 
 from opdvfs.cli._app import (
+    SCRIPT_CONTEXT,
     DryRunDeviceOption,
     UsageError,
     WorkScaleOption,
@@ -31,8 +32,6 @@ from opdvfs.cli._app import (
     stdout,
 )
 from opdvfs.exceptions import CaptureError
-
-_SCRIPT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
 def _progress() -> tuple[Any, Any]:
@@ -64,7 +63,7 @@ def _progress() -> tuple[Any, Any]:
     return progress, update
 
 
-@app.command(context_settings=_SCRIPT)
+@app.command(context_settings=SCRIPT_CONTEXT)
 @reports_errors
 def tune(
     ctx: typer.Context,

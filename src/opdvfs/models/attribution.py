@@ -38,6 +38,7 @@ __all__ = [
     "power_rows",
     "ridge_nnls",
     "sensor_iterations",
+    "sensor_span_s",
 ]
 
 #: Complete sensor windows per clock a profile aims for (``opdvfs profile``'s default iterations):
@@ -87,8 +88,19 @@ def sensor_iterations(
             f"iteration time: expected a positive number of seconds, got {float(iteration_s)}",
             field="iteration_s",
         )
+    span_s = sensor_span_s(period_ms=period_ms, window_ms=window_ms, windows=windows)
+    return max(1, math.ceil(span_s / iteration_s))
+
+
+def sensor_span_s(*, period_ms: float, window_ms: float, windows: int = SENSOR_WINDOWS) -> float:
+    """Return the seconds a run takes to span ``windows`` complete sensor windows.
+
+    The first complete window ends ``window_ms`` into the run and one more every ``period_ms``:
+    ``window_ms + (windows - 1) period_ms`` (:func:`sensor_iterations` divides it by an
+    iteration's length; the clock sweep counts iterations until they cover it).
+    """
     span_ms = window_ms + (windows - 1) * period_ms  # in ms, so 100 + 39 x 100 is exactly 4000
-    return max(1, math.ceil(span_ms * 1e-3 / iteration_s))
+    return span_ms * 1e-3
 
 
 def _complete(run: pd.DataFrame, samples: pd.DataFrame, column: str, window_s: float) -> np.ndarray:

@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from opdvfs.exceptions import CaptureError, ValidationError
-from opdvfs.models.attribution import MIN_WINDOWS, sensor_iterations
+from opdvfs.models.attribution import MIN_WINDOWS, sensor_iterations, sensor_span_s
 from opdvfs.profile import Profile
 from opdvfs.runtime.actuators import Actuator, ClockGuard, SimGpuActuator
 from opdvfs.runtime.applier import IterationCounter
@@ -344,7 +344,10 @@ class ClockSweep(IterationCounter):
         if self._fixed_per_clock or self.sensor_s is None:
             return True
         period_s, window_s = self.sensor_s
-        return self._counted_s >= window_s + (SWEEP_WINDOWS - 1) * period_s
+        span_s = sensor_span_s(
+            period_ms=period_s * 1e3, window_ms=window_s * 1e3, windows=SWEEP_WINDOWS
+        )
+        return self._counted_s >= span_s
 
     def _default_per_clock(self, iteration_s: float) -> int:
         if self.sensor_s is None or not iteration_s > 0:
