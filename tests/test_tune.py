@@ -900,3 +900,18 @@ def test_applied_iterations_are_the_tuned_blocks_their_switch_and_the_steady_pha
     # iteration after the last steady one was armed as the script ended
     assert applied_iterations(rows) == {1, 2, 6, 7, 8}
     assert applied_iterations(rows[:6]) == {1, 2}
+
+
+def test_only_a_round_that_measured_a_saving_applies():
+    from opdvfs.experiments.ab import TuneRound, applies
+    from opdvfs.runtime.tuning import Interval
+
+    def rnd(saving: Interval | None) -> TuneRound:
+        return TuneRound(0.02, 2, None, None, Interval(0.0004, -0.0001, 0.001, 3), saving, 3)
+
+    cost = Interval(-0.0006, -0.0009, -0.0002, 3)  # a user's MLP on sim:h100-like
+    assert not applies(rnd(cost), met=True)
+    assert not applies(rnd(Interval(-0.0104, -0.0217, 0.0009, 3)), met=True)  # H200 null
+    assert applies(rnd(Interval(0.15, 0.14, 0.16, 3)), met=True)
+    assert applies(rnd(Interval(0.15, 0.14, 0.16, 3)), met=False)  # the least slowdown saves
+    assert applies(rnd(None), met=True) and not applies(rnd(None), met=False)

@@ -89,6 +89,7 @@ from opdvfs.experiments.ab import (
     TuneRound,
     ab_block,
     ab_pairs,
+    applies,
     choose_round,
 )
 from opdvfs.models.bundle import ModelBundle
@@ -1280,7 +1281,7 @@ class Tuner:
         self.result.best_round = index
         self.result.met = met
         chosen = self.result.rounds[index]
-        if met or (chosen.saving is not None and chosen.saving.mean > 0):
+        if applies(chosen, met):
             self.result.schedule = schedule
             with self._lock:
                 self._steady = schedule

@@ -79,10 +79,8 @@ def _applied_line(r: TuneResult) -> str:
     resolved = r.saving_resolved
     if saving is None or saving.n == 0:
         line += "energy not measured"
-    elif resolved and saving.low > 0:
+    elif resolved:  # (only a round whose mean saving is above 0 applies: above 0 throughout)
         line += f"energy saved {_bracket(saving, '')} vs the top clock"
-    elif resolved:
-        line += f"energy saved {_bracket(saving, '')}: it used MORE energy than the top clock"
     else:
         line += (
             f"energy saved {_bracket(saving, '')}: not distinguishable from no saving at "
