@@ -239,3 +239,17 @@ def test_plan_warns_when_stages_are_shorter_than_the_switch(tmp_path):
     assert res.exit_code == 2
     assert "board (chip) power only" in res.stderr and "--objective energy" in res.stderr
     assert "Traceback" not in res.output and not (tmp_path / "core.json").exists()
+
+
+@pytest.mark.parametrize("command", ["fit", "plan"])
+def test_one_clock_profile_says_how_to_sweep(tmp_path, command):
+    # what a plain capture on an unlocked GPU gives: every row at its own boost clock
+    src = tmp_path / "one_clock.csv"
+    src.write_text("op,name,freq_mhz,time_us\n0,mm,1920,800\n1,gelu,1920,120\n")
+    out = tmp_path / "out.json"
+    res = invoke(command, src, "--out", out, *(["--target", "0.02"] if command == "plan" else []))
+    assert res.exit_code == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(src) in lines[0] and "one core clock (1920 MHz)" in lines[0]
+    assert "capture --profile" in lines[0] and "opdvfs tune" in lines[0]
+    assert not out.exists()

@@ -218,6 +218,21 @@ def load_profile(sources: Sequence[Path], fmt: str | None, freq_mhz: str | None)
         return read_profile(list(sources), format=fmt, freqs_mhz=clocks)
 
 
+def need_clocks(profile: Profile, path: Path) -> None:
+    """Refuse a profile measured at one clock where models are fitted: say how to get more.
+
+    One clock is what a plain capture on an unlocked GPU gives (its own boost clock); every
+    model here is a function of the clock, so the next step is a sweep, not a fit.
+    """
+    clocks = np.unique(np.asarray(profile.freqs_mhz, dtype=float))
+    if clocks.size < 2:
+        raise UsageError(
+            f"{path}: measured at one core clock ({clocks[0]:g} MHz); models and plans need 2 or more: "
+            "profile the workload at other clocks (`opdvfs capture --profile P --freqs LIST`) "
+            "or let `opdvfs tune` sweep them in one run"
+        )
+
+
 FormatOption = Annotated[
     str | None,
     typer.Option(

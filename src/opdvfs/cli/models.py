@@ -17,6 +17,7 @@ from opdvfs.cli._app import (
     UsageError,
     app,
     load_profile,
+    need_clocks,
     reports_errors,
     simulator,
     spinner,
@@ -145,6 +146,7 @@ def fit(
         raise UsageError("--calibrate and --characterise both give idle power: pass one")
     spec = device_spec(device)
     profile = load_profile([profile_path], fmt, freq_mhz)
+    need_clocks(profile, profile_path)
     train = train_clocks(train_freqs, profile)
     perf = PerfModel(form=form).fit(profile, train)
     voltage, calibration = _characterised(characterise)

@@ -25,6 +25,7 @@ from opdvfs.cli._app import (
     UsageError,
     app,
     load_profile,
+    need_clocks,
     reports_errors,
     stderr,
     stdout,
@@ -609,6 +610,7 @@ def plan(
             _check_range(models.perf.train_freqs_mhz_, inputs, "MODELS file's profile")
     else:
         profile = load_profile([source], None, None)
+        need_clocks(profile, source)
         work = load_workload(workload) if workload is not None else None
         inputs = PlanInputs.from_profile(profile, spec, workload=work)
         n_launches = profile.meta.get("sweep", {}).get("launches_per_iteration")
