@@ -122,6 +122,11 @@ def test_parse_clocks_words():
     assert parse_clocks("min,mid,max", grid) == [1000.0, 1400.0, 1800.0]
     with pytest.raises(UsageError, match="need a device"):
         parse_clocks("max")
+    with pytest.raises(UsageError, match="need a device"):
+        parse_clocks("auto")
+    # auto: the top, the clocks nearest 7.5% and 15% below it, mid and min, ascending
+    a100 = list(range(210, 1411, 15))
+    assert parse_clocks("auto", a100) == [210.0, 810.0, 1200.0, 1305.0, 1410.0]
     with pytest.raises(UsageError, match="positive"):
         parse_clocks("-5")
 
@@ -253,3 +258,11 @@ def test_one_clock_profile_says_how_to_sweep(tmp_path, command):
     assert len(lines) == 1 and str(src) in lines[0] and "one core clock (1920 MHz)" in lines[0]
     assert "capture --profile" in lines[0] and "opdvfs tune" in lines[0]
     assert not out.exists()
+
+
+def test_profile_defaults_to_the_auto_clocks(tmp_path):
+    # a preset with default flags: no --freqs
+    out = tmp_path / "p.parquet"
+    res = invoke("profile", "-d", "a100-like", "-w", "resnet50", "-n", "1", "--out", out, "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["freqs_mhz"] == [210.0, 810.0, 1200.0, 1305.0, 1410.0]

@@ -171,17 +171,24 @@ def reports_errors(func: Callable[P, R]) -> Callable[P, R]:
 def parse_clocks(
     text: str, available_mhz: Sequence[float] | np.ndarray | None = None
 ) -> list[float]:
-    """Parse a clock list such as ``1000,1400,1800`` or ``min,mid,max`` (MHz).
+    """Parse a clock list such as ``1000,1400,1800``, ``min,mid,max`` or ``auto`` (MHz).
 
-    The words ``min``, ``mid`` and ``max`` need ``available_mhz`` (the device's or profile's
-    clocks); ``mid`` is the available clock nearest the middle of the range.
+    The words need ``available_mhz`` (the device's or profile's clocks): ``mid`` is the
+    available clock nearest the middle of the range; ``auto`` the clocks a profile for planning
+    needs (:func:`opdvfs.experiments.tune.auto_clocks`: the top, two 7.5% and 15% below it,
+    mid and min).
     """
     clocks: list[float] = []
     grid = np.asarray(sorted(available_mhz)) if available_mhz is not None else None
     for item in (t.strip() for t in text.split(",")):
-        if item.lower() in ("min", "mid", "max"):
+        if item.lower() in ("min", "mid", "max", "auto"):
             if grid is None or grid.size == 0:
                 raise UsageError(f"clock {item!r}: words need a device or profile clock list")
+            if item.lower() == "auto":
+                from opdvfs.experiments.tune import auto_clocks
+
+                clocks.extend(sorted(auto_clocks(grid)))
+                continue
             middle = grid[np.argmin(np.abs(grid - (grid[0] + grid[-1]) / 2))]
             clocks.append(float({"min": grid[0], "mid": middle, "max": grid[-1]}[item.lower()]))
             continue
@@ -189,7 +196,7 @@ def parse_clocks(
             value = float(item)
         except ValueError:
             raise UsageError(
-                f"clock {item!r}: expected a number of MHz or min, mid, max (e.g. 1000,1800)"
+                f"clock {item!r}: expected a number of MHz or min, mid, max, auto (e.g. 1000,1800)"
             ) from None
         if not np.isfinite(value) or value <= 0:
             raise UsageError(f"clock {item!r}: expected a positive number of MHz")
@@ -227,9 +234,9 @@ def need_clocks(profile: Profile, path: Path) -> None:
     clocks = np.unique(np.asarray(profile.freqs_mhz, dtype=float))
     if clocks.size < 2:
         raise UsageError(
-            f"{path}: measured at one core clock ({clocks[0]:g} MHz); models and plans need 2 or more: "
-            "profile the workload at other clocks (`opdvfs capture --profile P --freqs LIST`) "
-            "or let `opdvfs tune` sweep them in one run"
+            f"{path}: measured at one core clock ({clocks[0]:g} MHz); models and plans need 2 "
+            "or more: profile the workload at other clocks (`opdvfs capture --profile P "
+            "--freqs auto`) or let `opdvfs tune` sweep them in one run"
         )
 
 

@@ -42,10 +42,16 @@ WorkloadOption = Annotated[
 def profile(
     device: DeviceOption,
     workload: WorkloadOption,
-    freqs: Annotated[
-        str, typer.Option("--freqs", help="Clocks to profile: MHz and/or min, mid, max.")
-    ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Profile to write (Parquet).")],
+    freqs: Annotated[
+        str,
+        typer.Option(
+            "--freqs",
+            help="Clocks to profile: MHz and/or min, mid, max; auto: the top, 7.5% and 15% below "
+            "it, mid and min (where a few-percent budget is decided, and the range the models "
+            "need).",
+        ),
+    ] = "auto",
     iterations: Annotated[
         int | None,
         typer.Option(
