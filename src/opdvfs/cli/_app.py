@@ -187,7 +187,7 @@ def parse_clocks(
             if item.lower() == "auto":
                 from opdvfs.experiments.tune import auto_clocks
 
-                clocks.extend(sorted(auto_clocks(grid)))
+                clocks.extend(sorted(auto_clocks(grid.tolist())))
                 continue
             middle = grid[np.argmin(np.abs(grid - (grid[0] + grid[-1]) / 2))]
             clocks.append(float({"min": grid[0], "mid": middle, "max": grid[-1]}[item.lower()]))
