@@ -182,17 +182,33 @@ class SimulatedGpu:
             bisect.insort(self._future, (issue_us, self._requests, clock))
             self._advance(self._end_us)
 
+    def cancel_requests(self) -> float:
+        """Drop the requests issued for a later time that the timeline has not reached yet.
+
+        As a switch worker's cancel on a real GPU (nothing queued is issued after it): a
+        request already issued stays pending and lands. Returns the clock the device settles
+        at (MHz): the pending request's, else the one in effect.
+        """
+        with self._lock:
+            self._flush()
+            self._future.clear()
+            clock = self._pending[0] if self._pending is not None else self._clock
+            return float(self._clocks_mhz[clock])
+
     def reset(self) -> None:
         """Give the clock back to the driver: a request for the top clock.
 
-        Safe from a signal handler: if the interrupted thread holds the device, the request is
-        issued as soon as it lets go.
+        Requests issued for a later time are dropped first (:meth:`cancel_requests`): nothing
+        scheduled before the reset lands after it. Safe from a signal handler: if the
+        interrupted thread holds the device, the request is issued as soon as it lets go.
         """
         if not self._lock.acquire(blocking=False):
             self._reset_wanted = True
             return
         try:
             self._reset_wanted = False
+            self._flush()  # the launches before the reset see the requests due in them
+            self._future.clear()
             self.request_freq_mhz(float(self._clocks_mhz[self._top]))
         finally:
             self._lock.release()
@@ -447,6 +463,7 @@ class SimulatedGpu:
                 self._advance(self._end_us)
         if self._reset_wanted:  # a signal handler asked while this thread held the device
             self._reset_wanted = False
+            self._future.clear()
             self._requests += 1
             bisect.insort(self._future, (self._end_us, self._requests, self._top))
             self._advance(self._end_us)
