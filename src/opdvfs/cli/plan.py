@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 
 #: Operators shorter than this at the top clock are mostly timer noise (as in ``validate perf``).
 NOISE_US = 20.0
+#: ``--interval-ms`` when not given (ms); the planner raises it to the device's switch latency
+#: where that is longer (15 ms on the GPU presets), so default flags plan what can run.
+DEFAULT_INTERVAL_MS = 5.0
 
 
 def _inputs_for_models_file(
@@ -435,13 +438,15 @@ def plan(
     ] = "dp",
     objective: ObjectiveOption = "energy",
     interval_ms: Annotated[
-        float,
+        float | None,
         typer.Option(
             "--interval-ms",
             min=0.0,
-            help="Frequency-adjustment interval; 0 plans one stage per operator.",
+            help="Frequency-adjustment interval (default 5 ms); 0 plans one stage per operator. "
+            "No stage is planned shorter than the switch latency (a request still pending when "
+            "the next is issued is superseded).",
         ),
-    ] = 5.0,
+    ] = None,
     switch_latency_ms: Annotated[
         float | None,
         typer.Option(
@@ -638,13 +643,16 @@ def plan(
         latency = spec.switch_latency_ms if spec is not None else 1.0
     elif not force:
         _check_latency(latency, spec)
-    if interval_ms < latency:
+    if interval_ms is None:
+        interval_ms = DEFAULT_INTERVAL_MS
+    elif interval_ms < latency:
         # A request still pending when the next is issued is superseded (SetFreq semantics,
-        # docs/twin-calibration.md): stages shorter than the switch mostly never run at their clock.
+        # docs/twin-calibration.md): the planner keeps stages at least one switch long
+        # (plan.planner.shortest_stage_ms)
         _warn(
-            f"--interval-ms {interval_ms:g} is shorter than the device's {latency:g} ms switch "
-            f"latency: most switches would land after their stage; use --interval-ms {latency:g} "
-            "or more"
+            f"--interval-ms {interval_ms:g} is shorter than the {latency:g} ms switch latency: "
+            f"stages are planned at least {latency:g} ms long (a shorter stage's switch would be "
+            "superseded before it lands)"
         )
     schedule = plan_schedule(
         models,
