@@ -551,7 +551,7 @@ def plan(
     from opdvfs.models.bundle import ModelBundle
     from opdvfs.models.perf import PerfModel
     from opdvfs.models.power import PowerModel
-    from opdvfs.plan.planner import PlanInputs, plan_frontier, plan_schedule
+    from opdvfs.plan.planner import PlanInputs, plan_frontier, plan_schedule, shortest_stage_ms
     from opdvfs.sim.presets import preset_spec
     from opdvfs.workloads.library import load_workload
 
@@ -688,7 +688,11 @@ def plan(
     schedule.write(out)
     if frontier_csv is not None:
         table = plan_frontier(
-            models, inputs, objective=objective, interval_ms=interval_ms, values=values
+            models,
+            inputs,
+            objective=objective,
+            interval_ms=shortest_stage_ms(interval_ms, latency),
+            values=values,
         )
         write_text_atomic(frontier_csv, table.to_csv(index=False))
     if as_json:
