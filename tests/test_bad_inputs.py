@@ -319,7 +319,7 @@ CASES = [
         "profile", "negative seed", f"profile {SIM} --freqs 1000 --seed -1 --out {{out}}/p.parquet"
     ),
     Case("profile", "output is a directory", f"profile {SIM} --freqs 1000 --out {{out}}/adir"),
-    Case("profile", "missing --freqs", f"profile {SIM} --out {{out}}/p.parquet"),
+    Case("profile", "bad --freqs word", f"profile {SIM} --freqs fast --out {{out}}/p.parquet"),
     # ------------------------------------------------------------------ simulate
     Case("simulate", "missing schedule", f"simulate {SIM} {{in}}/nope.json"),
     Case("simulate", "directory as schedule", f"simulate {SIM} {{in}}/adir"),
