@@ -35,7 +35,10 @@ except ImportError:  # pragma: no cover - exercised where nvidia-ml-py is absent
 
 __all__ = ["NvmlActuator", "NvmlDevice", "NvmlReader", "nvml_errors"]
 
-_NO_DRIVER = "no NVIDIA driver: cannot {action} ({exc})"
+_NO_DRIVER = (
+    "no NVIDIA driver: cannot {action} ({exc}); without a GPU, --actuator sim:a100-like (or "
+    "another sim:PRESET) runs the same commands on a simulated GPU"
+)
 _NO_GPU = "no such GPU while trying to {action} ({exc})"
 
 #: NVML return code -> the opdvfs error and what it says ({action}, {exc} filled in). Built from
