@@ -421,58 +421,16 @@ def _make_executor(actuator: SimGpuActuator, tuner: Tuner) -> Any:
 
     The simulated GPU's: the operator-counting dispatch mode that drives the simulator, so a
     compiled model runs eagerly under it (:data:`SIM_COMPILED_HINT`). Its switches go onto the
-    simulated GPU's own timeline as their trigger operator is dispatched (:meth:`_trigger`),
-    never through the worker thread that waits out a switch's delay in host time.
+    simulated GPU's own timeline as their trigger operator is dispatched (as every
+    :class:`ScheduleExecutor`'s on a simulated GPU), never through a worker thread that waits
+    out a switch's delay in host time.
     """
     from opdvfs.runtime.dispatch import ScheduleExecutor
-    from opdvfs.schedule import Switch
-
-    gpu = actuator.gpu
 
     class TuneExecutor(ScheduleExecutor):
         """:class:`ScheduleExecutor`, recording one iteration's names; the tuner runs after it."""
 
         compiled_hint = SIM_COMPILED_HINT
-        #: Virtual time (s) the last switch was issued at: they go out in order, as a worker's.
-        _issued_s = 0.0
-
-        def _start_issuer(self) -> Any:
-            """No worker thread: :meth:`_trigger` issues every switch on the device's timeline."""
-            return None
-
-        def _trigger(self, switches: list[Switch]) -> None:
-            """Issue the switches at their trigger operator's start plus delay, device time.
-
-            The simulated GPU runs on a virtual timeline that moves as the host dispatches, not
-            with the host's clock: a CPU-light script dispatches a 768 ms (virtual) iteration of
-            a 2-layer MLP in a few ms, so a worker sleeping a switch's ``delay_us`` in host
-            time issued it one to three iterations late (the A/B blocks' first counted
-            iterations then ran at the other block's clock). Each switch is requested at once
-            for ``start + delay`` on the device, where it waits its time
-            (:meth:`~opdvfs.runtime.simgpu.SimulatedGpu.request_freq_mhz`), and never before
-            the one issued before it (a worker issues them in order).
-            """
-            if self._halted:
-                return
-            start_s = gpu.op_start_s(self.iteration, self.op_index)
-            if start_s is None:  # (the trigger op is the next launch: it starts now)
-                start_s = gpu.now_s()
-            for sw in switches:
-                at_s = max(start_s + sw.delay_us * 1e-6, self._issued_s)
-                self._issued_s = at_s
-                self.actuator.at(self.iteration, self.op_index, at_s - start_s)
-                self.actuator.set_freq_mhz(sw.freq_mhz)
-
-        def _fall_back(
-            self, why: str, *, iteration: int | None = None, stacklevel: int = 3
-        ) -> None:
-            """Drop the switches still waiting on the device's timeline, then fall back.
-
-            The actuator's last clock becomes the one the device settles at, not a dropped one
-            (else a fallback to a clock just dropped would be skipped as already set).
-            """
-            actuator.current_mhz = gpu.cancel_requests()
-            super()._fall_back(why, iteration=iteration, stacklevel=stacklevel + 1)
 
         def __torch_dispatch__(
             self, func: Any, types: Any, args: Any = (), kwargs: Any = None

@@ -24,8 +24,10 @@ from torch.utils.flop_counter import flop_registry
 
 from opdvfs.exceptions import CaptureError, ScheduleMismatchError
 from opdvfs.runtime.actuators.base import Actuator
+from opdvfs.runtime.actuators.dry_run import DryRunActuator
 from opdvfs.runtime.applier import IterationCounter, ScheduleApplier
 from opdvfs.runtime.issuer import Marker, immediate_marker
+from opdvfs.runtime.simgpu import SimulatedGpu
 from opdvfs.schedule import Schedule, Switch, op_signature
 from opdvfs.workloads.workload import Workload
 
@@ -176,7 +178,9 @@ class ScheduleExecutor(ScheduleApplier, _OpMode):
     (:class:`~opdvfs.runtime.issuer.SwitchIssuer`) waits for it, then the switch's ``delay_us``,
     then calls the actuator. A CPU switch without delay is issued at once, on the dispatching
     thread. Pending switches are dropped on divergence and on exit, before the clock is restored.
-    The op sequence is checked against
+    On a simulated GPU (:class:`~opdvfs.runtime.actuators.SimGpuActuator`) there is no worker:
+    its timeline is virtual, so each switch is requested at once for its trigger op's start plus
+    ``delay_us`` on that timeline (:meth:`_trigger_on_timeline`). The op sequence is checked against
     ``names`` (the captured workload's, when given) and the schedule's op count. On a mismatch
     the clock goes to the maximum for the rest of that iteration and a warning is raised (once);
     the next iteration starts in step again -- the first iteration of a run often differs (an
@@ -206,6 +210,16 @@ class ScheduleExecutor(ScheduleApplier, _OpMode):
         self._first: list[Switch] = []  # previous-iteration switches: issued at op 0 of iteration 0
         self._cuda = torch.cuda.is_available()
         self._compile_warned = False
+        #: The simulated GPU's actuator (None: a real device): switches go on its timeline. (A
+        #: :class:`~opdvfs.runtime.actuators.SimGpuActuator`, known by its device: that module
+        #: imports this one's recorder.)
+        gpu = getattr(actuator, "gpu", None)
+        self._sim: DryRunActuator | None = None
+        self._sim_gpu: SimulatedGpu | None = None
+        if isinstance(actuator, DryRunActuator) and isinstance(gpu, SimulatedGpu):
+            self._sim, self._sim_gpu = actuator, gpu
+        #: Virtual time (s) the last switch was issued at on the simulated GPU: in order.
+        self._issued_s = 0.0
         if schedule is not None:
             self.use_schedule(schedule)
 
@@ -232,7 +246,8 @@ class ScheduleExecutor(ScheduleApplier, _OpMode):
             switches.sort(key=lambda sw: sw.previous_iteration)
         first = [sw for sw in schedule.switches if sw.previous_iteration]
         with self._lock:
-            if self._cuda or any(sw.delay_us > 0 for sw in schedule.switches):
+            delayed = any(sw.delay_us > 0 for sw in schedule.switches)
+            if self._sim is None and (self._cuda or delayed):
                 self._start_issuer()
             self.schedule, self._switch_at, self._first = schedule, switch_at, first
             self._off = self.op_index > 0  # mid-iteration: start at the next one
@@ -243,6 +258,9 @@ class ScheduleExecutor(ScheduleApplier, _OpMode):
     def _trigger(self, switches: list[Switch]) -> None:
         """Issue (or hand to the worker) the switches triggered by the op being dispatched."""
         if self._halted:
+            return
+        if self._sim is not None and self._sim_gpu is not None:
+            self._trigger_on_timeline(self._sim, self._sim_gpu, switches)
             return
         if self._issuer is None:  # CPU, no delays: at once, on this thread
             self._where()
@@ -257,6 +275,40 @@ class ScheduleExecutor(ScheduleApplier, _OpMode):
             self._issuer.submit(
                 marker, sw.delay_us * 1e-6, sw.freq_mhz, self.iteration, self.op_index
             )
+
+    def _trigger_on_timeline(
+        self, sim: DryRunActuator, gpu: SimulatedGpu, switches: list[Switch]
+    ) -> None:
+        """Issue the switches at their trigger op's start plus delay on the simulated GPU.
+
+        The simulated GPU's timeline is virtual and moves as the host dispatches, not with the
+        host's clock: a CPU-light script dispatches a ~770 ms (virtual) iteration in a few ms,
+        so a worker sleeping ``delay_us`` in host time issued a switch one to four iterations
+        late. Each switch is requested now for ``start + delay`` on the device, which holds it
+        until then (:meth:`~opdvfs.runtime.simgpu.SimulatedGpu.request_freq_mhz`), and never
+        before the one issued before it (a worker issues them in order).
+        """
+        start_s = gpu.op_start_s(self.iteration, self.op_index)
+        if start_s is None:  # (the trigger op is the next launch: it starts now)
+            start_s = gpu.now_s()
+        for sw in switches:
+            at_s = max(start_s + sw.delay_us * 1e-6, self._issued_s)
+            self._issued_s = at_s
+            sim.at(self.iteration, self.op_index, at_s - start_s)
+            sim.set_freq_mhz(sw.freq_mhz)
+
+    def _fall_back(self, why: str, *, iteration: int | None = None, stacklevel: int = 3) -> None:
+        """Fall back as :meth:`ScheduleApplier._fall_back`, on a simulated GPU dropping first.
+
+        The switches still waiting on the simulated GPU's timeline are dropped (as a worker's
+        cancel does on a real one). The actuator's last clock becomes the one the device
+        settles at, not a dropped one (else a fallback to a clock just dropped would be skipped
+        as already set).
+        """
+        if self._sim is not None and self._sim_gpu is not None:
+            self._sim.current_mhz = self._sim_gpu.cancel_requests()
+            self._issued_s = self._sim_gpu.now_s()
+        super()._fall_back(why, iteration=iteration, stacklevel=stacklevel + 1)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if not func._schema.name.startswith(_COUNTED):
