@@ -76,7 +76,9 @@ def test_nvml_errors_are_translated_by_code_with_advice(fake_nvml, code, error, 
 )
 def test_nvml_without_a_driver(fake_nvml, code):
     fake_nvml.nvmlInit.side_effect = pynvml.NVMLError(code)
-    with pytest.raises(DeviceNotFoundError, match="no NVIDIA driver.*without a GPU, --actuator sim:a100-like"):
+    with pytest.raises(
+        DeviceNotFoundError, match="no NVIDIA driver.*without a GPU, --actuator sim:a100-like"
+    ):
         NvmlActuator()
 
 
