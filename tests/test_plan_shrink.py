@@ -17,6 +17,7 @@ from opdvfs.plan import PlanInputs, plan_schedule
 from opdvfs.plan.measured import MeasuredTables, shrink_across_clocks
 from opdvfs.plan.pipeline import stage_chain
 from opdvfs.sim import SimulatedDevice
+from opdvfs.sim.physics import op_arrays, op_timing
 from opdvfs.workloads.library import GPT3
 from opdvfs.workloads.transformer import transformer_training
 
@@ -64,20 +65,26 @@ def test_what_every_op_shows_at_a_clock_is_kept():
 
 @pytest.mark.parametrize("name", [n for n in DATASETS if n.startswith("perseus-")])
 def test_real_stage_chains_are_planned_on_their_own_measurements(name):
-    """Perseus's chains repeat each stage's two rows: their wiggles are shared, all kept."""
+    """Perseus's chains repeat each stage's two rows: their wiggles are shared, so kept.
+
+    Smoothed per op alone (GCV, without the shared patterns) these cells moved by up to 0.9%
+    (GPT-3 on A100, energy at 1335 MHz); with them, by at most 0.01%.
+    """
     chain = stage_chain(read_profile([dataset_path(name)]), 0, 8)
     raw = MeasuredTables.from_profile(chain, shrink=False)
     shrunk = MeasuredTables.from_profile(chain)
-    np.testing.assert_allclose(shrunk.time_us, raw.time_us, rtol=1e-5)
-    np.testing.assert_allclose(shrunk.chip_energy_j, raw.chip_energy_j, rtol=1e-5)
+    np.testing.assert_allclose(shrunk.time_us, raw.time_us, rtol=2e-4)
+    np.testing.assert_allclose(shrunk.chip_energy_j, raw.chip_energy_j, rtol=2e-4)
 
 
 def test_a_plan_on_every_clock_meets_its_target_on_another_seed():
-    """Plan on a seed-0 profile of every clock, run with other seeds: within the target.
+    """Plan on a seed-0 profile of every clock; judge it on the noise-free times and other seeds.
 
-    Before the shrinkage, planned on the raw medians: 2.075% and 2.078% slower (seeds 1, 2);
-    now 1.91% and 1.96%. Tolerance: one plan's measured slowdown moves by up to 0.06 points
-    between simulator seeds (1.905-1.969% over seeds 1-3), so 0.05 points above the target.
+    Planned on the raw medians, the plan is 2.084% slower on the simulator's noise-free times at
+    its clocks and 2.075-2.079% slower run with seeds 1-3 (mean 2.077%); on the shrunk cells
+    2.013% and 1.907-2.011% (mean 1.953%). Tolerances: 0.05 point on the noise-free times (a
+    9-clock profile leaves some of each cell's 0.6% noise in the shrunk cells); 0.05 point on the
+    mean of three seeds (one plan's measured slowdown moves by up to 0.1 point between seeds).
     """
     work = transformer_training(
         dataclasses.replace(GPT3, layers=2, microbatches=4), description="GPT-3, 2 layers"
@@ -89,10 +96,18 @@ def test_a_plan_on_every_clock_meets_its_target_on_another_seed():
     plan = plan_schedule(
         None, inputs, target=0.02, interval_ms=5.0, switch_latency_ms=dev.spec.switch_latency_ms
     )
-    for seed in (1, 2):
+    freqs = np.asarray(dev.spec.freqs_mhz, dtype=float)
+    exact_us = op_timing(op_arrays(work.ops), freqs, dev.params).time_us
+    cols = np.searchsorted(freqs, plan.freq_per_op_mhz())
+    idle_us = inputs.idle_before_us.sum()
+    planned_us = exact_us[np.arange(len(cols)), cols].sum() + idle_us
+    exact_pct = (planned_us / (exact_us[:, -1].sum() + idle_us) - 1) * 100
+    assert exact_pct <= 2.0 + 0.05, exact_pct
+    runs_pct = []
+    for seed in (1, 2, 3):
         other = SimulatedDevice.from_preset("ascend-910b-like", seed=seed)
         base, _ = other.run(work, iterations=3)
         result, _ = other.run(work, plan, iterations=3)
-        slowdown_pct = (result.iteration_time_s / base.iteration_time_s - 1) * 100
-        assert slowdown_pct <= 2.0 + 0.05, (seed, slowdown_pct)
+        runs_pct.append((result.iteration_time_s / base.iteration_time_s - 1) * 100)
         assert result.chip_energy_j < base.chip_energy_j
+    assert np.mean(runs_pct) <= 2.0 + 0.05, runs_pct
