@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from threadpoolctl import threadpool_limits
 
 from opdvfs.exceptions import ValidationError
 from opdvfs.models.perf import check_times
@@ -131,9 +132,12 @@ class MeasuredTables:
         chip_j = table["chip_j"].to_numpy(dtype=float).reshape(shape)
         core_j = table["core_j"].to_numpy(dtype=float).reshape(shape)
         if shrink:
-            time_us, chip_j, core_j = (
-                shrink_across_clocks(freqs, t) for t in (time_us, chip_j, core_j)
-            )
+            # one BLAS thread: waking a pool for (ops x clocks) products costs more on a busy
+            # machine than it saves (GPT-3 at 119 clocks: 0.4 s on one, 1.3 s on two)
+            with threadpool_limits(limits=1, user_api="blas"):
+                time_us, chip_j, core_j = (
+                    shrink_across_clocks(freqs, t) for t in (time_us, chip_j, core_j)
+                )
         return cls(
             op_ids,
             names,
