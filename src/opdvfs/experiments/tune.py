@@ -663,6 +663,10 @@ class Tuner:
         self._thread: threading.Thread | None = None
         self._aborted = threading.Event()
         self._finished = threading.Event()
+        #: Set once the planning thread has a round for the training thread or has ended.
+        self._plan_ready = threading.Event()
+        #: On a simulated GPU: (device s, wall s) when the current planning phase began.
+        self._planning_since: tuple[float, float] | None = None
         self._rounds_started = 0
         self._steady: Schedule | None = None
         self._reference: Schedule | None = None
@@ -702,6 +706,10 @@ class Tuner:
     def __enter__(self) -> Tuner:
         """Enter the actuator, its guard, the executor and the sweep (top clock locked)."""
         stack = self._stack
+        # the planner's rounds need scipy.stats (their t-intervals): imported before the first
+        # iteration, not in the planning phase, where its load (0.5 s on an H200's host, 2.4 s
+        # on a loaded CPU) kept the job at the top clock for iterations that planned nothing
+        importlib.import_module("scipy.stats")
         try:
             stack.enter_context(self.actuator)
             stack.enter_context(self.guard)
@@ -1076,6 +1084,8 @@ class Tuner:
             if not self.sweep.done:
                 self.phase = "warmup" if self.sweep.iteration_s is None else "profiling"
             return
+        if self.phase == "planning":
+            self._pace_planning()
         if job is not None:
             self._advance_block(job)
         elif self._pending is not None:
@@ -1087,6 +1097,28 @@ class Tuner:
                 self._go_steady(steady)
             else:
                 self._stop_tuning()
+
+    def _planning_began(self) -> None:
+        """Note when a planning phase began, on the simulated GPU's timeline and the host's."""
+        if self.sim is not None:
+            self._planning_since = (self._now_s(), time.perf_counter())
+
+    def _pace_planning(self) -> None:
+        """Keep a simulated GPU's iterations at the device's pace while the thread plans.
+
+        A real GPU's host waits on its device, so planning spans ``plan seconds / iteration
+        time`` iterations; a simulated GPU's host runs as fast as it dispatches (a 1 s virtual
+        iteration of the tiny GPT in ~0.2 s of CPU), so as many more iterations passed at the
+        top clock as the host was fast. At each planning iteration's end the training thread
+        waits until the wall time since planning began catches up with the device's, or the
+        plan is ready: the iterations spent planning are the device's, whatever the host.
+        """
+        if self._planning_since is None:
+            return
+        device0_s, wall0_s = self._planning_since
+        ahead_s = (self._now_s() - device0_s) - (time.perf_counter() - wall0_s)
+        if ahead_s > 0:
+            self._plan_ready.wait(ahead_s)
 
     def _report(self) -> None:
         if self.on_iteration is not None:
@@ -1192,6 +1224,7 @@ class Tuner:
         self._size_block()
         self.actuator.set_freq_mhz(self.top_mhz)
         self.phase = "planning"
+        self._planning_began()
         if self.sim is None:
             self._close_trace_soon()
         else:
@@ -1235,9 +1268,6 @@ class Tuner:
             except Exception as exc:
                 self.result.error = f"the sweep's trace could not be read: {exc}"
                 return
-            # the rounds' t-intervals need scipy.stats: imported here, not at the first round's
-            # close on the training thread (0.5-1 s: an H200's GPT step took 1.22 s there)
-            importlib.import_module("scipy.stats")
             profile = sweep_profile(self.sweep, measured)
             self.result.profile = profile
             launches = self.n_launches if self.sim is not None else None
@@ -1272,6 +1302,7 @@ class Tuner:
             self._finish(fit)
         finally:
             self._finished.set()
+            self._plan_ready.set()
 
     def _finish(self, fit: BudgetFit) -> None:
         # the rounds measured here are fit_budget's, in its order; the choice is tune's own:
@@ -1314,6 +1345,7 @@ class Tuner:
         self._rounds_started += 1
         with self._lock:
             self._pending = job
+            self._plan_ready.set()
         while not job.done.wait(0.05):
             if self._aborted.is_set():
                 raise _Aborted
@@ -1364,6 +1396,7 @@ class Tuner:
     def _start_measurement(self) -> None:
         with self._lock:
             job, self._pending = self._pending, None
+            self._plan_ready.clear()  # (set again when the thread has the next round)
         if job is None:
             return
         if self.timed is None and job.schedule.n_ops != self.n_launches:
@@ -1449,6 +1482,7 @@ class Tuner:
         )
         # until the next plan or the result: the top clock
         self.phase = "planning"
+        self._planning_began()
         self._apply_top()
         job.done.set()
 

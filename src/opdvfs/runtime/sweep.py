@@ -13,8 +13,9 @@ script, between its iterations (each ends at an optimizer step, as
    real GPU the latency plus a margin, and at least the first iteration after a switch), and if
    the die's temperature changed by at most ``max_temp_delta_c`` across it (Zeus's
    ``zeus.profile`` steadiness idea, where the device reads a temperature);
-   ``iterations_per_clock`` counted iterations (sized for a power sensor: as many as span its
-   windows), then the next clock;
+   ``iterations_per_clock`` counted iterations (sized for a power sensor: at each clock as many
+   of its own iterations as span the sensor's windows, so fewer at a low clock, whose iterations
+   are longer), then the next clock;
 3. the clock is restored (once) as soon as the last clock is done, and the training goes on at
    the driver's clock. A :class:`~opdvfs.runtime.actuators.ClockGuard` restores it on every
    other path: an exception, SIGINT/SIGTERM, interpreter exit, a script that ends mid-sweep.
@@ -118,10 +119,10 @@ class ClockSweep(IterationCounter):
     warmup
         Iterations at the top clock before the sweep (>= 1).
     iterations_per_clock
-        Counted iterations per clock; None: enough for ``sensor_s`` (``(period_s, window_s)``)
-        to give :data:`SWEEP_WINDOWS` complete windows at the top clock's iteration length
-        (measured in the warm-up), and at each clock more if its counted iterations do not yet
-        span them, or :data:`DEFAULT_PER_CLOCK` without a sensor.
+        Counted iterations per clock; None: at each clock as many as span ``sensor_s``'s
+        (``(period_s, window_s)``) :data:`SWEEP_WINDOWS` complete windows, that clock's own
+        iterations measured as they run (:attr:`per_clock`: the estimate at the top clock's
+        iteration length, from the warm-up), or :data:`DEFAULT_PER_CLOCK` without a sensor.
     settle_s
         Time from a clock request until an iteration may start and count (s).
     now_s
@@ -333,16 +334,20 @@ class ClockSweep(IterationCounter):
     def _clock_complete(self) -> bool:
         """Whether the current clock has its counted iterations.
 
-        Given ``iterations_per_clock``, that many. Sized for a sensor, also until they span the
-        sensor's :data:`SWEEP_WINDOWS` windows: the count is estimated from the warm-up's last
-        iteration, which on a real GPU often runs slower than the steady ones (an H200 GPT step:
-        10 counted iterations of 101 ms held 9 complete 100 ms counter windows, below the
-        attribution's :data:`~opdvfs.models.attribution.MIN_WINDOWS`).
+        Given ``iterations_per_clock`` (or without a sensor), that many. Sized for a sensor:
+        once they span the sensor's :data:`SWEEP_WINDOWS` windows, which is what the power
+        attribution needs, whatever their number. The count estimated from the warm-up's last
+        iteration (:attr:`per_clock`) is not the test: on a real GPU that iteration often runs
+        slower than the steady ones (an H200 GPT step: 10 counted iterations of 101 ms held 9
+        complete 100 ms counter windows, below the attribution's
+        :data:`~opdvfs.models.attribution.MIN_WINDOWS`), and a lower clock's iterations are
+        longer (sim:h100-like's tiny GPT: 5.3 s at 210 MHz against 0.98 s at the top, so one
+        spans the 2.1 s its 1 s windows need where the top clock's count ran three).
         """
-        if self._counted < (self.per_clock or 1):
-            return False
         if self._fixed_per_clock or self.sensor_s is None:
-            return True
+            return self._counted >= (self.per_clock or 1)
+        if self._counted < 1:
+            return False
         period_s, window_s = self.sensor_s
         span_s = sensor_span_s(
             period_ms=period_s * 1e3, window_ms=window_s * 1e3, windows=SWEEP_WINDOWS
@@ -370,6 +375,10 @@ class ClockSweep(IterationCounter):
         Warm-up, then per clock its counted iterations plus those a switch discards: about
         ``ceil(settle_s / iteration_s)`` at the top clock's pace (lower clocks are slower, so
         fewer), at least one. Before the warm-up ended, the last iteration's length stands in.
+        Sized for a sensor, a clock ``f`` counts the iterations that span the sensor's windows
+        at its own pace, unknown before it runs: counted here at the longest its iterations can
+        be, ``iteration_s * top / f`` (all compute-bound: time in inverse proportion to the
+        clock), so the sum is a lower bound.
         """
         iteration_s = self.iteration_s
         if iteration_s is None and self.records:
@@ -381,7 +390,15 @@ class ClockSweep(IterationCounter):
         if iteration_s and iteration_s > 0:
             discard = max(1, math.ceil(self.settle_s / iteration_s))
         switches = sum(1 for f in self.freqs_mhz if f != self.top_mhz)
-        return self.warmup + len(self.freqs_mhz) * per_clock + switches * discard
+        counted = len(self.freqs_mhz) * per_clock
+        if not self._fixed_per_clock and self.sensor_s is not None and iteration_s:
+            period_s, window_s = self.sensor_s
+            span_s = sensor_span_s(
+                period_ms=period_s * 1e3, window_ms=window_s * 1e3, windows=SWEEP_WINDOWS
+            )
+            longest_s = iteration_s * self.top_mhz / np.asarray(self.freqs_mhz)
+            counted = int(np.maximum(np.ceil(span_s / longest_s - 1e-9), 1).sum())
+        return self.warmup + counted + switches * discard
 
 
 @dataclass
