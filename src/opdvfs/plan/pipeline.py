@@ -154,8 +154,9 @@ def pipeline_dag(
     """Return a whole pipeline's graph from a stage profile (e.g. a Perseus CSV), measured.
 
     The per-clock time and energy of each stage's forward and backward are the profile's
-    medians over iterations (:class:`~opdvfs.plan.measured.MeasuredTables`); a clock a stage
-    was not measured at is unavailable to it.
+    medians over iterations (:class:`~opdvfs.plan.measured.MeasuredTables`), not smoothed
+    across clocks: the deadline is a makespan on the measured times; a clock a stage was not
+    measured at is unavailable to it.
 
     Raises
     ------
@@ -164,7 +165,7 @@ def pipeline_dag(
     """
     from opdvfs.plan.measured import MeasuredTables
 
-    table = MeasuredTables.from_profile(profile)
+    table = MeasuredTables.from_profile(profile, shrink=False)
     parsed = pd.Series(table.names).str.extract(_STAGE_OP)
     if parsed[0].isna().any():
         bad = table.names[int(np.flatnonzero(parsed[0].isna())[0])]

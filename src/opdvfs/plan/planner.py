@@ -154,6 +154,7 @@ class PlanInputs:
         spec: DeviceSpec | None = None,
         *,
         workload: Workload | None = None,
+        shrink: bool = True,
     ) -> PlanInputs:
         """Return the planner's inputs for the ops of ``profile``, over its device's clocks.
 
@@ -173,6 +174,9 @@ class PlanInputs:
         workload
             Take the streams, idle gaps and phases from this workload instead (e.g. a profile
             without start times); the classes still come from the profile's ratios.
+        shrink
+            Smooth the measured medians across clocks (:func:`~opdvfs.plan.measured.
+            shrink_across_clocks`, against the winner's curse); False keeps the raw medians.
         """
         if spec is None:
             spec = preset_spec(profile.meta.get("device"))
@@ -182,7 +186,7 @@ class PlanInputs:
         classes = None
         if any(c.startswith("ratio_") for c in first.columns):
             classes = classify_by_ratios(first)[0]
-        measured = MeasuredTables.from_profile(profile)
+        measured = MeasuredTables.from_profile(profile, shrink=shrink)
         if workload is not None:
             inputs = cls.from_workload(workload, freqs_mhz, device=device)
             return replace(inputs, classes=classes, measured=measured)

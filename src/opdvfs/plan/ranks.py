@@ -493,7 +493,8 @@ def rank_tables(profile: Profile, spec: DeviceSpec | None = None, *, source: str
     """
     from opdvfs.plan.planner import PlanInputs, predict
 
-    inputs = PlanInputs.from_profile(profile, spec)
+    # the raw medians, as the stage profiles' graph (pipeline_dag): a deadline on measured times
+    inputs = PlanInputs.from_profile(profile, spec, shrink=False)
     assert inputs.measured is not None
     models = None
     values: Values = "measured"
