@@ -16,7 +16,7 @@ from opdvfs.cli import app
 from opdvfs.models.attribution import power_rows, sensor_span_s
 from opdvfs.profile import Profile
 from opdvfs.runtime.actuators import DryRunActuator, NvmlActuator
-from opdvfs.runtime.sweep import SWEEP_WINDOWS, ClockSweep, sweep_run
+from opdvfs.runtime.sweep import SWEEP_WINDOWS, ClockSweep, SweepResult, sweep_run
 from opdvfs.sim import SimulatedDevice
 from opdvfs.workloads.workload import Workload
 
@@ -347,6 +347,8 @@ def test_a_slower_clock_counts_fewer_of_its_longer_iterations_for_the_same_windo
     counted = [r for r in sweep.records if r.phase == "counted"]
     per_clock = {f: sum(r.freq_mhz == f for r in counted) for f in (510.0, 1410.0)}
     assert per_clock == {510.0: 5, 1410.0: 12}
+    result = SweepResult(None, sweep.records, sweep.freqs_mhz, sweep.freqs_mhz, 0, 12, 1)
+    assert result.counted_per_clock == {1410.0: 12, 510.0: 5}
     # the estimate: 510 MHz's iterations at most 1410 / 510 x 100 ms long (ceil(4.3)), and
     # at least one discarded after the switch
     assert sweep.needed_iterations() == 1 + 12 + 5 + 1

@@ -419,7 +419,8 @@ class SweepResult:
     needed_iterations
         What the program must run for the whole sweep (:meth:`ClockSweep.needed_iterations`).
     iterations_per_clock
-        Counted iterations per clock.
+        Counted iterations per clock: given, or sized for the sensor at the top clock's pace
+        (a slower clock counts fewer of its longer iterations: :attr:`counted_per_clock`).
     warmup
         Iterations at the top clock before the sweep.
     """
@@ -436,6 +437,15 @@ class SweepResult:
     def complete(self) -> bool:
         """Whether every clock was measured."""
         return len(self.clocks_done) == len(self.freqs_mhz)
+
+    @property
+    def counted_per_clock(self) -> dict[float, int]:
+        """The counted iterations at each clock (MHz -> count), in sweep order."""
+        counts = dict.fromkeys(self.freqs_mhz, 0)
+        for r in self.records:
+            if r.phase == "counted":
+                counts[r.freq_mhz] = counts.get(r.freq_mhz, 0) + 1
+        return counts
 
     @property
     def missing_mhz(self) -> tuple[float, ...]:
