@@ -111,3 +111,36 @@ def test_run_issues_each_switch_at_its_trigger_op_start_plus_delay_on_the_device
             assert k["freq_mhz"].iloc[first] == freq_mhz
             landed += 1
     assert landed >= STEPS
+
+
+def test_leaving_the_executor_drops_the_switches_still_waiting_on_the_device():
+    """As the worker's close: a switch due after the executor was left never lands."""
+    import torch
+
+    from opdvfs.runtime.actuators import make_actuator
+    from opdvfs.runtime.dispatch import ScheduleExecutor, WorkloadRecorder
+
+    torch.manual_seed(0)
+    net = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+
+    def step() -> None:
+        loss = net(torch.randn(8, 64)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    act = make_actuator("sim:h100-like", work_scale=1e6)
+    with act:
+        with WorkloadRecorder() as recorder:
+            step()
+        n = len(recorder.iterations[-1])
+        late = Schedule.from_stage_freqs(
+            [0, n // 2], [1980.0, 1095.0], n_ops=n, delay_us=[0.0, 60e6], target=0.0, solver="m"
+        )
+        with ScheduleExecutor(late, act):
+            step()  # the 1095 MHz switch is due a minute after its trigger op
+        t_s = act.gpu.now_s()
+        while act.gpu.now_s() < t_s + 61:
+            step()
+    assert 1095.0 not in set(act.gpu.kernels()["freq_mhz"])

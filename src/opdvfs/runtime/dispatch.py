@@ -310,6 +310,16 @@ class ScheduleExecutor(ScheduleApplier, _OpMode):
             self._issued_s = self._sim_gpu.now_s()
         super()._fall_back(why, iteration=iteration, stacklevel=stacklevel + 1)
 
+    def __exit__(self, *exc: object) -> None:
+        """Leave the mode; on a simulated GPU, drop the switches still waiting on its timeline.
+
+        As the worker's close on a real device: nothing the executor scheduled lands after it
+        was left (the clock guard restores the clock next).
+        """
+        if self._sim is not None and self._sim_gpu is not None:
+            self._sim.current_mhz = self._sim_gpu.cancel_requests()
+        super().__exit__(*exc)
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if not func._schema.name.startswith(_COUNTED):
             return func(*args, **(kwargs or {}))
