@@ -274,9 +274,10 @@ def test_a_switch_longer_than_an_iteration_discards_by_time_not_count():
     assert min(r.start_s for r in counted_at_510) >= 5 * 0.002 + 0.015 - 1e-12
 
 
-def test_an_iteration_counts_only_once_the_temperature_is_steady():
+def _temp_sweep(temps, **options) -> tuple[ClockSweep, list[float]]:
+    """A one-clock sweep, 3 iterations counted, reading the die temperatures ``temps``."""
     act = DryRunActuator([510.0, 1410.0])
-    clock, temps = [0.0], iter([50.0, 53.0, 55.0, 56.5, 57.0, 57.2, 57.3, 57.4, 57.4, 57.5])
+    clock, reads = [0.0], iter(temps)
     sweep = ClockSweep(
         act,
         [1410.0],
@@ -284,20 +285,43 @@ def test_an_iteration_counts_only_once_the_temperature_is_steady():
         iterations_per_clock=3,
         settle_s=0.0,
         now_s=lambda: clock[0],
-        temp_c=lambda: next(temps),
+        temp_c=lambda: next(reads),
         max_temp_delta_c=1.0,
+        **options,
     )
-    _drive(sweep, clock, [0.1] * 6)
-    # deltas 3 (the warm-up), 2 and 1.5 (unsteady), 0.5, 0.2, 0.1 (counted)
-    assert [r.phase for r in sweep.records] == [
-        "warmup",
-        "unsteady",
-        "unsteady",
-        "counted",
-        "counted",
-        "counted",
-    ]
+    return sweep, clock
+
+
+def test_a_clock_counts_once_the_temperature_trend_over_its_iterations_is_steady():
+    # deltas 3 (the warm-up), 2, 1.5, 0.5, 0.2, 0.1: the first window of three (2, 1.5, 0.5)
+    # rises 1.35 deg C per iteration (least squares), the next (1.5, 0.5, 0.2) 0.71
+    sweep, clock = _temp_sweep([50.0, 53.0, 55.0, 56.5, 57.0, 57.2, 57.3, 57.4, 57.4, 57.5])
+    _drive(sweep, clock, [0.1] * 5)
+    phases = [r.phase for r in sweep.records]
+    assert phases == ["warmup", "unsteady", "counted", "counted", "counted"]
+    assert sweep.done and sweep.window_trend_c() == pytest.approx(0.71)
+
+
+def test_a_whole_degree_sensor_rising_faster_than_the_limit_is_not_steady():
+    # the die warms 1.4 deg C per iteration for five, read in whole degrees (NVML): the
+    # iterations read 1, 2, 1, 2, then 0. One at a time, those reading 1 (iterations 1 and 3)
+    # would have counted while it warmed; the trend over three (1.4, 1.6, 1.1 deg C per
+    # iteration) keeps sliding until the window holds mostly the flat part (0.6)
+    true_c = [50.0 + 1.4 * min(k, 5) for k in range(12)]
+    sweep, clock = _temp_sweep([float(int(t)) for t in true_c])
+    _drive(sweep, clock, [0.1] * 7)
+    phases = [r.phase for r in sweep.records]
     assert sweep.done
+    assert phases == ["warmup"] + ["unsteady"] * 3 + ["counted"] * 3
+    assert sweep.window_trend_c() == pytest.approx(0.6)
+
+
+def test_a_die_that_keeps_warming_counts_after_twice_the_count_with_one_warning():
+    sweep, clock = _temp_sweep([50.0 + 2.0 * k for k in range(20)])
+    with pytest.warns(UserWarning, match="temperature still moved more than 1 deg C"):
+        _drive(sweep, clock, [0.1] * 12)
+    phases = [r.phase for r in sweep.records]
+    assert sweep.done and phases == ["warmup"] + ["unsteady"] * 6 + ["counted"] * 3
 
 
 def _sensor_sweep(clock: list[float], **options) -> ClockSweep:

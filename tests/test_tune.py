@@ -319,10 +319,10 @@ def test_on_nvml_tunes_sweep_checks_the_temperature_and_sizes_clocks_by_the_coun
     from opdvfs.runtime.actuators import NvmlActuator
     from opdvfs.runtime.sweep import NVML_COUNTER_S, SWEEP_WINDOWS
 
-    # the die warms by 3 degC per read for five reads, then holds: the first three iterations
-    # after the warm-up move more than 1 degC and are discarded as unsteady
+    # the die warms by 3 degC per read for eight reads, then holds: the top clock's counted
+    # iterations slide past the warming ones until their temperature trend is within 1 degC
     fake_nvml.nvmlDeviceGetTemperature.side_effect = itertools.chain(
-        [50, 53, 56, 59, 62, 65], itertools.repeat(65)
+        range(50, 75, 3), itertools.repeat(74)
     )
     clock = itertools.count(0.0, 0.0625)  # the device's clock: 62.5 ms per read
     monkeypatch.setattr(Tuner, "_device_now", lambda self: next(clock))
@@ -339,8 +339,14 @@ def test_on_nvml_tunes_sweep_checks_the_temperature_and_sizes_clocks_by_the_coun
     assert tuner.block == ab_block(0.125, NVML_COUNTER_S) == 9
     assert tuner.result.block == 9 and "10 updates of the 100 ms" in tuner.result.block_by
     phases = [r.phase for r in sweep.records]
-    assert phases.count("unsteady") == 3 and phases[2:5] == ["unsteady"] * 3
     assert phases.count("counted") == 2 * want
+    first = phases.index("counted")
+    assert first > 2 and phases[2:first] == ["unsteady"] * (first - 2)
+    top = [r.temp_delta_c for r in sweep.records if r.phase == "counted" and r.freq_mhz == 1410.0]
+    trend = np.polyfit(np.arange(len(top) + 1), np.r_[0.0, np.cumsum(top)], 1)[0]
+    assert len(top) == want and trend <= 1.0 + 1e-9
+    # the tuner's record of each iteration follows the sweep's (dropped ones turn unsteady)
+    assert [it.phase for it in tuner.result.iterations[: len(phases)]] == phases
     assert all(r.temp_delta_c is not None for r in sweep.records)
     assert sweep.done and fake_nvml.nvmlDeviceResetGpuLockedClocks.call_count == 1
 

@@ -1080,7 +1080,13 @@ class Tuner:
             # (with --warmup 1 the first iteration, which often differs, is not the one)
             self.n_launches = n_ops
             self.sweep.mark_iteration()
-            record.phase = self.sweep.records[-1].phase
+            # the sweep may have dropped a clock's oldest counted iterations as unsteady
+            # (its window's temperature trend): their records follow
+            phases = {r.iteration: r.phase for r in self.sweep.records}
+            for row in reversed(self.result.iterations):
+                if row.iteration not in phases:
+                    break
+                row.phase = phases[row.iteration]
             if not self.sweep.done:
                 self.phase = "warmup" if self.sweep.iteration_s is None else "profiling"
             return

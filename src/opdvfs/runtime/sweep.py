@@ -10,9 +10,11 @@ script, between its iterations (each ends at an optimizer step, as
 2. for each clock, highest first: set it through the actuator; an iteration counts only if it
    *started* a settle time after the request (the device's switch latency: on a simulated GPU
    exact, in its virtual time, so a 2 ms iteration under a 15 ms switch discards eight; on a
-   real GPU the latency plus a margin, and at least the first iteration after a switch), and if
-   the die's temperature changed by at most ``max_temp_delta_c`` across it (Zeus's
-   ``zeus.profile`` steadiness idea, where the device reads a temperature);
+   real GPU the latency plus a margin, and at least the first iteration after a switch); where
+   the device reads a temperature, its counted iterations must be thermally steady (Zeus's
+   ``zeus.profile`` idea), judged by the temperature's trend over them: at most
+   ``max_temp_delta_c`` per iteration, else the oldest is dropped (``unsteady``) and one more
+   counted (:meth:`ClockSweep._steady_window`);
    ``iterations_per_clock`` counted iterations (sized for a power sensor: at each clock as many
    of its own iterations as span the sensor's windows, so fewer at a low clock, whose iterations
    are longer), then the next clock;
@@ -39,7 +41,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -93,8 +95,9 @@ class SweepIteration:
     freq_mhz
         The clock set while it ran (MHz).
     phase
-        ``warmup``, ``settle`` (a switch had not landed when it started), ``unsteady`` (the
-        temperature moved more than allowed) or ``counted``.
+        ``warmup``, ``settle`` (a switch had not landed when it started), ``unsteady`` (counted,
+        then dropped: the temperature's trend over the counted iterations was steeper than
+        allowed) or ``counted``.
     temp_delta_c
         Its temperature change (deg C), where the device reads one.
     """
@@ -130,9 +133,10 @@ class ClockSweep(IterationCounter):
     temp_c
         The die temperature now (deg C), or None: no steadiness check.
     max_temp_delta_c
-        Largest temperature change across a counted iteration (deg C). After
-        ``2 * iterations_per_clock`` unsteady iterations at one clock, iterations count anyway
-        (warned once), so a slowly warming device cannot stall the sweep.
+        Largest temperature trend over a clock's counted iterations (deg C per iteration: the
+        least-squares slope). After ``2 * iterations_per_clock`` unsteady iterations at one
+        clock, iterations count anyway (warned once), so a slowly warming device cannot stall
+        the sweep.
     on_done
         Called once when the last clock is done (restore the clock: the guard's restore).
     """
@@ -185,6 +189,7 @@ class ClockSweep(IterationCounter):
         self._counted = 0
         self._counted_s = 0.0  # time of the counted iterations at the current clock
         self._unsteady = 0
+        self._window: list[int] = []  # the current clock's counted records (indices)
         self._warned = False
         self._last_end = 0.0
         self._last_temp: float | None = None
@@ -267,6 +272,7 @@ class ClockSweep(IterationCounter):
     # ------------------------------------------------------------------------- the sweep
     def _begin_clock(self, index: int, now: float) -> None:
         self._clock, self._counted, self._counted_s, self._unsteady = index, 0, 0.0, 0
+        self._window = []
         freq = self.freqs_mhz[index]
         if freq != self._set_mhz:
             self.actuator.at(self.iteration + 1, 0)
@@ -305,31 +311,66 @@ class ClockSweep(IterationCounter):
                 self._begin_clock(0, now)
         elif start < self._settled_at:
             phase = "settle"
-        elif (
-            delta is not None
-            and abs(delta) > self.max_temp_delta_c
-            and self._unsteady < 2 * (self.per_clock or 1)
-        ):
-            phase = "unsteady"
-            self._unsteady += 1
         else:
-            if self._unsteady >= 2 * (self.per_clock or 1) and not self._warned:
-                self._warned = True
-                warnings.warn(
-                    f"opdvfs: the temperature still moved more than {self.max_temp_delta_c:g} "
-                    f"deg C per iteration at {self.freqs_mhz[self._clock]:g} MHz; counting "
-                    "its iterations anyway",
-                    stacklevel=2,
-                )
             phase = "counted"
             self._counted += 1
             self._counted_s += now - start
+            self._window.append(len(self.records))
         self.records.append(SweepIteration(self.iteration, start, now, self._set_mhz, phase, delta))
-        if phase == "counted" and self._clock_complete():
+        if phase == "counted" and self._clock_complete() and self._steady_window():
             if self._clock + 1 < len(self.freqs_mhz):
                 self._begin_clock(self._clock + 1, now)
             else:
                 self._finish()
+
+    def window_trend_c(self) -> float | None:
+        """Return the die's temperature trend over the clock's counted iterations (deg C each).
+
+        The least-squares slope of its temperature at their boundaries against their count;
+        None without a temperature.
+        """
+        deltas = [self.records[i].temp_delta_c for i in self._window]
+        if not deltas or any(d is None for d in deltas):
+            return None
+        temps_c = np.r_[0.0, np.cumsum(np.asarray(deltas, dtype=float))]
+        return float(np.polyfit(np.arange(len(temps_c)), temps_c, 1)[0])
+
+    def _steady_window(self) -> bool:
+        """Whether the clock's counted iterations were thermally steady; else slide them on.
+
+        Steadiness is judged by the temperature's trend over the counted iterations (its
+        least-squares slope per iteration, at most ``max_temp_delta_c``), not iteration by
+        iteration before they count: the die's drift across them is bounded alike (by the
+        limit times their number), but an iteration's change on a sensor that reads whole
+        degrees (NVML) is 0, 1 or 2 deg C, where the trend over several resolves a fraction,
+        and the iterations that count from the start need no waiting when the trend is flat.
+        While the trend is steeper, the oldest counted iteration turns ``unsteady`` and
+        counting goes on; after ``2 * per_clock`` of those the iterations count anyway
+        (warned once), so a slowly warming device cannot stall the sweep.
+        """
+        cap = 2 * (self.per_clock or 1)
+        while True:
+            trend = self.window_trend_c()
+            if trend is None or abs(trend) <= self.max_temp_delta_c + 1e-9:  # (fit's rounding)
+                return True
+            if self._unsteady >= cap:
+                if not self._warned:
+                    self._warned = True
+                    warnings.warn(
+                        f"opdvfs: the temperature still moved more than "
+                        f"{self.max_temp_delta_c:g} deg C per iteration at "
+                        f"{self.freqs_mhz[self._clock]:g} MHz; counting its iterations anyway",
+                        stacklevel=3,
+                    )
+                return True
+            oldest = self._window.pop(0)
+            record = self.records[oldest]
+            self.records[oldest] = replace(record, phase="unsteady")
+            self._unsteady += 1
+            self._counted -= 1
+            self._counted_s -= record.end_s - record.start_s
+            if not self._clock_complete():
+                return False
 
     def _clock_complete(self) -> bool:
         """Whether the current clock has its counted iterations.
