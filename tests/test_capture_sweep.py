@@ -93,6 +93,9 @@ def test_one_run_profiles_every_op_at_every_clock(swept):
     assert profile.ops.groupby("iteration")["freq_mhz"].nunique().max() == 1
     assert f"wrote {out / 'p.parquet'}: {len(op_ids)} operators" in res.stdout
     assert "swept 3 clocks on sim:a100-like in one run" in res.stdout
+    # the line reports each clock's own count
+    said = ", ".join(f"{counts[f]} at {f:g}" for f in (TOP, MID, MIN))
+    assert f"{said} MHz counted" in res.stdout
     # the workload is written as by a plain capture
     assert (out / "w.json").is_file()
 

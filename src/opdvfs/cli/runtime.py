@@ -358,15 +358,16 @@ def _capture_sweep(
     measured.write(profile_out)
     phases = measured.meta["sweep"]["iterations"]
     samples = measured.samples
+    # a slower clock counts fewer of its longer iterations (as many as span the sensor's windows)
+    counted = ", ".join(f"{n} at {f:g}" for f, n in result.counted_per_clock.items())
     _print(
         [
             f"swept {len(result.freqs_mhz)} clocks on {actuator} in one run: "
             f"{result.warmup} warm-up iterations at {max(result.freqs_mhz):g} MHz, then "
-            f"{result.iterations_per_clock} per clock ({phases.get('settle', 0)} discarded "
-            f"after switches, {phases.get('unsteady', 0)} while the temperature moved); clock "
-            "restored",
-            f"wrote {profile_out}: {measured.n_ops} operators x {result.iterations_per_clock} "
-            f"iterations at {', '.join(f'{f:g}' for f in measured.freqs_mhz)} MHz, "
+            f"{counted} MHz counted ({phases.get('settle', 0)} discarded after switches, "
+            f"{phases.get('unsteady', 0)} while the temperature moved); clock restored",
+            f"wrote {profile_out}: {measured.n_ops} operators at "
+            f"{', '.join(f'{f:g}' for f in measured.freqs_mhz)} MHz, "
             f"{0 if samples is None else len(samples)} power samples",
         ]
     )
