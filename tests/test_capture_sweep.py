@@ -1,6 +1,7 @@
 """`opdvfs capture --profile P --freqs LIST`: every clock profiled in one run (#21)."""
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -277,15 +278,15 @@ def test_a_switch_longer_than_an_iteration_discards_by_time_not_count():
     assert min(r.start_s for r in counted_at_510) >= 5 * 0.002 + 0.015 - 1e-12
 
 
-def _temp_sweep(temps, **options) -> tuple[ClockSweep, list[float]]:
-    """A one-clock sweep, 3 iterations counted, reading the die temperatures ``temps``."""
+def _temp_sweep(temps, per_clock=3, **options) -> tuple[ClockSweep, list[float]]:
+    """A one-clock sweep, ``per_clock`` iterations counted, reading the die temperatures."""
     act = DryRunActuator([510.0, 1410.0])
     clock, reads = [0.0], iter(temps)
     sweep = ClockSweep(
         act,
         [1410.0],
         warmup=1,
-        iterations_per_clock=3,
+        iterations_per_clock=per_clock,
         settle_s=0.0,
         now_s=lambda: clock[0],
         temp_c=lambda: next(reads),
@@ -325,6 +326,19 @@ def test_a_die_that_keeps_warming_counts_after_twice_the_count_with_one_warning(
         _drive(sweep, clock, [0.1] * 12)
     phases = [r.phase for r in sweep.records]
     assert sweep.done and phases == ["warmup"] + ["unsteady"] * 6 + ["counted"] * 3
+
+
+def test_one_counted_iteration_per_clock_still_waits_for_a_warming_die():
+    # one long iteration spans the sensor's windows: twice the count would give up after two
+    # unsteady ones, while this die warms 2 deg C per iteration for five more, then holds
+    warming = [50.0 + 2.0 * min(k, 6) for k in range(16)]
+    sweep, clock = _temp_sweep(warming, per_clock=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # steady before the patience runs out: no warning
+        _drive(sweep, clock, [0.1] * 7)
+    phases = [r.phase for r in sweep.records]
+    assert sweep.done and phases == ["warmup"] + ["unsteady"] * 5 + ["counted"]
+    assert sweep.window_trend_c() == pytest.approx(0.0)
 
 
 def _sensor_sweep(clock: list[float], **options) -> ClockSweep:

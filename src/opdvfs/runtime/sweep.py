@@ -77,6 +77,11 @@ DEFAULT_PER_CLOCK = 5
 #: (:data:`~opdvfs.models.attribution.MIN_WINDOWS`) plus two, as a window is counted only if it
 #: lies wholly inside the clock's counted iterations.
 SWEEP_WINDOWS = MIN_WINDOWS + 2
+#: Unsteady iterations a clock waits at least before its iterations count anyway (else twice
+#: its count): tied to the count alone, a clock counting one long iteration (one spans its
+#: sensor's windows) gave up after two while sim:a100-like's die still warmed from idle at the
+#: top clock (the tiny GPT's 1.55 s iterations: steady after four).
+UNSTEADY_PATIENCE = 6
 
 Phase = Literal["warmup", "settle", "unsteady", "counted"]
 
@@ -134,9 +139,9 @@ class ClockSweep(IterationCounter):
         The die temperature now (deg C), or None: no steadiness check.
     max_temp_delta_c
         Largest temperature trend over a clock's counted iterations (deg C per iteration: the
-        least-squares slope). After ``2 * iterations_per_clock`` unsteady iterations at one
-        clock, iterations count anyway (warned once), so a slowly warming device cannot stall
-        the sweep.
+        least-squares slope). After ``2 * iterations_per_clock`` (at least
+        :data:`UNSTEADY_PATIENCE`) unsteady iterations at one clock, iterations count anyway
+        (warned once), so a slowly warming device cannot stall the sweep.
     on_done
         Called once when the last clock is done (restore the clock: the guard's restore).
     """
@@ -345,10 +350,11 @@ class ClockSweep(IterationCounter):
         degrees (NVML) is 0, 1 or 2 deg C, where the trend over several resolves a fraction,
         and the iterations that count from the start need no waiting when the trend is flat.
         While the trend is steeper, the oldest counted iteration turns ``unsteady`` and
-        counting goes on; after ``2 * per_clock`` of those the iterations count anyway
-        (warned once), so a slowly warming device cannot stall the sweep.
+        counting goes on; after ``2 * per_clock`` of those (at least
+        :data:`UNSTEADY_PATIENCE`) the iterations count anyway (warned once), so a slowly
+        warming device cannot stall the sweep.
         """
-        cap = 2 * (self.per_clock or 1)
+        cap = max(2 * (self.per_clock or 1), UNSTEADY_PATIENCE)
         while True:
             trend = self.window_trend_c()
             if trend is None or abs(trend) <= self.max_temp_delta_c + 1e-9:  # (fit's rounding)
