@@ -15,8 +15,12 @@ TARGET = 0.02
 
 
 def plan_at(budget: float) -> Schedule:
-    """A stand-in plan that remembers the budget it was planned at (its ``target``)."""
-    return Schedule.from_stage_freqs([0], [1000.0], n_ops=1, target=budget, solver="stand-in")
+    """A stand-in plan that remembers the budget it was planned at (its ``target``).
+
+    Each budget plans another clock (a plan moves with its budget), so no two rounds repeat one.
+    """
+    freq_mhz = 1000.0 - 1e4 * budget
+    return Schedule.from_stage_freqs([0], [freq_mhz], n_ops=1, target=budget, solver="stand-in")
 
 
 def responding(slowdown) -> tuple[list[float], object]:
@@ -70,6 +74,18 @@ def test_an_unreachable_target_says_so_and_keeps_the_least_slowdown():
     assert not fit.met
     assert fit.best.measured.slowdown == min(r.measured.slowdown for r in fit.rounds)
     assert all(b >= 0 for b in seen) and len(seen) <= 6
+
+
+def test_a_plan_saturated_in_the_budget_is_measured_once():
+    # past 2.5% every budget plans the same stages (all at their lowest useful clock): the
+    # undershooting plan is not measured again at a larger budget
+    def saturated(budget: float) -> Schedule:
+        return plan_at(min(budget, 0.025))
+
+    seen, measure = responding(lambda b: 0.5 * min(b, 0.025))
+    fit = fit_budget(saturated, measure, target=TARGET)
+    assert seen == [TARGET, 0.025]  # the third budget planned the 2.5% plan again: stop
+    assert len(fit.rounds) == 2 and fit.best.schedule.target == 0.025
 
 
 def test_a_budget_found_on_the_twin_starts_the_real_rounds():

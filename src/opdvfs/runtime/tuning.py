@@ -112,8 +112,10 @@ def fit_budget(
     points nearest the aim, or, once the target is bracketed, between the largest budget
     that measured within it and the smallest larger one that measured above it (halving
     that bracket where the interpolation would repeat a budget). The loop stops when a
-    round measures within the window, when the next budget is one already planned, or
-    after ``rounds`` rounds.
+    round measures within the window, when the next budget is one already planned, when its
+    plan is one already measured (the same stages at the same clocks: a plan saturated in the
+    budget, e.g. every memory-bound stage already at its lowest useful clock, would only be
+    measured again), or after ``rounds`` rounds.
 
     Parameters
     ----------
@@ -147,6 +149,8 @@ def fit_budget(
     budget = target if start is None else start
     for _ in range(rounds):
         schedule = plan_at(budget)
+        if any(_same_plan(schedule, r.schedule) for r in done):
+            break  # measuring it again tells nothing new
         done.append(BudgetRound(budget, schedule, measure(schedule)))
         slowdown = done[-1].measured.slowdown
         if target * (1 - slack) <= slowdown <= target:
@@ -161,6 +165,13 @@ def fit_budget(
     else:
         best = min(done, key=lambda r: r.measured.slowdown)
     return BudgetFit(target, tuple(done), best, bool(within))
+
+
+def _same_plan(a: Schedule, b: Schedule) -> bool:
+    """Whether two schedules run the same stages at the same clocks."""
+    return [(s.first_op, s.last_op, s.freq_mhz) for s in a.stages] == [
+        (s.first_op, s.last_op, s.freq_mhz) for s in b.stages
+    ]
 
 
 def _next_budget(done: list[BudgetRound], target: float, *, aim: float) -> float | None:
