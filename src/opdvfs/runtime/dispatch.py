@@ -214,10 +214,9 @@ class ScheduleExecutor(ScheduleApplier, _OpMode):
         #: :class:`~opdvfs.runtime.actuators.SimGpuActuator`, known by its device: that module
         #: imports this one's recorder.)
         gpu = getattr(actuator, "gpu", None)
-        self._sim: DryRunActuator | None = None
-        self._sim_gpu: SimulatedGpu | None = None
+        self._timeline: tuple[DryRunActuator, SimulatedGpu] | None = None
         if isinstance(actuator, DryRunActuator) and isinstance(gpu, SimulatedGpu):
-            self._sim, self._sim_gpu = actuator, gpu
+            self._timeline = (actuator, gpu)
         #: Virtual time (s) the last switch was issued at on the simulated GPU: in order.
         self._issued_s = 0.0
         if schedule is not None:
@@ -247,7 +246,7 @@ class ScheduleExecutor(ScheduleApplier, _OpMode):
         first = [sw for sw in schedule.switches if sw.previous_iteration]
         with self._lock:
             delayed = any(sw.delay_us > 0 for sw in schedule.switches)
-            if self._sim is None and (self._cuda or delayed):
+            if self._timeline is None and (self._cuda or delayed):
                 self._start_issuer()
             self.schedule, self._switch_at, self._first = schedule, switch_at, first
             self._off = self.op_index > 0  # mid-iteration: start at the next one
@@ -259,8 +258,8 @@ class ScheduleExecutor(ScheduleApplier, _OpMode):
         """Issue (or hand to the worker) the switches triggered by the op being dispatched."""
         if self._halted:
             return
-        if self._sim is not None and self._sim_gpu is not None:
-            self._trigger_on_timeline(self._sim, self._sim_gpu, switches)
+        if self._timeline is not None:
+            self._trigger_on_timeline(*self._timeline, switches)
             return
         if self._issuer is None:  # CPU, no delays: at once, on this thread
             self._where()
@@ -305,9 +304,9 @@ class ScheduleExecutor(ScheduleApplier, _OpMode):
         settles at, not a dropped one (else a fallback to a clock just dropped would be skipped
         as already set).
         """
-        if self._sim is not None and self._sim_gpu is not None:
-            self._sim.current_mhz = self._sim_gpu.cancel_requests()
-            self._issued_s = self._sim_gpu.now_s()
+        if self._timeline is not None:
+            self._drop_waiting()
+            self._issued_s = self._timeline[1].now_s()
         super()._fall_back(why, iteration=iteration, stacklevel=stacklevel + 1)
 
     def __exit__(self, *exc: object) -> None:
@@ -316,9 +315,15 @@ class ScheduleExecutor(ScheduleApplier, _OpMode):
         As the worker's close on a real device: nothing the executor scheduled lands after it
         was left (the clock guard restores the clock next).
         """
-        if self._sim is not None and self._sim_gpu is not None:
-            self._sim.current_mhz = self._sim_gpu.cancel_requests()
+        if self._timeline is not None:
+            self._drop_waiting()
         super().__exit__(*exc)
+
+    def _drop_waiting(self) -> None:
+        """Drop the simulated GPU's requests not yet due; the actuator's clock: where it settles."""
+        assert self._timeline is not None
+        sim, gpu = self._timeline
+        sim.current_mhz = gpu.cancel_requests()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if not func._schema.name.startswith(_COUNTED):
