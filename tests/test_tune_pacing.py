@@ -16,14 +16,13 @@ import pytest
 pytest.importorskip("torch")
 
 import opdvfs.experiments.tune as tune_module
+from user_workload import train_mlp
 
 #: How long the planning thread's fit takes here (s): several of the device's iterations.
 FIT_S = 2.0
 
 
 def test_planning_on_a_simulated_gpu_spans_the_device_iterations_of_its_wall_time(monkeypatch):
-    import torch
-
     from opdvfs.runtime.actuators import make_actuator
 
     fit = tune_module.fit_profile
@@ -33,19 +32,10 @@ def test_planning_on_a_simulated_gpu_spans_the_device_iterations_of_its_wall_tim
         return fit(*args, **kwargs)
 
     monkeypatch.setattr(tune_module, "fit_profile", slow_fit)
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
-    opt = torch.optim.AdamW(net.parameters())
     act = make_actuator("sim:h100-like", work_scale=1e6)
     tuner = tune_module.Tuner(act, target=0.02, block=3, pairs=1, rounds=1)
     with tuner:
-        for _ in range(400):
-            loss = net(torch.randn(32, 64)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if tuner.phase not in ("warmup", "profiling", "planning"):
-                break
+        train_mlp(400, until=lambda: tuner.phase not in ("warmup", "profiling", "planning"))
     rows = tuner.result.iterations
     assert tuner.phase == "switch"  # (broken off there: the result says so)
     planning = [it for it in rows if it.phase == "planning"]

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("torch")
 
 from opdvfs.runtime.simgpu import SimulatedGpu
+from user_workload import train_mlp
 
 #: The user's MLP on sim:h100-like: its top clock and the device's switch latency (s).
 PRESET, TOP_MHZ, LATENCY_S = "h100-like", 1980.0, 0.015
@@ -35,24 +36,13 @@ def _launch(gpu: SimulatedGpu, until_s: float) -> None:
 
 def test_a_host_running_ahead_of_the_device_does_not_shift_the_ab_blocks():
     """Reference blocks measure the top clock, tuned blocks the plan; the interval is tight."""
-    import torch
-
     from opdvfs.experiments.tune import Tuner
     from opdvfs.runtime.actuators import make_actuator
 
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
-    opt = torch.optim.AdamW(net.parameters())
     act = make_actuator(f"sim:{PRESET}", work_scale=1e6)
     tuner = Tuner(act, target=0.02, block=3, pairs=3, rounds=1)
     with tuner:
-        for _ in range(300):
-            loss = net(torch.randn(32, 64)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if tuner.phase == "top" or tuner.result.count("steady") >= 6:
-                break
+        train_mlp(300, until=lambda: tuner.phase == "top" or tuner.result.count("steady") >= 6)
     result = tuner.result
     assert result.error is None and len(result.rounds) == 1
     rows = result.iterations

@@ -1,7 +1,9 @@
-"""A user's own small workload (24 operators), shared by the tests of the user's path."""
+"""A user's own small workload (24 operators) and training loop, shared by the tests of the
+user's path."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -27,3 +29,20 @@ def write_mini_workload(path: Path) -> Path:
     )
     Workload(ops, name="mini").write(path)
     return path
+
+
+def train_mlp(steps: int, until: Callable[[], bool]) -> None:
+    """Train a user's 2-layer MLP (64-256-64, AdamW, batch 32) up to ``steps`` steps, stopping
+    after the first step at whose end ``until()`` holds (e.g. a tuner's phase)."""
+    import torch
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+    opt = torch.optim.AdamW(net.parameters())
+    for _ in range(steps):
+        loss = net(torch.randn(32, 64)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if until():
+            break
