@@ -124,9 +124,8 @@ _INTERVAL_MS = 5.0
 
 def _plan(bench: Bench, target: float, objective: Objective, **options: Any) -> Schedule:
     latency = options.pop("switch_latency_ms", bench.device.spec.switch_latency_ms)
-    # A stage shorter than the switch cannot get its clock: its request is superseded by the
-    # next one before it lands (SetFreq semantics, opdvfs.sim.timeline).
-    options.setdefault("interval_ms", max(_INTERVAL_MS, latency))
+    # (plan_schedule keeps every stage at least one switch long: plan.planner.shortest_stage_ms)
+    options.setdefault("interval_ms", _INTERVAL_MS)
     return plan_schedule(
         bench.predictions,
         bench.inputs,

@@ -195,15 +195,15 @@ def plan_fitted(
 ) -> Schedule:
     """Plan at ``target`` on :func:`fit_profile`'s models, as ``opdvfs plan`` does; map to launches.
 
-    ``interval_ms`` below the device's switch latency is raised to it (``plan`` warns about
-    shorter stages: most of their switches would land after them).
+    ``interval_ms`` below the device's switch latency is raised to it by
+    :func:`~opdvfs.plan.planner.plan_schedule` (shorter stages' switches would be superseded).
     """
     schedule = plan_schedule(
         fitted.models,
         fitted.inputs,
         target=target,
         objective=objective,
-        interval_ms=max(interval_ms, fitted.switch_latency_ms),
+        interval_ms=interval_ms,
         switch_latency_ms=fitted.switch_latency_ms,
     )
     if fitted.n_launches is not None:
