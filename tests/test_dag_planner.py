@@ -1,6 +1,7 @@
 """The DAG planner (plan/dag.py) and the pipeline graph builders (plan/pipeline.py)."""
 
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -235,7 +236,91 @@ def test_a_hard_perseus_deadline_plans_within_its_budget():
     assert plan.makespan_s <= base * (1 + 1e-9)
     # the search moved it (0.12% in a second alone, 0.08% with two other jobs on the 2 cores)
     assert plan.energy_j < rounded.energy_j * (1 - 2e-4)
-    assert plan.lower_bound_j == pytest.approx(rounded.lower_bound_j)
+    # the bound worker only ever raises the relaxation's bound (6252.2 J to ~6258.8 J here)
+    assert rounded.lower_bound_j * (1 - 1e-12) <= plan.lower_bound_j <= plan.energy_j
+
+
+def _hard_programme():
+    """GPT-3 on A40 at d = 0 prepared for branch and bound: problem, options, deadline, plan."""
+    from opdvfs.plan.dag import _deadline, _prepare
+
+    problem = pipeline_dag(read_profile([dataset_path("perseus-gpt3-175b-a40")]), 8)
+    options, programme = _prepare(problem)
+    deadline_s, top = _deadline(problem, 0.0)
+    programme.set_deadline(deadline_s)
+    lower_j, _ = programme.relax()
+    slot = np.argmax(options.clock == top[:, None], axis=1)  # all-max: a feasible start
+    return problem, options, deadline_s, slot, lower_j
+
+
+def test_the_bound_worker_raises_the_bound_live_and_stops_once_it_suffices():
+    from opdvfs.plan.dag import _BoundWorker
+
+    problem, options, deadline_s, slot, lower_j = _hard_programme()
+    started = time.perf_counter()
+    # its root cuts raise this bound by ~5 J in ~0.4 s; 1 J is enough for the caller here
+    worker = _BoundWorker(
+        problem,
+        options,
+        deadline_s,
+        slot,
+        rel_gap=1e-9,
+        time_limit_s=60.0,
+        stop_when=lambda bound_j: bound_j > lower_j + 1.0,
+    )
+    while worker._thread.is_alive() and time.perf_counter() - started < 30.0:
+        time.sleep(0.01)
+    stopped_after_s = time.perf_counter() - started
+    assert worker.bound_j > lower_j + 1.0  # read live, before finish()
+    found, bound_j = worker.finish()
+    assert stopped_after_s < 30.0  # stopped by the test, not by its 60 s limit
+    assert bound_j >= worker.bound_j
+    if found is not None:
+        makespan, energy, _ = problem.evaluate(options.clock[np.arange(problem.n_nodes), found])
+        assert makespan <= deadline_s * (1 + 1e-6) and energy >= bound_j * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("after_s", [0.05, 0.6])
+def test_the_bound_worker_stops_soon_when_finished(after_s):
+    # 0.05 s: in the root's first relaxation; 0.6 s: in the tree, where strong branching (off in
+    # the worker) would run for seconds without reaching the callback that stops it
+    from opdvfs.plan.dag import _BoundWorker
+
+    problem, options, deadline_s, slot, lower_j = _hard_programme()
+    worker = _BoundWorker(
+        problem,
+        options,
+        deadline_s,
+        slot,
+        rel_gap=1e-9,
+        time_limit_s=60.0,
+        stop_when=lambda bound_j: False,
+    )
+    time.sleep(after_s)
+    started = time.perf_counter()
+    _, bound_j = worker.finish()
+    assert time.perf_counter() - started < 1.0  # measured: at most 0.15 s
+    assert not worker._thread.is_alive()
+    # stopped in its first relaxation it has proved nothing yet (-inf), else at least the root's
+    assert bound_j == -np.inf or bound_j >= lower_j * (1 - 1e-9)
+
+
+def test_an_error_in_the_search_stops_the_bound_worker(monkeypatch):
+    import threading
+
+    from opdvfs.plan import dag
+
+    def failing_search(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dag, "_search", failing_search)
+    problem = pipeline_dag(read_profile([dataset_path("perseus-gpt3-175b-a40")]), 8)
+    before = threading.active_count()
+    started = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        solve_dag(problem, 0.0, time_limit_s=60.0)
+    assert time.perf_counter() - started < 5.0
+    assert threading.active_count() == before
 
 
 def test_neighbourhoods_cover_neighbouring_rank_groups():

@@ -36,16 +36,21 @@ fractional nodes, windows of nodes that run at about the same time, pairs and tr
 neighbouring ranks; a pass that improves nothing widens the band and the windows. Half its
 time goes to the rounded relaxation, the rest to a second start, the relaxation rounded by
 diving (fix the thresholds nearest to integral, re-solve, repeat; Berthold 2006, "Primal
-heuristics for MIP"): the two lie in different basins of the search. (5) Most
-of ``time_limit_s`` beyond its first second goes to HiGHS's branch and bound on the whole 0/1
-programme from the best plan (warm start), which also raises the bound. Every result carries
+heuristics for MIP"): the two lie in different basins of the search. (5) Meanwhile, in a
+second thread, HiGHS's branch and bound on a copy of the whole 0/1 programme, its primal
+heuristics off, raises the lower bound (HiGHS releases the GIL; on two cores the search and the
+bound progress together); the search stops as soon as its plan is within ``rel_gap`` of that
+bound. (6) Most of ``time_limit_s`` beyond its first second goes to HiGHS's branch and bound
+with its heuristics, from the best plan (warm start), for better plans. Every result carries
 its certified bound and gap. A frontier (:func:`dag_frontier`) plans its deadlines from the
 tightest up, each warm-started from the one before.
 """
 
 from __future__ import annotations
 
+import threading
 import time as _time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -87,12 +92,26 @@ _DIVE_ROOM = 0.01
 #: A search pass that lowers the energy by less than this fraction moves to the next level.
 _PASS_GAIN = 1e-4
 #: Share of the time budget's first second, and of the rest, the neighbourhood search may use
-#: (branch and bound gets the rest: the search finds plans fast, only branch and bound raises
-#: the bound, and it needs seconds to: on the Perseus A40 GPT-3 graph its root alone takes
-#: ~0.5 s, so within a one-second budget it raised no bound and only delayed the answer).
+#: (branch and bound with HiGHS's heuristics gets the rest: the search finds plans faster, and
+#: the bound worker raises the bound beside both).
 _SEARCH_SHARE, _SEARCH_SHARE_LATER = 1.0, 0.1
 #: Seconds kept back from branch and bound for what follows it (HiGHS stops a little late).
 _WRAP_UP_S = 0.03
+#: HiGHS options of the bound worker (:class:`_BoundWorker`): no primal heuristics, no restart
+#: and no strong branching (pseudo-costs trusted from the first branch). From a good plan the
+#: heuristics only delay the cut loop and the tree that raise the bound: on the hard Perseus
+#: instances (A40 and BLOOM at d = 0-2%) HiGHS certified 0.1% from the best plan known in
+#: 0.3-1.9 s this way, 0.1-12 s with its defaults. Strong branching also runs for seconds
+#: without reaching the interrupt callback that stops the worker.
+_BOUND_ONLY = {
+    "mip_heuristic_effort": 0.0,
+    "mip_heuristic_run_feasibility_jump": False,
+    "mip_heuristic_run_rins": False,
+    "mip_heuristic_run_rens": False,
+    "mip_heuristic_run_root_reduced_cost": False,
+    "mip_allow_restart": False,
+    "mip_pscost_minreliable": 0,
+}
 
 
 #: The default budget of one deadline (s): under a second with the wrap-up, on a loaded machine.
@@ -326,7 +345,8 @@ class DagPlan:
         Certified lower bound on the total energy of every plan within the deadline, and the
         plan's distance above it (% of the plan's energy).
     method
-        ``relaxation`` (the rounded relaxation met the gap) or ``milp`` (HiGHS closed it).
+        What found the plan: ``relaxation`` (the rounded relaxation, certified alone),
+        ``search`` (the neighbourhood search) or ``milp`` (HiGHS's branch and bound).
     status
         ``optimal`` (within the gap asked), ``feasible`` (time ran out first) or ``infeasible``.
     plan_seconds
@@ -475,6 +495,31 @@ class _Programme:
         )
         self.h = h
         self._is_integer: bool | None = None
+        #: The best dual bound HiGHS has reported during a branch and bound (J), and a test of
+        #: (its incumbent's energy, that bound) that stops it; see :meth:`watch`.
+        self.live_bound_j = -np.inf
+        self._stop_when: Callable[[float, float], bool] | None = None
+
+    def watch(self, stop_when: Callable[[float, float], bool] | None) -> None:
+        """Report the dual bound live and stop branch and bound once ``stop_when`` holds.
+
+        ``stop_when(incumbent_j, bound_j)`` is asked at each of HiGHS's MIP interrupt
+        callbacks (from the solving thread: between the root's cut rounds and at every node);
+        None stops watching.
+        """
+        kinds = self.highspy.cb.HighsCallbackType
+        self._stop_when = stop_when
+        if stop_when is not None:
+            self.h.setCallback(self._on_interrupt, None)
+            self.h.startCallback(kinds.kCallbackMipInterrupt)
+        else:
+            self.h.stopCallback(kinds.kCallbackMipInterrupt)
+
+    def _on_interrupt(self, _kind: Any, _message: str, out: Any, into: Any, _user: Any) -> None:
+        self.live_bound_j = max(self.live_bound_j, float(out.mip_dual_bound))
+        stop_when = self._stop_when
+        if stop_when is not None and stop_when(float(out.mip_primal_bound), self.live_bound_j):
+            into.user_interrupt = True
 
     def set_deadline(self, deadline_s: float) -> None:
         self.h.changeColBounds(self.makespan_col, 0.0, deadline_s * 1e3)
@@ -612,6 +657,63 @@ class _Programme:
         return self.slots(y), bound, status == self.highspy.HighsModelStatus.kOptimal
 
 
+class _BoundWorker:
+    """HiGHS's branch and bound raising the lower bound in a thread while the search runs.
+
+    A second copy of the programme, from the rounded relaxation's plan, with HiGHS's primal
+    heuristics and restarts off (:data:`_BOUND_ONLY`): only its cut loop and its tree, which
+    are what raise the bound. HiGHS releases the GIL while it solves, so with a second core
+    the bound rises while the neighbourhood search finds the plans; :attr:`bound_j` is read
+    live, and the worker stops once ``stop_when(bound_j)`` holds, at its time limit, or at
+    :meth:`finish`.
+    """
+
+    def __init__(
+        self,
+        problem: DagProblem,
+        options: _Options,
+        deadline_s: float,
+        slot: np.ndarray,
+        *,
+        rel_gap: float,
+        time_limit_s: float,
+        stop_when: Callable[[float], bool],
+    ) -> None:
+        self.programme = _Programme(problem, options)
+        self.programme.set_deadline(deadline_s)
+        for name, value in _BOUND_ONLY.items():
+            self.programme.h.setOptionValue(name, value)
+        self._finished = False
+        self.programme.watch(lambda _incumbent, bound: self._finished or stop_when(bound))
+        self._result: tuple[np.ndarray | None, float, bool] | BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(slot, rel_gap, time_limit_s), daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def bound_j(self) -> float:
+        """The best lower bound the worker has proved so far (J)."""
+        return self.programme.live_bound_j
+
+    def _run(self, slot: np.ndarray, rel_gap: float, time_limit_s: float) -> None:
+        try:
+            self._result = self.programme.exact(slot, rel_gap=rel_gap, time_limit_s=time_limit_s)
+        except BaseException as error:  # re-raised in the caller's thread by finish()
+            self._result = error
+
+    def finish(self) -> tuple[np.ndarray | None, float]:
+        """Stop the worker; return the best plan it found (None if none) and its bound (J)."""
+        self._finished = True
+        self._thread.join()
+        if isinstance(self._result, BaseException):
+            raise self._result
+        if self._result is None:
+            return None, self.bound_j
+        found, bound, _ = self._result
+        return found, max(bound, self.bound_j)
+
+
 def _greedy_fill(
     problem: DagProblem, options: _Options, slot: np.ndarray, deadline_s: float
 ) -> np.ndarray:
@@ -731,13 +833,14 @@ def _search(
     fractional: np.ndarray,
     deadline_s: float,
     until: float,
-    good_enough_j: float,
+    certified: Callable[[float], bool],
 ) -> np.ndarray:
     """Return the plan improved by a variable-neighbourhood search.
 
     Node sets are re-solved exactly (HiGHS, the others fixed, each free node within a band of
     options around its current one) while time remains and the energy is above
-    ``good_enough_j``. A pass over every set that improves the plan by less than
+    ``certified`` (a test of an energy against the best bound known, which may rise while the
+    search runs). A pass over every set that improves the plan by less than
     :data:`_PASS_GAIN` widens the band and the windows (:data:`_LEVELS`: the plan is then
     about a local optimum of the narrower search). Every accepted plan meets the deadline.
     """
@@ -745,13 +848,13 @@ def _search(
     best = slot
     best_e = float(problem.evaluate(options.clock[rows, best])[1])
     level = 0
-    while level < len(_LEVELS) and best_e > good_enough_j:
+    while level < len(_LEVELS) and not certified(best_e):
         band, window = _LEVELS[level]
         pass_start_e = best_e
         starts = problem.start_times(options.clock[rows, best])
         for hood, hood_band in _neighbourhoods(problem, starts, fractional, window, band):
             left = until - _time.perf_counter()
-            if left <= 0:
+            if left <= 0 or certified(best_e):
                 return best
             got, _, _ = programme.exact(
                 best,
@@ -766,7 +869,7 @@ def _search(
             makespan, energy, _ = problem.evaluate(options.clock[rows, got])
             if energy < best_e * (1 - 1e-12) and makespan <= deadline_s * (1 + 1e-6):
                 best, best_e = got, float(energy)
-                if best_e <= good_enough_j:
+                if certified(best_e):
                     return best
         fractional = np.zeros_like(fractional)
         # another pass at this level only while its passes still pay
@@ -797,9 +900,10 @@ def solve_dag(
     time_limit_s
         Wall-time budget: the rounded relaxation, then a neighbourhood search (up to all of
         the first second and 10% of the rest), then HiGHS's branch and bound from the best
-        plan (the rest) while the certified gap exceeds ``rel_gap``. The best plan found is
-        returned with its certified gap; status ``feasible`` when that gap is above
-        ``rel_gap``.
+        plan (the rest), with the bound worker beside them all the while, until the certified
+        gap is within ``rel_gap``. The best plan found is returned with its certified gap;
+        status ``feasible`` when that gap is above ``rel_gap``. 0 (or less than the wrap-up)
+        returns the rounded relaxation.
     deadline_s
         An absolute makespan limit (s) instead of ``target``.
 
@@ -842,44 +946,78 @@ def solve_dag(
         return _infeasible(problem, deadline, started)
     if plan.status == "optimal":
         return plan
+    budget_s = time_limit_s - _WRAP_UP_S - (_time.perf_counter() - started)
+    if budget_s <= 0:
+        return replace(plan, method="search")
     search_s = _search_seconds(time_limit_s)
-    good_enough = bound / (1 - rel_gap)
-    # the search from the rounded relaxation (or the warm start) ...
-    split = started + _FIRST_START_SHARE * search_s
-    slot = _search(problem, options, programme, slot, fractional, deadline, split, good_enough)
-    # ... then from a second start, the relaxation rounded by diving
+    best_energy = [plan.energy_j]  # the best plan's energy so far (J), read by the worker
+
+    def certified(energy_j: float) -> bool:
+        """Whether a plan of ``energy_j`` is within ``rel_gap`` of the best bound known."""
+        best_energy[0] = min(best_energy[0], energy_j)  # asked only of plans found
+        return energy_j * (1 - rel_gap) <= max(bound, worker.bound_j)
+
+    worker = _BoundWorker(
+        problem,
+        options,
+        deadline * (1 + _TIME_RTOL),
+        slot,
+        rel_gap=rel_gap,
+        time_limit_s=budget_s,
+        stop_when=lambda bound_j: best_energy[0] * (1 - rel_gap) <= bound_j,
+    )
     rows = np.arange(problem.n_nodes)
-    energy = float(problem.evaluate(options.clock[rows, slot])[1])
-    dive_until = _time.perf_counter() + _DIVE_SHARE * search_s
-    if energy > good_enough and dive_until < started + search_s and programme.relax() is not None:
-        dived = _greedy_fill(problem, options, programme.dive(dive_until), deadline)
-        makespan, dived_e, _ = problem.evaluate(options.clock[rows, dived])
-        if makespan <= deadline * (1 + 1e-6) and dived_e < energy * (1 + _DIVE_ROOM):
-            dived = _search(
-                problem,
-                options,
-                programme,
-                dived,
-                np.zeros_like(fractional),
-                deadline,
-                started + search_s,
-                good_enough,
-            )
+    found: list[np.ndarray] = []  # plans from branch and bound
+    try:
+        # the search from the rounded relaxation (or the warm start) ...
+        split = started + _FIRST_START_SHARE * search_s
+        slot = _search(problem, options, programme, slot, fractional, deadline, split, certified)
+        # ... then from a second start, the relaxation rounded by diving
+        energy = float(problem.evaluate(options.clock[rows, slot])[1])
+        dive_until = _time.perf_counter() + _DIVE_SHARE * search_s
+        if (
+            not certified(energy)
+            and dive_until < started + search_s
+            and programme.relax() is not None
+        ):
+            dived = _greedy_fill(problem, options, programme.dive(dive_until), deadline)
             makespan, dived_e, _ = problem.evaluate(options.clock[rows, dived])
-            if makespan <= deadline * (1 + 1e-6) and dived_e < energy:
-                slot = dived
+            if makespan <= deadline * (1 + 1e-6) and dived_e < energy * (1 + _DIVE_ROOM):
+                dived = _search(
+                    problem,
+                    options,
+                    programme,
+                    dived,
+                    np.zeros_like(fractional),
+                    deadline,
+                    started + search_s,
+                    certified,
+                )
+                makespan, dived_e, _ = problem.evaluate(options.clock[rows, dived])
+                if makespan <= deadline * (1 + 1e-6) and dived_e < energy:
+                    slot, energy = dived, float(dived_e)
+        remaining = time_limit_s - _WRAP_UP_S - (_time.perf_counter() - started)
+        if not certified(energy) and remaining > 0:
+            # the rest: HiGHS with its heuristics for plans, beside the worker for the bound
+            programme.watch(lambda incumbent_j, _bound_j: certified(incumbent_j))
+            try:
+                best, mip_bound, _ = programme.exact(slot, rel_gap=rel_gap, time_limit_s=remaining)
+            finally:
+                programme.watch(None)
+            bound = max(bound, mip_bound)
+            if best is not None:
+                found.append(best)
+    finally:
+        worker_best, worker_bound = worker.finish()
+    bound = max(bound, worker_bound)
+    if worker_best is not None:
+        found.append(worker_best)
     plan = done(slot, "search", bound)
-    remaining = time_limit_s - _WRAP_UP_S - (_time.perf_counter() - started)
-    if plan.status == "optimal" or remaining <= 0:
-        return plan
-    best, mip_bound, _ = programme.exact(slot, rel_gap=rel_gap, time_limit_s=remaining)
-    bound = max(bound, mip_bound)
-    if best is not None:
-        best = _greedy_fill(problem, options, best, deadline)
-        exact = done(best, "milp", bound)
+    for best in found:
+        exact = done(_greedy_fill(problem, options, best, deadline), "milp", bound)
         if exact.energy_j < plan.energy_j and exact.makespan_s <= deadline * (1 + 1e-6):
-            return exact
-    return done(slot, "milp", bound)
+            plan = exact
+    return plan
 
 
 def _prepare(problem: DagProblem) -> tuple[_Options, _Programme]:
