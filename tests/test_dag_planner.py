@@ -240,9 +240,13 @@ def test_a_hard_perseus_deadline_plans_within_its_budget():
     assert rounded.lower_bound_j * (1 - 1e-12) <= plan.lower_bound_j <= plan.energy_j
 
 
-def _hard_programme():
-    """GPT-3 on A40 at d = 0 prepared for branch and bound: problem, options, deadline, plan."""
-    from opdvfs.plan.dag import _deadline, _prepare
+def _bound_worker(enough_j=np.inf):
+    """A bound worker started on GPT-3 on A40 at d = 0 from the all-max plan, for 60 s.
+
+    It stops once it has raised the relaxation's bound by ``enough_j``. Returns the worker, the
+    problem, its options, the deadline (s) and the relaxation's bound.
+    """
+    from opdvfs.plan.dag import _BoundWorker, _deadline, _prepare
 
     problem = pipeline_dag(read_profile([dataset_path("perseus-gpt3-175b-a40")]), 8)
     options, programme = _prepare(problem)
@@ -250,15 +254,6 @@ def _hard_programme():
     programme.set_deadline(deadline_s)
     lower_j, _ = programme.relax()
     slot = np.argmax(options.clock == top[:, None], axis=1)  # all-max: a feasible start
-    return problem, options, deadline_s, slot, lower_j
-
-
-def test_the_bound_worker_raises_the_bound_live_and_stops_once_it_suffices():
-    from opdvfs.plan.dag import _BoundWorker
-
-    problem, options, deadline_s, slot, lower_j = _hard_programme()
-    started = time.perf_counter()
-    # its root cuts raise this bound by ~5 J in ~0.4 s; 1 J is enough for the caller here
     worker = _BoundWorker(
         problem,
         options,
@@ -266,8 +261,15 @@ def test_the_bound_worker_raises_the_bound_live_and_stops_once_it_suffices():
         slot,
         rel_gap=1e-9,
         time_limit_s=60.0,
-        stop_when=lambda bound_j: bound_j > lower_j + 1.0,
+        stop_when=lambda bound_j: bound_j > lower_j + enough_j,
     )
+    return worker, problem, options, deadline_s, lower_j
+
+
+def test_the_bound_worker_raises_the_bound_live_and_stops_once_it_suffices():
+    # its root cuts raise this bound by ~5 J in ~0.4 s; 1 J is enough for the caller here
+    worker, problem, options, deadline_s, lower_j = _bound_worker(enough_j=1.0)
+    started = time.perf_counter()
     while worker._thread.is_alive() and time.perf_counter() - started < 30.0:
         time.sleep(0.01)
     stopped_after_s = time.perf_counter() - started
@@ -284,18 +286,7 @@ def test_the_bound_worker_raises_the_bound_live_and_stops_once_it_suffices():
 def test_the_bound_worker_stops_soon_when_finished(after_s):
     # 0.05 s: in the root's first relaxation; 0.6 s: in the tree, where strong branching (off in
     # the worker) would run for seconds without reaching the callback that stops it
-    from opdvfs.plan.dag import _BoundWorker
-
-    problem, options, deadline_s, slot, lower_j = _hard_programme()
-    worker = _BoundWorker(
-        problem,
-        options,
-        deadline_s,
-        slot,
-        rel_gap=1e-9,
-        time_limit_s=60.0,
-        stop_when=lambda bound_j: False,
-    )
+    worker, _, _, _, lower_j = _bound_worker()
     time.sleep(after_s)
     started = time.perf_counter()
     _, bound_j = worker.finish()
