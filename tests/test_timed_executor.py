@@ -119,9 +119,13 @@ def test_drift_rescales_the_offsets():
     plan = timed_plan(length)
     act = DryRunActuator(FREQS)
     ex = TimedExecutor(plan, act, optimizer_steps=False)
-    run_loop(ex, [length, 1.1 * length, 1.1 * length])
+    anchors = run_loop(ex, [length, 1.1 * length, 1.1 * length])
     assert ex.scales[0] == 1.0
-    assert ex.scales[-1] == pytest.approx(1.1, abs=0.04)
+    # the last iteration's measured length over the planned one: ~1.1, more when a loaded
+    # machine oversleeps (1.176 once with three other jobs on the 2 cores)
+    measured = (anchors[-1] - anchors[-2]) / length
+    assert measured >= 1.1 - 1e-3
+    assert ex.scales[-1] == pytest.approx(measured, abs=0.005)
     assert not ex.diverged
 
 
