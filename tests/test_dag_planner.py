@@ -314,6 +314,32 @@ def test_an_error_in_the_search_stops_the_bound_worker(monkeypatch):
     assert threading.active_count() == before
 
 
+@pytest.mark.parametrize("solver", ["solve_dag", "solve_dag_milp"])
+def test_ctrl_c_stops_planning_promptly(solver):
+    # HiGHS holds the main thread while it solves, and a KeyboardInterrupt raised in its
+    # callback is lost: before, Ctrl-C waited for the time limit (60 s here), or, in the last
+    # branch and bound, stopped it and wrote the plan as if finished
+    import os
+    import signal
+    import threading
+
+    from opdvfs.plan import dag
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("SIGINT has a handler of its own here")
+    problem = pipeline_dag(read_profile([dataset_path("perseus-bloom-a40")]), 8)
+    before = threading.active_count()
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    started = time.perf_counter()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        getattr(dag, solver)(problem, 0.0, time_limit_s=60.0)
+    assert time.perf_counter() - started < 3.0
+    timer.join()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert threading.active_count() == before  # the bound worker stopped too
+
+
 def test_neighbourhoods_cover_neighbouring_rank_groups():
     from opdvfs.plan.dag import _RANK_GROUPS, _neighbourhoods
 

@@ -48,9 +48,11 @@ tightest up, each warm-started from the one before.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time as _time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -408,6 +410,33 @@ def _deadline(problem: DagProblem, target: float) -> tuple[float, np.ndarray]:
     return (1 + target) * base, top
 
 
+#: Set by Ctrl-C while planning (:func:`_ctrl_c_stops_highs`): HiGHS holds the calling thread
+#: until it returns, and Python's own KeyboardInterrupt, raised in HiGHS's callback, is lost.
+_CTRL_C = threading.Event()
+
+
+@contextmanager
+def _ctrl_c_stops_highs() -> Iterator[None]:
+    """Within: Ctrl-C stops every HiGHS solve at its next callback and raises KeyboardInterrupt.
+
+    Only where Python's default handler is installed (the main thread of a program that has
+    not set its own); elsewhere nothing changes.
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    _CTRL_C.clear()
+    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: _CTRL_C.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        _CTRL_C.clear()
+
+
 class _Programme:
     """The 0/1 programme on the Pareto options, in threshold form (times in ms).
 
@@ -495,31 +524,35 @@ class _Programme:
         )
         self.h = h
         self._is_integer: bool | None = None
-        #: The best dual bound HiGHS has reported during a branch and bound (J), and a test of
-        #: (its incumbent's energy, that bound) that stops it; see :meth:`watch`.
+        #: The best dual bound HiGHS has reported during the current (or last) branch and bound
+        #: (J), and a test of (its incumbent's energy, that bound) that stops it (:meth:`watch`).
         self.live_bound_j = -np.inf
         self._stop_when: Callable[[float, float], bool] | None = None
+        # HiGHS's MIP interrupt callback, at every node and between the root's cut rounds: the
+        # live bound, the stop test and Ctrl-C
+        h.setCallback(self._on_interrupt, None)
+        h.startCallback(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)
 
     def watch(self, stop_when: Callable[[float, float], bool] | None) -> None:
-        """Report the dual bound live and stop branch and bound once ``stop_when`` holds.
+        """Stop branch and bound once ``stop_when(incumbent_j, bound_j)`` holds (None: never).
 
-        ``stop_when(incumbent_j, bound_j)`` is asked at each of HiGHS's MIP interrupt
-        callbacks (from the solving thread: between the root's cut rounds and at every node);
-        None stops watching.
+        It is asked at each of HiGHS's MIP interrupt callbacks, from the solving thread.
         """
-        kinds = self.highspy.cb.HighsCallbackType
         self._stop_when = stop_when
-        if stop_when is not None:
-            self.h.setCallback(self._on_interrupt, None)
-            self.h.startCallback(kinds.kCallbackMipInterrupt)
-        else:
-            self.h.stopCallback(kinds.kCallbackMipInterrupt)
 
     def _on_interrupt(self, _kind: Any, _message: str, out: Any, into: Any, _user: Any) -> None:
         self.live_bound_j = max(self.live_bound_j, float(out.mip_dual_bound))
         stop_when = self._stop_when
-        if stop_when is not None and stop_when(float(out.mip_primal_bound), self.live_bound_j):
+        if _CTRL_C.is_set() or (
+            stop_when is not None and stop_when(float(out.mip_primal_bound), self.live_bound_j)
+        ):
             into.user_interrupt = True
+
+    def _run(self) -> None:
+        """Run HiGHS; raise KeyboardInterrupt if Ctrl-C came meanwhile."""
+        self.h.run()
+        if _CTRL_C.is_set():
+            raise KeyboardInterrupt
 
     def set_deadline(self, deadline_s: float) -> None:
         self.h.changeColBounds(self.makespan_col, 0.0, deadline_s * 1e3)
@@ -546,7 +579,7 @@ class _Programme:
     def relax(self) -> tuple[float, np.ndarray] | None:
         """Solve the relaxation: optimal cost, relaxed durations (s); None if infeasible."""
         self._integrality(False)
-        self.h.run()
+        self._run()
         if self.h.getModelStatus() != self.highspy.HighsModelStatus.kOptimal:
             return None
         y = np.asarray(self.h.getSolution().col_value[: self.nx])
@@ -578,12 +611,12 @@ class _Programme:
                 lo, hi = lower.copy(), upper.copy()
                 lo[pick[up]], hi[pick[~up]] = 1.0, 0.0
                 h.changeColsBounds(nx, cols, lo, hi)
-                h.run()
+                self._run()
                 if h.getModelStatus() != self.highspy.HighsModelStatus.kOptimal:
                     lo, hi = lower.copy(), upper.copy()
                     hi[pick] = 0.0
                     h.changeColsBounds(nx, cols, lo, hi)
-                    h.run()
+                    self._run()
                     if h.getModelStatus() != self.highspy.HighsModelStatus.kOptimal:
                         break  # numerically lost: keep the last relaxed solution
                 lower, upper = lo, hi
@@ -636,6 +669,7 @@ class _Programme:
         h = self.h
         h.setOptionValue("mip_rel_gap", rel_gap)
         h.setOptionValue("time_limit", max(time_limit_s, 1e-3))
+        self.live_bound_j = -np.inf
         if slot is not None:
             dur = self.options.time_s[np.arange(self.n), slot]
             starts = self.problem._passes.heads(dur)
@@ -645,7 +679,7 @@ class _Programme:
             sol.value_valid = True
             h.setSolution(sol)
         try:
-            h.run()
+            self._run()
         finally:  # the relaxation that follows (a frontier's next deadline) runs unlimited
             h.setOptionValue("time_limit", self.highspy.kHighsInf)
         status = h.getModelStatus()
@@ -702,12 +736,18 @@ class _BoundWorker:
         except BaseException as error:  # re-raised in the caller's thread by finish()
             self._result = error
 
-    def finish(self) -> tuple[np.ndarray | None, float]:
-        """Stop the worker; return the best plan it found (None if none) and its bound (J)."""
+    def finish(self, *, reraise: bool = True) -> tuple[np.ndarray | None, float]:
+        """Stop the worker; return the best plan it found (None if none) and its bound (J).
+
+        An error in the worker (Ctrl-C included) is raised here unless ``reraise`` is False
+        (the caller is already unwinding from its own).
+        """
         self._finished = True
         self._thread.join()
         if isinstance(self._result, BaseException):
-            raise self._result
+            if reraise:
+                raise self._result
+            return None, self.bound_j
         if self._result is None:
             return None, self.bound_j
         found, bound, _ = self._result
@@ -877,6 +917,7 @@ def _search(
     return best
 
 
+@_ctrl_c_stops_highs()
 def solve_dag(
     problem: DagProblem,
     target: float,
@@ -1007,8 +1048,10 @@ def solve_dag(
             bound = max(bound, mip_bound)
             if best is not None:
                 found.append(best)
-    finally:
-        worker_best, worker_bound = worker.finish()
+    except BaseException:  # stop the worker; the error in hand (Ctrl-C, say) is the one raised
+        worker.finish(reraise=False)
+        raise
+    worker_best, worker_bound = worker.finish()
     bound = max(bound, worker_bound)
     if worker_best is not None:
         found.append(worker_best)
@@ -1025,6 +1068,7 @@ def _prepare(problem: DagProblem) -> tuple[_Options, _Programme]:
     return options, _Programme(problem, options)
 
 
+@_ctrl_c_stops_highs()
 def solve_dag_milp(
     problem: DagProblem, target: float, *, rel_gap: float = 1e-9, time_limit_s: float = 600.0
 ) -> DagPlan:
@@ -1058,6 +1102,7 @@ def solve_dag_milp(
     )
 
 
+@_ctrl_c_stops_highs()
 def dag_frontier(
     problem: DagProblem,
     targets: np.ndarray | list[float],
