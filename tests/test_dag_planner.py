@@ -343,6 +343,28 @@ def test_ctrl_c_stops_planning_promptly(solver):
     assert threading.active_count() == before  # the bound worker stopped too
 
 
+def test_ctrl_c_after_the_last_solve_is_not_lost():
+    import os
+    import signal
+
+    from opdvfs.plan.dag import _ctrl_c_stops_highs
+
+    def ctrl_c_inside():
+        with _ctrl_c_stops_highs():
+            os.kill(os.getpid(), signal.SIGINT)  # handled here, in the main thread: a flag
+            time.sleep(0.05)  # no HiGHS run follows to raise it
+
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ctrl_c_inside()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with _ctrl_c_stops_highs():
+            pass  # no Ctrl-C, nothing raised
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+
+
 def test_neighbourhoods_cover_neighbouring_rank_groups():
     from opdvfs.plan.dag import _RANK_GROUPS, _neighbourhoods
 

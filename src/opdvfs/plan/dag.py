@@ -434,7 +434,10 @@ def _ctrl_c_stops_highs() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        hit = _CTRL_C.is_set()
         _CTRL_C.clear()
+    if hit:  # after the last HiGHS run, while the plan was put together: not lost either
+        raise KeyboardInterrupt
 
 
 class _Programme:
