@@ -51,6 +51,7 @@ from __future__ import annotations
 import signal
 import threading
 import time as _time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -440,6 +441,13 @@ def _ctrl_c_stops_highs() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+def _on_mip_interrupt(programme: weakref.ref[_Programme], out: Any, into: Any) -> None:
+    """HiGHS's MIP interrupt callback, handed on to its programme while that is alive."""
+    alive = programme()
+    if alive is not None:
+        alive._on_interrupt(out, into)
+
+
 class _Programme:
     """The 0/1 programme on the Pareto options, in threshold form (times in ms).
 
@@ -532,8 +540,12 @@ class _Programme:
         self.live_bound_j = -np.inf
         self._stop_when: Callable[[float, float], bool] | None = None
         # HiGHS's MIP interrupt callback, at every node and between the root's cut rounds: the
-        # live bound, the stop test and Ctrl-C
-        h.setCallback(self._on_interrupt, None)
+        # live bound, the stop test and Ctrl-C. It holds the programme weakly: HiGHS keeps its
+        # callback where Python's collector cannot see it, so a bound method would keep every
+        # programme (and its HiGHS model, ~1 MB) alive for good. (Not as HiGHS's user data:
+        # highspy does not keep that object alive.)
+        programme = weakref.ref(self)
+        h.setCallback(lambda _k, _m, out, into, _u: _on_mip_interrupt(programme, out, into), None)
         h.startCallback(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)
 
     def watch(self, stop_when: Callable[[float, float], bool] | None) -> None:
@@ -543,7 +555,7 @@ class _Programme:
         """
         self._stop_when = stop_when
 
-    def _on_interrupt(self, _kind: Any, _message: str, out: Any, into: Any, _user: Any) -> None:
+    def _on_interrupt(self, out: Any, into: Any) -> None:
         self.live_bound_j = max(self.live_bound_j, float(out.mip_dual_bound))
         stop_when = self._stop_when
         if _CTRL_C.is_set() or (
