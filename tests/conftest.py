@@ -16,6 +16,19 @@ def fixtures() -> Path:
     return FIXTURES
 
 
+def captured_op_count(script: Path, iterations: int = 2) -> int:
+    """Operators per iteration of ``python script iterations``, by ``opdvfs capture``."""
+    from typer.testing import CliRunner
+
+    from opdvfs.cli import app
+
+    workload = script.with_name(f"{script.stem}.captured.json")
+    argv = ["capture", "--out", str(workload), "--", "python", str(script), str(iterations)]
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 0, res.output
+    return len(json.loads(workload.read_text())["ops"]["name"])
+
+
 def make_ops(n_ops: int = 4, freqs=(1000.0, 1800.0), iterations: int = 1, seed: int = 0):
     """A valid long profile table: compute-bound-ish times that fall with the clock."""
     rng = np.random.default_rng(seed)

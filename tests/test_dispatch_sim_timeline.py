@@ -8,7 +8,6 @@ one at once for the trigger op's start plus its delay on the device's timeline.
 """
 
 import itertools
-import json
 
 import pytest
 
@@ -20,7 +19,7 @@ from opdvfs import Schedule
 from opdvfs.cli import app
 from opdvfs.runtime.simgpu import SimulatedGpu
 
-from conftest import read_log
+from conftest import captured_op_count, read_log
 
 MLP = """
 import sys
@@ -59,12 +58,7 @@ def test_run_issues_each_switch_at_its_trigger_op_start_plus_delay_on_the_device
 ):
     script = tmp_path / "train.py"
     script.write_text(MLP)
-    workload = tmp_path / "w.json"
-    res = CliRunner().invoke(
-        app, ["capture", "--out", str(workload), "--", "python", str(script), "2"]
-    )
-    assert res.exit_code == 0, res.output
-    n = len(json.loads(workload.read_text())["ops"]["name"])
+    n = captured_op_count(script)
     schedule = Schedule.from_stage_freqs(
         [0, n // 10, n // 2],
         FREQS_MHZ,

@@ -16,7 +16,7 @@ from opdvfs.sim import PRESETS, SimulatedDevice, get_preset
 from opdvfs.sim.physics import CUBE, op_arrays
 from opdvfs.workloads.workload import Workload
 
-from conftest import read_log
+from conftest import captured_op_count, read_log
 
 LATENCY_S = 15e-3  # a100-like's switch (the preset's spec; checked below)
 #: The lower clock the tiny GPT runs at: its matrix multiplies are clearly slower there.
@@ -281,12 +281,7 @@ def script(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("simgpu")
     path = tmp / "train.py"
     path.write_text(TRAIN)
-    workload = tmp / "w.json"
-    res = CliRunner().invoke(
-        app, ["capture", "--out", str(workload), "--", "python", str(path), "2"]
-    )
-    assert res.exit_code == 0, res.output
-    return path, len(json.loads(workload.read_text())["ops"]["name"])
+    return path, captured_op_count(path)
 
 
 #: Steps of the CLI runs: the first switch lands ~7 iterations (15 ms) after it is issued.
