@@ -1015,7 +1015,12 @@ def solve_dag(
         return _infeasible(problem, deadline, started)
     if plan.status == "optimal":
         return plan
-    budget_s = time_limit_s - _WRAP_UP_S - (_time.perf_counter() - started)
+
+    def left_s() -> float:
+        """Seconds of the budget left for branch and bound (the wrap-up kept back)."""
+        return time_limit_s - _WRAP_UP_S - (_time.perf_counter() - started)
+
+    budget_s = left_s()
     if budget_s <= 0:
         return replace(plan, method="search")
     search_s = _search_seconds(time_limit_s)
@@ -1069,7 +1074,7 @@ def solve_dag(
                 makespan, dived_e, _ = problem.evaluate(options.clock[rows, dived])
                 if makespan <= deadline * (1 + 1e-6) and dived_e < energy:
                     slot, energy = dived, float(dived_e)
-        remaining = time_limit_s - _WRAP_UP_S - (_time.perf_counter() - started)
+        remaining = left_s()
         if not certified(energy) and remaining > 0:
             # the rest: HiGHS with its heuristics for plans, beside the worker for the bound
             programme.watch(lambda incumbent_j, _bound_j: certified(incumbent_j))
