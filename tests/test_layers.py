@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     # models -> Schedule; Schedule -> RunResult (actuators, the executor)
     ("plan", "runtime"),
     # applications
-    ("experiments",),
+    ("experiments", "tuner"),
     ("report",),
     ("cli",),
     ("__main__",),

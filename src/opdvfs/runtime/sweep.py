@@ -274,6 +274,11 @@ class ClockSweep(IterationCounter):
         self._last_temp = self._temp() if self._temp is not None else None
         return super().__enter__()
 
+    @property
+    def set_mhz(self) -> float:
+        """The clock the sweep set last (MHz): the one it profiles now; the top once it is done."""
+        return self._set_mhz
+
     # ------------------------------------------------------------------------- the sweep
     def _begin_clock(self, index: int, now: float) -> None:
         self._clock, self._counted, self._counted_s, self._unsteady = index, 0, 0.0, 0
