@@ -26,8 +26,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("io", "models", "sim", "workloads"),
     # models -> Schedule; Schedule -> RunResult (actuators, the executor)
     ("plan", "runtime"),
-    # applications
-    ("experiments", "tuner"),
+    # applications: the closed loop on a running program, then the simulator experiments
+    ("tuner",),
+    ("experiments",),
     ("report",),
     ("cli",),
     ("__main__",),

@@ -316,6 +316,7 @@ def test_on_nvml_tunes_sweep_checks_the_temperature_and_sizes_clocks_by_the_coun
     from opdvfs.runtime.actuators import NvmlActuator
     from opdvfs.runtime.sweep import NVML_COUNTER_S, SWEEP_WINDOWS
     from opdvfs.tuner.ab import ab_block
+    from opdvfs.tuner.drive import DeviceDrive
     from opdvfs.tuner.loop import Tuner
 
     # the die warms by 3 degC per read for eight reads, then holds: the top clock's counted
@@ -324,7 +325,7 @@ def test_on_nvml_tunes_sweep_checks_the_temperature_and_sizes_clocks_by_the_coun
         range(50, 75, 3), itertools.repeat(74)
     )
     clock = itertools.count(0.0, 0.0625)  # the device's clock: 62.5 ms per read
-    monkeypatch.setattr(Tuner, "_device_now", lambda self: next(clock))
+    monkeypatch.setattr(DeviceDrive, "now_s", lambda self: next(clock))
     tuner = Tuner(NvmlActuator(), target=0.02, clocks=[1410.0, 1005.0])
     with tuner:
         _linear_steps(40)
@@ -408,7 +409,8 @@ def _fixed_two_stage_plan(monkeypatch, fake_nvml) -> None:
     import itertools
     from types import SimpleNamespace
 
-    from opdvfs.experiments import tune as tune_module
+    from opdvfs.tuner import drive as drive_module
+    from opdvfs.tuner import planning as planning_module
 
     fake_nvml.nvmlDeviceGetTotalEnergyConsumption.side_effect = itertools.count(0, 50_000)
     iteration_s: list[float] = []
@@ -427,11 +429,11 @@ def _fixed_two_stage_plan(monkeypatch, fake_nvml) -> None:
             predicted_time_s=t, baseline_time_s=t, target=target, solver="manual",
         )  # fmt: skip
 
-    monkeypatch.setattr(tune_module, "fit_profile", fit)
-    monkeypatch.setattr(tune_module, "plan_fitted", plan)
+    monkeypatch.setattr(planning_module, "fit_profile", fit)
+    monkeypatch.setattr(planning_module, "plan_fitted", plan)
     # a shared CPU's iterations vary by tens of %: keep the schedule applied through them
-    timed = tune_module._make_timed
-    monkeypatch.setattr(tune_module, "_make_timed", lambda act: timed(act, tolerance=0.95))
+    timed = drive_module._timed_executor
+    monkeypatch.setattr(drive_module, "_timed_executor", lambda act: timed(act, tolerance=0.95))
 
 
 def _check_applied_by_time(result: dict, log: Path, stderr: str) -> None:
@@ -646,12 +648,12 @@ def test_off_the_simulator_a_cached_plan_applies_by_time_from_the_warm_up(
 
     import torch
 
-    from opdvfs.experiments import tune as tune_module
     from opdvfs.runtime.actuators import make_actuator
+    from opdvfs.tuner import drive as drive_module
     from opdvfs.tuner.loop import Tuner
 
-    timed = tune_module._make_timed
-    monkeypatch.setattr(tune_module, "_make_timed", lambda act: timed(act, tolerance=0.95))
+    timed = drive_module._timed_executor
+    monkeypatch.setattr(drive_module, "_timed_executor", lambda act: timed(act, tolerance=0.95))
     fake_nvml.nvmlDeviceGetName.return_value = "NVIDIA H200"
 
     def run(steps: int, log: Path) -> Tuner:
@@ -825,7 +827,7 @@ def test_fallback_iterations_are_dropped_from_their_tuned_block():
     from types import SimpleNamespace
 
     from opdvfs.tuner.ab import ab_pairs
-    from opdvfs.tuner.loop import Tuner
+    from opdvfs.tuner.drive import DeviceDrive, SimulatedGpuDrive
 
     rng = np.random.default_rng(5)
     # pair 1's tuned block is iterations 5-7 (4 is its switch); 6 and 7 ran at the top clock
@@ -833,7 +835,7 @@ def test_fallback_iterations_are_dropped_from_their_tuned_block():
     kept = ab_pairs(rows)
     assert kept.dropped == 0 and kept.saving.mean < 0.13  # diluted by the top-clock iterations
     # the executor marked 6 (its watchdog or its length); the next, 7, starts at the top clock
-    fell = Tuner._fell_back(SimpleNamespace(timed=SimpleNamespace(diverged_iterations=[6])))
+    fell = DeviceDrive.fell_back(SimpleNamespace(timed=SimpleNamespace(diverged_iterations=[6])))
     assert fell == {6, 7}
     dropped = ab_pairs(rows, drop=fell)
     assert dropped.dropped == 2 and dropped.pairs == 3
@@ -842,7 +844,7 @@ def test_fallback_iterations_are_dropped_from_their_tuned_block():
     assert ab_pairs(rows, drop={1, 2}).dropped == 0
     # a tuned block emptied by the drops: its pair is skipped
     assert ab_pairs(rows, drop={5, 6, 7}).pairs == 2
-    assert Tuner._fell_back(SimpleNamespace(timed=None)) == set()  # a simulated GPU: none
+    assert SimulatedGpuDrive.fell_back(SimpleNamespace()) == set()  # a simulated GPU: none
 
 
 def test_a_cache_hit_repeats_the_tuned_intervals_and_claims_no_unresolved_saving():

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import opdvfs.tuner.policy as policy
 from opdvfs.schedule import Objective
-from opdvfs.tuner import policy
 from opdvfs.tuner.cache import TuneCache
 from opdvfs.tuner.loop import Tuner
 from opdvfs.tuner.report import write_tune

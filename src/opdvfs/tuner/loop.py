@@ -28,10 +28,10 @@ from typing import Any, Literal
 
 import numpy as np
 
+import opdvfs.tuner.policy as policy
 from opdvfs.exceptions import ValidationError
 from opdvfs.runtime.actuators import Actuator, ClockGuard
 from opdvfs.schedule import Objective, Schedule
-from opdvfs.tuner import policy
 from opdvfs.tuner.ab import DEFAULT_BLOCK, abba_blocks, measured_round
 from opdvfs.tuner.cache import TuneCache, cache_key
 from opdvfs.tuner.drive import make_drive
