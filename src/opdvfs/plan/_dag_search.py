@@ -1,4 +1,4 @@
-"""The DAG planner's plans from the programme: the greedy pass and the neighbourhood search.
+"""The DAG planner's search for plans: the greedy pass and the neighbourhood search.
 
 :func:`_greedy_fill` spends a plan's slack on slower, cheaper options while the deadline holds;
 :func:`_search` improves a plan by re-solving sets of nodes exactly (:func:`_neighbourhoods`;
