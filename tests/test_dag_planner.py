@@ -246,7 +246,9 @@ def _bound_worker(enough_j=np.inf):
     It stops once it has raised the relaxation's bound by ``enough_j``. Returns the worker, the
     problem, its options, the deadline (s) and the relaxation's bound.
     """
-    from opdvfs.plan.dag import _BoundWorker, _deadline, _prepare
+    from opdvfs.plan._dag_lp import _BoundWorker
+    from opdvfs.plan._dag_problem import _deadline
+    from opdvfs.plan.dag import _prepare
 
     problem = pipeline_dag(read_profile([dataset_path("perseus-gpt3-175b-a40")]), 8)
     options, programme = _prepare(problem)
@@ -347,7 +349,7 @@ def test_ctrl_c_after_the_last_solve_is_not_lost():
     import os
     import signal
 
-    from opdvfs.plan.dag import _ctrl_c_stops_highs
+    from opdvfs.plan._dag_lp import _ctrl_c_stops_highs
 
     def ctrl_c_inside():
         with _ctrl_c_stops_highs():
@@ -370,7 +372,7 @@ def test_a_plan_leaves_no_programme_behind():
     # strongly kept every programme (and its HiGHS model, ~1 MB) alive for good
     import gc
 
-    from opdvfs.plan.dag import _Programme
+    from opdvfs.plan._dag_lp import _Programme
 
     def live_programmes():
         gc.collect()
@@ -384,7 +386,7 @@ def test_a_plan_leaves_no_programme_behind():
 
 
 def test_neighbourhoods_cover_neighbouring_rank_groups():
-    from opdvfs.plan.dag import _RANK_GROUPS, _neighbourhoods
+    from opdvfs.plan._dag_search import _RANK_GROUPS, _neighbourhoods
 
     problem = pipeline_dag(read_profile([dataset_path("perseus-bloom-a100")]), 4)
     starts = problem.start_times(problem.top_clock())
@@ -403,7 +405,8 @@ def test_neighbourhoods_cover_neighbouring_rank_groups():
 def test_the_dive_rounds_the_relaxation_to_a_plan_within_the_deadline(seed):
     import time
 
-    from opdvfs.plan.dag import _deadline, _prepare
+    from opdvfs.plan._dag_problem import _deadline
+    from opdvfs.plan.dag import _prepare
 
     rng = np.random.default_rng(seed)
     problem = random_dag(rng, 30, 5, n_ranks=4)

@@ -9,8 +9,17 @@ baselines (one static clock, one clock per training phase). Inputs from a profil
 measurements, which every planner uses first (:mod:`opdvfs.plan.measured`); :mod:`opdvfs.plan.milp`
 states the same problem for HiGHS (the reference the tests check against) and
 :mod:`opdvfs.plan.pipeline` builds a pipeline stage's 1F1B chain from a stage profile.
+
+The ranks of a pipeline-parallel job are planned together, on their dependency graph:
+:mod:`opdvfs.plan.dag` states it (:class:`DagProblem`) and plans one clock per node, certified
+(:func:`solve_dag`, and :func:`dag_frontier` for the frontier; a :class:`DagPlan`);
+:mod:`opdvfs.plan.pipeline` builds the graph of a whole pipeline from a stage profile
+(:func:`pipeline_dag`), and :mod:`opdvfs.plan.ranks` from each rank's own operator sequence
+(:func:`rank_layout` of :class:`RankOps`).
 """
 
+from opdvfs.plan.dag import DagPlan, DagProblem, dag_frontier, solve_dag
+from opdvfs.plan.pipeline import pipeline_dag
 from opdvfs.plan.planner import (
     PlanInputs,
     Predictions,
@@ -21,16 +30,24 @@ from opdvfs.plan.planner import (
     predict,
     stage_problem,
 )
+from opdvfs.plan.ranks import RankOps, rank_layout
 from opdvfs.schedule import Schedule
 
 __all__ = [
+    "DagPlan",
+    "DagProblem",
     "PlanInputs",
     "Predictions",
+    "RankOps",
     "Schedule",
     "StageProblem",
+    "dag_frontier",
+    "pipeline_dag",
     "plan_frontier",
     "plan_grouped",
     "plan_schedule",
     "predict",
+    "rank_layout",
+    "solve_dag",
     "stage_problem",
 ]

@@ -1,0 +1,297 @@
+"""The problem and plan types of the DAG planner (:mod:`opdvfs.plan.dag`), and its options.
+
+:class:`DagProblem` is a dependency graph whose nodes each run at one of several clocks, with
+its evaluator (makespan and energy of plans, vectorised over the graph's topological levels,
+:class:`_Passes`); :class:`DagPlan` is one clock per node with its certificate.
+:class:`_Options` keeps each node's Pareto-optimal (time, effective energy) options, which the
+programme (:mod:`opdvfs.plan._dag_lp`) and the search (:mod:`opdvfs.plan._dag_search`) choose
+among. The energy definition and the method are :mod:`opdvfs.plan.dag`'s; the public names are
+exported there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from opdvfs.exceptions import ValidationError
+
+#: Relative slack on time comparisons (s): a path equal to the deadline up to rounding fits.
+_TIME_RTOL = 1e-9
+
+
+def topological_levels(n_nodes: int, edges: np.ndarray) -> np.ndarray:
+    """Return each node's depth: the edges on the longest edge-count path reaching it.
+
+    Kahn's algorithm one level at a time (a few numpy calls per level, never per node).
+
+    Raises
+    ------
+    ValidationError
+        If the graph has a cycle (some node is never reached), or an edge names no node.
+    """
+    edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    if edges.size and (edges.min() < 0 or edges.max() >= n_nodes):
+        raise ValidationError(f"an edge names a node outside 0..{n_nodes - 1}", field="edges")
+    src, dst = edges[:, 0], edges[:, 1]
+    order = np.argsort(src, kind="stable")
+    src_sorted, dst_by_src = src[order], dst[order]
+    ptr = np.searchsorted(src_sorted, np.arange(n_nodes + 1))
+    indeg = np.bincount(dst, minlength=n_nodes)
+    level = np.full(n_nodes, -1, dtype=np.int64)
+    frontier = np.flatnonzero(indeg == 0)
+    depth = 0
+    while frontier.size:
+        level[frontier] = depth
+        counts = ptr[frontier + 1] - ptr[frontier]
+        firsts = np.repeat(ptr[frontier], counts)
+        within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        targets = dst_by_src[firsts + within]
+        np.subtract.at(indeg, targets, 1)
+        touched = np.unique(targets)
+        frontier = touched[indeg[touched] == 0]
+        depth += 1
+    if (level < 0).any():
+        stuck = int(np.flatnonzero(level < 0)[0])
+        raise ValidationError(f"the graph has a cycle (node {stuck} is never ready)", field="edges")
+    return level
+
+
+def _by_level(
+    levels: range, key: np.ndarray, other: np.ndarray, level: np.ndarray
+) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]:
+    """Group edges by the level of their ``key`` end, sorted by it, for ``maximum.reduceat``.
+
+    Each group is (the other ends, the key ends, segment starts, the distinct key nodes).
+    """
+    groups = []
+    for lv in levels:
+        pick = np.flatnonzero(level[key] == lv)
+        if not pick.size:
+            continue
+        pick = pick[np.argsort(key[pick], kind="stable")]
+        nodes, seg = np.unique(key[pick], return_index=True)
+        groups.append((other[pick], key[pick], seg, nodes))
+    return tuple(groups)
+
+
+@dataclass(frozen=True)
+class _Passes:
+    """The graph's edges grouped by level, for vectorised longest-path passes."""
+
+    forward: tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
+    backward: tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
+
+    @classmethod
+    def build(cls, n_nodes: int, edges: np.ndarray) -> _Passes:
+        level = topological_levels(n_nodes, edges)
+        src, dst = edges[:, 0], edges[:, 1]
+        top = int(level.max(initial=0))
+        # a node's start is the max finish of its in-edges, all from lower levels; its tail
+        # the max (duration + tail) over its out-edges, all to higher levels
+        return cls(
+            _by_level(range(1, top + 1), dst, src, level),
+            _by_level(range(top - 1, -1, -1), src, dst, level),
+        )
+
+    def heads(self, duration: np.ndarray) -> np.ndarray:
+        """Earliest start of every node, shape like ``duration`` ((n,) or (k, n) plans)."""
+        start = np.zeros_like(duration)
+        for src, _dst, seg, nodes in self.forward:
+            start[..., nodes] = np.maximum.reduceat(start[..., src] + duration[..., src], seg, -1)
+        return start
+
+    def tails(self, duration: np.ndarray) -> np.ndarray:
+        """Longest path from each node's end to the iteration's end, shape like ``duration``."""
+        tail = np.zeros_like(duration)
+        for dst, _src, seg, nodes in self.backward:
+            tail[..., nodes] = np.maximum.reduceat(duration[..., dst] + tail[..., dst], seg, -1)
+        return tail
+
+
+@dataclass(frozen=True)
+class DagProblem:
+    """A dependency graph whose nodes each run at one of several clocks.
+
+    Parameters
+    ----------
+    time_s, energy_j
+        Each node's time (s) and energy (J) at each clock, shape (n_nodes, n_clocks); NaN where
+        a clock is not available for a node (not measured and not modelled).
+    freqs_mhz
+        The clocks, ascending (MHz), shape (n_clocks,).
+    edges
+        Precedence ``(before, after)`` pairs of node indices, shape (n_edges, 2).
+    rank
+        The rank (pipeline stage) running each node, shape (n_nodes,); -1 for a zero-time
+        barrier node (a collective) that no rank computes.
+    names
+        Each node's name (e.g. ``forward3``), shape (n_nodes,).
+    blocking_power_w
+        Power a rank draws while it waits (blocked on a receive or idle until the iteration
+        ends), W; see :mod:`opdvfs.plan.dag`'s energy definition.
+    """
+
+    time_s: np.ndarray
+    energy_j: np.ndarray
+    freqs_mhz: np.ndarray
+    edges: np.ndarray
+    rank: np.ndarray
+    names: np.ndarray
+    blocking_power_w: float = 0.0
+    _passes: _Passes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        time_s = np.asarray(self.time_s, dtype=float)
+        energy_j = np.asarray(self.energy_j, dtype=float)
+        if time_s.ndim != 2 or time_s.shape != energy_j.shape:
+            raise ValidationError(
+                f"time_s {time_s.shape} and energy_j {energy_j.shape} must be one "
+                "(n_nodes, n_clocks) table each",
+                field="time_s",
+            )
+        usable = np.isfinite(time_s) & np.isfinite(energy_j)
+        if not usable.any(axis=1).all():
+            node = int(np.flatnonzero(~usable.any(axis=1))[0])
+            raise ValidationError(
+                f"node {node} has no clock with a time and an energy", field="time_s"
+            )
+        if (time_s[usable] < 0).any() or (energy_j[usable] < 0).any():
+            raise ValidationError("a node has a negative time or energy", field="time_s")
+        if not (np.isfinite(self.blocking_power_w) and self.blocking_power_w >= 0):
+            raise ValidationError(
+                f"blocking_power_w {self.blocking_power_w} must be >= 0", field="blocking_power_w"
+            )
+        edges = np.asarray(self.edges, dtype=np.int64).reshape(-1, 2)
+        object.__setattr__(self, "time_s", np.where(usable, time_s, np.nan))
+        object.__setattr__(self, "energy_j", np.where(usable, energy_j, np.nan))
+        object.__setattr__(self, "freqs_mhz", np.asarray(self.freqs_mhz, dtype=float))
+        object.__setattr__(self, "edges", edges)
+        object.__setattr__(self, "rank", np.asarray(self.rank, dtype=np.int64))
+        object.__setattr__(self, "names", np.asarray(self.names, dtype=object))
+        object.__setattr__(self, "_passes", _Passes.build(len(time_s), edges))
+
+    @property
+    def n_nodes(self) -> int:
+        """Nodes of the graph."""
+        return int(self.time_s.shape[0])
+
+    @property
+    def n_ranks(self) -> int:
+        """Ranks that compute (barrier nodes excluded)."""
+        return int(self.rank.max(initial=-1)) + 1
+
+    def top_clock(self) -> np.ndarray:
+        """Each node's highest available clock column: the all-max plan (the baseline).
+
+        Not its fastest: where time is flat at the top (an A40 at its power cap from ~1455 MHz)
+        a lower clock can measure a little faster; the plans may use it, the baseline does not.
+        """
+        known = ~np.isnan(self.time_s)
+        last = self.time_s.shape[1] - 1
+        return last - np.argmax(known[:, ::-1], axis=1)
+
+    def evaluate(self, clock: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return makespan (s), total energy (J) and computation energy (J) of plans.
+
+        ``clock`` is one column per node, shape (n_nodes,) or (k, n_nodes) for k plans; the
+        energy follows :mod:`opdvfs.plan.dag`'s definition (computation plus blocking power
+        while waiting).
+        """
+        clock = np.asarray(clock, dtype=np.int64)
+        rows = np.arange(self.n_nodes)
+        duration = self.time_s[rows, clock]
+        compute = self.energy_j[rows, clock].sum(axis=-1)
+        makespan = (self._passes.heads(duration) + duration).max(axis=-1)
+        idle = self.n_ranks * makespan - duration.sum(axis=-1)
+        return makespan, compute + self.blocking_power_w * idle, compute
+
+    def start_times(self, clock: np.ndarray) -> np.ndarray:
+        """Earliest start of every node (s) under a plan, shape (n_nodes,)."""
+        rows = np.arange(self.n_nodes)
+        return self._passes.heads(self.time_s[rows, np.asarray(clock, dtype=np.int64)])
+
+
+@dataclass(frozen=True)
+class DagPlan:
+    """One clock per node of a :class:`DagProblem`, with its certificate.
+
+    Attributes
+    ----------
+    clock
+        Column of ``freqs_mhz`` of every node, shape (n_nodes,).
+    freq_mhz
+        Clock of every node (MHz).
+    start_s
+        Earliest start of every node under the plan (s).
+    makespan_s, energy_j, compute_energy_j
+        The plan's makespan, total energy (:mod:`opdvfs.plan.dag`'s definition) and
+        computation energy alone.
+    deadline_s
+        The makespan allowed.
+    lower_bound_j, gap_pct
+        Certified lower bound on the total energy of every plan within the deadline, and the
+        plan's distance above it (% of the plan's energy).
+    method
+        What found the plan: ``relaxation`` (the rounded relaxation, certified alone),
+        ``search`` (the neighbourhood search) or ``milp`` (HiGHS's branch and bound).
+    status
+        ``optimal`` (within the gap asked), ``feasible`` (time ran out first) or ``infeasible``.
+    plan_seconds
+        Wall time to plan (s).
+    """
+
+    clock: np.ndarray
+    freq_mhz: np.ndarray
+    start_s: np.ndarray
+    makespan_s: float
+    energy_j: float
+    compute_energy_j: float
+    deadline_s: float
+    lower_bound_j: float
+    gap_pct: float
+    method: str
+    status: str
+    plan_seconds: float
+
+
+@dataclass(frozen=True)
+class _Options:
+    """Each node's Pareto-optimal options, padded to (n_nodes, k); time ascending."""
+
+    clock: np.ndarray  # column of freqs_mhz, -1 in padding
+    time_s: np.ndarray  # inf in padding
+    cost_j: np.ndarray  # effective energy E - P_block t; inf in padding
+    valid: np.ndarray
+
+    @classmethod
+    def build(cls, problem: DagProblem) -> _Options:
+        time_s = np.where(np.isnan(problem.time_s), np.inf, problem.time_s)
+        cost = problem.energy_j - problem.blocking_power_w * problem.time_s
+        cost = np.where(np.isnan(cost), np.inf, cost)
+        order = np.lexsort((cost, time_s), axis=-1)
+        t = np.take_along_axis(time_s, order, axis=1)
+        c = np.take_along_axis(cost, order, axis=1)
+        # an option survives if it costs less than every faster (or equally fast) one
+        prev_min = np.minimum.accumulate(np.c_[np.full(len(c), np.inf), c[:, :-1]], axis=1)
+        keep = np.isfinite(t) & (c < prev_min)
+        k = int(keep.sum(axis=1).max())
+        # pack the survivors to the left, in time order
+        pos = np.argsort(~keep, axis=1, kind="stable")[:, :k]
+        valid = np.take_along_axis(keep, pos, axis=1)
+        return cls(
+            np.where(valid, np.take_along_axis(order, pos, axis=1), -1),
+            np.where(valid, np.take_along_axis(t, pos, axis=1), np.inf),
+            np.where(valid, np.take_along_axis(c, pos, axis=1), np.inf),
+            valid,
+        )
+
+
+def _deadline(problem: DagProblem, target: float) -> tuple[float, np.ndarray]:
+    """Return the deadline (1 + target) x the all-max makespan, and the all-max plan."""
+    if not (np.isfinite(target) and target >= 0):
+        raise ValidationError(f"target {target} must be a fraction >= 0", field="target")
+    top = problem.top_clock()
+    base = float(problem.evaluate(top)[0])
+    return (1 + target) * base, top

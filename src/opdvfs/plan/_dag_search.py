@@ -1,0 +1,201 @@
+"""The DAG planner's search for plans: the greedy pass and the neighbourhood search.
+
+:func:`_greedy_fill` spends a plan's slack on slower, cheaper options while the deadline holds;
+:func:`_search` improves a plan by re-solving sets of nodes exactly (:func:`_neighbourhoods`;
+each with :meth:`opdvfs.plan._dag_lp._Programme.exact`, the other nodes fixed); :func:`_slot_plan`
+and :func:`_infeasible` make the :class:`~opdvfs.plan.dag.DagPlan` that
+:mod:`opdvfs.plan.dag`'s entry points return.
+"""
+
+from __future__ import annotations
+
+import time as _time
+from collections.abc import Callable
+
+import numpy as np
+
+from opdvfs.plan._dag_lp import _Programme
+from opdvfs.plan._dag_problem import _TIME_RTOL, DagPlan, DagProblem, _Options
+from opdvfs.plan.dp import gap_pct
+
+#: The neighbourhood search's levels: (band, window). A neighbourhood's nodes choose among the
+#: options ``band`` slots either side of their current one, in time windows of ``window``
+#: nodes; the search starts with small steps (fast exact solves) and widens them when a pass
+#: improves nothing.
+_LEVELS = ((4, 24), (8, 32), (24, 48))
+#: Windows per window length (they overlap).
+_STRIDE = 3
+#: Sizes of the groups of neighbouring ranks re-solved together (a group of g ranks within
+#: 2/g of the level's band: about the same number of choices as a pair).
+_RANK_GROUPS = (2, 3)
+#: A search pass that lowers the energy by less than this fraction moves to the next level.
+_PASS_GAIN = 1e-4
+#: A neighbourhood's exact solve stops within this fraction of its optimum (a move needs only
+#: to improve; proving the last 0.01% of a sub-problem costs most of its time).
+_HOOD_GAP = 1e-4
+#: Seconds one neighbourhood's exact solve may take (a move found by then is kept; HiGHS's
+#: heuristics find most moves early, and proving them optimal is what a hard window spends).
+_HOOD_TIME_S = 0.1
+
+
+def _greedy_fill(
+    problem: DagProblem, options: _Options, slot: np.ndarray, deadline_s: float
+) -> np.ndarray:
+    """Move nodes to slower, cheaper options while the deadline holds; best saving rate first.
+
+    A node may take ``float = deadline - (head + duration + tail)`` more time without
+    lengthening any path past the deadline (its longest path through it is head + d + tail).
+    Each round makes the one move with the best saving per second of float consumed, then
+    recomputes the floats (two vectorised passes).
+    """
+    rows = np.arange(problem.n_nodes)
+    passes = problem._passes
+    per_makespan = problem.n_ranks * problem.blocking_power_w
+    slot = slot.copy()
+    while True:
+        dur = options.time_s[rows, slot]
+        head, tail = passes.heads(dur), passes.tails(dur)
+        through = head + dur + tail
+        makespan = float(through.max())
+        slack = deadline_s * (1 + _TIME_RTOL) - through
+        new_t = options.time_s  # (n, k)
+        longer = new_t - dur[:, None]
+        fits = options.valid & (longer <= slack[:, None]) & (longer > 0)
+        # a longer critical path also charges every rank's blocking power for the extra time
+        extra = np.maximum(head[:, None] + new_t + tail[:, None] - makespan, 0.0)
+        with np.errstate(invalid="ignore"):  # padding: inf - inf
+            saving = options.cost_j[rows, slot][:, None] - options.cost_j - per_makespan * extra
+        good = fits & (saving > 1e-12)
+        if not good.any():
+            return slot
+        with np.errstate(invalid="ignore"):
+            rate = np.where(good, saving / np.where(good, longer, 1.0), -np.inf)
+        node, k = np.unravel_index(int(np.argmax(rate)), rate.shape)
+        slot[node] = k
+
+
+def _slot_plan(
+    problem: DagProblem,
+    options: _Options,
+    slot: np.ndarray,
+    deadline_s: float,
+    bound_j: float,
+    method: str,
+    status: str,
+    started: float,
+) -> DagPlan:
+    clock = options.clock[np.arange(problem.n_nodes), slot]
+    makespan, energy, compute = (float(v) for v in problem.evaluate(clock))
+    bound = min(bound_j, energy)
+    return DagPlan(
+        clock=clock,
+        freq_mhz=problem.freqs_mhz[clock],
+        start_s=problem.start_times(clock),
+        makespan_s=makespan,
+        energy_j=energy,
+        compute_energy_j=compute,
+        deadline_s=deadline_s,
+        lower_bound_j=bound,
+        gap_pct=gap_pct(energy, bound),
+        method=method,
+        status=status,
+        plan_seconds=_time.perf_counter() - started,
+    )
+
+
+def _infeasible(problem: DagProblem, deadline_s: float, started: float) -> DagPlan:
+    nan = float("nan")
+    n = problem.n_nodes
+    return DagPlan(
+        np.full(n, -1),
+        np.full(n, nan),
+        np.full(n, nan),
+        nan,
+        nan,
+        nan,
+        deadline_s,
+        nan,
+        nan,
+        "relaxation",
+        "infeasible",
+        _time.perf_counter() - started,
+    )
+
+
+def _neighbourhoods(
+    problem: DagProblem, slot_start_s: np.ndarray, fractional: np.ndarray, window: int, band: int
+) -> list[tuple[np.ndarray, int]]:
+    """Return node sets to re-solve exactly with the rest fixed, each with its band.
+
+    The relaxation's fractional nodes, then windows of ``window`` nodes that run at about the
+    same time (across ranks), then groups of neighbouring ranks: pairs within ``band``, and
+    (from _RANK_GROUPS) larger groups within a band narrowed in proportion.
+    """
+    n = problem.n_nodes
+    size = min(n, window)
+    by_time = np.argsort(slot_start_s, kind="stable")
+    hoods = [(fractional, band)] if fractional.any() else []
+    windows = []
+    for first in range(0, max(n - size, 0) + 1, max(size // _STRIDE, 1)):
+        mask = np.zeros(n, dtype=bool)
+        mask[by_time[first : first + size]] = True
+        windows.append((mask, band))
+    groups = []
+    for group in _RANK_GROUPS:
+        narrowed = max(band * 2 // group, 1)
+        for r in range(max(problem.n_ranks - group + 1, 0)):
+            groups.append(((problem.rank >= r) & (problem.rank < r + group), narrowed))
+    # windows first: on the Perseus graphs they found the first moves sooner than rank groups
+    return hoods + windows + groups
+
+
+def _search(
+    problem: DagProblem,
+    options: _Options,
+    programme: _Programme,
+    slot: np.ndarray,
+    fractional: np.ndarray,
+    deadline_s: float,
+    until: float,
+    certified: Callable[[float], bool],
+) -> np.ndarray:
+    """Return the plan improved by a variable-neighbourhood search.
+
+    Node sets are re-solved exactly (HiGHS, the others fixed, each free node within a band of
+    options around its current one) while time remains and the energy is above
+    ``certified`` (a test of an energy against the best bound known, which may rise while the
+    search runs). A pass over every set that improves the plan by less than
+    :data:`_PASS_GAIN` widens the band and the windows (:data:`_LEVELS`: the plan is then
+    about a local optimum of the narrower search). Every accepted plan meets the deadline.
+    """
+    rows = np.arange(problem.n_nodes)
+    best = slot
+    best_e = float(problem.evaluate(options.clock[rows, best])[1])
+    level = 0
+    while level < len(_LEVELS) and not certified(best_e):
+        band, window = _LEVELS[level]
+        pass_start_e = best_e
+        starts = problem.start_times(options.clock[rows, best])
+        for hood, hood_band in _neighbourhoods(problem, starts, fractional, window, band):
+            left = until - _time.perf_counter()
+            if left <= 0 or certified(best_e):
+                return best
+            got, _, _ = programme.exact(
+                best,
+                rel_gap=_HOOD_GAP,
+                time_limit_s=min(left, _HOOD_TIME_S),
+                free=hood,
+                band=hood_band,
+            )
+            if got is None:
+                continue
+            got = _greedy_fill(problem, options, got, deadline_s)
+            makespan, energy, _ = problem.evaluate(options.clock[rows, got])
+            if energy < best_e * (1 - 1e-12) and makespan <= deadline_s * (1 + 1e-6):
+                best, best_e = got, float(energy)
+                if certified(best_e):
+                    return best
+        fractional = np.zeros_like(fractional)
+        # another pass at this level only while its passes still pay
+        level += best_e > pass_start_e * (1 - _PASS_GAIN)
+    return best
