@@ -20,9 +20,9 @@ Acceptance (issue 21): profiling + planning <= 15% of the run's iterations; tune
 saving >= 90% of offline's; tune's slowdown <= target + 0.2 points.
 
 Planning runs in wall time beside the training, which the simulated GPU compresses (a 1.55 s
-device iteration of the tiny GPT takes ~50 ms of CPU). Tune keeps the simulated GPU's host at the
-device's pace while it plans (``SimulatedGpuDrive.pace_planning``: a real GPU's host waits on its device),
-so the planning iterations no longer depend on the host's speed (before: 4 to 19 on
+device iteration of the tiny GPT takes ~50 ms of CPU). Tune keeps the simulated GPU's host at
+the device's pace while it plans (``SimulatedGpuDrive.pace_planning``: a real GPU's host waits
+on its device), so the planning iterations no longer depend on the host's speed (before: 4 to 19 on
 sim:a100-like): the first planning phase spans ``ceil(plan seconds / device iteration)``, and
 each round's close one more (the next iteration starts at the top clock before the thread has
 answered). The table also prints that ceiling for the plan seconds.
