@@ -106,15 +106,7 @@ class TwinActuator(DryRunActuator):
     ) -> tuple[RunResult, RunResult]:
         """Run the issued switches and the top clock on the twin: (issued, top clock).
 
-        Parameters
-        ----------
-        workload
-            The captured workload the program runs.
-        iteration
-            The iteration whose switches are replayed (:meth:`issued_schedule`); default the
-            last with any.
-        iterations
-            Iterations each run simulates.
+        As :meth:`Actuator.replay`: the switches of ``iteration`` (:meth:`issued_schedule`).
         """
         plan = self.issued_schedule(len(workload), iteration)
         issued, _ = self.device.run(workload, plan, iterations=iterations, label="issued")
