@@ -29,7 +29,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from opdvfs import Schedule
 from opdvfs.runtime.actuators import DryRunActuator, TwinActuator
-from opdvfs.runtime.dispatch import ScheduleExecutor, WorkloadRecorder
+from opdvfs.runtime.dispatch import ScheduleExecutor
+from opdvfs.runtime.recorder import WorkloadRecorder
 from opdvfs.runtime.timed import TimedExecutor
 
 from tiny_gpt import TinyGPT
@@ -274,7 +275,7 @@ def twin(iterations: int = 2, target: float = 0.02) -> None:
 
         def measure(schedule, apply=apply):
             act, last = apply(device, work, schedule, iterations)
-            run, base = act.measure(work, iteration=last)
+            run, base = act.replay(work, iteration=last)
             return Measured(
                 slowdown=run.iteration_time_s / base.iteration_time_s - 1,
                 saving=1 - run.chip_energy_j / base.chip_energy_j,

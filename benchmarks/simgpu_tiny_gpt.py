@@ -20,9 +20,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from opdvfs.runtime.actuators import SimGpuActuator
-from opdvfs.runtime.simgpu import SimulatedGpu
 from opdvfs.runtime.simgpu_feed import SimGpuFeed
 from opdvfs.sim import SimulatedDevice
+from opdvfs.sim.gpu import SimulatedGpu
 from opdvfs.workloads.workload import Workload
 
 from tiny_gpt import LaunchLog, TinyGPT

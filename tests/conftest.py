@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import http.server
 import json
+import socketserver
 import sys
+import threading
 from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
 
 import numpy as np
 import pandas as pd
@@ -104,3 +108,50 @@ def cpu_only(monkeypatch):
     """Run a test's CPU path on a machine with a GPU too (capture then takes no CUDA trace)."""
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+class FakeZeusd(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """Records every request; answers each with the next queued (status, body), else 200."""
+
+    daemon_threads = True
+
+    def __init__(self, path: str) -> None:
+        self.requests: list[tuple[str, str, dict[str, str], str | None]] = []
+        self.answers: list[tuple[int, str]] = []
+        super().__init__(path, _Handler)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: FakeZeusd
+
+    def do_POST(self) -> None:
+        url = urlsplit(self.path)
+        auth = self.headers.get("Authorization")
+        self.server.requests.append(("POST", url.path, dict(parse_qsl(url.query)), auth))
+        status, body = self.server.answers.pop(0) if self.server.answers else (200, "")
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if data:  # the client may be gone once it has read an empty answer
+            self.wfile.write(data)
+
+    def address_string(self) -> str:  # a Unix socket has no client address
+        return "unix"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def zeusd(tmp_path, monkeypatch):
+    """A fake Zeus daemon on a Unix socket, reached through ``ZEUSD_SOCK_PATH`` (no token)."""
+    path = str(tmp_path / "zeusd.sock")
+    server = FakeZeusd(path)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    monkeypatch.setenv("ZEUSD_SOCK_PATH", path)
+    monkeypatch.delenv("ZEUSD_TOKEN", raising=False)
+    yield server
+    server.shutdown()
+    server.server_close()

@@ -322,7 +322,7 @@ def test_twin_replays_with_the_devices_real_switch_latency():
         for sw in plan.switches:
             act.at(iteration, sw.trigger_op)
             act.set_freq_mhz(sw.freq_mhz)
-    issued, twin_top = act.measure(work)
+    issued, twin_top = act.replay(work)
     slowdown = issued.iteration_time_s / twin_top.iteration_time_s - 1
     assert slowdown > 0.05  # the late switches leave matmul stages at 810 MHz
     assert slowdown == pytest.approx(simulated.iteration_time_s / top.iteration_time_s - 1)

@@ -507,7 +507,7 @@ def _run_on_sim(script: Path, schedule, names, steps: int = 12):
 
     from opdvfs.runtime.actuators import SimGpuActuator
     from opdvfs.runtime.dispatch import ScheduleExecutor
-    from opdvfs.runtime.simgpu import SimulatedGpu
+    from opdvfs.sim.gpu import SimulatedGpu
 
     act = SimGpuActuator(SimulatedGpu("a100-like", work_scale=float(WORK_SCALE)))
     argv, sys.argv = sys.argv, [str(script), str(steps)]

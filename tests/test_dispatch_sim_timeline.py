@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from opdvfs import Schedule
 from opdvfs.cli import app
-from opdvfs.runtime.simgpu import SimulatedGpu
+from opdvfs.sim.gpu import SimulatedGpu
 
 from conftest import captured_op_count, read_log
 
@@ -112,7 +112,8 @@ def test_leaving_the_executor_drops_the_switches_still_waiting_on_the_device():
     import torch
 
     from opdvfs.runtime.actuators import make_actuator
-    from opdvfs.runtime.dispatch import ScheduleExecutor, WorkloadRecorder
+    from opdvfs.runtime.dispatch import ScheduleExecutor
+    from opdvfs.runtime.recorder import WorkloadRecorder
 
     torch.manual_seed(0)
     net = torch.nn.Linear(64, 64)

@@ -8,7 +8,8 @@ torch = pytest.importorskip("torch")
 from opdvfs import Schedule  # noqa: E402
 from opdvfs.exceptions import CaptureError, ScheduleMismatchError  # noqa: E402
 from opdvfs.runtime.actuators import Actuator, ClockGuard, DryRunActuator  # noqa: E402
-from opdvfs.runtime.dispatch import ScheduleExecutor, WorkloadRecorder  # noqa: E402
+from opdvfs.runtime.dispatch import ScheduleExecutor  # noqa: E402
+from opdvfs.runtime.recorder import WorkloadRecorder  # noqa: E402
 from opdvfs.sim import SimulatedDevice  # noqa: E402
 from opdvfs.sim.presets import get_preset  # noqa: E402
 

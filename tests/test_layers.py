@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "opdvfs"
 
 #: Bottom-up. A module may import modules of its own unit or of any lower layer.
 LAYERS: list[tuple[str, ...]] = [
-    ("exceptions", "datasets", "_lazy"),
+    ("exceptions", "datasets", "_lazy", "_means"),
     ("_files", "_table"),
     ("_model",),
     # data contracts: what flows between the stages

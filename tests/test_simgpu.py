@@ -11,8 +11,8 @@ import pytest
 from opdvfs import Schedule
 from opdvfs.exceptions import ValidationError
 from opdvfs.runtime.actuators import ClockGuard, SimGpuActuator, make_actuator
-from opdvfs.runtime.simgpu import SimulatedGpu
 from opdvfs.sim import PRESETS, SimulatedDevice, get_preset
+from opdvfs.sim.gpu import SimulatedGpu
 from opdvfs.sim.physics import CUBE, op_arrays
 from opdvfs.workloads.workload import Workload
 

@@ -356,7 +356,7 @@ def test_issued_by_time_is_what_the_executor_sends():
         assert sw.delay_us * 1e-6 == pytest.approx(want, abs=OFFSET_TOL_S)
     # on the twin, the two take the same time (the executor's lateness: a few ms at most on a
     # 117 ms iteration)
-    issued, _ = act.measure(work, iteration=2)
+    issued, _ = act.replay(work, iteration=2)
     simulated, _ = dev.run(work, sent, iterations=2)
     assert issued.iteration_time_s == pytest.approx(simulated.iteration_time_s, rel=0.02)
 

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from opdvfs.runtime.simgpu import SimulatedGpu
+from opdvfs.sim.gpu import SimulatedGpu
 from user_workload import train_mlp
 
 #: The user's MLP on sim:h100-like: its top clock and the device's switch latency (s).

@@ -1,9 +1,8 @@
-"""The zeusd actuator against a fake Zeus daemon on a Unix socket (zeusd's HTTP API)."""
+"""The zeusd actuator against a fake Zeus daemon on a Unix socket (zeusd's HTTP API).
 
-import http.server
-import socketserver
-import threading
-from urllib.parse import parse_qsl, urlsplit
+The daemon is ``conftest.FakeZeusd``, started by the ``zeusd`` fixture (the actuator contract,
+``test_contracts.py``, runs over it too).
+"""
 
 import pytest
 
@@ -17,52 +16,6 @@ from opdvfs.exceptions import (
 )
 from opdvfs.runtime.actuators import ClockGuard, ZeusdActuator, make_actuator
 from opdvfs.runtime.actuators.zeusd import ZeusdClient
-
-
-class FakeZeusd(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    """Records every request; answers each with the next queued (status, body), else 200."""
-
-    daemon_threads = True
-
-    def __init__(self, path: str) -> None:
-        self.requests: list[tuple[str, str, dict[str, str], str | None]] = []
-        self.answers: list[tuple[int, str]] = []
-        super().__init__(path, _Handler)
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: FakeZeusd
-
-    def do_POST(self) -> None:
-        url = urlsplit(self.path)
-        auth = self.headers.get("Authorization")
-        self.server.requests.append(("POST", url.path, dict(parse_qsl(url.query)), auth))
-        status, body = self.server.answers.pop(0) if self.server.answers else (200, "")
-        data = body.encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if data:  # the client may be gone once it has read an empty answer
-            self.wfile.write(data)
-
-    def address_string(self) -> str:  # a Unix socket has no client address
-        return "unix"
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def zeusd(tmp_path, monkeypatch):
-    path = str(tmp_path / "zeusd.sock")
-    server = FakeZeusd(path)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    monkeypatch.setenv("ZEUSD_SOCK_PATH", path)
-    monkeypatch.delenv("ZEUSD_TOKEN", raising=False)
-    yield server
-    server.shutdown()
-    server.server_close()
 
 
 def test_clock_writes_go_to_the_daemon_reads_to_nvml(zeusd, fake_nvml):

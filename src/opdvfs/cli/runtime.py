@@ -15,7 +15,7 @@ import signal
 import subprocess
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -30,6 +30,9 @@ from opdvfs.cli._app import (
     stdout,
 )
 from opdvfs.exceptions import CaptureError
+
+if TYPE_CHECKING:  # (the actuators load when a command needs them)
+    from opdvfs.runtime.actuators import Actuator
 
 IterationAtOption = Annotated[
     str | None,
@@ -276,7 +279,7 @@ def capture(
 
 def _sweep_actuator(
     kind: str, device: str | None, work_scale: float | None, log: Path | None
-) -> Any:
+) -> Actuator:
     """Return the actuator a sweep sets clocks through (a simulated GPU at ``work_scale``)."""
     from opdvfs.runtime.actuators import make_actuator
 
@@ -307,7 +310,6 @@ def _capture_sweep(
     """``capture --profile P --freqs LIST``: profile every clock in one run (#21)."""
     from opdvfs.cli._app import parse_clocks
     from opdvfs.profile import Profile
-    from opdvfs.runtime.actuators import SimGpuActuator
     from opdvfs.runtime.launch import run_python
     from opdvfs.runtime.session import Session
     from opdvfs.runtime.sweep import sweep_run
@@ -350,7 +352,7 @@ def _capture_sweep(
     outcome.raise_error()  # no complete iteration: a CaptureError, reported as usual
     _print(outcome.lines)
     measured = result.profile
-    if isinstance(act, SimGpuActuator) and session.recorder and session.recorder.iterations:
+    if act.timeline is not None and session.recorder and session.recorder.iterations:
         # its ops are launch positions: a plan on it maps back with runtime.sweep.on_launches
         meta = measured.meta
         meta["sweep"]["launches_per_iteration"] = len(session.recorder.iterations[-1])

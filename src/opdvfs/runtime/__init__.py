@@ -30,7 +30,7 @@ _EXPORTS: dict[str, str] = {
     "TwinActuator": "opdvfs.runtime.actuators",
     "make_actuator": "opdvfs.runtime.actuators",
     "ScheduleExecutor": "opdvfs.runtime.dispatch",
-    "WorkloadRecorder": "opdvfs.runtime.dispatch",
+    "WorkloadRecorder": "opdvfs.runtime.recorder",
     "RunResult": "opdvfs.result",
     "StageRecord": "opdvfs.result",
 }
@@ -60,7 +60,8 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
         TwinActuator,
         make_actuator,
     )
-    from opdvfs.runtime.dispatch import ScheduleExecutor, WorkloadRecorder
+    from opdvfs.runtime.dispatch import ScheduleExecutor
+    from opdvfs.runtime.recorder import WorkloadRecorder
 
 
 __getattr__, __dir__ = attach(__name__, _EXPORTS)

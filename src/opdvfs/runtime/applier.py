@@ -1,7 +1,8 @@
 """What both trigger modes share: iterations, the switch worker, fallback and halt (needs torch).
 
 An iteration ends at each optimizer step (PyTorch's global optimizer step hook) or at
-:meth:`IterationCounter.mark_iteration` (``--iteration-at``). :class:`ScheduleApplier` adds what
+:meth:`~opdvfs.runtime.recorder.IterationCounter.mark_iteration` (``--iteration-at``), as
+:class:`~opdvfs.runtime.recorder.IterationCounter` counts them. :class:`ScheduleApplier` adds what
 applying a schedule needs whatever triggers the switches: the actuator and its
 :class:`~opdvfs.runtime.issuer.SwitchIssuer`, the fallback to the maximum clock with one
 warning, the per-iteration energy counter, and :meth:`~ScheduleApplier.halt` for the clock
@@ -11,63 +12,15 @@ the time-anchored one (:class:`~opdvfs.runtime.timed.TimedExecutor`) are its two
 
 from __future__ import annotations
 
-import threading
-import time
 import warnings
-from typing import Any
 
-from torch.optim.optimizer import register_optimizer_step_post_hook
-
-from opdvfs.runtime._means import iteration_means
+from opdvfs._means import iteration_means
 from opdvfs.runtime.actuators.base import Actuator
 from opdvfs.runtime.issuer import SwitchIssuer
+from opdvfs.runtime.recorder import IterationCounter
 from opdvfs.schedule import Schedule
 
-__all__ = ["IterationCounter", "ScheduleApplier"]
-
-
-class IterationCounter:
-    """Count iterations: each ends at an optimizer step or at :meth:`mark_iteration`.
-
-    ``optimizer_steps=False`` leaves the optimizer steps alone: iterations then end only at
-    :meth:`mark_iteration` (``--iteration-at``: inference, custom loops). Cooperative: a
-    subclass that is also a ``TorchDispatchMode`` enters and leaves the mode through it.
-    """
-
-    def __init__(self, *, optimizer_steps: bool = True) -> None:
-        super().__init__()
-        self.optimizer_steps = optimizer_steps
-        self.iteration = 0
-        self.op_index = 0
-        self._lock = threading.Lock()
-        self._hook: Any = None
-        #: ``time.perf_counter()`` at the end of each iteration (the optimizer step, host side).
-        self.iteration_ends_s: list[float] = []
-
-    def __enter__(self) -> Any:
-        if self.optimizer_steps:
-            self._hook = register_optimizer_step_post_hook(lambda *_: self.mark_iteration())
-        enter = getattr(super(), "__enter__", None)
-        return self if enter is None else enter()
-
-    def __exit__(self, *exc: object) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
-        leave = getattr(super(), "__exit__", None)
-        if leave is not None:
-            leave(*exc)
-
-    def mark_iteration(self) -> None:
-        """End the current iteration (at each optimizer step, or each ``--iteration-at`` call)."""
-        with self._lock:
-            self.iteration_ends_s.append(time.perf_counter())
-            self.end_iteration(self.op_index)
-            self.iteration += 1
-            self.op_index = 0
-
-    def end_iteration(self, n_ops: int) -> None:
-        """Handle the end of an iteration of ``n_ops`` operators (subclasses override)."""
+__all__ = ["ScheduleApplier"]
 
 
 class ScheduleApplier(IterationCounter):
@@ -81,7 +34,7 @@ class ScheduleApplier(IterationCounter):
         Diverging iterations in a row after which the schedule is abandoned for the run; None:
         never (the time-anchored executor recovers when iteration lengths return).
     optimizer_steps
-        As :class:`IterationCounter`.
+        As :class:`~opdvfs.runtime.recorder.IterationCounter`.
     """
 
     #: ``"op"`` or ``"time"``: how the switches are triggered.

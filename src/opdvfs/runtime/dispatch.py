@@ -1,13 +1,15 @@
-"""Operator-boundary hooks for PyTorch: record a workload, or apply a schedule (needs torch).
+"""Operator-boundary hooks for PyTorch: apply a schedule as the program dispatches (needs torch).
 
-Both are ``TorchDispatchMode``s: they see every aten operator below autograd -- forward and
+:class:`ScheduleExecutor` is a ``TorchDispatchMode``, as the workload recorder
+(:class:`~opdvfs.runtime.recorder.WorkloadRecorder`, whose operator counting it shares) is. Both
+see every aten operator below autograd -- forward and
 backward, on every thread autograd uses -- without a change to the user's code. An iteration ends
 at each optimizer step (PyTorch's global optimizer step hook) or at :meth:`mark_iteration`.
 
 A ``torch.compile``d model runs *eagerly* under them: Dynamo skips every frame while a
 non-infrastructure dispatch mode is active, and a function first called then is never compiled
 afterwards. So both see (and count) the model's eager operators; they notice ``torch.compile``
-being used and say so (:attr:`_OpMode.compile_seen`). ``--trigger time``
+being used and say so (:attr:`~opdvfs.runtime.recorder._OpMode.compile_seen`). ``--trigger time``
 (:class:`~opdvfs.runtime.timed.TimedExecutor`) has no dispatch mode and keeps the model compiled.
 """
 
@@ -17,21 +19,18 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-import pandas as pd
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
 
-from opdvfs.exceptions import CaptureError, ScheduleMismatchError
+from opdvfs.exceptions import ScheduleMismatchError
 from opdvfs.runtime.actuators.base import Actuator
-from opdvfs.runtime.actuators.dry_run import DryRunActuator
-from opdvfs.runtime.applier import IterationCounter, ScheduleApplier
+from opdvfs.runtime.applier import ScheduleApplier
 from opdvfs.runtime.issuer import Marker, immediate_marker
-from opdvfs.runtime.simgpu import SimulatedGpu
-from opdvfs.schedule import Schedule, Switch, op_signature
-from opdvfs.workloads.workload import Workload
+from opdvfs.runtime.recorder import _COUNTED, _OpMode, compile_in_use
+from opdvfs.schedule import Schedule, Switch
+from opdvfs.sim.gpu import SimulatedGpu
 
-__all__ = ["COMPILED_HINT", "ScheduleExecutor", "WorkloadRecorder", "compile_in_use"]
+# compile_in_use: re-exported while the tune loop imports it from here (experiments/tune.py)
+__all__ = ["COMPILED_HINT", "ScheduleExecutor", "compile_in_use"]
 
 #: One line for a compiled model under the operator-counting mode.
 COMPILED_HINT = (
@@ -39,135 +38,6 @@ COMPILED_HINT = (
     "(Dynamo does not compile while a dispatch mode is active): use --trigger time to keep "
     "the model compiled"
 )
-
-_COMM = ("c10d", "all_reduce", "allreduce", "all_gather", "reduce_scatter", "broadcast")
-#: Namespaces of the operators counted: aten compute and the collectives. Others (profiler::
-#: record_function markers, which straddle the optimizer step hook) are not operators of the
-#: sequence and would shift it between the first and later iterations.
-_COUNTED = ("aten::", "c10d::", "_c10d_functional::")
-
-
-def _nbytes(value: Any) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, list | tuple):
-        return sum(_nbytes(v) for v in value)
-    return 0
-
-
-def _shapes(value: Any) -> list[Any]:
-    if isinstance(value, torch.Tensor):
-        return [list(value.shape)]
-    if isinstance(value, list | tuple):
-        return [s for v in value for s in _shapes(v)]
-    return []
-
-
-def compile_in_use() -> bool:
-    """Whether this process has compiled anything with ``torch.compile`` so far."""
-    from torch._dynamo.utils import counters
-
-    return counters["frames"]["total"] > 0
-
-
-class _OpMode(TorchDispatchMode):
-    """A dispatch mode that notices ``torch.compile``: compiled code runs eagerly under it.
-
-    While the mode is active ``torch.compile`` is wrapped to count its calls; a model compiled
-    before the mode was entered is seen through Dynamo's frame counters.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        #: ``torch.compile`` calls (or compiled frames before the mode) seen; 0: none.
-        self.compile_seen = 0
-        self._compile: Any = None
-
-    def __enter__(self) -> Any:
-        self.compile_seen = int(compile_in_use())
-        original = self._compile = torch.compile
-
-        def compile(*args: Any, **kwargs: Any) -> Any:
-            self.compile_seen += 1
-            return original(*args, **kwargs)
-
-        torch.compile = compile
-        return super().__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        if self._compile is not None:
-            torch.compile = self._compile
-            self._compile = None
-        super().__exit__(*exc)
-
-
-class _IterationMode(IterationCounter, _OpMode):
-    """Counts aten ops; iterations end at optimizer steps or :meth:`mark_iteration`."""
-
-
-class WorkloadRecorder(_IterationMode):
-    """Record each iteration's aten operator sequence with shapes, FLOPs and bytes.
-
-    After the run, :meth:`workload` returns the last complete iteration as a ``Workload`` (the
-    first is usually a warm-up with one-off allocations).
-    """
-
-    def __init__(self, *, optimizer_steps: bool = True) -> None:
-        super().__init__(optimizer_steps=optimizer_steps)
-        self._current: list[dict[str, Any]] = []
-        self.iterations: list[list[dict[str, Any]]] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        name = func._schema.name
-        if not name.startswith(_COUNTED):
-            return out
-        packet = func._overloadpacket
-        flops = 0
-        if packet in flop_registry:
-            try:
-                flops = int(flop_registry[packet](*args, **kwargs, out_val=out))
-            except Exception:  # a FLOP formula that rejects these arguments counts 0
-                flops = 0
-        with self._lock:
-            self._current.append(
-                {
-                    "name": name,
-                    "type": name.split("::")[-1],
-                    "stream": "comm" if any(c in name for c in _COMM) else "compute",
-                    "flops": float(flops),
-                    "bytes_loaded": float(_nbytes(args) + _nbytes(list(kwargs.values()))),
-                    "bytes_stored": float(_nbytes(out)),
-                    "shapes": str(_shapes(args)),
-                }
-            )
-            self.op_index += 1
-        return out
-
-    def end_iteration(self, n_ops: int) -> None:
-        """Keep the finished iteration's operators."""
-        self.iterations.append(self._current)
-        self._current = []
-
-    def workload(self, name: str = "captured") -> Workload:
-        """Return the last complete iteration as a Workload.
-
-        Raises
-        ------
-        CaptureError
-            If no iteration was completed (no optimizer step and no :meth:`mark_iteration`).
-        """
-        if not self.iterations:
-            how = "no optimizer step was seen" if self.optimizer_steps else "no iteration marked"
-            raise CaptureError(f"no complete iteration recorded ({how})")
-        ops = pd.DataFrame(self.iterations[-1])
-        meta = {
-            "source": "opdvfs capture",
-            "iterations_seen": len(self.iterations),
-            "op_signature": op_signature(ops["name"]),
-        }
-        return Workload(ops, name=name, meta=meta)
 
 
 class ScheduleExecutor(ScheduleApplier, _OpMode):
@@ -177,16 +47,17 @@ class ScheduleExecutor(ScheduleApplier, _OpMode):
     is available, an immediate marker on the CPU -- and a worker thread
     (:class:`~opdvfs.runtime.issuer.SwitchIssuer`) waits for it, then the switch's ``delay_us``,
     then calls the actuator. A CPU switch without delay is issued at once, on the dispatching
-    thread. Pending switches are dropped on divergence and on exit, before the clock is restored.
-    On a simulated GPU (:class:`~opdvfs.runtime.actuators.SimGpuActuator`) there is no worker:
-    its timeline is virtual, so each switch is requested at once for its trigger op's start plus
-    ``delay_us`` on that timeline (:meth:`_trigger_on_timeline`). The op sequence is checked against
-    ``names`` (the captured workload's, when given) and the schedule's op count. On a mismatch
-    the clock goes to the maximum for the rest of that iteration and a warning is raised (once);
-    the next iteration starts in step again -- the first iteration of a run often differs (an
-    optimizer creating its state) -- but after ``max_diverged`` diverging iterations in a row the
-    schedule is abandoned for the run. An iteration that ran no operator the mode could see (a
-    CUDA graph replay) says so and suggests ``--trigger time``, as does ``torch.compile``
+    thread. Pending switches are dropped on divergence and on exit, before the clock is
+    restored. On a simulated GPU (the actuator's
+    :attr:`~opdvfs.runtime.actuators.Actuator.timeline`) there is no worker: its timeline is
+    virtual, so each switch is requested at once for its trigger op's start plus ``delay_us`` on
+    that timeline (:meth:`_trigger_on_timeline`). The op sequence is checked against ``names``
+    (the captured workload's, when given) and the schedule's op count. On a mismatch the clock
+    goes to the maximum for the rest of that iteration and a warning is raised (once); the next
+    iteration starts in step again -- the first iteration of a run often differs (an optimizer
+    creating its state) -- but after ``max_diverged`` diverging iterations in a row the schedule
+    is abandoned for the run. An iteration that ran no operator the mode could see (a CUDA graph
+    replay) says so and suggests ``--trigger time``, as does ``torch.compile``
     (:data:`COMPILED_HINT`, warned once).
     """
 
@@ -210,13 +81,8 @@ class ScheduleExecutor(ScheduleApplier, _OpMode):
         self._first: list[Switch] = []  # previous-iteration switches: issued at op 0 of iteration 0
         self._cuda = torch.cuda.is_available()
         self._compile_warned = False
-        #: The simulated GPU's actuator (None: a real device): switches go on its timeline. (A
-        #: :class:`~opdvfs.runtime.actuators.SimGpuActuator`, known by its device: that module
-        #: imports this one's recorder.)
-        gpu = getattr(actuator, "gpu", None)
-        self._timeline: tuple[DryRunActuator, SimulatedGpu] | None = None
-        if isinstance(actuator, DryRunActuator) and isinstance(gpu, SimulatedGpu):
-            self._timeline = (actuator, gpu)
+        #: The simulated GPU the program runs on (None: wall time): switches go on its timeline.
+        self._timeline: SimulatedGpu | None = actuator.timeline
         #: Virtual time (s) the last switch was issued at on the simulated GPU: in order.
         self._issued_s = 0.0
         if schedule is not None:
@@ -259,7 +125,7 @@ class ScheduleExecutor(ScheduleApplier, _OpMode):
         if self._halted:
             return
         if self._timeline is not None:
-            self._trigger_on_timeline(*self._timeline, switches)
+            self._trigger_on_timeline(self._timeline, switches)
             return
         if self._issuer is None:  # CPU, no delays: at once, on this thread
             self._where()
@@ -275,16 +141,14 @@ class ScheduleExecutor(ScheduleApplier, _OpMode):
                 marker, sw.delay_us * 1e-6, sw.freq_mhz, self.iteration, self.op_index
             )
 
-    def _trigger_on_timeline(
-        self, sim: DryRunActuator, gpu: SimulatedGpu, switches: list[Switch]
-    ) -> None:
+    def _trigger_on_timeline(self, gpu: SimulatedGpu, switches: list[Switch]) -> None:
         """Issue the switches at their trigger op's start plus delay on the simulated GPU.
 
         The simulated GPU's timeline is virtual and moves as the host dispatches, not with the
         host's clock: a CPU-light script dispatches a ~770 ms (virtual) iteration in a few ms,
         so a worker sleeping ``delay_us`` in host time issued a switch one to four iterations
         late. Each switch is requested now for ``start + delay`` on the device, which holds it
-        until then (:meth:`~opdvfs.runtime.simgpu.SimulatedGpu.request_freq_mhz`), and never
+        until then (:meth:`~opdvfs.sim.gpu.SimulatedGpu.request_freq_mhz`), and never
         before the one issued before it (a worker issues them in order).
         """
         start_s = gpu.op_start_s(self.iteration, self.op_index)
@@ -293,8 +157,8 @@ class ScheduleExecutor(ScheduleApplier, _OpMode):
         for sw in switches:
             at_s = max(start_s + sw.delay_us * 1e-6, self._issued_s)
             self._issued_s = at_s
-            sim.at(self.iteration, self.op_index, at_s - start_s)
-            sim.set_freq_mhz(sw.freq_mhz)
+            self.actuator.at(self.iteration, self.op_index, at_s - start_s)
+            self.actuator.set_freq_mhz(sw.freq_mhz)
 
     def _fall_back(self, why: str, *, iteration: int | None = None, stacklevel: int = 3) -> None:
         """Fall back as :meth:`ScheduleApplier._fall_back`, on a simulated GPU dropping first.
@@ -305,8 +169,8 @@ class ScheduleExecutor(ScheduleApplier, _OpMode):
         as already set).
         """
         if self._timeline is not None:
-            self._drop_waiting()
-            self._issued_s = self._timeline[1].now_s()
+            self.actuator.cancel_pending()  # the actuator's clock: where the device settles
+            self._issued_s = self._timeline.now_s()
         super()._fall_back(why, iteration=iteration, stacklevel=stacklevel + 1)
 
     def __exit__(self, *exc: object) -> None:
@@ -316,14 +180,8 @@ class ScheduleExecutor(ScheduleApplier, _OpMode):
         was left (the clock guard restores the clock next).
         """
         if self._timeline is not None:
-            self._drop_waiting()
+            self.actuator.cancel_pending()
         super().__exit__(*exc)
-
-    def _drop_waiting(self) -> None:
-        """Drop the simulated GPU's requests not yet due; the actuator's clock: where it settles."""
-        assert self._timeline is not None
-        sim, gpu = self._timeline
-        sim.current_mhz = gpu.cancel_requests()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if not func._schema.name.startswith(_COUNTED):

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from opdvfs._files import write_text_atomic
 from opdvfs.exceptions import CaptureError, ScheduleMismatchError, ValidationError
-from opdvfs.runtime.actuators import ClockGuard, SimGpuActuator, TwinActuator, make_actuator
+from opdvfs.runtime.actuators import ClockGuard, make_actuator
 from opdvfs.runtime.checks import check_schedule
 from opdvfs.runtime.iterations import IterationMarker
 from opdvfs.schedule import PipelineSchedule, Schedule, read_any_schedule
@@ -132,7 +132,8 @@ class Session:
         rank_map: str | None = None,
         work_scale: float | None = None,
     ) -> None:
-        from opdvfs.runtime.dispatch import ScheduleExecutor, WorkloadRecorder
+        from opdvfs.runtime.dispatch import ScheduleExecutor
+        from opdvfs.runtime.recorder import WorkloadRecorder
         from opdvfs.runtime.timed import TimedExecutor, choose_trigger, plan_timing
 
         self.mode, self.out, self.name, self.report_dir = mode, out, name, report_dir
@@ -177,41 +178,40 @@ class Session:
         if isinstance(seen, PipelineSchedule):
             header["pipeline_stage"] = seen.stage_of(self.rank, self.world, self.rank_map)
         self.actuator = make_actuator(
-            actuator, device=device, schedule=local, log=log, header=header, work_scale=work_scale
+            actuator,
+            device=device,
+            schedule=local,
+            log=log,
+            header=header,
+            work_scale=work_scale,
+            optimizer_steps=optimizer_steps,
         )
-        sim = self.actuator if isinstance(self.actuator, SimGpuActuator) else None
+        #: The simulated GPU the program runs on (its time is virtual), or None: wall time.
+        timeline = self.actuator.timeline
         try:
-            if sim is not None:
-                sim.optimizer_steps = optimizer_steps
-                if trigger == "time":
-                    raise ValidationError(
-                        f"--trigger time follows the host's clock, and {actuator}'s time is "
-                        "virtual: use --trigger op (or auto)",
-                        field="trigger",
-                    )
+            if timeline is not None and trigger == "time":
+                raise ValidationError(
+                    f"--trigger time follows the host's clock, and {actuator}'s time is "
+                    "virtual: use --trigger op (or auto)",
+                    field="trigger",
+                )
             if actuator == "twin" and self.work is None:
                 raise ValidationError(
                     "--actuator twin needs --workload (the captured workload to simulate)",
                     field="workload",
                 )
             if local is not None:
-                spec_name = (
-                    self.actuator.device.spec.name
-                    if isinstance(self.actuator, TwinActuator)
-                    else sim.gpu.name
-                    if sim is not None
-                    else device
-                )
+                preset = self.actuator.preset  # a simulated device's own, else --device's
                 check_schedule(
                     local,
                     freqs_mhz=self.actuator.supported_freqs_mhz(),
-                    device=spec_name,
+                    device=preset if preset is not None else device,
                     n_ops=len(self.work) if self.work is not None else None,
                     source=str(schedule),
                 )
-            twin = self.actuator.device if isinstance(self.actuator, TwinActuator) else None
+            twin = self.actuator.twin
             timing = None
-            if sim is not None and trigger == "auto":
+            if timeline is not None and trigger == "auto":
                 trigger = "op"
                 self.trigger_line = (
                     f"trigger: op (auto: {actuator} runs on virtual time, which only the "
@@ -294,12 +294,12 @@ class Session:
 
     def _iteration_end(self, mode: Any) -> Callable[[], None]:
         """Return what ends an iteration at ``--iteration-at``: a simulated GPU's, then mode's."""
-        sim = self.actuator if self.executor is not None else None
-        if not isinstance(sim, SimGpuActuator):
+        if self.executor is None or self.actuator.timeline is None:
             return mode.mark_iteration
+        actuator = self.actuator
 
         def both() -> None:
-            sim.mark_iteration()
+            actuator.mark_iteration()
             mode.mark_iteration()
 
         return both
@@ -352,9 +352,10 @@ class Session:
         lines: list[str] = [self.trigger_line] if self.trigger_line else []
         steady = executor.per_iteration()
         clock, time_f, energy_f = "host clock", ".4f", ".2f"
-        if isinstance(self.actuator, SimGpuActuator):
+        timeline = self.actuator.timeline
+        if timeline is not None:
             # the simulated GPU's own timeline; the energy is the same counter the executor read
-            steady = {**steady, "time_s": self.actuator.per_iteration()["time_s"]}
+            steady = {**steady, "time_s": timeline.per_iteration()["time_s"]}
             clock = f"virtual time of the simulated GPU {self.actuator.kind}"
             time_f = energy_f = ".6g"
         if steady["time_s"] is not None:
@@ -387,11 +388,12 @@ class Session:
             )
         elif getattr(executor, "compile_seen", 0):
             lines.append(COMPILED_HINT)
-        if isinstance(self.actuator, TwinActuator) and self.work is not None:
-            issued, top = self.actuator.measure(self.work)
+        twin = self.actuator.twin
+        if twin is not None and self.work is not None:
+            issued, top = self.actuator.replay(self.work)
             lines.append(
-                f"on the twin ({self.actuator.device.spec.name}, simulated, "
-                f"{self.actuator.device.spec.switch_latency_ms:g} ms switches): the switches as "
+                f"on the twin ({twin.spec.name}, simulated, "
+                f"{twin.spec.switch_latency_ms:g} ms switches): the switches as "
                 f"issued take {issued.iteration_time_s / top.iteration_time_s - 1:+.2%} time, "
                 f"{issued.chip_energy_j / top.chip_energy_j - 1:+.2%} chip energy, "
                 f"{(issued.core_energy_j or 0) / (top.core_energy_j or 1) - 1:+.2%} core energy "

@@ -1,6 +1,6 @@
 """Launch every aten operator a program dispatches on a :class:`SimulatedGpu` (needs torch).
 
-:class:`SimGpuFeed` is the workload recorder (:class:`~opdvfs.runtime.dispatch.WorkloadRecorder`)
+:class:`SimGpuFeed` is the workload recorder (:class:`~opdvfs.runtime.recorder.WorkloadRecorder`)
 with its rows sent to the simulated GPU as launches instead of kept: the same FLOPs, bytes and
 counting as ``opdvfs capture``, so the executor's operator indices and the device's agree. The
 aten name runs as the simulator's operator of that kind
@@ -17,8 +17,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from opdvfs.runtime.dispatch import WorkloadRecorder
-from opdvfs.runtime.simgpu import SimulatedGpu
+from opdvfs.runtime.recorder import WorkloadRecorder
+from opdvfs.sim.gpu import SimulatedGpu
 
 __all__ = ["SimGpuFeed"]
 
@@ -58,7 +58,7 @@ class SimGpuFeed(WorkloadRecorder):
     gpu
         The simulated GPU the program runs on.
     optimizer_steps
-        As :class:`~opdvfs.runtime.applier.IterationCounter`: iterations end at optimizer steps
+        As :class:`~opdvfs.runtime.recorder.IterationCounter`: iterations end at optimizer steps
         (or only at :meth:`mark_iteration`, for ``--iteration-at``).
     """
 

@@ -3,7 +3,7 @@
 Today a user profiles at K clocks by locking each by hand (``nvidia-smi -lgc``, root) and running
 ``opdvfs capture --profile`` K times. :func:`sweep_run` does it in one run of the unchanged
 script, between its iterations (each ends at an optimizer step, as
-:class:`~opdvfs.runtime.applier.IterationCounter` counts them):
+:class:`~opdvfs.runtime.recorder.IterationCounter` counts them):
 
 1. warm-up: the first ``warmup`` iterations at the top clock (the first iteration differs:
    allocations, optimizer state); the last one's length sizes the rest;
@@ -50,9 +50,11 @@ import pandas as pd
 from opdvfs.exceptions import CaptureError, ValidationError
 from opdvfs.models.attribution import MIN_WINDOWS, sensor_iterations, sensor_span_s
 from opdvfs.profile import Profile
-from opdvfs.runtime.actuators import Actuator, ClockGuard, SimGpuActuator
-from opdvfs.runtime.applier import IterationCounter
+from opdvfs.runtime.actuators import Actuator, ClockGuard
+from opdvfs.runtime.actuators.base import Meter
+from opdvfs.runtime.recorder import IterationCounter
 from opdvfs.schedule import Schedule
+from opdvfs.sim.gpu import SimulatedGpu
 
 __all__ = [
     "REAL_SETTLE_S",
@@ -202,18 +204,30 @@ class ClockSweep(IterationCounter):
     @classmethod
     def on_simulated_gpu(
         cls,
-        actuator: SimGpuActuator,
+        actuator: Actuator,
         freqs_mhz: Sequence[float],
         *,
         settle_s: float | None = None,
         **options: Any,
     ) -> ClockSweep:
-        """Return a sweep read off a simulated GPU's own instruments.
+        """Return a sweep read off a simulated GPU's own instruments (the actuator's timeline).
 
         Its virtual clock, die temperature and power sensor; settling for its switch latency
         unless ``settle_s`` is given. ``options`` go to the constructor.
+
+        Raises
+        ------
+        ValidationError
+            If the actuator runs on wall time (no :attr:`~Actuator.timeline`): use
+            :meth:`on_device`.
         """
-        gpu = actuator.gpu
+        gpu = actuator.timeline
+        if gpu is None:
+            raise ValidationError(
+                f"the {actuator.kind} actuator runs on wall time, not a simulated GPU's: "
+                "sweep it with ClockSweep.on_device",
+                field="actuator",
+            )
         return cls(
             actuator,
             freqs_mhz,
@@ -517,14 +531,14 @@ class SweepResult:
         )
 
 
-def device_meter(actuator: Actuator, *, cuda: bool, stack: ExitStack) -> Any | None:
+def device_meter(actuator: Actuator, *, cuda: bool, stack: ExitStack) -> Meter | None:
     """Return what reads the swept device's die temperature, or None: nothing does.
 
     The actuator's own NVML reader where it has one (``nvml``, ``zeusd``, a dry run measuring
     the GPU: its ``meter``); else, when the program runs on CUDA, a read-only
     :class:`~opdvfs.runtime.actuators.nvml.NvmlReader` of GPU 0, closed with ``stack``.
     """
-    meter = getattr(actuator, "meter", None)
+    meter = actuator.meter
     if meter is None and cuda:
         from opdvfs.runtime.actuators.nvml import NvmlReader
 
@@ -537,9 +551,8 @@ def _counted_clocks(records: Sequence[SweepIteration]) -> dict[int, float]:
     return {r.iteration: r.freq_mhz for r in records if r.phase == "counted"}
 
 
-def _sim_profile(act: SimGpuActuator, sweep: ClockSweep) -> Profile:
+def _sim_profile(gpu: SimulatedGpu, sweep: ClockSweep) -> Profile:
     """Build the sweep's profile from a simulated GPU's kernel records and power samples."""
-    gpu = act.gpu
     counted = _counted_clocks(sweep.records)
     kernels = gpu.kernels()
     rows = kernels[kernels["iteration"].isin(list(counted))].copy()
@@ -673,7 +686,6 @@ def sweep_run(
     Exception
         Whatever the program raised (the clock restored first).
     """
-    sim = actuator if isinstance(actuator, SimGpuActuator) else None
     guard = ClockGuard(actuator)
     sweep_kw: dict[str, Any] = {
         "warmup": warmup,
@@ -682,8 +694,8 @@ def sweep_run(
         "on_done": guard.restore,
     }
     measured: Profile | None = None
-    if sim is not None:
-        sweep = ClockSweep.on_simulated_gpu(sim, freqs_mhz, settle_s=settle_s, **sweep_kw)
+    if actuator.timeline is not None:
+        sweep = ClockSweep.on_simulated_gpu(actuator, freqs_mhz, settle_s=settle_s, **sweep_kw)
         with actuator, guard, sweep:
             run()
     else:
@@ -755,8 +767,9 @@ def sweep_profile(sweep: ClockSweep, measured: Profile | None = None) -> Profile
     if not sweep.done:
         raise CaptureError("the clock sweep is not done: it has no profile yet")
     actuator = sweep.actuator
-    if isinstance(actuator, SimGpuActuator):
-        profile = _sim_profile(actuator, sweep)
+    timeline = actuator.timeline
+    if timeline is not None:
+        profile = _sim_profile(timeline, sweep)
     elif measured is None:
         raise CaptureError("the sweep ran on a real device and no trace was given")
     else:
@@ -768,7 +781,7 @@ def _with_sweep_meta(profile: Profile, sweep: ClockSweep, actuator: Actuator) ->
     phases = pd.Series([r.phase for r in sweep.records]).value_counts()
     meta = profile.meta
     meta["sweep"] = {
-        "actuator": getattr(actuator, "kind", type(actuator).__name__),
+        "actuator": actuator.kind,
         "freqs_mhz": list(sweep.freqs_mhz),
         "warmup": sweep.warmup,
         "iterations_per_clock": sweep.per_clock,

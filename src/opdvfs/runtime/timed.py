@@ -334,7 +334,7 @@ class TimedExecutor(ScheduleApplier):
     device, workload
         For :func:`plan_timing`.
     optimizer_steps
-        As :class:`~opdvfs.runtime.applier.IterationCounter`.
+        As :class:`~opdvfs.runtime.recorder.IterationCounter`.
     """
 
     trigger = "time"

@@ -2,7 +2,7 @@
 
 :func:`load_workload` builds a named workload (:data:`BUILDERS`: GPT-3, BERT, ResNet, ViT, ...)
 or reads a workload file; capturing one from a running program is
-:class:`opdvfs.runtime.dispatch.WorkloadRecorder`'s job.
+:class:`opdvfs.runtime.recorder.WorkloadRecorder`'s job.
 
 Names load on first use (PEP 562), so importing the package costs nothing until one is used.
 """

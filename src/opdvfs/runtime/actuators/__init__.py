@@ -1,4 +1,10 @@
-"""Actuators: the small interface to a device's clock, its implementations, and their factory."""
+"""Actuators: the small interface to a device's clock, its implementations, and their factory.
+
+:class:`Actuator` declares what every caller may ask (see :mod:`~opdvfs.runtime.actuators.base`:
+the clocks, set and reset, power and energy, and what it is and has -- its :attr:`~Actuator.kind`,
+:attr:`~Actuator.current_mhz`, :attr:`~Actuator.meter`, :attr:`~Actuator.timeline`,
+:attr:`~Actuator.preset`, :attr:`~Actuator.twin`); :func:`make_actuator` builds each kind.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +20,8 @@ from opdvfs.runtime.actuators.nvml import NvmlActuator, NvmlReader
 from opdvfs.runtime.actuators.sim_gpu import SIM_PREFIX, SimGpuActuator
 from opdvfs.runtime.actuators.twin import TwinActuator
 from opdvfs.runtime.actuators.zeusd import ZeusdActuator
-from opdvfs.runtime.simgpu import SimulatedGpu
 from opdvfs.schedule import Schedule
+from opdvfs.sim.gpu import SimulatedGpu
 from opdvfs.sim.presets import PRESETS, preset_spec
 from opdvfs.sim.twin import SimulatedDevice
 
@@ -48,6 +54,7 @@ def make_actuator(
     log: str | os.PathLike[str] | None = None,
     header: Mapping[str, Any] | None = None,
     work_scale: float | None = None,
+    optimizer_steps: bool = True,
 ) -> Actuator:
     """Return the actuator of ``kind`` for ``device``.
 
@@ -81,6 +88,10 @@ def make_actuator(
     work_scale
         For ``"sim:PRESET"``: each launch does that many times its FLOPs and bytes (a model
         sized for the CPU stands in for a bigger one).
+    optimizer_steps
+        For ``"sim:PRESET"``: whether the simulated GPU's iterations end at optimizer steps
+        (False: only at :meth:`~Actuator.mark_iteration`, for ``--iteration-at``); ignored by
+        the other kinds, which count no iterations.
 
     Returns
     -------
@@ -108,7 +119,7 @@ def make_actuator(
         gpu = (
             SimulatedGpu(name) if work_scale is None else SimulatedGpu(name, work_scale=work_scale)
         )
-        return SimGpuActuator(gpu, log=log, header=header)
+        return SimGpuActuator(gpu, optimizer_steps=optimizer_steps, log=log, header=header)
     if work_scale is not None:
         raise ValidationError(
             f"work_scale scales a simulated GPU's work: actuator {SIM_PREFIX}PRESET, not {kind!r}",

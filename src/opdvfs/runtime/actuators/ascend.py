@@ -73,6 +73,11 @@ class AscendActuator(DryRunActuator):
         self._dcmi = dcmi
         self._warned = False
 
+    @property
+    def kind(self) -> str:
+        """``"ascend"``."""
+        return "ascend"
+
     def _lib(self) -> Any:
         if self._dcmi is None:
             self._dcmi = load_dcmi()

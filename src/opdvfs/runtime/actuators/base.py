@@ -1,15 +1,39 @@
 """The actuator interface: what the executor, the issuer and the CLI call on a device's clock.
 
-An :class:`Actuator` declares every method its callers use. Four are abstract (the clocks it
-accepts, set, reset, read power); the others have defaults a device overrides when it can do
-more: :meth:`~Actuator.at` (where in the program the next call happens; ignored by default),
-:meth:`~Actuator.read_energy_j` (``None``: no energy counter), :meth:`~Actuator.close` and the
-context manager (release the device's library; nothing to release by default).
+An :class:`Actuator` declares every method its callers use, so none probes for a type or an
+attribute. Four are abstract (the clocks it accepts, set, reset, read power); the others have
+defaults a device overrides when it can do more:
 
-Implementations, one module per vendor beside this one: :mod:`~opdvfs.runtime.actuators.nvml`
-(NVIDIA, nvidia-ml-py), :mod:`~opdvfs.runtime.actuators.ascend` (Ascend NPUs: logs requests,
-reads through DCMI), :mod:`~opdvfs.runtime.actuators.dry_run` (records what would be set) and
-:mod:`~opdvfs.runtime.actuators.twin` (replays the issued switches on the simulator).
+* :meth:`~Actuator.at` (where in the program the next call happens; ignored by default),
+  :meth:`~Actuator.read_energy_j` (``None``: no energy counter), :meth:`~Actuator.close` and the
+  context manager (release the device's library; nothing to release by default);
+* what it is and what it has, as read-only queries (in the manner of Zeus's
+  ``zeus/device/gpu/common.py``, where an optional capability is a query):
+
+  - :attr:`~Actuator.kind` -- the name :func:`~opdvfs.runtime.actuators.make_actuator` builds it
+    by (``"nvml"``, ``"zeusd"``, ``"ascend"``, ``"dry-run"``, ``"twin"``, ``"sim:a100-like"``);
+  - :attr:`~Actuator.current_mhz` -- the clock it last locked (MHz), or ``None``: the driver's;
+  - :attr:`~Actuator.meter` -- a read-only :class:`Meter` of the device the program runs on
+    (power W, energy J, temperature deg C, name), or ``None``: nothing measured through it;
+  - :attr:`~Actuator.timeline` -- the simulated GPU whose virtual clock the program runs on
+    (``sim:PRESET``), or ``None``: the program runs on wall time;
+  - :attr:`~Actuator.preset` -- the device preset it simulates (``sim:PRESET``, ``twin``), or
+    ``None``: a real device, or a recorder that simulates nothing;
+  - :attr:`~Actuator.twin` -- the simulated device the issued switches are replayed on
+    (:meth:`~Actuator.replay`; the ``twin`` actuator), or ``None``;
+
+* what only a simulated device does, a no-op elsewhere: :meth:`~Actuator.mark_iteration` (end an
+  iteration on a device that counts its own), :meth:`~Actuator.cancel_pending` (drop the clock
+  requests waiting on its timeline); and :meth:`~Actuator.replay`, which an actuator without a
+  :attr:`~Actuator.twin` refuses.
+
+Implementations, one module per kind beside this one: :mod:`~opdvfs.runtime.actuators.nvml`
+(NVIDIA, nvidia-ml-py, as root), :mod:`~opdvfs.runtime.actuators.zeusd` (the same GPU without
+root: clock writes through Zeus's daemon), :mod:`~opdvfs.runtime.actuators.ascend` (Ascend NPUs:
+logs requests, reads through DCMI), :mod:`~opdvfs.runtime.actuators.dry_run` (records what would
+be set, optionally measuring the GPU it runs on), :mod:`~opdvfs.runtime.actuators.twin` (records,
+then replays the issued switches on the simulator) and :mod:`~opdvfs.runtime.actuators.sim_gpu`
+(a simulated GPU, :class:`~opdvfs.sim.gpu.SimulatedGpu`, that the program's operators run on).
 :class:`ClockGuard` makes sure a clock set through an actuator is restored on normal exit, on an
 exception, at interpreter exit and on SIGINT/SIGTERM.
 """
@@ -26,11 +50,39 @@ import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from types import FrameType, TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
-from opdvfs.exceptions import UnsupportedClockError
+from opdvfs.exceptions import NotSupportedError, UnsupportedClockError
 
-__all__ = ["Actuator", "ClockGuard"]
+if TYPE_CHECKING:
+    from opdvfs.result import RunResult
+    from opdvfs.sim.gpu import SimulatedGpu
+    from opdvfs.sim.twin import SimulatedDevice
+    from opdvfs.workloads.workload import Workload
+
+__all__ = ["Actuator", "ClockGuard", "Meter"]
+
+
+class Meter(Protocol):
+    """A device's read-only sensors (an :class:`~opdvfs.runtime.actuators.nvml.NvmlReader`).
+
+    What :attr:`Actuator.meter` returns: it reads, and never sets anything.
+    """
+
+    def read_power_w(self) -> float:
+        """Return the power draw (W)."""
+
+    def read_energy_j(self) -> float:
+        """Return the energy counter (J, from an arbitrary origin)."""
+
+    def read_temperature_c(self) -> float:
+        """Return the die temperature (deg C)."""
+
+    def name(self) -> str:
+        """Return the device's product name (e.g. ``"NVIDIA H200"``)."""
+
+    def close(self) -> None:
+        """Release the sensors."""
 
 
 class Actuator(ABC):
@@ -116,6 +168,108 @@ class Actuator(ABC):
         Safe to call more than once. The default holds nothing.
         """
         return None
+
+    # ------------------------------------------------------------------- what it is and has
+    @property
+    def kind(self) -> str:
+        """The name :func:`~opdvfs.runtime.actuators.make_actuator` builds it by.
+
+        ``"nvml"``, ``"zeusd"``, ``"ascend"``, ``"dry-run"``, ``"twin"`` or ``"sim:PRESET"``
+        (``"sim:a100-like"``); an actuator defined elsewhere: its class's name.
+        """
+        return type(self).__name__
+
+    @property
+    def current_mhz(self) -> float | None:
+        """The clock it last locked (MHz), or None: the driver manages the clock.
+
+        None before the first :meth:`set_freq_mhz` and after :meth:`reset`. What was asked of
+        the device, not a reading: a switch takes the device's latency to land. The default
+        keeps no record (None).
+        """
+        return None
+
+    @property
+    def meter(self) -> Meter | None:
+        """Read-only sensors of the device the program runs on, or None: none to read through.
+
+        The NVML reader of ``nvml`` and ``zeusd``, and of a dry run measuring the GPU it runs
+        on: power (W), the energy counter (J), the die temperature (deg C) and the device's
+        name, never a write. None by default (a simulated GPU's instruments are its
+        :attr:`timeline`'s).
+        """
+        return None
+
+    @property
+    def timeline(self) -> SimulatedGpu | None:
+        """The simulated GPU whose virtual clock the program runs on, or None: wall time.
+
+        ``sim:PRESET``: the program's operators run on that device, and its times, energy,
+        sensors and switch latency are the device's own (virtual s, J, deg C), which only the
+        operators advance, so switches go on its timeline and nothing waits in host time.
+        """
+        return None
+
+    @property
+    def preset(self) -> str | None:
+        """The device preset it simulates (``sim:PRESET``'s GPU, the twin's device), or None.
+
+        A schedule planned for another preset does not run on it. None: a real device, or a
+        recorder that simulates nothing (whose clocks may still be a preset's).
+        """
+        return None
+
+    @property
+    def twin(self) -> SimulatedDevice | None:
+        """The simulated device the issued switches replay on (:meth:`replay`), or None.
+
+        The ``twin`` actuator's: it also times a plan for ``--trigger time``. The program does
+        not run on it (its time is the host's: :attr:`timeline` is None).
+        """
+        return None
+
+    def mark_iteration(self) -> None:
+        """End an iteration on the device, where the device counts its own (a simulated GPU).
+
+        ``--iteration-at`` calls it at each iteration's end; optimizer steps end a simulated
+        GPU's iterations by themselves. Nothing by default.
+        """
+        return None
+
+    def cancel_pending(self) -> None:
+        """Drop the clock requests waiting on the device's timeline for a later time.
+
+        As a switch worker's cancel (the executor's, on a real device): nothing queued lands
+        after it; a request already issued still does, and :attr:`current_mhz` becomes the
+        clock the device settles at. Only a simulated GPU holds requests: nothing by default.
+        """
+        return None
+
+    def replay(
+        self, workload: Workload, *, iteration: int | None = None, iterations: int = 2
+    ) -> tuple[RunResult, RunResult]:
+        """Run the switches issued in ``iteration`` and the top clock on :attr:`twin`.
+
+        Parameters
+        ----------
+        workload
+            The captured workload the program runs (its operators, as the twin simulates them).
+        iteration
+            The iteration whose switches are replayed; default the last with any.
+        iterations
+            Iterations each run simulates.
+
+        Returns
+        -------
+        tuple of RunResult
+            ``(issued, top clock)``.
+
+        Raises
+        ------
+        NotSupportedError
+            Without a :attr:`twin` (every actuator but ``twin``).
+        """
+        raise NotSupportedError(f"the {self.kind} actuator has no twin to replay its switches on")
 
     def __enter__(self) -> Self:
         """Return the actuator; the ``with`` block's end closes it."""

@@ -13,27 +13,11 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
-from opdvfs.runtime.actuators.base import Actuator
+from opdvfs.runtime.actuators.base import Actuator, Meter
 
-__all__ = ["DryRunActuator", "Meter"]
-
-
-class Meter(Protocol):
-    """What a dry run measures through: a device's read-only sensors (an ``NvmlReader``)."""
-
-    def read_power_w(self) -> float:
-        """Return the power draw (W)."""
-
-    def read_energy_j(self) -> float:
-        """Return the energy counter (J)."""
-
-    def read_temperature_c(self) -> float:
-        """Return the die temperature (deg C)."""
-
-    def close(self) -> None:
-        """Release the sensors."""
+__all__ = ["DryRunActuator"]
 
 
 class DryRunActuator(Actuator):
@@ -58,7 +42,8 @@ class DryRunActuator(Actuator):
     meter
         Read-only sensors of the device the program runs on (an
         :class:`~opdvfs.runtime.actuators.nvml.NvmlReader`), or None: nothing is measured
-        (power ``power_w``, no energy counter, no temperature). Closed with the actuator.
+        (power ``power_w``, no energy counter, no temperature). Closed with the actuator;
+        :attr:`meter` returns it.
     """
 
     def __init__(
@@ -70,7 +55,7 @@ class DryRunActuator(Actuator):
         header: Mapping[str, Any] | None = None,
         meter: Meter | None = None,
     ) -> None:
-        self.meter = meter
+        self._meter = meter
         self._freqs = tuple(sorted(float(f) for f in freqs_mhz))
         self._power_w = power_w
         # re-entrant: a signal handler restoring the clock may interrupt a record on this thread
@@ -81,7 +66,22 @@ class DryRunActuator(Actuator):
         self._log_path = Path(log) if log else None
         self._header = dict(header or {})
         self.calls: list[dict[str, Any]] = []
-        self.current_mhz: float | None = None
+        self._current_mhz: float | None = None
+
+    @property
+    def kind(self) -> str:
+        """``"dry-run"``."""
+        return "dry-run"
+
+    @property
+    def current_mhz(self) -> float | None:
+        """The clock last recorded as set (MHz), or None: none since construction or reset."""
+        return self._current_mhz
+
+    @property
+    def meter(self) -> Meter | None:
+        """The meter given at construction (the GPU it runs on, read-only), or None."""
+        return self._meter
 
     def at(
         self, iteration: int | None, op_index: int | None, offset_s: float | None = None
@@ -148,29 +148,29 @@ class DryRunActuator(Actuator):
             If ``freq_mhz`` is not one of the clocks given at construction.
         """
         freq = self.check_freq_mhz(freq_mhz)
-        if freq == self.current_mhz:
+        if freq == self._current_mhz:
             return
-        self.current_mhz = freq
+        self._current_mhz = freq
         self._record("set", freq)
 
     def reset(self) -> None:
         """Record the restore of the default clock management."""
-        self.current_mhz = None
+        self._current_mhz = None
         self._record("restore", None)
 
     def read_power_w(self) -> float:
         """Return the meter's power (W), or without one the constant given at construction."""
-        if self.meter is not None:
-            return self.meter.read_power_w()
+        if self._meter is not None:
+            return self._meter.read_power_w()
         return self._power_w
 
     def read_energy_j(self) -> float | None:
         """Return the meter's energy counter (J), or None without a meter."""
-        return self.meter.read_energy_j() if self.meter is not None else None
+        return self._meter.read_energy_j() if self._meter is not None else None
 
     def read_temperature_c(self) -> float | None:
         """Return the meter's die temperature (deg C), or None without a meter."""
-        return self.meter.read_temperature_c() if self.meter is not None else None
+        return self._meter.read_temperature_c() if self._meter is not None else None
 
     def close(self) -> None:
         """Close the log file and the meter (the calls stay in :attr:`calls`); idempotent."""
@@ -179,5 +179,5 @@ class DryRunActuator(Actuator):
             if self._log is not None:
                 self._log.close()
                 self._log = None
-        if self.meter is not None:
-            self.meter.close()
+        if self._meter is not None:
+            self._meter.close()

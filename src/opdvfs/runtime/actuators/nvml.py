@@ -230,8 +230,8 @@ class NvmlActuator(Actuator):
 
     Attributes
     ----------
-    meter
-        The :class:`NvmlReader` every read goes through.
+    device
+        The :class:`NvmlDevice` it sets and reads.
 
     Raises
     ------
@@ -240,13 +240,28 @@ class NvmlActuator(Actuator):
     """
 
     def __init__(self, *, index: int | None = None, uuid: str | None = None) -> None:
-        self.meter = NvmlReader(index=index, uuid=uuid)
-        self.device = self.meter.device
+        self._meter = NvmlReader(index=index, uuid=uuid)
+        self.device = self._meter.device
         self._current: float | None = None
+
+    @property
+    def kind(self) -> str:
+        """``"nvml"``."""
+        return "nvml"
+
+    @property
+    def current_mhz(self) -> float | None:
+        """The SM clock it last locked (MHz), or None: unlocked (none locked yet, or reset)."""
+        return self._current
+
+    @property
+    def meter(self) -> NvmlReader:
+        """The :class:`NvmlReader` every read goes through (read-only: it sets nothing)."""
+        return self._meter
 
     def supported_freqs_mhz(self) -> Sequence[float]:
         """Return the SM clocks NVML supports at the highest memory clock (MHz), ascending."""
-        return self.meter.supported_freqs_mhz()
+        return self._meter.supported_freqs_mhz()
 
     def set_freq_mhz(self, freq_mhz: float) -> None:
         """Lock the SM clock at ``freq_mhz`` (MHz; ``nvmlDeviceSetGpuLockedClocks`` min = max).
@@ -281,15 +296,15 @@ class NvmlActuator(Actuator):
 
     def read_power_w(self) -> float:
         """Return the board power (W) (:meth:`NvmlReader.read_power_w`)."""
-        return self.meter.read_power_w()
+        return self._meter.read_power_w()
 
     def read_energy_j(self) -> float:
         """Return the GPU's energy counter (J) (:meth:`NvmlReader.read_energy_j`)."""
-        return self.meter.read_energy_j()
+        return self._meter.read_energy_j()
 
     def read_temperature_c(self) -> float:
         """Return the GPU die temperature (deg C) (:meth:`NvmlReader.read_temperature_c`)."""
-        return self.meter.read_temperature_c()
+        return self._meter.read_temperature_c()
 
     def close(self) -> None:
         """Shut NVML down (the clock is not touched); safe to call more than once."""

@@ -1,11 +1,13 @@
 """An actuator over a simulated GPU (``sim:PRESET``): a clock that can be set, on any CPU.
 
-:class:`SimGpuActuator` sets the clock of a :class:`~opdvfs.runtime.simgpu.SimulatedGpu` and reads
+:class:`SimGpuActuator` sets the clock of a :class:`~opdvfs.sim.gpu.SimulatedGpu` and reads
 its power and energy counter, as the NVML actuator does a real GPU's. Entered (``with``), it
 launches every operator the program dispatches on that GPU
 (:class:`~opdvfs.runtime.simgpu_feed.SimGpuFeed`), so a script running on the CPU behaves, for
 opdvfs, like a GPU whose clock can be set: its times and energy are the simulated device's.
 Each call is recorded like the dry run's (the same JSON lines), so a run's log reads the same.
+Its :attr:`~SimGpuActuator.timeline` is the simulated GPU: callers put switches on the device's
+virtual clock, and read its times there, through that query alone.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any, Self
 
 from opdvfs.runtime.actuators.dry_run import DryRunActuator
-from opdvfs.runtime.simgpu import SimulatedGpu
+from opdvfs.sim.gpu import SimulatedGpu
 
 __all__ = ["SIM_PREFIX", "SimGpuActuator"]
 
@@ -29,7 +31,7 @@ class SimGpuActuator(DryRunActuator):
     Parameters
     ----------
     gpu
-        The simulated GPU.
+        The simulated GPU (also :attr:`gpu`, and :attr:`timeline`).
     optimizer_steps
         Whether its iterations end at optimizer steps (False: only at :meth:`mark_iteration`).
     log, header
@@ -54,6 +56,20 @@ class SimGpuActuator(DryRunActuator):
     def kind(self) -> str:
         """The actuator kind that builds it (``sim:PRESET``)."""
         return f"{SIM_PREFIX}{self.gpu.name}"
+
+    @property
+    def timeline(self) -> SimulatedGpu:
+        """The simulated GPU the program runs on: its virtual clock is the program's."""
+        return self.gpu
+
+    @property
+    def preset(self) -> str:
+        """The simulated GPU's preset."""
+        return self.gpu.name
+
+    def cancel_pending(self) -> None:
+        """Drop the requests waiting on the GPU's timeline; the clock: where the GPU settles."""
+        self._current_mhz = self.gpu.cancel_requests()
 
     def at(
         self, iteration: int | None, op_index: int | None, offset_s: float | None = None
@@ -83,7 +99,7 @@ class SimGpuActuator(DryRunActuator):
             If the device does not support it.
         """
         freq = self.check_freq_mhz(freq_mhz)
-        if freq == self.current_mhz:
+        if freq == self._current_mhz:
             self._op = (None, None, None)
             return
         at_s = self._issue_at_s()

@@ -1,6 +1,6 @@
 """An actuator that drives the simulator: the switches a real run issued, replayed on the twin.
 
-It records every call like the dry run (same JSON lines), and :meth:`TwinActuator.measure`
+It records every call like the dry run (same JSON lines), and :meth:`TwinActuator.replay`
 then runs the workload on the simulated device with the switches of one iteration exactly where
 the executor issued them (op index, clock), so the effect of the real program's dispatch --
 fallbacks included -- is measured on the twin, beside the top clock.
@@ -33,6 +33,21 @@ class TwinActuator(DryRunActuator):
     ) -> None:
         super().__init__(device.spec.freqs_mhz, log=log, header=header)
         self.device = device
+
+    @property
+    def kind(self) -> str:
+        """``"twin"``."""
+        return "twin"
+
+    @property
+    def preset(self) -> str:
+        """The simulated device's preset."""
+        return self.device.spec.name
+
+    @property
+    def twin(self) -> SimulatedDevice:
+        """The simulated device the issued switches replay on (:attr:`device`)."""
+        return self.device
 
     def issued_schedule(self, n_ops: int, iteration: int | None = None) -> Schedule:
         """Return the switches issued in ``iteration`` (default: the last with any) as a plan.
@@ -86,10 +101,13 @@ class TwinActuator(DryRunActuator):
             }
         )
 
-    def measure(
+    def replay(
         self, workload: Workload, *, iteration: int | None = None, iterations: int = 2
     ) -> tuple[RunResult, RunResult]:
-        """Run the issued switches and the top clock on the twin: (issued, top clock)."""
+        """Run the issued switches and the top clock on the twin: (issued, top clock).
+
+        As :meth:`Actuator.replay`: the switches of ``iteration`` (:meth:`issued_schedule`).
+        """
         plan = self.issued_schedule(len(workload), iteration)
         issued, _ = self.device.run(workload, plan, iterations=iterations, label="issued")
         top, _ = self.device.run(workload, iterations=iterations, label="top clock")

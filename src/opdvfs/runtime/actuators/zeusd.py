@@ -179,6 +179,11 @@ class ZeusdActuator(NvmlActuator):
         super().__init__(index=index)
         self.gpu_id = index or 0
 
+    @property
+    def kind(self) -> str:
+        """``"zeusd"``."""
+        return "zeusd"
+
     def _lock(self, freq_mhz: int) -> None:
         """Lock the SM clock at ``freq_mhz`` (min = max) through the daemon.
 

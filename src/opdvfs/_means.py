@@ -1,4 +1,8 @@
-"""Per-iteration means from iteration end times and an energy counter read at each end."""
+"""Per-iteration means from iteration end times and an energy counter read at each end.
+
+Shared by the runtime's executors (:meth:`~opdvfs.runtime.applier.ScheduleApplier.per_iteration`)
+and the simulated GPU (:meth:`~opdvfs.sim.gpu.SimulatedGpu.per_iteration`), so it sits below both.
+"""
 
 from __future__ import annotations
 

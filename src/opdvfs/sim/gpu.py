@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from opdvfs._means import iteration_means
 from opdvfs.exceptions import ValidationError
-from opdvfs.runtime._means import iteration_means
 from opdvfs.sim.sensors import sample_sensors
 from opdvfs.sim.thermal import rc_temperature
 from opdvfs.sim.twin import SimulatedDevice
