@@ -29,12 +29,14 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, Protocol
 
-from opdvfs.runtime.actuators import Actuator, SimGpuActuator
+from opdvfs.runtime.actuators import Actuator
 from opdvfs.runtime.sweep import ClockSweep, device_meter
 from opdvfs.schedule import Schedule
 
 if TYPE_CHECKING:
+    from opdvfs.runtime.actuators.base import Meter
     from opdvfs.runtime.profiling import Traced
+    from opdvfs.sim.gpu import SimulatedGpu
     from opdvfs.tuner.result import TuneIteration
 
 __all__ = [
@@ -194,21 +196,22 @@ class SimulatedGpuDrive(Drive):
 
     exact_counter = True
 
-    def __init__(self, actuator: SimGpuActuator, sink: IterationSink) -> None:
+    def __init__(self, actuator: Actuator, gpu: SimulatedGpu, sink: IterationSink) -> None:
         super().__init__(actuator, _operator_executor(actuator, sink))
-        self.sim = actuator
-        self.device = actuator.gpu.name
+        #: The simulated GPU the program runs on (the actuator's timeline).
+        self.gpu = gpu
+        self.device = actuator.preset
         self._reference: Schedule | None = None
         #: (device s, wall s) when the current planning phase began.
         self._planning_since: tuple[float, float] | None = None
 
     def make_sweep(self, clocks: Sequence[float], **options: Any) -> ClockSweep:
         """Return the sweep on the simulated GPU (its kernels and sensors make the profile)."""
-        return ClockSweep.on_simulated_gpu(self.sim, clocks, **options)
+        return ClockSweep.on_simulated_gpu(self.actuator, clocks, **options)
 
     def now_s(self) -> float:
         """Return the simulated GPU's time (s)."""
-        return self.sim.gpu.now_s()
+        return self.gpu.now_s()
 
     def apply(self, schedule: Schedule) -> None:
         """Apply ``schedule`` by operator from the next iteration."""
@@ -270,14 +273,14 @@ class SimulatedGpuDrive(Drive):
 
     def cache_identity(self, kind: str) -> dict[str, Any]:
         """Return the simulated GPU's preset and its work scale."""
-        return {"device": self.sim.gpu.name, "work_scale": self.sim.gpu.work_scale}
+        return {"device": self.actuator.preset, "work_scale": self.gpu.work_scale}
 
     def timeline(self, iterations: Sequence[TuneIteration]) -> dict[str, list[float]] | None:
         """Return the simulated GPU's kernels in the last steady (or tuned) iteration."""
         last = [it.iteration for it in iterations if it.phase in ("steady", "tuned")]
         if not last:
             return None
-        kernels = self.sim.gpu.kernels()
+        kernels = self.gpu.kernels()
         rows = kernels[kernels["iteration"] == last[-1]]
         if rows.empty:
             return None
@@ -473,8 +476,9 @@ class DeviceDrive(Drive):
 
 def make_drive(actuator: Actuator, sink: IterationSink, *, stack: ExitStack) -> Drive:
     """Return the drive for ``actuator``: the one place the loop's device kind is decided."""
-    if isinstance(actuator, SimGpuActuator):
-        return SimulatedGpuDrive(actuator, sink)
+    gpu = actuator.timeline
+    if gpu is not None:
+        return SimulatedGpuDrive(actuator, gpu, sink)
     return DeviceDrive(actuator, sink, stack=stack)
 
 
@@ -488,19 +492,18 @@ def _no_modes() -> Any:
         yield
 
 
-def _gpu_name(meter: Any) -> str | None:
+def _gpu_name(meter: Meter | None) -> str | None:
     """Return the name of the GPU ``meter`` reads (NVML's, e.g. "NVIDIA H200"), or None."""
-    read = getattr(meter, "name", None)
-    if read is None:
+    if meter is None:
         return None
     try:
-        name = read()
+        name = meter.name()
     except Exception:  # a name NVML cannot read: the key and the report go without it
         return None
     return name if isinstance(name, str) and name else None
 
 
-def _operator_executor(actuator: SimGpuActuator, sink: IterationSink) -> Any:
+def _operator_executor(actuator: Actuator, sink: IterationSink) -> Any:
     """Return the executor ``opdvfs run`` uses, with the sink called at each iteration end.
 
     The simulated GPU's: the operator-counting dispatch mode that drives the simulator, so a
@@ -541,7 +544,7 @@ def step_signature(optimizer: Any) -> list[str]:
     no dispatch mode, so the operators themselves are not seen (:func:`_step_counter`).
     Not in it: the batch (neither is it in the operator names a simulated GPU's key hashes).
     """
-    from opdvfs.runtime.dispatch import compile_in_use
+    from opdvfs.runtime.recorder import compile_in_use
 
     kind = type(optimizer)
     params = [
@@ -563,7 +566,7 @@ def _step_counter(sink: IterationSink) -> Any:
     """
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    from opdvfs.runtime.applier import IterationCounter
+    from opdvfs.runtime.recorder import IterationCounter
 
     class _StepCounter(IterationCounter):
         """Counts optimizer steps; the sink runs at each. Applies nothing (TimedExecutor does)."""

@@ -115,7 +115,7 @@ class Tuner:
         chosen = policy.profile_clocks(actuator.supported_freqs_mhz(), clocks)
         for f in chosen:
             actuator.check_freq_mhz(float(f))
-        self.kind = label or str(getattr(actuator, "kind", type(actuator).__name__))
+        self.kind = label or actuator.kind
         self.warmup = warmup
         self.op_names: list[str] = []
         self._stack = ExitStack()
@@ -171,9 +171,6 @@ class Tuner:
         except Exception:  # a failed read leaves a gap
             return None
         return None if energy is None else float(energy)
-
-    def _clock_mhz(self) -> float | None:
-        return getattr(self.actuator, "current_mhz", None)
 
     # ------------------------------------------------------------------------- entering
     def __enter__(self) -> Tuner:
@@ -356,7 +353,7 @@ class Tuner:
             TuneIteration(
                 iteration,
                 d.phase,
-                self._clock_mhz(),
+                self.actuator.current_mhz,
                 measured[0],
                 measured[1],
                 d.round,
@@ -388,7 +385,7 @@ class Tuner:
         record = TuneIteration(
             iteration,
             self.phase,
-            self._clock_mhz(),
+            self.actuator.current_mhz,
             measured[0],
             measured[1],
             job.round if job is not None else None,
@@ -460,7 +457,7 @@ class Tuner:
         return {
             "phase": self.phase,
             "iteration": len(self.result.iterations),
-            "freq_mhz": self._clock_mhz(),
+            "freq_mhz": self.actuator.current_mhz,
             "left": left,
             "round": len(self.result.rounds),
             "saving": saving,
