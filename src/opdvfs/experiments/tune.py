@@ -95,7 +95,7 @@ from opdvfs.experiments.ab import (
 from opdvfs.models.bundle import ModelBundle
 from opdvfs.models.perf import PerfModel
 from opdvfs.models.power import PowerModel
-from opdvfs.models.validation import auto_clocks
+from opdvfs.plan.on_profile import auto_clocks
 from opdvfs.plan.planner import PlanInputs, plan_schedule
 from opdvfs.profile import Profile
 from opdvfs.runtime.actuators import Actuator, ClockGuard, SimGpuActuator
