@@ -9,7 +9,7 @@ operator doing ``WORK_SCALE`` times its work, so an iteration spans the power se
   thread fitted and planned), and what its own A/B blocks measured for the schedule it kept
   (mean of the pairs and 95% t-interval);
 - **offline**: the pipeline of ``capture --freqs`` at *every* clock of the device, ``plan``
-  (the same fit and plan functions, :func:`~opdvfs.tuner.planning.fit_profile`), ``run``;
+  (the same fit and plan functions, :func:`~opdvfs.plan.on_profile.fit_profile`), ``run``;
 - both schedules then run the same way, ``RUN_STEPS`` steps each on a fresh simulated GPU
   against a top-clock run (iterations after the first two): the steady-state saving and
   slowdown, measured alike.
@@ -42,12 +42,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from opdvfs.plan.on_profile import fit_profile, plan_fitted
 from opdvfs.runtime.actuators import ClockGuard, make_actuator
 from opdvfs.runtime.dispatch import ScheduleExecutor
 from opdvfs.runtime.sweep import sweep_run
 from opdvfs.schedule import Schedule
 from opdvfs.tuner.loop import Tuner
-from opdvfs.tuner.planning import fit_profile, plan_fitted
 from opdvfs.tuner.report import summary_lines
 
 from tiny_gpt import TinyGPT

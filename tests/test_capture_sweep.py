@@ -550,7 +550,7 @@ def test_a_plan_on_the_swept_profile_runs_on_the_launches_and_saves_energy(swept
 
 def test_on_launches_maps_stages_and_triggers_and_refuses_a_foreign_profile():
     from opdvfs.exceptions import ValidationError
-    from opdvfs.runtime.sweep import on_launches
+    from opdvfs.schedule import on_launches
 
     plan = Schedule.from_stage_freqs([0, 2], [1410.0, 810.0], n_ops=4, target=0.0, solver="manual")
     mapped = on_launches(plan, [1, 3, 6, 7], 9)  # kernels at launches 1, 3, 6, 7 of 9

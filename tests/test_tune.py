@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 from opdvfs import Schedule
 from opdvfs.cli import app
+from opdvfs.plan.on_profile import auto_clocks
 from opdvfs.sim.presets import preset_spec
 from opdvfs.tuner.ab import applied_iterations, paired_interval
 from opdvfs.tuner.cache import TuneCache, cache_key
-from opdvfs.tuner.policy import auto_clocks
 
 from conftest import read_log
 from tiny_gpt import write_train_script

@@ -39,6 +39,7 @@ __all__ = [
     "Stage",
     "Switch",
     "Values",
+    "on_launches",
     "op_signature",
     "read_any_schedule",
     "stage_of_rank",
@@ -318,6 +319,62 @@ class Schedule(FrozenModel):
     def n_switches(self) -> int:
         """Clock changes per iteration, not counting the initial setting."""
         return len(self.switches) - 1
+
+
+def on_launches(
+    schedule: Schedule, op_ids: Sequence[int] | np.ndarray, n_launches: int
+) -> Schedule:
+    """Re-index a schedule planned on a swept profile's kernels onto every operator launched.
+
+    A simulated GPU's swept profile has a row per *kernel*; its ``op`` column is the kernel's
+    position among all the operators the iteration dispatches (views and allocations, which
+    start no kernel, counted), the positions the operator-counting executor counts. The
+    planner numbers the profile's operators densely (``0 .. len(op_ids) - 1``); this maps that
+    plan back: operator ``k`` is launch ``op_ids[k]``, each stage from its first kernel's
+    launch to the launch before the next stage's, the first stage from launch 0 and the last
+    to ``n_launches - 1`` (the kernel-less launches between two kernels run with the stage
+    before; they take no time). A switch triggered at operator ``k`` is triggered at launch
+    ``op_ids[k]`` (``op_ids[0]`` counts as launch 0), its delay unchanged.
+
+    Parameters
+    ----------
+    schedule
+        Planned on the profile (``schedule.n_ops == len(op_ids)``).
+    op_ids
+        The profile's operator positions, ascending (``Profile.time_matrix_us()[0]``).
+    n_launches
+        Operators dispatched per iteration (the captured workload's length).
+
+    Raises
+    ------
+    ValidationError
+        If the schedule's length is not ``len(op_ids)``, or the positions are not ascending
+        within ``0 .. n_launches - 1``.
+    """
+    ids = np.asarray(op_ids, dtype=np.int64).copy()
+    if len(ids) != schedule.n_ops:
+        raise ValidationError(
+            f"the schedule plans {schedule.n_ops} operators, the profile has {len(ids)}",
+            field="n_ops",
+        )
+    if np.any(np.diff(ids) <= 0) or ids[0] < 0 or ids[-1] >= n_launches:
+        raise ValidationError(
+            f"operator positions must ascend within 0..{n_launches - 1}", field="op_ids"
+        )
+    ids[0] = 0
+    stages = schedule.stages
+    nexts = [int(ids[st.first_op]) for st in stages[1:]] + [n_launches]
+    doc = schedule.model_dump()
+    doc["n_ops"] = n_launches
+    doc["op_signature"] = None
+    doc["stages"] = [
+        {**st.model_dump(), "first_op": int(ids[st.first_op]), "last_op": end - 1}
+        for st, end in zip(stages, nexts, strict=True)
+    ]
+    doc["switches"] = [
+        {**sw.model_dump(), "trigger_op": int(ids[sw.trigger_op])} for sw in schedule.switches
+    ]
+    return Schedule.model_validate(doc)
 
 
 def stage_of_rank(rank: int, world_size: int, n_stages: int, rank_map: Sequence[int] | None) -> int:

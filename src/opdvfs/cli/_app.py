@@ -175,7 +175,7 @@ def parse_clocks(
 
     The words need ``available_mhz`` (the device's or profile's clocks): ``mid`` is the
     available clock nearest the middle of the range; ``auto`` the clocks a profile for planning
-    needs (:func:`opdvfs.models.validation.auto_clocks`: the top, two 7.5% and 15% below it,
+    needs (:func:`opdvfs.plan.on_profile.auto_clocks`: the top, two 7.5% and 15% below it,
     mid and min).
     """
     clocks: list[float] = []
@@ -185,7 +185,7 @@ def parse_clocks(
             if grid is None or grid.size == 0:
                 raise UsageError(f"clock {item!r}: words need a device or profile clock list")
             if item.lower() == "auto":
-                from opdvfs.models.validation import auto_clocks
+                from opdvfs.plan.on_profile import auto_clocks
 
                 clocks.extend(sorted(auto_clocks(grid.tolist())))
                 continue

@@ -7,6 +7,10 @@ overrides) a switch latency below the device's own, a device other than the prof
 clocks outside the profiled range (the models would extrapolate); after it plans, it refuses to
 write a plan predicted to be worse than the top clock on the objective, and prints that
 baseline instead.
+
+The planning is the library's (:func:`~opdvfs.plan.on_profile.plan_profile`,
+:func:`~opdvfs.plan.ranks.plan_ranks`, :func:`~opdvfs.plan.pipeline.plan_pipeline`); the
+command parses its options, refuses bad combinations of them, writes and prints.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import typer
 
 from opdvfs._files import check_output_file, write_text_atomic
@@ -31,117 +34,11 @@ from opdvfs.cli._app import (
     stdout,
     train_clocks,
 )
-from opdvfs.devices.spec import DeviceSpec
-from opdvfs.exceptions import InfeasibleError, ValidationError
 from opdvfs.schedule import Dispatch, Objective, PipelineSchedule, Schedule, Solver, Values
 
 # The models and the planner (pandas, scipy) load inside `plan`, not with `opdvfs --help`.
 if TYPE_CHECKING:
-    from opdvfs.plan.dag import DagProblem
-    from opdvfs.plan.planner import PlanInputs
-
-#: Operators shorter than this at the top clock are mostly timer noise (as in ``validate perf``).
-NOISE_US = 20.0
-#: ``--interval-ms`` when not given (ms); the planner raises it to the device's switch latency
-#: where that is longer (15 ms on the GPU presets), so default flags plan what can run.
-DEFAULT_INTERVAL_MS = 5.0
-
-
-def _inputs_for_models_file(
-    n_ops: int, spec: DeviceSpec | None, workload: str | None
-) -> PlanInputs:
-    """Return the planner's inputs for a MODELS file: the clocks from its device or --device."""
-    from opdvfs.plan.planner import PlanInputs
-    from opdvfs.workloads.library import load_workload
-
-    if spec is None:
-        raise UsageError(
-            "this MODELS file records no device: pass --device (the clocks to plan over)"
-        )
-    if workload is not None:
-        return PlanInputs.from_workload(load_workload(workload), spec.freqs_mhz, device=spec.name)
-    # without a workload: every op on the compute stream, back to back
-    return PlanInputs(
-        np.asarray(spec.freqs_mhz), np.full(n_ops, "compute"), np.zeros(n_ops), device=spec.name
-    )
-
-
-def _check_device(recorded: str | None, device: str | None, what: str) -> None:
-    """Refuse ``--device`` naming another device than the profile or MODELS file recorded."""
-    if device is not None and recorded is not None and recorded != device:
-        raise ValidationError(
-            f"the {what} was measured on {recorded!r}, not on --device {device!r}: plan it "
-            "for its own device (drop --device), or pass --force",
-            field="device",
-        )
-
-
-def _check_range(measured_mhz: np.ndarray, inputs: PlanInputs, what: str) -> None:
-    """Refuse device clocks outside the measured range (the models would extrapolate)."""
-    low, high = float(np.min(measured_mhz)), float(np.max(measured_mhz))
-    freqs = np.asarray(inputs.freqs_mhz, dtype=float)
-    outside = freqs[(freqs < low * (1 - 1e-9)) | (freqs > high * (1 + 1e-9))]
-    if outside.size:
-        raise ValidationError(
-            f"{inputs.device or 'the device'} offers {freqs.min():g}-{freqs.max():g} MHz but the "
-            f"{what} measured {low:g}-{high:g} MHz: {outside.size} clock(s) outside it "
-            f"(e.g. {outside[0]:g} MHz) would be extrapolated by the models; profile the "
-            "device's lowest and highest clocks, or pass --force",
-            field="freq_mhz",
-        )
-
-
-def _check_latency(latency_ms: float, spec: DeviceSpec | None) -> None:
-    """Refuse a switch latency below the device's own (plans would expect switches too early)."""
-    if spec is not None and latency_ms < spec.switch_latency_ms:
-        raise UsageError(
-            f"--switch-latency-ms {latency_ms:g} is below {spec.name}'s switch latency "
-            f"{spec.switch_latency_ms:g} ms: the plan would expect its switches to land before "
-            "they can; drop the option, or pass --force"
-        )
-
-
-def _rail(schedule: Schedule, objective: Objective, prefix: str) -> tuple[float, float] | None:
-    """Return (baseline, plan) on the objective's rail from the ``{prefix}*`` fields, if known.
-
-    The rail: core energy for ``core-energy``, mean chip power for ``power``, chip energy
-    otherwise; ``prefix`` is ``""`` (the values planned on) or ``"measured_"``.
-    """
-    core = "core_" if objective == "core-energy" else ""
-    planned = prefix or "predicted_"  # the plan's own fields: predicted_* or measured_*
-    base = getattr(schedule, f"{prefix}baseline_{core}energy_j")
-    plan = getattr(schedule, f"{planned}{core}energy_j")
-    if base is None or plan is None:
-        return None
-    if objective == "power":
-        base_t = getattr(schedule, f"{prefix}baseline_time_s")
-        plan_t = getattr(schedule, f"{planned}time_s")
-        if not base_t or not plan_t:
-            return None
-        return base / base_t, plan / plan_t
-    return base, plan
-
-
-def _refuse_worse_than_top(schedule: Schedule, objective: Objective, top_mhz: float) -> None:
-    """Refuse a plan worse than the top clock on the objective, predicted or measured.
-
-    Predicted: on the values planned on; measured: on the profile's measurements, where it
-    measured the planned clocks (a model-planned schedule can lose there what it gains on the
-    models). :class:`InfeasibleError`: no plan within the budget is known to beat the top clock.
-    """
-    what = {"core-energy": "core energy", "power": "mean chip power"}.get(objective, "chip energy")
-    unit = "W" if objective == "power" else "J"
-    for prefix, where in (("", "predicted"), ("measured_", "measured")):
-        pair = _rail(schedule, objective, prefix)
-        if pair is None or pair[1] <= pair[0] * (1 + 1e-9):
-            continue
-        base, plan = pair
-        base_t = getattr(schedule, f"{prefix}baseline_time_s") or 0.0
-        raise InfeasibleError(
-            f"the plan's {where} {what} {plan:.6g} {unit} exceeds the top clock's {base:.6g} "
-            f"{unit} ({where} baseline: {base_t:.6g} s per iteration at {top_mhz:g} MHz); "
-            "not written: run at the top clock"
-        )
+    from opdvfs.plan.pipeline import PipelinePlan
 
 
 def _warn(message: str) -> None:
@@ -149,29 +46,33 @@ def _warn(message: str) -> None:
     stderr.print(f"opdvfs: warning: {message}", markup=False, highlight=False)
 
 
+#: The fields of ``plan --json``'s summary read off the written schedule, in order (then the
+#: objective, the counts of stages, switches and clock changes, and the planning time).
+SUMMARY_FIELDS = (
+    "solver",
+    "target",
+    "values",
+    "baseline_time_s",
+    "predicted_time_s",
+    "baseline_energy_j",
+    "predicted_energy_j",
+    "baseline_core_energy_j",
+    "predicted_core_energy_j",
+    "measured_baseline_time_s",
+    "measured_time_s",
+    "measured_baseline_energy_j",
+    "measured_energy_j",
+    "measured_baseline_core_energy_j",
+    "measured_core_energy_j",
+    "lower_bound_energy_j",
+    "lower_bound_power_w",
+    "gap_pct",
+)
+
+
 def _summary(schedule: Schedule, objective: Objective) -> dict[str, Any]:
     """Return the JSON summary of a plan: predictions on every rail, on the measurements too."""
-    fields = (
-        "solver",
-        "target",
-        "values",
-        "baseline_time_s",
-        "predicted_time_s",
-        "baseline_energy_j",
-        "predicted_energy_j",
-        "baseline_core_energy_j",
-        "predicted_core_energy_j",
-        "measured_baseline_time_s",
-        "measured_time_s",
-        "measured_baseline_energy_j",
-        "measured_energy_j",
-        "measured_baseline_core_energy_j",
-        "measured_core_energy_j",
-        "lower_bound_energy_j",
-        "lower_bound_power_w",
-        "gap_pct",
-    )
-    payload = {name: getattr(schedule, name) for name in fields}
+    payload = {name: getattr(schedule, name) for name in SUMMARY_FIELDS}
     payload["objective"] = objective
     payload["stages"] = len(schedule.stages)
     # the file's switches, the first of which sets the starting clock
@@ -229,10 +130,6 @@ def _summary_line(out: Path, schedule: Schedule, objective: Objective) -> str:
 RANKS = "ranks"
 
 
-#: The slowdowns ``plan --pipeline --frontier`` plans (0-30% in 1% steps).
-PIPELINE_FRONTIER_TARGETS = tuple(i / 100 for i in range(31))
-
-
 def _plan_pipeline(
     source: Path,
     out: Path,
@@ -248,8 +145,7 @@ def _plan_pipeline(
     as_json: bool,
 ) -> None:
     """Plan every stage of a pipeline together on its dependency graph; write one file."""
-    from opdvfs.plan.dag import TIME_LIMIT_S, solve_dag
-    from opdvfs.plan.pipeline import PIPELINE_KINDS, pipeline_dag, pipeline_schedule
+    from opdvfs.plan.pipeline import PIPELINE_KINDS, plan_pipeline
 
     if kind not in PIPELINE_KINDS:
         raise UsageError(
@@ -261,28 +157,18 @@ def _plan_pipeline(
             "(ops stage<s>.forward / stage<s>.backward), not a MODELS file"
         )
     profile = load_profile([source], None, None)
-    problem = pipeline_dag(profile, microbatches, kind=kind, blocking_power_w=blocking_power_w)
-    plan = solve_dag(problem, target, time_limit_s=time_limit_s or TIME_LIMIT_S)
-    if plan.status == "infeasible":
-        raise InfeasibleError(f"no plan of {source} meets a {target:.2%} slowdown")
-    recorded = profile.meta.get("device")
-    schedule = pipeline_schedule(
-        problem,
-        plan,
-        target=target,
+    planned = plan_pipeline(
+        profile,
+        target,
+        microbatches=microbatches,
         kind=kind,
-        n_microbatches=microbatches,
-        device=device or (str(recorded) if recorded else None),
-        workload=source.name,
+        blocking_power_w=blocking_power_w,
+        device=device,
+        time_limit_s=time_limit_s,
+        source=str(source),
     )
-    _write_pipeline(
-        schedule,
-        problem,
-        out,
-        frontier_csv,
-        as_json,
-        f"{len(schedule.stages)} pipeline stages x {2 * microbatches} instructions ({kind})",
-    )
+    what = f"{len(planned.schedule.stages)} pipeline stages x {2 * microbatches} instructions"
+    _write_pipeline(planned, out, frontier_csv, as_json, f"{what} ({kind})")
 
 
 def _plan_ranks(
@@ -299,14 +185,10 @@ def _plan_ranks(
     frontier_csv: Path | None,
     as_json: bool,
 ) -> None:
-    """Plan every rank of a job together from one profile per rank; write one file.
-
-    Switches up are issued the device's switch latency ahead (:func:`rank_schedule`).
-    """
+    """Plan every rank of a job together from one profile per rank; write one file."""
     from opdvfs.cli.models import device_spec
-    from opdvfs.plan.dag import TIME_LIMIT_S, solve_dag
-    from opdvfs.plan.ranks import rank_layout, rank_schedule, rank_tables
-    from opdvfs.sim.presets import preset_spec
+    from opdvfs.plan.on_profile import check_device
+    from opdvfs.plan.ranks import plan_ranks
 
     if objective != "energy":
         raise UsageError("--pipeline ranks plans the energy (--objective energy)")
@@ -316,71 +198,39 @@ def _plan_ranks(
             f"{len(sources)}"
         )
     spec = device_spec(device)
-    ranks = []
+    profiles = []
     for path in sources:
-        profile = load_profile([path], None, None)
-        _check_device(profile.meta.get("device"), device, f"profile {path}")
-        ranks.append(rank_tables(profile, spec, source=str(path)))
-    freqs = ranks[0].freqs_mhz
-    for path, rank in zip(sources, ranks, strict=True):
-        if not np.array_equal(rank.freqs_mhz, freqs):
-            raise ValidationError(
-                f"{path}: planned over {rank.freqs_mhz.tolist()} MHz but {sources[0]} over "
-                f"{freqs.tolist()} MHz: profile every rank on the same device",
-                field="freq_mhz",
-            )
-    layout = rank_layout([r.ops for r in ranks], barrier=barrier)
-    problem = layout.problem(
-        [r.time_s for r in ranks],
-        [r.energy_j for r in ranks],
-        freqs,
-        idle_before_s=[r.idle_before_s for r in ranks],
+        profiles.append(load_profile([path], None, None))
+        check_device(profiles[-1].meta.get("device"), device, f"profile {path}")
+    planned = plan_ranks(
+        profiles,
+        target,
+        sources=[str(path) for path in sources],
+        spec=spec,
         blocking_power_w=blocking_power_w,
+        barrier=barrier,
+        switch_latency_ms=switch_latency_ms,
+        time_limit_s=time_limit_s,
     )
-    plan = solve_dag(problem, target, time_limit_s=time_limit_s or TIME_LIMIT_S)
-    if plan.status == "infeasible":
-        raise InfeasibleError(f"no plan of {len(sources)} ranks meets a {target:.2%} slowdown")
-    if switch_latency_ms is None:
-        device_spec_ = spec or preset_spec(ranks[0].device)
-        switch_latency_ms = device_spec_.switch_latency_ms if device_spec_ is not None else 0.0
-    values: Values = "measured" if all(r.values == "measured" for r in ranks) else "auto"
-    schedule = rank_schedule(
-        layout,
-        problem,
-        plan,
-        target=target,
-        values=values,
-        device=ranks[0].device,
-        workload=", ".join(p.name for p in sources),
-        switch_latency_s=switch_latency_ms * 1e-3,
-    )
+    layout = planned.layout
     _write_pipeline(
-        schedule,
-        problem,
+        planned,
         out,
         frontier_csv,
         as_json,
         f"{layout.n_ranks} ranks, {layout.n_nodes} nodes, "
-        f"{layout.n_messages} messages ({values} values)",
+        f"{layout.n_messages} messages ({planned.values} values)",
     )
 
 
 def _write_pipeline(
-    schedule: PipelineSchedule,
-    problem: DagProblem,
-    out: Path,
-    frontier_csv: Path | None,
-    as_json: bool,
-    what: str,
+    planned: PipelinePlan, out: Path, frontier_csv: Path | None, as_json: bool, what: str
 ) -> None:
     """Write the schedule (and the frontier CSV when asked), then say what was planned."""
-    from opdvfs.plan.dag import dag_frontier
-
-    schedule.write(out)
+    planned.schedule.write(out)
     if frontier_csv is not None:
-        table = dag_frontier(problem, list(PIPELINE_FRONTIER_TARGETS))
-        write_text_atomic(frontier_csv, table.to_csv(index=False))
-    _report_pipeline(schedule, out, as_json, what)
+        write_text_atomic(frontier_csv, planned.frontier().to_csv(index=False))
+    _report_pipeline(planned.schedule, out, as_json, what)
 
 
 def _report_pipeline(schedule: PipelineSchedule, out: Path, as_json: bool, what: str) -> None:
@@ -549,11 +399,8 @@ def plan(
     """Plan per-stage clocks that save the most energy within a slowdown budget."""
     from opdvfs.cli.models import device_spec
     from opdvfs.models.bundle import ModelBundle
-    from opdvfs.models.perf import PerfModel
-    from opdvfs.models.power import PowerModel
-    from opdvfs.plan.planner import PlanInputs, plan_frontier, plan_schedule, shortest_stage_ms
-    from opdvfs.sim.presets import preset_spec
-    from opdvfs.workloads.library import load_workload
+    from opdvfs.plan.on_profile import plan_profile
+    from opdvfs.profile import Profile
 
     # refuse a bad output before any work, so that nothing is half written
     for path in (out, frontier_csv):
@@ -600,101 +447,33 @@ def plan(
     if time_limit_s is not None:
         raise UsageError("--time-limit-s goes with --pipeline (the other planners are exact)")
     spec = device_spec(device)
-    device = spec.name if spec is not None else None
-    models: ModelBundle | None
-    launches: tuple[np.ndarray, int] | None = None  # a swept profile's kernels -> launches
+    given: Profile | ModelBundle
+    train = None
     if source.suffix.lower() in (".json", ".npz"):  # a MODELS file (JSON or columnar)
-        models = ModelBundle.read(source)
-        recorded = models.device
-        if not force:
-            _check_device(recorded.name if recorded else None, device, "MODELS file")
-        # the MODELS file's own device, unless --device names another (forced)
-        spec = spec or recorded
-        inputs = _inputs_for_models_file(len(models.perf.op_ids_), spec, workload)
-        if not force:
-            _check_range(models.perf.train_freqs_mhz_, inputs, "MODELS file's profile")
+        given = ModelBundle.read(source)
     else:
-        profile = load_profile([source], None, None)
-        need_clocks(profile, source)
-        work = load_workload(workload) if workload is not None else None
-        inputs = PlanInputs.from_profile(profile, spec, workload=work)
-        n_launches = profile.meta.get("sweep", {}).get("launches_per_iteration")
-        if n_launches:  # `capture --freqs` on a simulated GPU: its rows are the kernels
-            assert inputs.measured is not None
-            launches = (inputs.measured.op_ids, int(n_launches))
-        if not force:
-            _check_device(profile.meta.get("device"), device, "profile")
-            _check_range(profile.freqs_mhz, inputs, "profile")
-        # the device planned for (--device, else the profile's preset) brings the V-f curve
-        spec = spec or preset_spec(inputs.device)
-        models = None
-        assert inputs.measured is not None
-        covered = inputs.measured.covers(inputs.freqs_mhz, core=objective == "core-energy")
-        # --train-freqs asks for fitted models: with --values auto it is not silently dropped
-        train = train_clocks(train_freqs, profile)
-        if train is not None and values == "measured":
-            raise UsageError("--train-freqs fits models; --values measured plans without them")
-        if values == "model" or (values == "auto" and (not covered or train is not None)):
-            models = ModelBundle(
-                PerfModel().fit(profile, train), PowerModel().fit(profile, train, device=spec)
-            )
-    latency = switch_latency_ms
-    if latency is None:
-        latency = spec.switch_latency_ms if spec is not None else 1.0
-    elif not force:
-        _check_latency(latency, spec)
-    if interval_ms is None:
-        interval_ms = DEFAULT_INTERVAL_MS
-    elif interval_ms < latency:
-        # A request still pending when the next is issued is superseded (SetFreq semantics,
-        # docs/twin-calibration.md): the planner keeps stages at least one switch long
-        # (plan.planner.shortest_stage_ms)
-        _warn(
-            f"--interval-ms {interval_ms:g} is shorter than the {latency:g} ms switch latency: "
-            f"stages are planned at least {latency:g} ms long (a shorter stage's switch would be "
-            "superseded before it lands)"
-        )
-    schedule = plan_schedule(
-        models,
-        inputs,
-        target=target * budget_scale,
+        given = load_profile([source], None, None)
+        need_clocks(given, source)
+        train = train_clocks(train_freqs, given)
+    planned = plan_profile(
+        given,
+        target * budget_scale,
         objective=objective,
+        values=values,
+        spec=spec,
+        workload=workload,
+        train_freqs_mhz=train,
         interval_ms=interval_ms,
-        switch_latency_ms=latency,
+        switch_latency_ms=switch_latency_ms,
         dispatch=dispatch,
         solver=solver,
-        values=values,
+        force=force,
+        warn=_warn,
     )
-    _refuse_worse_than_top(schedule, objective, float(np.max(inputs.freqs_mhz)))
-    if launches is not None:
-        from opdvfs.runtime.sweep import on_launches
-
-        # the executor counts every operator the script launches, views included
-        schedule = on_launches(schedule, *launches)
-    # a MODELS file has no measured times to judge
-    measured = inputs.measured
-    if measured is not None and np.all(measured.time_us[:, -1] < NOISE_US):
-        _warn(
-            f"every operator runs under {NOISE_US:g} us at the top clock, where times are "
-            "mostly timer noise: the plan's predicted savings are not trustworthy"
-        )
-    if schedule.measured_time_s and schedule.measured_baseline_time_s:
-        slowdown = schedule.measured_time_s / schedule.measured_baseline_time_s - 1
-        if slowdown > schedule.target * (1 + 1e-9) + 1e-12:
-            _warn(
-                f"on the profile's measurements the plan is {slowdown:.2%} slower, over its "
-                f"{schedule.target:.2%} budget (planned on {values} values)"
-            )
+    schedule = planned.schedule
     schedule.write(out)
     if frontier_csv is not None:
-        table = plan_frontier(
-            models,
-            inputs,
-            objective=objective,
-            interval_ms=shortest_stage_ms(interval_ms, latency),
-            values=values,
-        )
-        write_text_atomic(frontier_csv, table.to_csv(index=False))
+        write_text_atomic(frontier_csv, planned.frontier().to_csv(index=False))
     if as_json:
         print(json.dumps(_summary(schedule, objective)))
         return

@@ -353,7 +353,7 @@ def _capture_sweep(
     _print(outcome.lines)
     measured = result.profile
     if act.timeline is not None and session.recorder and session.recorder.iterations:
-        # its ops are launch positions: a plan on it maps back with runtime.sweep.on_launches
+        # its ops are launch positions: a plan on it maps back with schedule.on_launches
         meta = measured.meta
         meta["sweep"]["launches_per_iteration"] = len(session.recorder.iterations[-1])
         measured = Profile(measured.ops, measured.samples, meta=meta)

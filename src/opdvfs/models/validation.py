@@ -22,7 +22,6 @@ from opdvfs.models.power import Dynamic, PowerModel
 from opdvfs.profile import Profile
 
 __all__ = [
-    "auto_clocks",
     "error_summary",
     "relative_errors_pct",
     "training_plan",
@@ -206,36 +205,6 @@ def validate_power(
         "train_freqs_mhz": train.tolist(),
         "test_freqs_mhz": test.tolist(),
     }
-
-
-def auto_clocks(
-    freqs_mhz: Sequence[float], *, below: Sequence[float] = (0.925, 0.85)
-) -> tuple[float, ...]:
-    """Return the clocks ``--clocks auto`` profiles: the top, two clocks below it, mid and min.
-
-    ``below``: the clocks nearest these fractions of the top (7.5% and 15% below it). Why
-    these. A slowdown budget of a few percent is spent where operators lose little time per
-    clock step: compute-bound ones (time ~ 1/f) can give up no more than the budget in clock,
-    memory- and latency-bound ones far more, and a plan mixes them, so its clocks lie mostly
-    5-15% below the top. Measured there, the planner plans on measurements where the budget
-    decides, instead of on the fitted time model, which over-predicts the slowdown where time
-    is nearly flat in the clock. The steps just below the top tell it almost nothing (one
-    15 MHz step is 1% of the clock, within the model's error): on ``sim:a100-like`` with the
-    tiny GPT at 2%, profiling top, 1395, 1380, mid and min kept a plan that saved 13.7%
-    measured against 17.9% from top, 1305, 1200, mid and min (the offline pipeline, every clock
-    profiled: 18.1%; ``benchmarks/tune_vs_offline.py``). The models (time ``a + b/f`` per
-    operator, power ``p0 + a f^3``) need a spread to separate their terms, and ``opdvfs plan``
-    refuses clocks outside the measured range (the models would extrapolate), so the device's
-    lowest clock and the one nearest the middle of its range close it: memory-bound
-    operators can go there at no cost. Five clocks; fewer when the device has fewer.
-    """
-    grid = np.unique(np.asarray(freqs_mhz, dtype=float))
-    if grid.size == 0:
-        raise ValidationError("the device lists no clock", field="freqs_mhz")
-    top = grid[-1]
-    targets = [top, *(top * f for f in below), (grid[0] + grid[-1]) / 2, grid[0]]
-    picks = {int(np.argmin(np.abs(grid - t))) for t in targets}
-    return tuple(float(grid[i]) for i in sorted(picks, reverse=True))
 
 
 def training_plan(freqs_mhz: Sequence[float] | np.ndarray, n_clocks: int) -> np.ndarray:

@@ -16,10 +16,16 @@ The ranks of a pipeline-parallel job are planned together, on their dependency g
 :mod:`opdvfs.plan.pipeline` builds the graph of a whole pipeline from a stage profile
 (:func:`pipeline_dag`), and :mod:`opdvfs.plan.ranks` from each rank's own operator sequence
 (:func:`rank_layout` of :class:`RankOps`).
+
+The use cases, which the CLI and ``tune`` call: :func:`plan_profile` plans a measured profile
+(:mod:`opdvfs.plan.on_profile`: the clocks a profile should measure, :func:`auto_clocks`; models
+fitted only where it did not measure), :func:`plan_ranks` a job from one profile per rank, and
+:func:`plan_pipeline` a 1F1B or GPipe pipeline from a stage profile.
 """
 
 from opdvfs.plan.dag import DagPlan, DagProblem, dag_frontier, solve_dag
-from opdvfs.plan.pipeline import pipeline_dag
+from opdvfs.plan.on_profile import auto_clocks, plan_profile
+from opdvfs.plan.pipeline import pipeline_dag, plan_pipeline
 from opdvfs.plan.planner import (
     PlanInputs,
     Predictions,
@@ -30,7 +36,7 @@ from opdvfs.plan.planner import (
     predict,
     stage_problem,
 )
-from opdvfs.plan.ranks import RankOps, rank_layout
+from opdvfs.plan.ranks import RankOps, plan_ranks, rank_layout
 from opdvfs.schedule import Schedule
 
 __all__ = [
@@ -41,10 +47,14 @@ __all__ = [
     "RankOps",
     "Schedule",
     "StageProblem",
+    "auto_clocks",
     "dag_frontier",
     "pipeline_dag",
     "plan_frontier",
     "plan_grouped",
+    "plan_pipeline",
+    "plan_profile",
+    "plan_ranks",
     "plan_schedule",
     "predict",
     "rank_layout",

@@ -7,34 +7,45 @@ forward and backward computation of one microbatch at every clock, as operators 
 then alternating one forward and one backward, then the remaining backwards. On one stage the
 chain's time and energy are sums, so the order does not change the optimum; it fixes which
 instruction a clock switch follows.
+
+:func:`plan_pipeline` is the use case ``opdvfs plan --pipeline 1f1b|gpipe``: every stage of the
+pipeline planned together on its dependency graph (:func:`pipeline_dag`,
+:func:`~opdvfs.plan.dag.solve_dag`), into one :class:`~opdvfs.schedule.PipelineSchedule`.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from opdvfs.exceptions import ValidationError
-from opdvfs.plan.dag import DagPlan, DagProblem
+from opdvfs.exceptions import InfeasibleError, ValidationError
+from opdvfs.plan.dag import TIME_LIMIT_S, DagPlan, DagProblem, dag_frontier, solve_dag
 from opdvfs.plan.dp import gap_pct
 from opdvfs.profile import Profile
 from opdvfs.schedule import PipelineSchedule, Schedule
 
 __all__ = [
+    "FRONTIER_TARGETS",
     "PIPELINE_KINDS",
+    "PipelinePlan",
     "gpipe",
     "one_f_one_b",
     "pipeline_dag",
     "pipeline_graph",
     "pipeline_schedule",
+    "plan_pipeline",
     "stage_chain",
 ]
 
 #: The synchronous pipeline schedules :func:`pipeline_graph` builds.
 PIPELINE_KINDS = ("1f1b", "gpipe")
+#: The slowdowns a whole job's frontier is planned at (0-30% in 1% steps; ``plan --frontier``).
+FRONTIER_TARGETS = tuple(i / 100 for i in range(31))
 
 _STAGE_OP = re.compile(r"^stage(\d+)\.(forward|backward)$")
 
@@ -363,3 +374,79 @@ def pipeline_schedule(
         workload=workload,
         rank_map=rank_map,
     )
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """A whole job planned on its dependency graph (:func:`plan_pipeline`, ``plan_ranks``).
+
+    Attributes
+    ----------
+    schedule
+        One schedule per pipeline stage (or rank).
+    problem
+        The graph planned (per-clock tables, edges, deadline's baseline).
+    plan
+        The solver's plan of it (clocks, start times, bound and gap).
+    """
+
+    schedule: PipelineSchedule
+    problem: DagProblem
+    plan: DagPlan
+
+    def frontier(self, targets: Sequence[float] = FRONTIER_TARGETS) -> pd.DataFrame:
+        """Return the time-energy frontier of the same graph at ``targets`` (``--frontier``)."""
+        return dag_frontier(self.problem, list(targets))
+
+
+def plan_pipeline(
+    profile: Profile,
+    target: float,
+    *,
+    microbatches: int = 8,
+    kind: str = "1f1b",
+    blocking_power_w: float = 0.0,
+    device: str | None = None,
+    time_limit_s: float | None = None,
+    source: str | None = None,
+) -> PipelinePlan:
+    """Plan every stage of a pipeline together on its dependency graph: ``plan --pipeline``.
+
+    Parameters
+    ----------
+    profile
+        A measured stage profile (ops ``stage<s>.forward`` / ``stage<s>.backward``, e.g. a
+        Perseus CSV).
+    target
+        The allowed slowdown of the makespan (0.02 = 2%).
+    microbatches, kind, blocking_power_w
+        :func:`pipeline_dag`'s: microbatches per iteration, the schedule (``1f1b``, ``gpipe``),
+        and the power (W) a stage draws while it waits.
+    device
+        The device named in the schedule (default: the profile's).
+    time_limit_s
+        Seconds the planner may search (default :data:`~opdvfs.plan.dag.TIME_LIMIT_S`).
+    source
+        The profile's file, named in errors and (its name) in the schedule's workload.
+
+    Raises
+    ------
+    InfeasibleError
+        When no plan meets the slowdown.
+    """
+    problem = pipeline_dag(profile, microbatches, kind=kind, blocking_power_w=blocking_power_w)
+    plan = solve_dag(problem, target, time_limit_s=time_limit_s or TIME_LIMIT_S)
+    if plan.status == "infeasible":
+        what = source or "the pipeline"
+        raise InfeasibleError(f"no plan of {what} meets a {target:.2%} slowdown")
+    recorded = profile.meta.get("device")
+    schedule = pipeline_schedule(
+        problem,
+        plan,
+        target=target,
+        kind=kind,
+        n_microbatches=microbatches,
+        device=device or (str(recorded) if recorded else None),
+        workload=Path(source).name if source is not None else None,
+    )
+    return PipelinePlan(schedule, problem, plan)

@@ -31,6 +31,8 @@ first, in pipeline order), the point-to-point operators give the cross-rank edge
 :class:`RankLayout` is the graph's structure alone (what the twin's whole-pipeline run needs
 to compose the ranks); :meth:`RankLayout.problem` adds per-clock tables, and
 :func:`rank_tables` makes them from a profile, measurements first (:mod:`opdvfs.plan.measured`).
+:func:`plan_ranks` is the use case ``opdvfs plan --pipeline ranks``: the whole job planned from
+one profile per rank, into one :class:`~opdvfs.schedule.PipelineSchedule`.
 """
 
 from __future__ import annotations
@@ -38,14 +40,15 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from opdvfs.devices.spec import DeviceSpec
-from opdvfs.exceptions import ValidationError
-from opdvfs.plan.dag import DagPlan, DagProblem
-from opdvfs.plan.pipeline import pipeline_file, rank_energy_j
+from opdvfs.exceptions import InfeasibleError, ValidationError
+from opdvfs.plan.dag import TIME_LIMIT_S, DagPlan, DagProblem, solve_dag
+from opdvfs.plan.pipeline import PipelinePlan, pipeline_file, rank_energy_j
 from opdvfs.profile import Profile
 from opdvfs.schedule import PipelineSchedule, Schedule, Values
 
@@ -57,7 +60,9 @@ __all__ = [
     "RankLayout",
     "RankOps",
     "RankTables",
+    "RanksPlan",
     "op_kinds",
+    "plan_ranks",
     "rank_layout",
     "rank_schedule",
     "rank_tables",
@@ -518,6 +523,108 @@ def rank_tables(profile: Profile, spec: DeviceSpec | None = None, *, source: str
         values=values,
         device=inputs.device,
     )
+
+
+@dataclass(frozen=True)
+class RanksPlan(PipelinePlan):
+    """A job planned from one profile per rank (:func:`plan_ranks`).
+
+    Attributes
+    ----------
+    layout
+        The job's graph structure: ranks, nodes, messages.
+    values
+        ``measured`` (every rank measured every clock) or ``auto`` (models filled some).
+    """
+
+    layout: RankLayout
+    values: Values
+
+
+def plan_ranks(
+    profiles: Sequence[Profile],
+    target: float,
+    *,
+    sources: Sequence[str] | None = None,
+    spec: DeviceSpec | None = None,
+    blocking_power_w: float = 0.0,
+    barrier: str | None = None,
+    switch_latency_ms: float | None = None,
+    time_limit_s: float | None = None,
+) -> RanksPlan:
+    """Plan every rank of a job together from one profile per rank: ``plan --pipeline ranks``.
+
+    Each rank's tables come from its profile, measurements first (:func:`rank_tables`); its
+    sends, receives and ``barrier`` collectives give the graph's edges (:func:`rank_layout`);
+    the graph is planned at once (:func:`~opdvfs.plan.dag.solve_dag`). Switches up are issued
+    the switch latency ahead (:func:`rank_schedule`).
+
+    Parameters
+    ----------
+    profiles
+        One profile per pipeline rank, rank 0 first, all on the same device's clocks.
+    target
+        The allowed slowdown of the makespan (0.02 = 2%).
+    sources
+        The profiles' files, named in errors and (their names) in the schedule's workload
+        (default ``rank0``, ``rank1``, ...).
+    spec
+        The device planned for (its clocks); by default each profile's preset.
+    blocking_power_w
+        Power (W) a rank draws while it waits, charged in the energy.
+    barrier
+        Regular expression of the collectives that are barriers across every rank.
+    switch_latency_ms
+        Default: the device's (``spec``, else rank 0's preset; 0 when unknown).
+    time_limit_s
+        Seconds the planner may search (default :data:`~opdvfs.plan.dag.TIME_LIMIT_S`).
+
+    Raises
+    ------
+    ValidationError
+        When the ranks were planned over different clocks, or their messages do not match.
+    InfeasibleError
+        When no plan meets the slowdown.
+    """
+    names = [str(s) for s in sources] if sources is not None else []
+    names += [f"rank{r}" for r in range(len(names), len(profiles))]
+    ranks = [rank_tables(p, spec, source=name) for p, name in zip(profiles, names, strict=True)]
+    freqs = ranks[0].freqs_mhz
+    for name, rank in zip(names, ranks, strict=True):
+        if not np.array_equal(rank.freqs_mhz, freqs):
+            raise ValidationError(
+                f"{name}: planned over {rank.freqs_mhz.tolist()} MHz but {names[0]} over "
+                f"{freqs.tolist()} MHz: profile every rank on the same device",
+                field="freq_mhz",
+            )
+    layout = rank_layout([r.ops for r in ranks], barrier=barrier)
+    problem = layout.problem(
+        [r.time_s for r in ranks],
+        [r.energy_j for r in ranks],
+        freqs,
+        idle_before_s=[r.idle_before_s for r in ranks],
+        blocking_power_w=blocking_power_w,
+    )
+    plan = solve_dag(problem, target, time_limit_s=time_limit_s or TIME_LIMIT_S)
+    if plan.status == "infeasible":
+        raise InfeasibleError(f"no plan of {len(ranks)} ranks meets a {target:.2%} slowdown")
+    if switch_latency_ms is None:
+        from opdvfs.sim.presets import preset_spec
+
+        device_spec = spec or preset_spec(ranks[0].device)
+        switch_latency_ms = device_spec.switch_latency_ms if device_spec is not None else 0.0
+    values: Values = "measured" if all(r.values == "measured" for r in ranks) else "auto"
+    schedule = rank_schedule(
+        layout,
+        problem,
+        plan,
+        target=target,
+        values=values,
+        device=ranks[0].device,
+        workload=", ".join(Path(name).name for name in names),
+        switch_latency_s=switch_latency_ms * 1e-3,
+    )
+    return RanksPlan(schedule, problem, plan, layout, values)
 
 
 def rank_schedule(

@@ -18,7 +18,7 @@ iterations (an iteration ends at an optimizer step):
 4. **A/B measurement**: the schedule is applied by the executor ``opdvfs run`` uses, in
    blocks that alternate with top-clock reference blocks: on a simulated GPU operator-triggered
    (:class:`~opdvfs.runtime.dispatch.ScheduleExecutor`: the swept profile's kernels map back
-   onto the operators it counts, :func:`~opdvfs.runtime.sweep.on_launches`); on a real device
+   onto the operators it counts, :func:`~opdvfs.schedule.on_launches`); on a real device
    (nvml, zeusd, a dry run measuring the GPU) time-triggered, as ``opdvfs run --trigger time``
    (:class:`~opdvfs.runtime.timed.TimedExecutor`: the trace's operators are CUDA kernels the
    operator count cannot match, and the stages' planned start times place the switches),

@@ -2,12 +2,13 @@
 
 After the sweep the program trains on at the top clock while :class:`PlanningThread` fits the
 models on the swept profile and plans, by the same functions ``opdvfs plan`` uses on a swept
-profile (:func:`fit_profile`, :func:`plan_fitted`). Each plan is measured by the training thread:
+profile (:func:`~opdvfs.plan.on_profile.fit_profile`,
+:func:`~opdvfs.plan.on_profile.plan_fitted`). Each plan is measured by the training thread:
 :func:`~opdvfs.tuner.policy.fit_budget`'s ``measure`` hands a :class:`RoundToMeasure` over (its
 A/B blocks, :func:`~opdvfs.tuner.ab.abba_blocks`) and waits until the training thread has run
 them and closed the round. When the budget loop ends, the policy chooses the round that applies
-for the rest of the run (:func:`~opdvfs.tuner.policy.choose_round`, :func:`~opdvfs.tuner.policy.
-applies`), and the choice goes into the cache.
+for the rest of the run (:func:`~opdvfs.tuner.policy.choose_round`,
+:func:`~opdvfs.tuner.policy.applies`), and the choice goes into the cache.
 
 Threading: the two threads share only this object's events, its lock-guarded hand-over
 (:meth:`PlanningThread.take`) and the run's result, which the planning thread writes before it
@@ -24,14 +25,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from opdvfs.exceptions import OpdvfsError
-from opdvfs.models.bundle import ModelBundle
-from opdvfs.models.perf import PerfModel
-from opdvfs.models.power import PowerModel
-from opdvfs.plan.planner import PlanInputs, plan_schedule
-from opdvfs.profile import Profile
-from opdvfs.runtime.sweep import on_launches
+from opdvfs.plan.on_profile import fit_profile, plan_fitted
 from opdvfs.schedule import Objective, Schedule
-from opdvfs.sim.presets import preset_spec
 from opdvfs.tuner.ab import Block
 from opdvfs.tuner.cache import TuneCache
 from opdvfs.tuner.policy import BudgetFit, Measured, applies, choose_round, fit_budget
@@ -40,77 +35,7 @@ from opdvfs.tuner.result import TuneResult
 if TYPE_CHECKING:
     from opdvfs.runtime.profiling import Traced
 
-__all__ = ["PlanOnProfile", "PlanningThread", "RoundToMeasure", "fit_profile", "plan_fitted"]
-
-
-# ----------------------------------------------------------------------------- fit and plan
-@dataclass(frozen=True)
-class PlanOnProfile:
-    """The models fitted on a swept profile and the planner's inputs, as ``opdvfs plan`` has them.
-
-    Attributes
-    ----------
-    models
-        The fitted time and power models (None when the profile measured every clock).
-    inputs
-        The planner's inputs (the device's clocks, streams, measurements).
-    switch_latency_ms
-        The device's switch latency (ms), the planner's default.
-    n_launches
-        Operators the executor counts per iteration (a simulated GPU's sweep: its rows are the
-        kernels, mapped back with :func:`~opdvfs.runtime.sweep.on_launches`); None: the
-        profile's operators are those the executor counts.
-    """
-
-    models: ModelBundle | None
-    inputs: PlanInputs
-    switch_latency_ms: float
-    n_launches: int | None = None
-
-
-def fit_profile(
-    profile: Profile, *, objective: Objective = "energy", n_launches: int | None = None
-) -> PlanOnProfile:
-    """Fit the models on a swept profile, as ``opdvfs plan PROFILE`` does (``--values auto``).
-
-    The same calls as the plan command: the planner's inputs from the profile over its
-    device's clocks (:meth:`PlanInputs.from_profile`), and models fitted only when some
-    operator was not measured at some clock the device offers.
-    """
-    inputs = PlanInputs.from_profile(profile)
-    spec = preset_spec(inputs.device)
-    models = None
-    assert inputs.measured is not None
-    if not inputs.measured.covers(inputs.freqs_mhz, core=objective == "core-energy"):
-        models = ModelBundle(PerfModel().fit(profile), PowerModel().fit(profile, device=spec))
-    latency = spec.switch_latency_ms if spec is not None else 1.0
-    return PlanOnProfile(models, inputs, latency, n_launches)
-
-
-def plan_fitted(
-    fitted: PlanOnProfile,
-    *,
-    target: float,
-    objective: Objective = "energy",
-    interval_ms: float = 20.0,
-) -> Schedule:
-    """Plan at ``target`` on :func:`fit_profile`'s models, as ``opdvfs plan`` does; map to launches.
-
-    ``interval_ms`` below the device's switch latency is raised to it by
-    :func:`~opdvfs.plan.planner.plan_schedule` (shorter stages' switches would be superseded).
-    """
-    schedule = plan_schedule(
-        fitted.models,
-        fitted.inputs,
-        target=target,
-        objective=objective,
-        interval_ms=interval_ms,
-        switch_latency_ms=fitted.switch_latency_ms,
-    )
-    if fitted.n_launches is not None:
-        assert fitted.inputs.measured is not None
-        schedule = on_launches(schedule, fitted.inputs.measured.op_ids, fitted.n_launches)
-    return schedule
+__all__ = ["PlanningThread", "RoundToMeasure"]
 
 
 # ----------------------------------------------------------------------------- the thread

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from opdvfs.exceptions import ValidationError
-from opdvfs.models.validation import auto_clocks
+from opdvfs.plan.on_profile import auto_clocks
 from opdvfs.schedule import Objective, Schedule
 from opdvfs.tuner.ab import BLOCK_COUNTER_UPDATES, DEFAULT_BLOCK, ab_block
 from opdvfs.tuner.result import TuneRound
