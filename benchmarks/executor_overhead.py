@@ -197,16 +197,16 @@ def twin(iterations: int = 2, target: float = 0.02) -> None:
     1. Open loop: plans at the target, each applied the way each mode issues it (op mode: at
        its trigger ops; time mode: by time, the offsets the planner predicted -- as before --
        or learned from the plan's measured run on the twin), simulated without host lateness.
-    2. Closed loop (:func:`opdvfs.runtime.tuning.fit_budget`): per mode and planner interval,
+    2. Closed loop (:func:`opdvfs.tuner.policy.fit_budget`): per mode and planner interval,
        re-plan until the measured slowdown is within the target.
     3. The best closed-loop plan of each mode applied by its real executor (worker thread,
        wall clock, the program's pace), the switches as issued replayed on the twin; the
        closed loop continues on these measurements from the budget step 2 found (usually
        one round: the executors' own lateness is small).
     """
-    from opdvfs.experiments.bench import prepare
+    from opdvfs.experiments.bench import prepare, twin_measure
     from opdvfs.plan.planner import plan_schedule
-    from opdvfs.runtime.tuning import Measured, fit_budget, twin_measure
+    from opdvfs.tuner.policy import Measured, fit_budget
 
     t0 = time.perf_counter()
     bench = prepare("gpt3", "a100-like")

@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from opdvfs.experiments.ab import applied_iterations
+from opdvfs.tuner.ab import applied_iterations
 
 
 def _top_only(out: Path, header: dict) -> bool:

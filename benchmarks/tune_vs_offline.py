@@ -3,13 +3,13 @@
 For each preset (``sim:a100-like``, ``sim:h100-like``), the tests' tiny GPT (CPU, each
 operator doing ``WORK_SCALE`` times its work, so an iteration spans the power sensor):
 
-- **tune**: one run of ``STEPS`` training steps under :class:`opdvfs.experiments.tune.Tuner`
+- **tune**: one run of ``STEPS`` training steps under :class:`opdvfs.tuner.Tuner`
   at ``TARGET`` (``--clocks auto``, defaults otherwise): the fraction of its iterations spent
   profiling (the sweep after the warm-up) and planning (at the top clock while the planning
   thread fitted and planned), and what its own A/B blocks measured for the schedule it kept
   (mean of the pairs and 95% t-interval);
 - **offline**: the pipeline of ``capture --freqs`` at *every* clock of the device, ``plan``
-  (the same fit and plan functions, :func:`~opdvfs.experiments.tune.fit_profile`), ``run``;
+  (the same fit and plan functions, :func:`~opdvfs.plan.on_profile.fit_profile`), ``run``;
 - both schedules then run the same way, ``RUN_STEPS`` steps each on a fresh simulated GPU
   against a top-clock run (iterations after the first two): the steady-state saving and
   slowdown, measured alike.
@@ -20,9 +20,9 @@ Acceptance (issue 21): profiling + planning <= 15% of the run's iterations; tune
 saving >= 90% of offline's; tune's slowdown <= target + 0.2 points.
 
 Planning runs in wall time beside the training, which the simulated GPU compresses (a 1.55 s
-device iteration of the tiny GPT takes ~50 ms of CPU). Tune keeps the simulated GPU's host at the
-device's pace while it plans (``Tuner._pace_planning``: a real GPU's host waits on its device),
-so the planning iterations no longer depend on the host's speed (before: 4 to 19 on
+device iteration of the tiny GPT takes ~50 ms of CPU). Tune keeps the simulated GPU's host at
+the device's pace while it plans (``SimulatedGpuDrive.pace_planning``: a real GPU's host waits
+on its device), so the planning iterations no longer depend on the host's speed (before: 4 to 19 on
 sim:a100-like): the first planning phase spans ``ceil(plan seconds / device iteration)``, and
 each round's close one more (the next iteration starts at the top clock before the thread has
 answered). The table also prints that ceiling for the plan seconds.
@@ -42,12 +42,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from opdvfs.experiments.tune import Tuner, fit_profile, plan_fitted
-from opdvfs.report.tune import summary_lines
+from opdvfs.plan.on_profile import fit_profile, plan_fitted
 from opdvfs.runtime.actuators import ClockGuard, make_actuator
 from opdvfs.runtime.dispatch import ScheduleExecutor
 from opdvfs.runtime.sweep import sweep_run
 from opdvfs.schedule import Schedule
+from opdvfs.tuner.loop import Tuner
+from opdvfs.tuner.report import summary_lines
 
 from tiny_gpt import TinyGPT
 

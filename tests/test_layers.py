@@ -26,7 +26,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("io", "models", "sim", "workloads"),
     # models -> Schedule; Schedule -> RunResult (actuators, the executor)
     ("plan", "runtime"),
-    # applications
+    # applications: the closed loop on a running program, then the simulator experiments
+    ("tuner",),
     ("experiments",),
     ("report",),
     ("cli",),

@@ -13,11 +13,10 @@ from typer.testing import CliRunner
 
 from opdvfs import Schedule
 from opdvfs.cli import app
-from opdvfs.experiments.ab import applied_iterations
-from opdvfs.experiments.tune import auto_clocks
-from opdvfs.runtime.schedule_cache import TuneCache, cache_key
-from opdvfs.runtime.tuning import paired_interval
+from opdvfs.plan.on_profile import auto_clocks
 from opdvfs.sim.presets import preset_spec
+from opdvfs.tuner.ab import applied_iterations, paired_interval
+from opdvfs.tuner.cache import TuneCache, cache_key
 
 from conftest import read_log
 from tiny_gpt import write_train_script
@@ -227,7 +226,7 @@ def test_the_python_api_tunes_the_block_and_starts_from_the_cache(
     import torch
 
     import opdvfs
-    from opdvfs.runtime.schedule_cache import CACHE_ENV
+    from opdvfs.tuner.cache import CACHE_ENV
 
     sys.path.insert(0, str(Path(__file__).parent))
     from tiny_gpt import TinyGPT
@@ -258,8 +257,8 @@ def test_through_nvml_the_sweep_is_traced_and_closed_mid_run_and_the_clock_reset
     import runpy
     import sys
 
-    from opdvfs.experiments.tune import Tuner
     from opdvfs.runtime.actuators import NvmlActuator
+    from opdvfs.tuner.loop import Tuner
 
     # enough iterations for the 0.1 s a real switch settles, however fast the CPU runs them
     steps = 100
@@ -313,11 +312,12 @@ def test_on_nvml_tunes_sweep_checks_the_temperature_and_sizes_clocks_by_the_coun
     """Off the simulator the sweep is sweep_run's: NVML's temperature and counter period (#21)."""
     import itertools
 
-    from opdvfs.experiments.ab import ab_block
-    from opdvfs.experiments.tune import Tuner
     from opdvfs.models.attribution import sensor_iterations
     from opdvfs.runtime.actuators import NvmlActuator
     from opdvfs.runtime.sweep import NVML_COUNTER_S, SWEEP_WINDOWS
+    from opdvfs.tuner.ab import ab_block
+    from opdvfs.tuner.drive import DeviceDrive
+    from opdvfs.tuner.loop import Tuner
 
     # the die warms by 3 degC per read for eight reads, then holds: the top clock's counted
     # iterations slide past the warming ones until their temperature trend is within 1 degC
@@ -325,7 +325,7 @@ def test_on_nvml_tunes_sweep_checks_the_temperature_and_sizes_clocks_by_the_coun
         range(50, 75, 3), itertools.repeat(74)
     )
     clock = itertools.count(0.0, 0.0625)  # the device's clock: 62.5 ms per read
-    monkeypatch.setattr(Tuner, "_device_now", lambda self: next(clock))
+    monkeypatch.setattr(DeviceDrive, "now_s", lambda self: next(clock))
     tuner = Tuner(NvmlActuator(), target=0.02, clocks=[1410.0, 1005.0])
     with tuner:
         _linear_steps(40)
@@ -409,7 +409,8 @@ def _fixed_two_stage_plan(monkeypatch, fake_nvml) -> None:
     import itertools
     from types import SimpleNamespace
 
-    from opdvfs.experiments import tune as tune_module
+    from opdvfs.tuner import drive as drive_module
+    from opdvfs.tuner import planning as planning_module
 
     fake_nvml.nvmlDeviceGetTotalEnergyConsumption.side_effect = itertools.count(0, 50_000)
     iteration_s: list[float] = []
@@ -428,11 +429,11 @@ def _fixed_two_stage_plan(monkeypatch, fake_nvml) -> None:
             predicted_time_s=t, baseline_time_s=t, target=target, solver="manual",
         )  # fmt: skip
 
-    monkeypatch.setattr(tune_module, "fit_profile", fit)
-    monkeypatch.setattr(tune_module, "plan_fitted", plan)
+    monkeypatch.setattr(planning_module, "fit_profile", fit)
+    monkeypatch.setattr(planning_module, "plan_fitted", plan)
     # a shared CPU's iterations vary by tens of %: keep the schedule applied through them
-    timed = tune_module._make_timed
-    monkeypatch.setattr(tune_module, "_make_timed", lambda act: timed(act, tolerance=0.95))
+    timed = drive_module._timed_executor
+    monkeypatch.setattr(drive_module, "_timed_executor", lambda act: timed(act, tolerance=0.95))
 
 
 def _check_applied_by_time(result: dict, log: Path, stderr: str) -> None:
@@ -581,8 +582,9 @@ def test_on_a_simulated_gpu_the_compile_warning_is_tunes_own():
 
     import torch
 
-    from opdvfs.experiments.tune import SIM_COMPILED_HINT, Tuner
     from opdvfs.runtime.actuators import make_actuator
+    from opdvfs.tuner.drive import SIM_COMPILED_HINT
+    from opdvfs.tuner.loop import Tuner
 
     model = torch.nn.Linear(8, 8)
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
@@ -606,8 +608,9 @@ def test_off_the_simulator_the_cache_key_names_the_gpu_and_the_step_not_a_dispat
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from opdvfs.experiments.tune import Tuner, step_signature
     from opdvfs.runtime.actuators import NvmlActuator, make_actuator
+    from opdvfs.tuner.drive import step_signature
+    from opdvfs.tuner.loop import Tuner
 
     def key(name: str, kind: str = "nvml", width: int = 8) -> Tuner:
         fake_nvml.nvmlDeviceGetName.return_value = name
@@ -619,7 +622,7 @@ def test_off_the_simulator_the_cache_key_names_the_gpu_and_the_step_not_a_dispat
             for _ in range(3):
                 model(torch.randn(4, width)).sum().backward()
                 opt.step()
-        assert tuner.result.device == name and tuner.gpu_name == name
+        assert tuner.result.device == name and tuner.drive.gpu_name == name
         assert not isinstance(tuner.executor, TorchDispatchMode)  # a compiled model stays so
         return tuner
 
@@ -645,12 +648,12 @@ def test_off_the_simulator_a_cached_plan_applies_by_time_from_the_warm_up(
 
     import torch
 
-    from opdvfs.experiments import tune as tune_module
-    from opdvfs.experiments.tune import Tuner
     from opdvfs.runtime.actuators import make_actuator
+    from opdvfs.tuner import drive as drive_module
+    from opdvfs.tuner.loop import Tuner
 
-    timed = tune_module._make_timed
-    monkeypatch.setattr(tune_module, "_make_timed", lambda act: timed(act, tolerance=0.95))
+    timed = drive_module._timed_executor
+    monkeypatch.setattr(drive_module, "_timed_executor", lambda act: timed(act, tolerance=0.95))
     fake_nvml.nvmlDeviceGetName.return_value = "NVIDIA H200"
 
     def run(steps: int, log: Path) -> Tuner:
@@ -689,8 +692,8 @@ def test_off_the_simulator_a_cached_plan_applies_by_time_from_the_warm_up(
 
 # ----------------------------------------------------------------------------- A/B statistics
 def test_ab_block_spans_ten_counter_updates_and_keeps_the_default_without_a_counter():
-    from opdvfs.experiments.ab import BLOCK_COUNTER_UPDATES, DEFAULT_BLOCK, ab_block
     from opdvfs.models.attribution import sensor_iterations
+    from opdvfs.tuner.ab import BLOCK_COUNTER_UPDATES, DEFAULT_BLOCK, ab_block
 
     assert BLOCK_COUNTER_UPDATES == 10 and DEFAULT_BLOCK == 3
     # H200's GPT step: ~100 ms per iteration against the 100 ms counter: 10 counted + 1
@@ -718,7 +721,7 @@ def _rows(
     Tuned iterations use ``1 - saving`` of the energy; ``outlier``: (iteration, s, J) put in
     place of one; ``top_in``: tuned iterations run at the top clock (reference-like).
     """
-    from opdvfs.experiments.ab import TuneIteration
+    from opdvfs.tuner.result import TuneIteration
 
     rows, i = [], start
     for p in range(pairs):
@@ -737,8 +740,9 @@ def _rows(
 
 def _result(rows_by_round, *, target=0.02, block=4, pairs=3):
     """A TuneResult whose rounds are measured by ab_pairs and chosen by choose_round."""
-    from opdvfs.experiments.ab import TuneRound, ab_pairs, choose_round
-    from opdvfs.experiments.tune import TuneResult
+    from opdvfs.tuner.ab import ab_pairs
+    from opdvfs.tuner.policy import choose_round
+    from opdvfs.tuner.result import TuneResult, TuneRound
 
     rounds = []
     for rows in rows_by_round:
@@ -755,7 +759,7 @@ def _result(rows_by_round, *, target=0.02, block=4, pairs=3):
 
 def test_a_null_contrast_with_one_outlier_claims_no_saving_and_is_not_chosen_by_its_mean():
     """The H200 dry run's case: clocks never changed, one slow, hungry reference iteration."""
-    from opdvfs.report.tune import summary_lines
+    from opdvfs.tuner.report import summary_lines
 
     rng = np.random.default_rng(3)
     # round 1: iteration 2 (a reference block) took 137 ms and 115 J among ~100 ms / 67 J
@@ -784,7 +788,7 @@ def test_a_null_contrast_with_one_outlier_claims_no_saving_and_is_not_chosen_by_
 
 
 def test_a_real_saving_with_tight_intervals_is_chosen_and_claimed():
-    from opdvfs.report.tune import _markdown, summary_lines
+    from opdvfs.tuner.report import _markdown, summary_lines
 
     rng = np.random.default_rng(4)
     tight = _rows(0, 0, block=11, pairs=3, saving=0.15, rng=rng)
@@ -805,8 +809,8 @@ def test_a_real_saving_with_tight_intervals_is_chosen_and_claimed():
 
 
 def test_no_round_within_the_target_takes_the_least_slowdown():
-    from opdvfs.experiments.ab import CHOSEN_BY_SLOWDOWN, TuneRound, choose_round
-    from opdvfs.runtime.tuning import Interval
+    from opdvfs.tuner.policy import CHOSEN_BY_SLOWDOWN, choose_round
+    from opdvfs.tuner.result import Interval, TuneRound
 
     def rnd(slow: float, save: float) -> TuneRound:
         return TuneRound(
@@ -822,8 +826,8 @@ def test_fallback_iterations_are_dropped_from_their_tuned_block():
     """Iterations the time-triggered executor fell back in (top clock) do not measure the plan."""
     from types import SimpleNamespace
 
-    from opdvfs.experiments.ab import ab_pairs
-    from opdvfs.experiments.tune import Tuner
+    from opdvfs.tuner.ab import ab_pairs
+    from opdvfs.tuner.drive import DeviceDrive, SimulatedGpuDrive
 
     rng = np.random.default_rng(5)
     # pair 1's tuned block is iterations 5-7 (4 is its switch); 6 and 7 ran at the top clock
@@ -831,7 +835,7 @@ def test_fallback_iterations_are_dropped_from_their_tuned_block():
     kept = ab_pairs(rows)
     assert kept.dropped == 0 and kept.saving.mean < 0.13  # diluted by the top-clock iterations
     # the executor marked 6 (its watchdog or its length); the next, 7, starts at the top clock
-    fell = Tuner._fell_back(SimpleNamespace(timed=SimpleNamespace(diverged_iterations=[6])))
+    fell = DeviceDrive.fell_back(SimpleNamespace(timed=SimpleNamespace(diverged_iterations=[6])))
     assert fell == {6, 7}
     dropped = ab_pairs(rows, drop=fell)
     assert dropped.dropped == 2 and dropped.pairs == 3
@@ -840,15 +844,14 @@ def test_fallback_iterations_are_dropped_from_their_tuned_block():
     assert ab_pairs(rows, drop={1, 2}).dropped == 0
     # a tuned block emptied by the drops: its pair is skipped
     assert ab_pairs(rows, drop={5, 6, 7}).pairs == 2
-    assert Tuner._fell_back(SimpleNamespace(timed=None)) == set()  # a simulated GPU: none
+    assert SimulatedGpuDrive.fell_back(SimpleNamespace()) == set()  # a simulated GPU: none
 
 
 def test_a_cache_hit_repeats_the_tuned_intervals_and_claims_no_unresolved_saving():
     from dataclasses import asdict
 
-    from opdvfs.experiments.tune import TuneResult
-    from opdvfs.report.tune import summary_lines
-    from opdvfs.runtime.tuning import Interval
+    from opdvfs.tuner.report import summary_lines
+    from opdvfs.tuner.result import Interval, TuneResult
 
     def hit(low: float, high: float) -> str:
         result = TuneResult(0.02, "dry-run", None, (1980.0,), [], cache_hit=True, cache_key="k")
@@ -876,7 +879,9 @@ def test_a_real_h200_null_contrast_claims_no_saving(run):
     The rounds' intervals are recomputed from the iterations as they ran; the applied round is
     the one whose saving's lower bound is highest, and its saving is not told apart from none.
     """
-    from opdvfs.experiments.ab import TuneIteration, TuneRound, ab_pairs, choose_round
+    from opdvfs.tuner.ab import ab_pairs
+    from opdvfs.tuner.policy import choose_round
+    from opdvfs.tuner.result import TuneIteration, TuneRound
 
     doc = json.loads(H200_NULL_AB.read_text())["runs"][run]
     rows = [TuneIteration(freq_mhz=None, **r) for r in doc["ab_iterations"]]
@@ -909,8 +914,8 @@ def test_applied_iterations_are_the_tuned_blocks_their_switch_and_the_steady_pha
 
 
 def test_only_a_round_that_measured_a_saving_applies():
-    from opdvfs.experiments.ab import TuneRound, applies
-    from opdvfs.runtime.tuning import Interval
+    from opdvfs.tuner.policy import applies
+    from opdvfs.tuner.result import Interval, TuneRound
 
     def rnd(saving: Interval | None) -> TuneRound:
         return TuneRound(0.02, 2, None, None, Interval(0.0004, -0.0001, 0.001, 3), saving, 3)

@@ -33,8 +33,8 @@ def _rank(rank: int, port: int, out: str, steps: int, diverge: bool) -> None:
     )
     torch.set_num_threads(1)
     sys.path.insert(0, str(Path(__file__).parent))
-    from opdvfs.experiments.tune import Tuner
     from opdvfs.runtime.actuators import make_actuator
+    from opdvfs.tuner.loop import Tuner
 
     from tiny_gpt import TinyGPT
 
@@ -141,8 +141,8 @@ def _traced_rank(rank: int, port: int, out: str, wider: bool = False) -> None:
     )
     torch.set_num_threads(1)
     sys.path.insert(0, str(Path(__file__).parent))
-    from opdvfs.experiments.tune import Tuner
     from opdvfs.runtime.actuators import make_actuator
+    from opdvfs.tuner.loop import Tuner
 
     from tiny_gpt import TinyGPT
 
@@ -159,7 +159,7 @@ def _traced_rank(rank: int, port: int, out: str, wider: bool = False) -> None:
             for _ in range(200):
                 model(torch.randint(0, 64, (2, 16))).sum().backward()
                 opt.step()
-            traced_at_end.append(tuner._trace_stack is not None)
+            traced_at_end.append(tuner.drive._trace_stack is not None)
         finally:
             dist.destroy_process_group()
     result = tuner.result.to_dict()

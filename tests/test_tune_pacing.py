@@ -15,7 +15,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-import opdvfs.experiments.tune as tune_module
+import opdvfs.tuner.loop as tune_module
+import opdvfs.tuner.planning as planning_module
 from user_workload import train_mlp
 
 #: How long the planning thread's fit takes here (s): several of the device's iterations.
@@ -25,13 +26,13 @@ FIT_S = 2.0
 def test_planning_on_a_simulated_gpu_spans_the_device_iterations_of_its_wall_time(monkeypatch):
     from opdvfs.runtime.actuators import make_actuator
 
-    fit = tune_module.fit_profile
+    fit = planning_module.fit_profile
 
     def slow_fit(*args, **kwargs):
         time.sleep(FIT_S)
         return fit(*args, **kwargs)
 
-    monkeypatch.setattr(tune_module, "fit_profile", slow_fit)
+    monkeypatch.setattr(planning_module, "fit_profile", slow_fit)
     act = make_actuator("sim:h100-like", work_scale=1e6)
     tuner = tune_module.Tuner(act, target=0.02, block=3, pairs=1, rounds=1)
     with tuner:

@@ -36,8 +36,8 @@ def _launch(gpu: SimulatedGpu, until_s: float) -> None:
 
 def test_a_host_running_ahead_of_the_device_does_not_shift_the_ab_blocks():
     """Reference blocks measure the top clock, tuned blocks the plan; the interval is tight."""
-    from opdvfs.experiments.tune import Tuner
     from opdvfs.runtime.actuators import make_actuator
+    from opdvfs.tuner.loop import Tuner
 
     act = make_actuator(f"sim:{PRESET}", work_scale=1e6)
     tuner = Tuner(act, target=0.02, block=3, pairs=3, rounds=1)

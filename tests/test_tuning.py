@@ -9,7 +9,7 @@ import pytest
 
 from opdvfs import Schedule
 from opdvfs.exceptions import ValidationError
-from opdvfs.runtime.tuning import Measured, fit_budget
+from opdvfs.tuner.policy import Measured, fit_budget
 
 TARGET = 0.02
 
@@ -106,9 +106,8 @@ def test_bad_arguments():
 
 def test_on_the_twin_the_closed_loop_brings_both_modes_within_the_target():
     pytest.importorskip("torch")
-    from opdvfs.experiments.bench import prepare
+    from opdvfs.experiments.bench import prepare, twin_measure
     from opdvfs.plan.planner import plan_schedule
-    from opdvfs.runtime.tuning import twin_measure
     from opdvfs.workloads.library import load_workload
     from opdvfs.workloads.workload import Workload
 

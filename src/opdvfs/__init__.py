@@ -64,7 +64,7 @@ _EXPORTS: dict[str, str] = {
     "plan_schedule": "opdvfs.plan.planner",
     "plan_frontier": "opdvfs.plan.planner",
     # the closed loop on a running job (#21): ``with opdvfs.tune(target=0.02): train()``
-    "tune": "opdvfs.report.tune",
+    "tune": "opdvfs.tuner.context",
 }
 
 __all__ = [
@@ -123,11 +123,11 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from opdvfs.models.power import PowerModel
     from opdvfs.plan.planner import PlanInputs, plan_frontier, plan_schedule
     from opdvfs.profile import Profile
-    from opdvfs.report.tune import tune
     from opdvfs.result import RunResult, StageRecord
     from opdvfs.schedule import Schedule, Stage, Switch
     from opdvfs.sim.presets import get_preset
     from opdvfs.sim.twin import SimulatedDevice
+    from opdvfs.tuner.context import tune
     from opdvfs.workloads.library import load_workload
     from opdvfs.workloads.workload import Workload
 

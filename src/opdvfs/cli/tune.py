@@ -1,14 +1,15 @@
-"""The tune command: profile, plan, apply and measure on a running training job, in one run (#21).
+"""The tune command: profile, plan, apply and measure on a running training job, in one run.
 
 ``opdvfs tune --target 0.02 [--actuator nvml|zeusd|sim:PRESET|dry-run] [--clocks auto|LIST]
 [--out DIR] -- python train.py ARGS`` runs the unchanged script once, in this process, under
-:class:`opdvfs.experiments.tune.Tuner`; the files go to ``--out`` (:func:`opdvfs.report.tune.
-write_tune`), the summary to stdout, a progress display (phase, clock, iterations left, the
-running saving) to stderr when it is a terminal.
+:class:`opdvfs.tune` (built as Python builds it; :mod:`opdvfs.tuner`); the files go to
+``--out`` (:func:`opdvfs.tuner.report.write_tune`), the summary to stdout, a progress display
+(phase, clock, iterations left, the running saving) to stderr when it is a terminal. This
+module parses the options, checks their use and prints; the loop is the library's.
 
 Under ``torchrun ... -m opdvfs tune ... -- python train.py`` every rank runs this command and
 tunes its own device, coordinated once the script makes its process group (rank 0 leads: see
-:mod:`opdvfs.experiments.tune`); ``--log`` gets ``.rankN`` before its suffix, and only rank 0
+:mod:`opdvfs.tuner.ranks`); ``--log`` gets ``.rankN`` before its suffix, and only rank 0
 writes ``--out``, prints the summary and shows the progress display.
 """
 
@@ -152,11 +153,8 @@ def tune(
     """
     from opdvfs.cli._app import parse_clocks
     from opdvfs.cli.runtime import _program
-    from opdvfs.experiments.tune import Tuner
-    from opdvfs.report.tune import summary_lines, write_tune
-    from opdvfs.runtime.actuators import make_actuator
     from opdvfs.runtime.launch import run_python
-    from opdvfs.runtime.schedule_cache import TuneCache
+    from opdvfs.tuner import summary_lines, tune, write_tune
 
     if not target > 0:
         raise UsageError(f"--target {target:g}: expected a slowdown > 0 (0.02 = 2%)")
@@ -173,40 +171,33 @@ def tune(
     command = _program(argv)
     if command is None:
         raise UsageError("tune runs the script in opdvfs's process: -- python SCRIPT ARGS")
-    header: dict[str, Any] = {"command": "tune", "actuator": actuator, "target": target}
     rank = int(os.environ.get("RANK", "0") or 0)
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:  # torchrun: one log per rank
-        header["rank"] = rank
-        if log is not None:
-            log = log.with_name(f"{log.stem}.rank{rank}{log.suffix}")
-    act = make_actuator(
-        actuator,
-        device=device,
-        log=None if log is None else str(log),
-        header=header,
-        work_scale=work_scale,
-    )
+    progress, update = _progress() if rank == 0 else (None, None)
     try:
-        chosen: Any = "auto"
-        if clocks.strip().lower() != "auto":
-            chosen = parse_clocks(clocks, act.supported_freqs_mhz())
-        progress, update = _progress() if rank == 0 else (None, None)
-        tuner = Tuner(
-            act,
-            target=target,
-            clocks=chosen,
+        context = tune(
+            target,
+            actuator=actuator,
+            clocks=(
+                "auto"
+                if clocks.strip().lower() == "auto"
+                else lambda supported: parse_clocks(clocks, supported)
+            ),
             warmup=warmup,
             iterations_per_clock=iterations_per_clock,
+            work_scale=work_scale,
+            device=device,
+            cache=not no_cache,
+            log=log,
+            on_iteration=update,
             block=block,
             pairs=pairs,
             rounds=rounds,
-            cache=None if no_cache else TuneCache(),
-            on_iteration=update,
-            label=actuator,
         )
     except BaseException:
-        act.close()
+        if progress is not None:
+            progress.stop()
         raise
+    tuner = context.tuner
 
     shown = warnings.showwarning
 

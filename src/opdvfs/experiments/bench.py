@@ -9,8 +9,9 @@ Savings are against the top clock, measured in the same run length and with the 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -25,10 +26,11 @@ from opdvfs.profile import Profile
 from opdvfs.result import RunResult
 from opdvfs.schedule import Schedule
 from opdvfs.sim.twin import SimRun, SimulatedDevice
+from opdvfs.tuner.policy import Measured
 from opdvfs.workloads.library import load_workload
 from opdvfs.workloads.workload import Workload
 
-__all__ = ["Bench", "Outcome", "calibrate", "measure", "prepare", "saving_pct"]
+__all__ = ["Bench", "Outcome", "calibrate", "measure", "prepare", "saving_pct", "twin_measure"]
 
 
 @dataclass(frozen=True)
@@ -232,3 +234,48 @@ def measure(
         plan_seconds=schedule.plan_seconds if schedule is not None else None,
     )
     return outcome, run
+
+
+def twin_measure(
+    device: SimulatedDevice,
+    workload: Workload,
+    *,
+    trigger: Literal["op", "time"],
+    offsets: Literal["measured", "planned"] = "measured",
+    iterations: int = 2,
+) -> Callable[[Schedule], Measured]:
+    """Return a ``measure`` of a plan on the twin as ``trigger`` applies it (for ``fit_budget``).
+
+    The budget loop is :func:`~opdvfs.tuner.policy.fit_budget`.
+
+    ``op``: each switch at its trigger op and delay (the operator-counting executor). ``time``:
+    each switch at its due time from the iteration's start
+    (:func:`~opdvfs.runtime.timed.issued_by_time`, the default guard included), the due times
+    learned from a measured run of the plan (``offsets="measured"``: the plan run on the twin
+    by its trigger ops, then once as time mode issues it,
+    :func:`~opdvfs.runtime.timed.plan_timing`) or taken from the
+    planner's predicted stage starts (``"planned"``). Both against the top clock over the same
+    ``iterations``; each iteration draws its own noise, so a time-triggered switch meets an
+    executed run that differs from the one its due time was learned on. The executor's own
+    lateness (its worker thread, the host) is not in it: its real runs are what show that.
+    """
+    from opdvfs.runtime.timed import issued_by_time, plan_timing
+
+    top, _ = device.run(workload, iterations=iterations, label="top clock")
+
+    def measure(schedule: Schedule) -> Measured:
+        applied = schedule
+        if trigger == "time":
+            timing = (
+                plan_timing(schedule, device=device, workload=workload)
+                if offsets == "measured"
+                else plan_timing(schedule)
+            )
+            applied = issued_by_time(schedule, timing)
+        run, _ = device.run(workload, applied, iterations=iterations, label=trigger)
+        return Measured(
+            slowdown=run.iteration_time_s / top.iteration_time_s - 1,
+            saving=1 - run.chip_energy_j / top.chip_energy_j,
+        )
+
+    return measure

@@ -25,12 +25,11 @@ from opdvfs.exceptions import ScheduleMismatchError
 from opdvfs.runtime.actuators.base import Actuator
 from opdvfs.runtime.applier import ScheduleApplier
 from opdvfs.runtime.issuer import Marker, immediate_marker
-from opdvfs.runtime.recorder import _COUNTED, _OpMode, compile_in_use
+from opdvfs.runtime.recorder import _COUNTED, _OpMode
 from opdvfs.schedule import Schedule, Switch
 from opdvfs.sim.gpu import SimulatedGpu
 
-# compile_in_use: re-exported while the tune loop imports it from here (experiments/tune.py)
-__all__ = ["COMPILED_HINT", "ScheduleExecutor", "compile_in_use"]
+__all__ = ["COMPILED_HINT", "ScheduleExecutor"]
 
 #: One line for a compiled model under the operator-counting mode.
 COMPILED_HINT = (

@@ -53,7 +53,6 @@ from opdvfs.profile import Profile
 from opdvfs.runtime.actuators import Actuator, ClockGuard
 from opdvfs.runtime.actuators.base import Meter
 from opdvfs.runtime.recorder import IterationCounter
-from opdvfs.schedule import on_launches
 from opdvfs.sim.gpu import SimulatedGpu
 
 __all__ = [
@@ -62,7 +61,6 @@ __all__ = [
     "SweepIteration",
     "SweepResult",
     "device_meter",
-    "on_launches",  # opdvfs.schedule's, named here for the tune loop
     "sweep_profile",
     "sweep_run",
 ]
@@ -287,6 +285,11 @@ class ClockSweep(IterationCounter):
         self._last_end = self._now()
         self._last_temp = self._temp() if self._temp is not None else None
         return super().__enter__()
+
+    @property
+    def set_mhz(self) -> float:
+        """The clock the sweep set last (MHz): the one it profiles now; the top once it is done."""
+        return self._set_mhz
 
     # ------------------------------------------------------------------------- the sweep
     def _begin_clock(self, index: int, now: float) -> None:

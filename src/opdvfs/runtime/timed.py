@@ -11,7 +11,7 @@ prediction (:attr:`Stage.start_s <opdvfs.schedule.Stage.start_s>`), which drifts
 executed run along the iteration; a switch due less than the latency into the iteration is
 issued that long before the next anchor, in the iteration before (training repeats).
 :func:`issued_by_time` writes what the executor sends as a schedule the twin can run, so a plan
-can be measured the way time mode applies it (:mod:`opdvfs.runtime.tuning`).
+can be measured the way time mode applies it (:func:`opdvfs.experiments.bench.twin_measure`).
 
 Drift: each iteration's measured anchor-to-anchor time rescales the next one's offsets. An
 iteration whose length departs from the plan's by more than ``tolerance`` -- or that runs past

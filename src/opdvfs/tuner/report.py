@@ -1,4 +1,4 @@
-"""What ``opdvfs tune`` writes into ``--out DIR``, and its summary lines (#21).
+"""What ``opdvfs tune`` writes into ``--out DIR``, and its summary lines.
 
 :func:`write_tune` writes, each atomically (a temporary file in the folder, then a rename):
 the swept profile (``profile.parquet``), the fitted models (``models.json``), the chosen
@@ -17,18 +17,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 from opdvfs._files import atomic_path, write_text_atomic
-from opdvfs.experiments.tune import Tuner, TuneResult
-from opdvfs.runtime.schedule_cache import TuneCache
-from opdvfs.runtime.tuning import Interval
-from opdvfs.schedule import Objective
+from opdvfs.tuner.result import Interval, TuneResult
 
-__all__ = ["summary_lines", "tune", "write_tune"]
+__all__ = ["summary_lines", "write_tune"]
 
 
 def _pct(value: float | None, sign: str = "+") -> str:
@@ -174,13 +166,17 @@ def summary_lines(result: TuneResult) -> list[str]:
 
 @contextmanager
 def _figure(path: Path) -> Iterator[Any]:
-    fig = plt.figure(figsize=(8, 3.4), constrained_layout=True)
-    try:
-        yield fig
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=100, format="png")
-    finally:
-        plt.close(fig)
+    """Yield a figure; save it to ``path`` (atomically) when the block ends without an error.
+
+    Drawn on matplotlib's Agg canvas directly, without pyplot: the user's process keeps its
+    own backend (``opdvfs.tune`` runs inside it).
+    """
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 3.4), constrained_layout=True)
+    yield fig
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
 
 
 def _plot_clock(result: TuneResult, path: Path) -> bool:
@@ -295,70 +291,3 @@ def write_tune(result: TuneResult, out: str | os.PathLike[str]) -> list[str]:
     ]
     write_text_atomic(folder / "report.md", _markdown(result, figures))
     return [*written, "report.md", *figures]
-
-
-class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
-    """Tune the training run inside the block: ``with opdvfs.tune(target=0.02): train()``.
-
-    The loop of :mod:`opdvfs.experiments.tune` on the code the block runs (its optimizer steps
-    end the iterations), through ``actuator`` (``"nvml"``, ``"zeusd"``, ``"sim:PRESET"``,
-    ``"dry-run"`` with ``device``); the files of :func:`write_tune` go to ``out`` when given;
-    ``options`` go to :class:`~opdvfs.experiments.tune.Tuner` (``block``, ``pairs``, ``rounds``).
-    The clock is restored however the block ends. After the block, :attr:`result` holds what
-    was measured.
-    """
-
-    def __init__(
-        self,
-        target: float = 0.02,
-        *,
-        actuator: str = "nvml",
-        clocks: list[float] | str = "auto",
-        out: str | os.PathLike[str] | None = None,
-        warmup: int = 2,
-        iterations_per_clock: int | None = None,
-        work_scale: float | None = None,
-        device: str | None = None,
-        objective: Objective = "energy",
-        cache: bool = True,
-        **options: Any,
-    ) -> None:
-        from opdvfs.runtime.actuators import make_actuator
-
-        act = make_actuator(actuator, device=device, work_scale=work_scale)
-        try:
-            self.tuner = Tuner(
-                act,
-                target=target,
-                clocks="auto" if clocks == "auto" else [float(f) for f in clocks],
-                warmup=warmup,
-                iterations_per_clock=iterations_per_clock,
-                objective=objective,
-                cache=TuneCache() if cache else None,
-                label=actuator,
-                **options,
-            )
-        except BaseException:
-            act.close()
-            raise
-        self.out = out
-
-    @property
-    def result(self) -> TuneResult:
-        """What the run measured (complete after the block)."""
-        return self.tuner.result
-
-    def __enter__(self) -> tune:
-        """Start tuning (the top clock locked for the warm-up)."""
-        self.tuner.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        """Restore the clock, then write the files (when ``out`` was given; rank 0 only).
-
-        Nothing is written when the block ended before the clock sweep was done (the result's
-        error says how many iterations it needs).
-        """
-        self.tuner.__exit__(*exc)
-        if self.out is not None and self.tuner.rank == 0 and not self.tuner.sweep_unfinished:
-            write_tune(self.tuner.result, self.out)

@@ -1,11 +1,12 @@
-"""A/B measurement of a tuned schedule against the top clock, for ``opdvfs tune`` (#21).
+"""A/B measurement of a tuned schedule against the top clock, for ``opdvfs tune``.
 
 Blocks of iterations alternate between the schedule and the top clock (ABBA); each block's first
 iteration is discarded (the switch). :func:`ab_block` sizes a block for the device's energy
 counter, :func:`ab_pairs` turns a round's iterations into paired t-intervals of slowdown and
-saving, :func:`choose_round` picks the round to apply by the saving's lower confidence bound, and
-:func:`applied_iterations` says which iterations a plan may switch in (for checking a log).
-Pure functions over the records of a run; the tuner (:mod:`opdvfs.experiments.tune`) drives them.
+saving (:func:`paired_interval`), and :func:`applied_iterations` says which iterations a plan may
+switch in (for checking a log). Pure functions over the records of a run
+(:mod:`opdvfs.tuner.result`); the loop (:mod:`opdvfs.tuner.loop`) drives them, and which round
+applies is the policy's (:func:`opdvfs.tuner.policy.choose_round`).
 """
 
 from __future__ import annotations
@@ -13,28 +14,25 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from opdvfs.exceptions import ValidationError
 from opdvfs.models.attribution import sensor_iterations
-from opdvfs.runtime.tuning import Interval, paired_interval
+from opdvfs.schedule import Schedule
+from opdvfs.tuner.result import Interval, TuneIteration, TuneRound
 
 __all__ = [
     "BLOCK_COUNTER_UPDATES",
-    "CHOSEN_BY_LOW",
-    "CHOSEN_BY_MEAN",
-    "CHOSEN_BY_SLOWDOWN",
     "DEFAULT_BLOCK",
     "ABPairs",
-    "TuneIteration",
-    "TuneRound",
+    "Block",
     "ab_block",
     "ab_pairs",
+    "abba_blocks",
     "applied_iterations",
-    "applies",
-    "choose_round",
+    "measured_round",
+    "paired_interval",
 ]
 
 #: Iterations per A/B block (the first discarded) where the energy counter is exact (a simulated
@@ -72,42 +70,26 @@ def ab_block(iteration_s: float | None, counter_s: float | None) -> int:
 
 
 @dataclass
-class TuneIteration:
-    """One iteration of a tuning run: its phase, the clock last requested, its time and energy.
+class Block:
+    """One A/B block of a round: its kind, the iterations still to run in it, its pair."""
 
-    ``time_s`` and ``energy_j`` are on the device's clock and counter (a simulated GPU's
-    virtual time; a real GPU's wall time after a synchronise and its energy counter; None
-    where the device has no counter). ``round`` is the A/B round it measured, if any.
+    kind: Literal["reference", "tuned"]
+    left: int  # iterations still to run in it (its first one discarded)
+    pair: int
+
+
+def abba_blocks(pairs: int, block: int) -> list[Block]:
+    """Return a round's blocks in the order they run: reference first in even pairs (ABBA).
+
+    A linear drift such as a warming die then cancels over two pairs.
     """
-
-    iteration: int
-    phase: str
-    freq_mhz: float | None
-    time_s: float
-    energy_j: float | None
-    round: int | None = None
-    #: Under torchrun: this rank's own time and energy (``time_s``/``energy_j`` are the job's).
-    rank_time_s: float | None = None
-    rank_energy_j: float | None = None
-
-
-@dataclass
-class TuneRound:
-    """One planned schedule and what its A/B blocks measured against the top clock.
-
-    ``slowdown`` and ``saving`` are paired intervals over the block pairs (tuned over
-    reference time minus 1; 1 minus tuned over reference energy). ``dropped``: tuned
-    iterations left out because the time-triggered executor fell back to the top clock in them.
-    """
-
-    budget: float
-    stages: int
-    predicted_slowdown: float | None
-    predicted_saving: float | None
-    slowdown: Interval
-    saving: Interval | None
-    pairs: int
-    dropped: int = 0
+    blocks: list[Block] = []
+    for pair in range(pairs):
+        kinds: tuple[Literal["reference", "tuned"], ...] = (
+            ("reference", "tuned") if pair % 2 == 0 else ("tuned", "reference")
+        )
+        blocks += [Block(kind, block, pair) for kind in kinds]
+    return blocks
 
 
 @dataclass(frozen=True)
@@ -126,7 +108,7 @@ def ab_pairs(rows: Sequence[TuneIteration], *, drop: Collection[int] = ()) -> AB
     A block starts at a ``switch`` iteration (discarded) and goes on through the ``reference``
     or ``tuned`` iterations after it; blocks pair in their order (1 with 2, 3 with 4, ...).
     Each pair gives one ratio of mean time (tuned over reference) and of mean energy, and the
-    intervals are :func:`~opdvfs.runtime.tuning.paired_interval` of ``ratio - 1`` (slowdown)
+    intervals are :func:`paired_interval` of ``ratio - 1`` (slowdown)
     and ``1 - ratio`` (saving) over the pairs. ``drop``: iterations whose tuned rows are left
     out (those the executor fell back in); a pair with an empty side is skipped.
     """
@@ -166,16 +148,36 @@ def ab_pairs(rows: Sequence[TuneIteration], *, drop: Collection[int] = ()) -> AB
     return ABPairs(slowdown, saving, len(ratios_t), dropped)
 
 
-#: How :func:`choose_round` chose (the result's ``chosen_by``).
-CHOSEN_BY_LOW = (
-    "the highest lower bound of the energy saving's 95% interval among the rounds whose "
-    "measured slowdown is within the target"
-)
-CHOSEN_BY_MEAN = (
-    "the highest mean energy saving among the rounds whose measured slowdown is within the "
-    "target (fewer than 2 pairs: no interval)"
-)
-CHOSEN_BY_SLOWDOWN = "the least measured slowdown (no round within the target)"
+def measured_round(
+    schedule: Schedule, rows: Sequence[TuneIteration], *, drop: Collection[int] = ()
+) -> TuneRound:
+    """Return the round ``schedule``'s A/B iterations ``rows`` measured (:func:`ab_pairs`).
+
+    Beside the measured intervals, what the plan predicted (its slowdown and saving against
+    the top clock, where the planner gave both figures).
+    """
+    ab = ab_pairs(rows, drop=drop)
+    s = schedule
+    pred_slow = (
+        s.predicted_time_s / s.baseline_time_s - 1
+        if s.predicted_time_s and s.baseline_time_s
+        else None
+    )
+    pred_save = (
+        1 - s.predicted_energy_j / s.baseline_energy_j
+        if s.predicted_energy_j and s.baseline_energy_j
+        else None
+    )
+    return TuneRound(
+        s.target or 0.0,
+        len(s.stages),
+        pred_slow,
+        pred_save,
+        ab.slowdown,
+        ab.saving,
+        ab.pairs,
+        ab.dropped,
+    )
 
 
 def applied_iterations(rows: Sequence[dict[str, Any]]) -> set[int]:
@@ -198,53 +200,20 @@ def applied_iterations(rows: Sequence[dict[str, Any]]) -> set[int]:
     return applied
 
 
-def choose_round(rounds: Sequence[TuneRound], target: float) -> tuple[int, bool, str]:
-    """Return the round to apply for the rest of the run, whether it met the target, and why.
+def paired_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
+    """Return the mean of paired differences and its t-interval (``mean +- t * s / sqrt(n)``).
 
-    Among the rounds whose mean measured slowdown is within ``target``, the one whose saving
-    has the highest lower confidence bound: over a few rounds of a few pairs the highest
-    *mean* is mostly the luckiest draw (the winner's curse: on an H200 with the clocks never
-    changed, a null contrast, it picked a round measuring 5.91% [-19.21%, 31.04%] over one
-    measuring 0.53% [-0.86%, 1.92%]). Ties, and rounds without an interval (1 pair), go by the
-    mean. No round within the target: the least measured slowdown. The rounds within the
-    target are those :func:`~opdvfs.runtime.tuning.fit_budget` counts, so ``met`` is its.
-
-    Raises
-    ------
-    ValidationError
-        If ``rounds`` is empty.
+    ``values``: one per A/B pair (e.g. tuned/reference ratio minus 1). The interval is the
+    one-sample Student-t interval of the mean (n - 1 degrees of freedom).
     """
-    if not rounds:
-        raise ValidationError("no round was measured", field="rounds")
+    from scipy import stats
 
-    def finite(value: float | None) -> float:
-        return value if value is not None and math.isfinite(value) else -math.inf
-
-    within = [i for i, r in enumerate(rounds) if r.slowdown.mean <= target]
-    if not within:
-        index = min(range(len(rounds)), key=lambda i: -finite(-rounds[i].slowdown.mean))
-        return index, False, CHOSEN_BY_SLOWDOWN
-
-    def key(i: int) -> tuple[float, float]:
-        saving = rounds[i].saving
-        if saving is None:
-            return -math.inf, -math.inf
-        return finite(saving.low), finite(saving.mean)
-
-    index = max(within, key=key)  # the first of equals
-    bounded = any(math.isfinite(key(i)[0]) for i in within)
-    return index, True, CHOSEN_BY_LOW if bounded else CHOSEN_BY_MEAN
-
-
-def applies(chosen: TuneRound, met: bool) -> bool:
-    """Whether the chosen round's schedule should run for the rest of the job.
-
-    Only a schedule that measured a saving: its mean saving above 0 (within the target, or,
-    with no round within it, the least slowdown). Within the target with no energy measured,
-    it applies on the models' word. A round that measured more energy than the top clock never
-    applies: a user's own small MLP on sim:h100-like met the target and measured -0.06%
-    [-0.09%, -0.02%], and was applied for the rest of the run.
-    """
-    if chosen.saving is None or chosen.saving.n == 0:
-        return met
-    return chosen.saving.mean > 0
+    x = np.asarray(values, dtype=float)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return Interval(math.nan, math.nan, math.nan, 0, confidence)
+    mean = float(x.mean())
+    if x.size < 2:
+        return Interval(mean, math.nan, math.nan, 1, confidence)
+    half = float(stats.t.ppf(0.5 + confidence / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+    return Interval(mean, mean - half, mean + half, int(x.size), confidence)

@@ -1,0 +1,143 @@
+"""``opdvfs.tune``: the closed loop around a block of the user's code; the one way to build it.
+
+``with opdvfs.tune(target=0.02): train()`` and ``opdvfs tune --target 0.02 -- python train.py``
+build their :class:`~opdvfs.tuner.loop.Tuner` here, with the same defaults: the actuator by name
+(:func:`~opdvfs.runtime.actuators.make_actuator`), the cache of measured schedules
+(:class:`~opdvfs.tuner.cache.TuneCache`), one actuator log per rank under torchrun.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import opdvfs.tuner.policy as policy
+from opdvfs.schedule import Objective
+from opdvfs.tuner.cache import TuneCache
+from opdvfs.tuner.loop import Tuner
+from opdvfs.tuner.report import write_tune
+from opdvfs.tuner.result import TuneResult
+
+__all__ = ["ClockChoice", "tune"]
+
+#: The clocks to profile: ``"auto"``, a list (MHz), or a function of the device's clocks that
+#: returns the list (e.g. the command line's ``min,mid,max`` words resolved on the device).
+ClockChoice = str | Sequence[float] | Callable[[Sequence[float]], Sequence[float]]
+
+
+def rank_log(log: str | os.PathLike[str] | None) -> tuple[str | None, dict[str, Any]]:
+    """Return this rank's actuator log (``calls.rank1.jsonl`` under torchrun) and its header."""
+    header: dict[str, Any] = {}
+    if log is None or int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return (None if log is None else str(log)), header
+    rank = int(os.environ.get("RANK", "0") or 0)
+    header["rank"] = rank
+    path = Path(log)
+    return str(path.with_name(f"{path.stem}.rank{rank}{path.suffix}")), header
+
+
+class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
+    """Tune the training run inside the block: ``with opdvfs.tune(target=0.02): train()``.
+
+    The loop of :mod:`opdvfs.tuner` on the code the block runs (its optimizer steps end the
+    iterations), through ``actuator`` (``"nvml"``, ``"zeusd"``, ``"sim:PRESET"``,
+    ``"dry-run"`` with ``device``); the files of :func:`~opdvfs.tuner.report.write_tune` go to
+    ``out`` when given; ``options`` go to :class:`~opdvfs.tuner.loop.Tuner` (``block``,
+    ``pairs``, ``rounds``, ``interval_ms``). The clock is restored however the block ends.
+    After the block, :attr:`result` holds what was measured.
+
+    Parameters
+    ----------
+    target
+        Allowed measured slowdown (0.02 = 2%).
+    actuator
+        The actuator's name (:func:`~opdvfs.runtime.actuators.make_actuator`).
+    clocks
+        The clocks to profile (:data:`ClockChoice`; ``"auto"``:
+        :func:`~opdvfs.tuner.policy.profile_clocks`).
+    out
+        Folder for the files, written by rank 0 after the block (None: none written).
+    warmup, iterations_per_clock
+        As :class:`~opdvfs.runtime.sweep.ClockSweep`.
+    work_scale, device
+        As :func:`~opdvfs.runtime.actuators.make_actuator` (a simulated GPU's work scale; a
+        dry run's device preset).
+    objective
+        As ``opdvfs plan``.
+    cache
+        Read and write the cache of measured schedules (``$OPDVFS_CACHE_DIR``).
+    log
+        JSON lines of the actuator's calls (appended); under torchrun one file per rank
+        (``calls.rank1.jsonl``).
+    on_iteration
+        Called after each iteration with :meth:`Tuner.status` (a progress display).
+    """
+
+    def __init__(
+        self,
+        target: float = 0.02,
+        *,
+        actuator: str = "nvml",
+        clocks: ClockChoice = "auto",
+        out: str | os.PathLike[str] | None = None,
+        warmup: int = 2,
+        iterations_per_clock: int | None = None,
+        work_scale: float | None = None,
+        device: str | None = None,
+        objective: Objective = policy.OBJECTIVE,
+        cache: bool = True,
+        log: str | os.PathLike[str] | None = None,
+        on_iteration: Callable[[dict[str, Any]], None] | None = None,
+        **options: Any,
+    ) -> None:
+        from opdvfs.runtime.actuators import make_actuator
+
+        log_path, header = rank_log(log)
+        header = {"command": "tune", "actuator": actuator, "target": target, **header}
+        act = make_actuator(
+            actuator, device=device, log=log_path, header=header, work_scale=work_scale
+        )
+        try:
+            chosen: Any = clocks
+            if callable(clocks):
+                chosen = list(clocks(act.supported_freqs_mhz()))
+            elif not isinstance(clocks, str):
+                chosen = [float(f) for f in clocks]
+            self.tuner = Tuner(
+                act,
+                target=target,
+                clocks=chosen,
+                warmup=warmup,
+                iterations_per_clock=iterations_per_clock,
+                objective=objective,
+                cache=TuneCache() if cache else None,
+                on_iteration=on_iteration,
+                label=actuator,
+                **options,
+            )
+        except BaseException:
+            act.close()
+            raise
+        self.out = out
+
+    @property
+    def result(self) -> TuneResult:
+        """What the run measured (complete after the block)."""
+        return self.tuner.result
+
+    def __enter__(self) -> tune:
+        """Start tuning (the top clock locked for the warm-up)."""
+        self.tuner.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Restore the clock, then write the files (when ``out`` was given; rank 0 only).
+
+        Nothing is written when the block ended before the clock sweep was done (the result's
+        error says how many iterations it needs).
+        """
+        self.tuner.__exit__(*exc)
+        if self.out is not None and self.tuner.rank == 0 and not self.tuner.sweep_unfinished:
+            write_tune(self.tuner.result, self.out)

@@ -1,0 +1,587 @@
+"""The closed loop's phase machine: :class:`Tuner`, entered around the user's program.
+
+One run of the user's unchanged script goes through these phases, each between two of its
+iterations (an iteration ends at an optimizer step; :mod:`opdvfs.tuner` has the whole story):
+**warm-up** at the top clock, which identifies the job for the cache
+(:func:`~opdvfs.tuner.cache.cache_key`; a cached schedule applies at once, phase ``steady``);
+**profiling** at a few clocks (the sweep of :mod:`opdvfs.runtime.sweep`); **planning** in a
+background thread while the program trains at the top clock (:mod:`opdvfs.tuner.planning`);
+**A/B measurement** of each plan in blocks alternating with top-clock blocks
+(:mod:`opdvfs.tuner.ab`); **re-plan** at another budget when the measured slowdown misses the
+target; **steady**: the chosen round applies for the rest of the run. Every choice among these
+is the policy's (:mod:`opdvfs.tuner.policy`); how the program is reached, timed and applied to
+is the drive's, chosen once (:mod:`opdvfs.tuner.drive`: a simulated GPU or a device); under
+torchrun rank 0 leads and the others follow (:mod:`opdvfs.tuner.ranks`).
+
+A failure of the tuner's own never reaches the program: it becomes the result's error and the
+program trains on at the top clock. Every exit path ends with exactly one restore of the clock
+(:class:`~opdvfs.runtime.actuators.ClockGuard`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from typing import Any, Literal
+
+import numpy as np
+
+import opdvfs.tuner.policy as policy
+from opdvfs.exceptions import ValidationError
+from opdvfs.runtime.actuators import Actuator, ClockGuard
+from opdvfs.schedule import Objective, Schedule
+from opdvfs.tuner.ab import DEFAULT_BLOCK, abba_blocks, measured_round
+from opdvfs.tuner.cache import TuneCache, cache_key
+from opdvfs.tuner.drive import make_drive
+from opdvfs.tuner.planning import PlanningThread, RoundToMeasure
+from opdvfs.tuner.ranks import Decision, Measurement, Ranks
+from opdvfs.tuner.result import TuneIteration, TuneResult
+
+__all__ = ["Tuner"]
+
+
+class Tuner:
+    """Tune a running program's clocks (see :mod:`opdvfs.tuner`): enter it around the program.
+
+    Build it through :class:`opdvfs.tune` (Python) or ``opdvfs tune`` (the command), which
+    choose the actuator and the cache; build it directly to hand it an actuator of your own.
+
+    Parameters
+    ----------
+    actuator
+        A :class:`~opdvfs.runtime.actuators.SimGpuActuator` (the program runs on the simulated
+        GPU) or a real device's (NVML, zeusd: traced with torch.profiler and NVML during the
+        sweep; the plans applied by time) or a dry run (clocks only recorded: measuring the GPU
+        through its NVML ``meter`` like a real device, or without one the CPU's op times and
+        no energy counter, so nothing to plan on: the run ends in the planning phase with an
+        error in the result). Entered and closed here.
+    target
+        Allowed measured slowdown (0.02 = 2%).
+    clocks
+        Clocks to profile (MHz), or ``"auto"`` (:func:`~opdvfs.tuner.policy.profile_clocks`).
+    warmup, iterations_per_clock
+        As :class:`~opdvfs.runtime.sweep.ClockSweep`.
+    block
+        Iterations per A/B block (its first one discarded: >= 2); None: sized when the sweep
+        ends (:func:`~opdvfs.tuner.policy.block_size`).
+    pairs
+        Reference/tuned block pairs per round (>= 2 for an interval).
+    rounds
+        Most plans :func:`~opdvfs.tuner.policy.fit_budget` measures.
+    objective, interval_ms
+        As ``opdvfs plan``.
+    cache
+        Where measured schedules are kept (None: no cache).
+    on_iteration
+        Called after each iteration with :meth:`status` (a progress display).
+    label
+        The actuator's name in the result (default: its kind).
+    """
+
+    def __init__(
+        self,
+        actuator: Actuator,
+        *,
+        target: float,
+        clocks: Sequence[float] | Literal["auto"] = "auto",
+        warmup: int = 2,
+        iterations_per_clock: int | None = None,
+        block: int | None = None,
+        pairs: int = 3,
+        rounds: int = 3,
+        objective: Objective = policy.OBJECTIVE,
+        interval_ms: float = policy.INTERVAL_MS,
+        cache: TuneCache | None = None,
+        on_iteration: Callable[[dict[str, Any]], None] | None = None,
+        label: str | None = None,
+    ) -> None:
+        if not target > 0:
+            raise ValidationError(f"target {target}: expected a slowdown > 0", field="target")
+        if block is not None and block < 2:
+            raise ValidationError(f"block {block}: expected at least 2", field="block")
+        if pairs < 1:
+            raise ValidationError(f"pairs {pairs}: expected at least 1", field="pairs")
+        if warmup < 1:
+            raise ValidationError(f"warmup {warmup}: expected at least 1", field="warmup")
+        self.actuator = actuator
+        self.target, self.pairs = target, pairs
+        #: Iterations per A/B block; None: sized when the sweep ends (:meth:`_sweep_done`).
+        self.block_given = block
+        self.block = block if block is not None else DEFAULT_BLOCK
+        self.cache = cache
+        self.on_iteration = on_iteration
+        chosen = policy.profile_clocks(actuator.supported_freqs_mhz(), clocks)
+        for f in chosen:
+            actuator.check_freq_mhz(float(f))
+        self.kind = label or actuator.kind
+        self.warmup = warmup
+        self.op_names: list[str] = []
+        self._stack = ExitStack()
+        try:
+            #: How the loop reaches the program: a simulated GPU or a device, chosen once.
+            self.drive = make_drive(actuator, self, stack=self._stack)
+            self.sweep = self.drive.make_sweep(
+                chosen,
+                warmup=warmup,
+                iterations_per_clock=iterations_per_clock,
+                on_done=self._sweep_done,
+            )
+        except BaseException:
+            self._stack.close()
+            raise
+        self.top_mhz = self.drive.top_mhz
+        self.executor = self.drive.executor
+        self.guard = ClockGuard(actuator, before_restore=self.drive.halt)
+        self.sweep.optimizer_steps = False  # driven from the executor's iteration ends
+        self.phase: str = "warmup"
+        self.result = TuneResult(
+            target, self.kind, self.drive.device, self.sweep.freqs_mhz, iterations=[], pairs=pairs
+        )
+        self.planning = PlanningThread(
+            self.result,
+            target=target,
+            rounds=rounds,
+            objective=objective,
+            interval_ms=interval_ms,
+            blocks=lambda: abba_blocks(self.pairs, self.block),
+            cache=lambda: self.cache,
+            kind=self.kind,
+        )
+        self.ranks = Ranks()
+        self._last_end_s = 0.0
+        self._last_energy_j: float | None = None
+        self._measurement: RoundToMeasure | None = None
+        self._followed: Schedule | None = None
+
+    @property
+    def rank(self) -> int:
+        """Return this process's rank in the job (0 without a process group)."""
+        return self.ranks.rank
+
+    @property
+    def n_launches(self) -> int | None:
+        """Operators the executor counted in the last warm-up or profiled iteration."""
+        return self.drive.n_launches
+
+    def _energy_j(self) -> float | None:
+        try:
+            energy = self.actuator.read_energy_j()
+        except Exception:  # a failed read leaves a gap
+            return None
+        return None if energy is None else float(energy)
+
+    # ------------------------------------------------------------------------- entering
+    def __enter__(self) -> Tuner:
+        """Enter the actuator, its guard, the executor and the sweep (top clock locked)."""
+        stack = self._stack
+        # the planner's rounds need scipy.stats (their t-intervals): imported before the first
+        # iteration, not in the planning phase, where its load (0.5 s on an H200's host, 2.4 s
+        # on a loaded CPU) kept the job at the top clock for iterations that planned nothing
+        importlib.import_module("scipy.stats")
+        try:
+            stack.enter_context(self.actuator)
+            stack.enter_context(self.guard)
+            stack.callback(self.planning.stop)  # before the guard restores: no switch after it
+            self.drive.enter(stack)
+            stack.enter_context(self.sweep)
+            self._last_end_s = self.drive.now_s()
+            self._last_energy_j = self._energy_j()
+        except BaseException:
+            stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Stop the planning thread, leave the executor, restore the clock once."""
+        self._stack.close()
+        self.result.timeline = self.drive.timeline(self.result.iterations)
+        if self.result.error is not None or self.result.schedule is not None:
+            return
+        if self.ranks.job is None and self.ranks.waits_for_group():
+            self.result.error = (
+                f"rank {self.rank}: the script never created a process group, so this rank "
+                "could not follow rank 0's tuning: it ran at the top clock"
+            )
+            return
+        if self.phase in ("warmup", "profiling"):
+            self.result.error = self.sweep_incomplete()
+        elif self.phase != "top" and not (self.phase == "steady" and self.ranks.job is not None):
+            # (a rank whose operators are not rank 0's runs the steady phase at the top clock)
+            self.result.error = (
+                f"the script ended after {len(self.result.iterations)} iterations, while "
+                f"tuning was {self.phase} (round {len(self.result.rounds) + 1}): no schedule "
+                "was chosen; run it longer"
+            )
+
+    @property
+    def sweep_unfinished(self) -> bool:
+        """Whether the run ended before its clock sweep was done: no profile, nothing to write.
+
+        (A run from the cache skips the sweep: it is not unfinished.)
+        """
+        return self.phase in ("warmup", "profiling") and self.result.schedule is None
+
+    def sweep_incomplete(self) -> str:
+        """One line: the iterations the script had and those the sweep needs."""
+        done = len(self.result.iterations)
+        return (
+            f"the script ended after {done} iterations, before tuning was done: profiling "
+            f"alone needs {self.sweep.needed_iterations()} ({self.warmup} warm-up, "
+            f"{self.sweep.per_clock or '?'} per clock at {len(self.sweep.freqs_mhz)} clocks and "
+            "those a switch discards); run it longer or lower --iterations-per-clock"
+        )
+
+    # ------------------------------------------------------------------------- per iteration
+    def recording(self, iteration: int) -> bool:
+        """Whether the operators of ``iteration`` make the cache key (the last warm-up one)."""
+        return iteration == self.warmup - 1 and self.result.cache_key is None
+
+    def iteration_ended(self, iteration: int, n_ops: int) -> None:
+        """Record the iteration that ended and move the run on (the executor's hook).
+
+        A failure of the tuner's own never reaches the program: it is the result's error,
+        and the program trains on at the top clock. Under torchrun every rank calls this at
+        the same iteration end: the job's time and energy are reduced, rank 0 moves the run
+        on and the others follow what it broadcasts (:mod:`opdvfs.tuner.ranks`).
+        """
+        try:
+            self._iteration_end(iteration, n_ops)
+        finally:
+            try:
+                self.drive.iteration_done()
+            except Exception as exc:
+                self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.result.error = f"tuning stopped: {type(exc).__name__}: {exc}"
+        self._stop_tuning()
+
+    def _iteration_end(self, iteration: int, n_ops: int) -> None:
+        ranks = self.ranks
+        if ranks.join():
+            self.result.world_size = ranks.job.world_size  # type: ignore[union-attr]
+            if ranks.rank != 0:
+                self.cache = None  # rank 0 alone reads and writes it
+                self.drive.follower()  # rank 0's sweep is the one profiled
+        job = ranks.job
+        measured = self._measure_iteration()
+        if job is not None:
+            try:
+                measured, same = ranks.measure(
+                    job,
+                    iteration,
+                    measured,
+                    abandoned=self.executor.abandoned,
+                    op_names=self.op_names,
+                    compare_at=self.warmup - 1,
+                )
+                if same is not None:
+                    self.result.same_sequence = same
+            except Exception as exc:
+                self._lost_job(exc)
+                job = None
+        if job is not None and not job.leader:
+            try:
+                self._follow(job, iteration, n_ops, measured)
+            except Exception as exc:
+                self._lost_job(exc)
+            self._report()
+            return
+        if job is None and ranks.waits_for_group():
+            self.result.iterations.append(
+                TuneIteration(iteration, self.phase, None, measured[0], measured[1])
+            )
+            return
+        try:
+            self._iteration_ended(iteration, n_ops, measured)
+        except Exception as exc:
+            self._fail(exc)
+        if job is not None:
+            try:
+                self._lead(job, iteration)
+            except Exception as exc:
+                self._lost_job(exc)
+        self._report()
+
+    def _measure_iteration(self) -> Measurement:
+        """Return this iteration's time and energy on this device (job-wide: see ranks)."""
+        now = self.drive.now_s()
+        energy = self._energy_j()
+        used_j = (
+            energy - self._last_energy_j
+            if energy is not None and self._last_energy_j is not None
+            else None
+        )
+        time_s = now - self._last_end_s
+        self._last_end_s, self._last_energy_j = now, energy
+        return time_s, used_j, None, None
+
+    # ------------------------------------------------------------------------- torchrun
+    def _lost_job(self, exc: BaseException) -> None:
+        self.result.error = self.ranks.lose(exc)
+        self._stop_tuning()
+
+    def _lead(self, job: Any, iteration: int) -> None:
+        """Rank 0: send what this iteration end decided (phase, clock, schedule) to the others."""
+        record = self.result.iterations[-1]
+        this = record.iteration == iteration
+        sweeping = self.phase in ("warmup", "profiling") and not self.sweep.done
+        self.ranks.lead(
+            job,
+            Decision(
+                iteration=iteration,
+                phase=record.phase if this else self.phase,
+                round=record.round if this else None,
+                next=self.phase,
+                freq_mhz=None,
+                schedule=self.drive.applied_schedule(),
+                error=self.result.error,
+                cache_key=self.result.cache_key,
+                cache_hit=self.result.cache_hit,
+            ),
+            top_mhz=self.top_mhz,
+            sweeping_mhz=self.sweep.set_mhz if sweeping else None,
+        )
+
+    def _follow(self, job: Any, iteration: int, n_ops: int, measured: Measurement) -> None:
+        """Take rank 0's decision for this iteration end, and apply it (the other ranks)."""
+        self.drive.n_launches = n_ops  # (if the ranks lose each other: the top clock by operator)
+        d = self.ranks.follow(job, iteration)
+        self.result.iterations.append(
+            TuneIteration(
+                iteration,
+                d.phase,
+                self.actuator.current_mhz,
+                measured[0],
+                measured[1],
+                d.round,
+                measured[2],
+                measured[3],
+            )
+        )
+        if job.follows_plan:
+            if d.schedule is not None:
+                self._followed = d.schedule
+                self.drive.apply(d.schedule)
+            elif d.freq_mhz is not None:
+                self.drive.follow_clock(iteration, float(d.freq_mhz))
+        self.phase = d.next
+        self.result.error = self.result.error or d.error
+        self.result.cache_key, self.result.cache_hit = d.cache_key, d.cache_hit
+        if self.phase == "steady" and job.follows_plan:
+            self.result.schedule = self._followed
+
+    # ------------------------------------------------------------------------- the phases
+    def _stop_tuning(self) -> None:
+        self._measurement = None
+        self.planning.aborted.set()
+        self.drive.to_top()
+        self.phase = "top"
+
+    def _iteration_ended(self, iteration: int, n_ops: int, measured: Measurement) -> None:
+        job = self._measurement
+        record = TuneIteration(
+            iteration,
+            self.phase,
+            self.actuator.current_mhz,
+            measured[0],
+            measured[1],
+            job.round if job is not None else None,
+            measured[2],
+            measured[3],
+        )
+        self.result.iterations.append(record)
+        if self.phase == "top":
+            return
+        abandoned = self.executor.abandoned or self.ranks.peer_abandoned
+        if abandoned and self.phase in ("switch", "reference", "tuned", "steady"):
+            where = self.executor.first_divergence if self.executor.abandoned else "on another rank"
+            self.result.error = (
+                f"the program's operators changed ({where}): the "
+                "schedule was abandoned and the run went on at the top clock"
+            )
+            self._stop_tuning()
+            return
+        if self.phase == "warmup" and iteration == self.warmup - 1:
+            self.drive.n_launches = n_ops
+            if self._from_cache():
+                return
+        if self.phase in ("warmup", "profiling"):
+            # the operators per iteration the plan maps onto: the last profiled iteration's
+            # (with --warmup 1 the first iteration, which often differs, is not the one)
+            self.drive.n_launches = n_ops
+            self.sweep.mark_iteration()
+            # the sweep may have dropped a clock's oldest counted iterations as unsteady
+            # (its window's temperature trend): their records follow
+            phases = {r.iteration: r.phase for r in self.sweep.records}
+            for row in reversed(self.result.iterations):
+                if row.iteration not in phases:
+                    break
+                row.phase = phases[row.iteration]
+            if not self.sweep.done:
+                self.phase = "warmup" if self.sweep.iteration_s is None else "profiling"
+            return
+        if self.phase == "planning":
+            self.drive.pace_planning(self.planning.ready.wait)
+        if job is not None:
+            self._advance_block(job)
+        elif self.planning.waiting:
+            self._start_measurement()
+        elif self.planning.finished.is_set() and self.phase == "planning":
+            steady = self.planning.steady
+            if steady is not None:
+                self._go_steady(steady)
+            else:
+                self._stop_tuning()
+
+    def _report(self) -> None:
+        if self.on_iteration is not None:
+            with contextlib.suppress(Exception):  # a display never breaks the run
+                self.on_iteration(self.status())
+
+    def status(self) -> dict[str, Any]:
+        """Return the run's state now: phase, clock, iterations left in the phase, saving."""
+        left: int | None = None
+        if self.phase in ("warmup", "profiling"):
+            # an estimate: discards for an unsteady temperature come on top of it
+            left = max(self.sweep.needed_iterations() - len(self.result.iterations), 1)
+        elif self._measurement is not None:
+            left = sum(b.left for b in self._measurement.blocks)
+        saving = None
+        for r in reversed(self.result.rounds):
+            if r.saving is not None:
+                saving = r.saving.mean
+                break
+        return {
+            "phase": self.phase,
+            "iteration": len(self.result.iterations),
+            "freq_mhz": self.actuator.current_mhz,
+            "left": left,
+            "round": len(self.result.rounds),
+            "saving": saving,
+        }
+
+    def _from_cache(self) -> bool:
+        if self.n_launches is None:
+            return False
+        ranks: dict[str, Any] = (
+            {"world_size": self.result.world_size} if self.result.world_size > 1 else {}
+        )
+        key = cache_key(
+            self.op_names,
+            target=self.target,
+            objective=self.planning.objective,
+            **self.drive.cache_identity(self.kind),
+            **ranks,
+        )
+        self.result.cache_key = key
+        hit = self.cache.get(key) if self.cache is not None else None
+        if hit is None:
+            return False
+        schedule, measured = hit
+        if not policy.cached_applies(
+            schedule,
+            by_time=self.drive.by_time,
+            n_launches=self.n_launches,
+            supported_mhz=self.actuator.supported_freqs_mhz(),
+        ):
+            return False
+        self.result.cache_hit = True
+        self.result.cached = measured
+        self.result.schedule = schedule
+        self.drive.apply(schedule)
+        self.phase = "steady"
+        return True
+
+    def _top_iteration_s(self) -> float | None:
+        """Return the top clock's iteration time (s): the median of its counted sweep iterations.
+
+        Else the last warm-up iteration's (which often runs slower than the steady ones).
+        """
+        times = [
+            r.end_s - r.start_s
+            for r in self.sweep.records
+            if r.phase == "counted" and r.freq_mhz == self.top_mhz
+        ]
+        return float(np.median(times)) if times else self.sweep.iteration_s
+
+    def _sweep_done(self) -> None:
+        """End the sweep (its last clock is done): train at the top clock, plan in a thread."""
+        counter_s = self.sweep.sensor_s[0] if self.sweep.sensor_s is not None else None
+        self.block, self.result.block_by = policy.block_size(
+            self.block_given,
+            exact_counter=self.drive.exact_counter,
+            counter_s=counter_s,
+            iteration_s=self._top_iteration_s() if counter_s is not None else None,
+        )
+        self.result.block = self.block
+        self.actuator.set_freq_mhz(self.top_mhz)
+        self.phase = "planning"
+        self.drive.planning_began()
+
+        def start(trace: Any) -> None:
+            self.planning.start(self.sweep, trace, self.drive.plan_launches())
+
+        def fail(error: str) -> None:
+            self.result.error = error
+
+        self.drive.after_sweep(start, fail)
+
+    # ------------------------------------------------------------------------- A/B
+    def _start_measurement(self) -> None:
+        job = self.planning.take()
+        if job is None:
+            return
+        if not self.drive.can_apply(job.schedule):
+            # a schedule of other operators than the executor counts cannot apply by operator
+            self.result.schedule = job.schedule
+            self.result.error = (
+                f"the schedule plans the trace's {job.schedule.n_ops} operators but the "
+                f"executor counts {self.n_launches} per iteration, so it cannot apply it by "
+                "operator: it was written, for `opdvfs run --trigger time`; the run went on at "
+                "the top clock"
+            )
+            self._stop_tuning()
+            return
+        self._measurement = job
+        self._enter_block()
+
+    def _enter_block(self) -> None:
+        job = self._measurement
+        assert job is not None
+        block = job.blocks[0]
+        if block.kind == "tuned":
+            self.drive.apply(job.schedule)
+        else:
+            self.drive.apply_top()
+        self.phase = "switch"
+
+    def _advance_block(self, job: RoundToMeasure) -> None:
+        block = job.blocks[0]
+        block.left -= 1
+        if block.left <= 0:
+            job.blocks.pop(0)
+            if job.blocks:
+                self._enter_block()
+                return
+            self._measurement = None
+            self._close_round(job)
+            return
+        self.phase = block.kind
+
+    def _close_round(self, job: RoundToMeasure) -> None:
+        rows = [it for it in self.result.iterations if it.round == job.round]
+        measured = measured_round(job.schedule, rows, drop=self.drive.fell_back())
+        self.result.rounds.append(measured)
+        job.measured = policy.Measured.of(measured)
+        # until the next plan or the result: the top clock
+        self.phase = "planning"
+        self.drive.planning_began()
+        self.drive.apply_top()
+        job.done.set()
+
+    def _go_steady(self, schedule: Schedule) -> None:
+        self.drive.apply(schedule)
+        self.phase = "steady"

@@ -1,0 +1,231 @@
+"""tune's planning thread: fit and plan while the program trains on, hand rounds to measure.
+
+After the sweep the program trains on at the top clock while :class:`PlanningThread` fits the
+models on the swept profile and plans, by the same functions ``opdvfs plan`` uses on a swept
+profile (:func:`~opdvfs.plan.on_profile.fit_profile`,
+:func:`~opdvfs.plan.on_profile.plan_fitted`). Each plan is measured by the training thread:
+:func:`~opdvfs.tuner.policy.fit_budget`'s ``measure`` hands a :class:`RoundToMeasure` over (its
+A/B blocks, :func:`~opdvfs.tuner.ab.abba_blocks`) and waits until the training thread has run
+them and closed the round. When the budget loop ends, the policy chooses the round that applies
+for the rest of the run (:func:`~opdvfs.tuner.policy.choose_round`,
+:func:`~opdvfs.tuner.policy.applies`), and the choice goes into the cache.
+
+Threading: the two threads share only this object's events, its lock-guarded hand-over
+(:meth:`PlanningThread.take`) and the run's result, which the planning thread writes before it
+sets :attr:`~PlanningThread.finished`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+from opdvfs.exceptions import OpdvfsError
+from opdvfs.plan.on_profile import fit_profile, plan_fitted
+from opdvfs.schedule import Objective, Schedule
+from opdvfs.tuner.ab import Block
+from opdvfs.tuner.cache import TuneCache
+from opdvfs.tuner.policy import BudgetFit, Measured, applies, choose_round, fit_budget
+from opdvfs.tuner.result import TuneResult
+
+if TYPE_CHECKING:
+    from opdvfs.runtime.profiling import Traced
+
+__all__ = ["PlanningThread", "RoundToMeasure"]
+
+
+# ----------------------------------------------------------------------------- the thread
+class Aborted(Exception):
+    """The run ended before a measurement the planning thread waits for."""
+
+
+@dataclass
+class RoundToMeasure:
+    """A plan handed to the training thread: its A/B blocks, and what they measured."""
+
+    schedule: Schedule
+    round: int
+    blocks: list[Block]
+    done: threading.Event = field(default_factory=threading.Event)
+    measured: Measured | None = None
+
+
+class PlanningThread:
+    """Fit, plan and re-plan in a background thread; the training thread measures each plan.
+
+    Parameters
+    ----------
+    result
+        The run's result: the thread writes the profile, models, planning time, the rounds'
+        choice and any error into it.
+    target, rounds, objective, interval_ms
+        As :class:`~opdvfs.tuner.loop.Tuner`.
+    blocks
+        Returns the A/B blocks of the next round (the block length is known after the sweep).
+    cache, cache_key
+        Where the chosen schedule is kept (None: nowhere); the key is read when it is written.
+    kind
+        The actuator's name, for the error when its profile has no power.
+    """
+
+    def __init__(
+        self,
+        result: TuneResult,
+        *,
+        target: float,
+        rounds: int,
+        objective: Objective,
+        interval_ms: float,
+        blocks: Callable[[], list[Block]],
+        cache: Callable[[], TuneCache | None],
+        kind: str,
+    ) -> None:
+        self.result = result
+        self.target, self.rounds = target, rounds
+        self.objective: Objective = objective
+        self.interval_ms = interval_ms
+        self._blocks = blocks
+        self._cache = cache
+        self.kind = kind
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._pending: RoundToMeasure | None = None
+        self._rounds_started = 0
+        self._steady: Schedule | None = None
+        #: Set when the run ended: a waiting ``measure`` gives up.
+        self.aborted = threading.Event()
+        #: Set once the thread has ended (planned, failed or aborted).
+        self.finished = threading.Event()
+        #: Set once the thread has a round for the training thread, or has ended.
+        self.ready = threading.Event()
+
+    # ------------------------------------------------------------------------- the training thread
+    def start(self, sweep: object, trace: Traced | None, n_launches: int | None) -> None:
+        """Start planning on ``sweep``'s profile (``trace``: a real device's, loaded here)."""
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(sweep, trace, n_launches),
+            name="opdvfs-tune-plan",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def take(self) -> RoundToMeasure | None:
+        """Return the round the thread waits to have measured, once (None: none waits)."""
+        with self._lock:
+            job, self._pending = self._pending, None
+            self.ready.clear()  # (set again when the thread has the next round)
+        return job
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a round waits to be measured."""
+        return self._pending is not None
+
+    @property
+    def steady(self) -> Schedule | None:
+        """The schedule chosen for the rest of the run (None: none, or not yet)."""
+        with self._lock:
+            return self._steady
+
+    def stop(self) -> None:
+        """End the thread: a waiting ``measure`` gives up (30 s at most)."""
+        self.aborted.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30.0)
+
+    # ------------------------------------------------------------------------- the thread
+    def _run(self, sweep: object, trace: Traced | None, n_launches: int | None) -> None:
+        """Profile, fit, then :func:`fit_budget` over measured rounds.
+
+        A real device's sweep trace is imported here (:meth:`Traced.load`), while the program
+        trains on at the top clock.
+        """
+        from opdvfs.runtime.sweep import sweep_profile
+
+        result = self.result
+        start = time.perf_counter()
+        try:
+            try:
+                measured = trace.load() if trace is not None else None
+            except Exception as exc:
+                result.error = f"the sweep's trace could not be read: {exc}"
+                return
+            profile = sweep_profile(sweep, measured)  # type: ignore[arg-type]
+            result.profile = profile
+            fitted = fit_profile(profile, objective=self.objective, n_launches=n_launches)
+            result.models = fitted.models
+
+            def plan_at(budget: float) -> Schedule:
+                t0 = time.perf_counter()
+                schedule = plan_fitted(
+                    fitted, target=budget, objective=self.objective, interval_ms=self.interval_ms
+                )
+                result.plan_seconds += time.perf_counter() - t0
+                return schedule
+
+            result.plan_seconds += time.perf_counter() - start
+            fit = fit_budget(plan_at, self._measure, target=self.target, rounds=self.rounds)
+        except Aborted:
+            return
+        except Exception as exc:  # the tuner's own failure never reaches the program
+            hint = ""
+            if result.profile is not None and result.profile.samples is None:
+                hint = (
+                    f" ({self.kind} measures no power: tune with nvml, zeusd or sim:PRESET, or "
+                    "dry-run without --device where NVML finds the GPU CUDA trains on)"
+                )
+            what = "" if isinstance(exc, OpdvfsError | ValueError) else f"{type(exc).__name__}: "
+            result.error = f"planning failed: {what}{exc}{hint}"
+        else:
+            self._finish(fit)
+        finally:
+            self.finished.set()
+            self.ready.set()
+
+    def _measure(self, schedule: Schedule) -> Measured:
+        """:func:`fit_budget`'s ``measure``: wait for the training thread's A/B blocks."""
+        job = RoundToMeasure(schedule, self._rounds_started, self._blocks())
+        self._rounds_started += 1
+        with self._lock:
+            self._pending = job
+            self.ready.set()
+        while not job.done.wait(0.05):
+            if self.aborted.is_set():
+                raise Aborted
+        assert job.measured is not None
+        return job.measured
+
+    def _finish(self, fit: BudgetFit) -> None:
+        """Apply the policy's choice among the measured rounds; keep it in the cache."""
+        result = self.result
+        # every measure closed one round, in fit_budget's order; the choice is the policy's
+        # (by the saving's lower bound, not fit_budget's mean)
+        assert len(result.rounds) == len(fit.rounds)
+        index, met, result.chosen_by = choose_round(result.rounds, self.target)
+        schedule = fit.rounds[index].schedule
+        result.best_round = index
+        result.met = met
+        chosen = result.rounds[index]
+        if applies(chosen, met):
+            result.schedule = schedule
+            with self._lock:
+                self._steady = schedule
+        cache = self._cache()
+        if cache is not None and result.cache_key and self._steady is not None:
+            try:
+                cache.put(
+                    result.cache_key,
+                    schedule,
+                    {
+                        "budget": chosen.budget,
+                        "slowdown": asdict(chosen.slowdown),
+                        "saving": asdict(chosen.saving) if chosen.saving else None,
+                    },
+                )
+            except OSError as exc:
+                warnings.warn(f"opdvfs: could not write the tune cache: {exc}", stacklevel=2)

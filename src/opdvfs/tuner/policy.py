@@ -1,0 +1,381 @@
+"""How ``opdvfs tune`` chooses: every decision the closed loop makes, in one file.
+
+The loop (:class:`~opdvfs.tuner.loop.Tuner`) runs the phases; what it runs them *with* is
+decided here, by pure functions over what the run has measured, so each decision can be
+tested on recorded rounds without training anything:
+
+- **which clocks to profile**: :func:`profile_clocks` (``auto``: :func:`auto_clocks`, the top,
+  two clocks just below it, the middle and the bottom of the device's range);
+- **what to plan for**: :data:`OBJECTIVE` and :data:`INTERVAL_MS` (the planner's objective and
+  shortest stage; :func:`~opdvfs.plan.planner.plan_schedule` raises the interval to the switch
+  latency itself);
+- **how long an A/B block is**: :func:`block_size` (enough counted iterations for the device's
+  energy counter, :func:`~opdvfs.tuner.ab.ab_block`);
+- **which budget to plan at next**: :func:`fit_budget` (and :func:`_next_budget`): the planner
+  keeps a plan within ``(1 + target)`` of the top-clock time *as its models predict it*.
+  Measured, the plan runs slower: the fitted models miss some of the device's physics (on the
+  simulated ``a100-like``, a GPT-3 plan at 2% measures +3.2% with operator-exact switches), a
+  switch landing inside an operator splits it, and a time-triggered switch lands where the
+  clock says, not where the operators are. :func:`fit_budget` corrects for all of it by
+  measurement: it plans at a budget ``b``, measures the slowdown ``s`` the plan really costs,
+  and moves ``b`` until ``s`` is at most the target (a few rounds; each is one plan and one
+  measured run). The planning and the measurement are the caller's
+  (:func:`~opdvfs.experiments.bench.twin_measure` runs a plan on the twin the way either
+  trigger mode applies it; A/B blocks of the real program serve as well);
+- **which round applies for the rest of the run**: :func:`choose_round` (the highest lower
+  bound of the saving's interval within the target) and :func:`applies` (only a measured
+  saving);
+- **whether a cached schedule applies**: :func:`cached_applies`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from opdvfs.exceptions import ValidationError
+from opdvfs.plan.on_profile import auto_clocks
+from opdvfs.schedule import Objective, Schedule
+from opdvfs.tuner.ab import BLOCK_COUNTER_UPDATES, DEFAULT_BLOCK, ab_block
+from opdvfs.tuner.result import TuneRound
+
+__all__ = [
+    "CHOSEN_BY_LOW",
+    "CHOSEN_BY_MEAN",
+    "CHOSEN_BY_SLOWDOWN",
+    "INTERVAL_MS",
+    "OBJECTIVE",
+    "BudgetFit",
+    "BudgetRound",
+    "Measured",
+    "applies",
+    "auto_clocks",
+    "block_size",
+    "cached_applies",
+    "choose_round",
+    "fit_budget",
+    "profile_clocks",
+]
+
+#: The planner's objective unless told otherwise (as ``opdvfs plan``).
+OBJECTIVE: Objective = "energy"
+#: The planner's shortest stage (ms) unless told otherwise; below the device's switch latency
+#: :func:`~opdvfs.plan.planner.plan_schedule` raises it to that.
+INTERVAL_MS = 20.0
+
+
+# ----------------------------------------------------------------------------- clocks
+def profile_clocks(
+    supported_mhz: Sequence[float], clocks: Sequence[float] | Literal["auto"] = "auto"
+) -> tuple[float, ...]:
+    """Return the clocks the sweep profiles (MHz): ``clocks`` as given, or :func:`auto_clocks`.
+
+    Checking them against the device is the actuator's (``check_freq_mhz``).
+    """
+    if isinstance(clocks, str):
+        if clocks != "auto":
+            raise ValidationError(f"clocks {clocks!r}: expected 'auto' or a list", field="clocks")
+        return auto_clocks(supported_mhz)
+    return tuple(clocks)
+
+
+# ----------------------------------------------------------------------------- A/B blocks
+def block_size(
+    given: int | None,
+    *,
+    exact_counter: bool,
+    counter_s: float | None,
+    iteration_s: float | None,
+) -> tuple[int, str]:
+    """Return the iterations per A/B block (its first discarded) and why that many.
+
+    ``given`` (``--block``) wins. A simulated GPU's energy counter is exact
+    (``exact_counter``) and a device without one (``counter_s`` None) has nothing to size by:
+    :data:`~opdvfs.tuner.ab.DEFAULT_BLOCK`. Otherwise the counted iterations span
+    :data:`~opdvfs.tuner.ab.BLOCK_COUNTER_UPDATES` updates of the counter at the top clock's
+    ``iteration_s`` (:func:`~opdvfs.tuner.ab.ab_block`).
+    """
+    if given is not None:
+        return given, "given (--block)"
+    if exact_counter:
+        return DEFAULT_BLOCK, "the simulated GPU's energy counter is exact"
+    if counter_s is None:
+        return DEFAULT_BLOCK, "no energy counter to size it by"
+    block = ab_block(iteration_s, counter_s)
+    why = (
+        f"{block - 1} counted iterations of {iteration_s:.4g} s at the top clock "
+        f"span >= {BLOCK_COUNTER_UPDATES} updates of the {counter_s * 1e3:g} ms "
+        "energy counter"
+        if iteration_s
+        else "no iteration time to size it by"
+    )
+    return block, why
+
+
+# ----------------------------------------------------------------------------- budgets
+@dataclass(frozen=True)
+class Measured:
+    """What a plan really cost, against the top clock measured the same way.
+
+    Attributes
+    ----------
+    slowdown
+        Measured iteration time over the top clock's, minus 1 (0.02: 2% slower).
+    saving
+        1 minus measured chip energy over the top clock's (0.05: 5% saved).
+    """
+
+    slowdown: float
+    saving: float
+
+    @classmethod
+    def of(cls, measured: TuneRound) -> Measured:
+        """Return what an A/B round measured, as the budget loop reads it: the two means.
+
+        A round without an energy reading saved nothing the loop can count (0).
+        """
+        saving = measured.saving.mean if measured.saving is not None else 0.0
+        return cls(slowdown=measured.slowdown.mean, saving=saving)
+
+
+@dataclass(frozen=True)
+class BudgetRound:
+    """One round of the loop: the budget planned at, the plan, what it measured."""
+
+    budget: float
+    schedule: Schedule
+    measured: Measured
+
+
+@dataclass(frozen=True)
+class BudgetFit:
+    """The outcome of :func:`fit_budget`.
+
+    Attributes
+    ----------
+    target
+        The slowdown the measured run must stay within.
+    rounds
+        Every round, in order.
+    best
+        The round to use: the largest measured saving among those within the target, else
+        (``met`` False) the one with the least measured slowdown.
+    met
+        Whether any round measured within the target.
+    """
+
+    target: float
+    rounds: tuple[BudgetRound, ...]
+    best: BudgetRound
+    met: bool
+
+    @property
+    def schedule(self) -> Schedule:
+        """The chosen round's plan."""
+        return self.best.schedule
+
+
+def fit_budget(
+    plan_at: Callable[[float], Schedule],
+    measure: Callable[[Schedule], Measured],
+    *,
+    target: float,
+    rounds: int = 6,
+    slack: float = 0.1,
+    start: float | None = None,
+) -> BudgetFit:
+    """Find the planning budget whose plan measures within ``target``: a small closed loop.
+
+    Round 1 plans at ``start`` (default: the target itself). The loop aims at the middle of
+    the window ``[target * (1 - slack), target]``: the measured slowdown is not a smooth
+    function of the budget (each plan is a different set of stages), so aiming at the
+    target's edge lands above it half the time. Round 2 assumes the measured slowdown moves
+    one for one with the budget (the overshoot is the models' error and the switches' cost,
+    about the same for nearby budgets); later rounds interpolate between the two measured
+    points nearest the aim, or, once the target is bracketed, between the largest budget
+    that measured within it and the smallest larger one that measured above it (halving
+    that bracket where the interpolation would repeat a budget). The loop stops when a
+    round measures within the window, when the next budget is one already planned, when its
+    plan is one already measured (the same stages at the same clocks: a plan saturated in the
+    budget, e.g. every memory-bound stage already at its lowest useful clock, would only be
+    measured again), or after ``rounds`` rounds.
+
+    Parameters
+    ----------
+    plan_at
+        Plans at a budget (a fraction: 0.02 = 2%); e.g. ``lambda b: plan_schedule(..., target=b)``.
+    measure
+        Runs a plan the way it will be applied and returns its :class:`Measured` cost.
+    target
+        The slowdown the measured run may cost (fraction, > 0).
+    rounds
+        Most plans to measure (>= 1).
+    slack
+        How far below the target a measured slowdown may stay and still end the loop (0.1:
+        within 10% of the target), since every point below it gives up saving.
+    start
+        The budget of round 1, when a cheaper measurement (the twin) has already found
+        one near the answer and the rounds now measure the real program.
+
+    Raises
+    ------
+    ValidationError
+        If ``target`` is not positive, ``rounds`` is less than 1 or ``start`` is negative.
+    """
+    if not target > 0:
+        raise ValidationError(f"target {target}: expected a slowdown > 0", field="target")
+    if rounds < 1:
+        raise ValidationError(f"rounds {rounds}: expected at least 1", field="rounds")
+    if start is not None and start < 0:
+        raise ValidationError(f"start {start}: expected a budget >= 0", field="start")
+    done: list[BudgetRound] = []
+    budget = target if start is None else start
+    for _ in range(rounds):
+        schedule = plan_at(budget)
+        if any(_same_plan(schedule, r.schedule) for r in done):
+            break  # measuring it again tells nothing new
+        done.append(BudgetRound(budget, schedule, measure(schedule)))
+        slowdown = done[-1].measured.slowdown
+        if target * (1 - slack) <= slowdown <= target:
+            break
+        following = _next_budget(done, target, aim=target * (1 - slack / 2))
+        if following is None:
+            break  # the loop would only repeat a plan it has measured
+        budget = following
+    within = [r for r in done if r.measured.slowdown <= target]
+    if within:
+        best = max(within, key=lambda r: r.measured.saving)
+    else:
+        best = min(done, key=lambda r: r.measured.slowdown)
+    return BudgetFit(target, tuple(done), best, bool(within))
+
+
+def _same_plan(a: Schedule, b: Schedule) -> bool:
+    """Whether two schedules run the same stages at the same clocks."""
+    return [(s.first_op, s.last_op, s.freq_mhz) for s in a.stages] == [
+        (s.first_op, s.last_op, s.freq_mhz) for s in b.stages
+    ]
+
+
+def _next_budget(done: list[BudgetRound], target: float, *, aim: float) -> float | None:
+    """Return the budget to plan at next from the rounds so far (>= 0), or None: stop."""
+
+    def fresh(budget: float) -> bool:
+        return all(abs(budget - r.budget) > 1e-4 * target for r in done)
+
+    below = [r for r in done if r.measured.slowdown <= target]
+    lo = max(below, key=lambda r: r.budget) if below else None
+    above = [
+        r for r in done if r.measured.slowdown > target and (lo is None or r.budget > lo.budget)
+    ]
+    hi = min(above, key=lambda r: r.budget) if above else None
+    if lo is not None and hi is not None:
+        # bracketed in budget: interpolate; the slowdown is not monotone in the budget (each
+        # plan is another set of stages), so where that repeats a plan, halve the bracket
+        ds = hi.measured.slowdown - lo.measured.slowdown
+        budget = lo.budget + (aim - lo.measured.slowdown) * (hi.budget - lo.budget) / ds
+        budget = min(max(budget, lo.budget), hi.budget)
+        if not fresh(budget):
+            budget = (lo.budget + hi.budget) / 2
+        return budget if fresh(budget) else None
+    # one side of the target: step from its edge (the smallest budget when every round ran
+    # over, the largest within it otherwise) along the secant to the round nearest it; a
+    # flat or inverted secant (noise, or the same plan twice) gives no slope: one for one
+    ordered = sorted(done, key=lambda r: r.budget, reverse=lo is not None)
+    edge = ordered[0]
+    slope = 1.0
+    if len(ordered) > 1:
+        ds = edge.measured.slowdown - ordered[1].measured.slowdown
+        db = edge.budget - ordered[1].budget
+        if db != 0 and ds / db > 0.2:
+            slope = ds / db
+    step = (aim - edge.measured.slowdown) / slope
+    for budget in (edge.budget + step, edge.budget + 2 * step):  # the same plan: go further
+        if budget >= 0 and fresh(budget):
+            return budget
+    return None
+
+
+# ----------------------------------------------------------------------------- the round
+#: How :func:`choose_round` chose (the result's ``chosen_by``).
+CHOSEN_BY_LOW = (
+    "the highest lower bound of the energy saving's 95% interval among the rounds whose "
+    "measured slowdown is within the target"
+)
+CHOSEN_BY_MEAN = (
+    "the highest mean energy saving among the rounds whose measured slowdown is within the "
+    "target (fewer than 2 pairs: no interval)"
+)
+CHOSEN_BY_SLOWDOWN = "the least measured slowdown (no round within the target)"
+
+
+def choose_round(rounds: Sequence[TuneRound], target: float) -> tuple[int, bool, str]:
+    """Return the round to apply for the rest of the run, whether it met the target, and why.
+
+    Among the rounds whose mean measured slowdown is within ``target``, the one whose saving
+    has the highest lower confidence bound: over a few rounds of a few pairs the highest
+    *mean* is mostly the luckiest draw (the winner's curse: on an H200 with the clocks never
+    changed, a null contrast, it picked a round measuring 5.91% [-19.21%, 31.04%] over one
+    measuring 0.53% [-0.86%, 1.92%]). Ties, and rounds without an interval (1 pair), go by the
+    mean. No round within the target: the least measured slowdown. The rounds within the
+    target are those :func:`fit_budget` counts, so ``met`` is its.
+
+    Raises
+    ------
+    ValidationError
+        If ``rounds`` is empty.
+    """
+    if not rounds:
+        raise ValidationError("no round was measured", field="rounds")
+
+    def finite(value: float | None) -> float:
+        return value if value is not None and math.isfinite(value) else -math.inf
+
+    within = [i for i, r in enumerate(rounds) if r.slowdown.mean <= target]
+    if not within:
+        index = min(range(len(rounds)), key=lambda i: -finite(-rounds[i].slowdown.mean))
+        return index, False, CHOSEN_BY_SLOWDOWN
+
+    def key(i: int) -> tuple[float, float]:
+        saving = rounds[i].saving
+        if saving is None:
+            return -math.inf, -math.inf
+        return finite(saving.low), finite(saving.mean)
+
+    index = max(within, key=key)  # the first of equals
+    bounded = any(math.isfinite(key(i)[0]) for i in within)
+    return index, True, CHOSEN_BY_LOW if bounded else CHOSEN_BY_MEAN
+
+
+def applies(chosen: TuneRound, met: bool) -> bool:
+    """Whether the chosen round's schedule should run for the rest of the job.
+
+    Only a schedule that measured a saving: its mean saving above 0 (within the target, or,
+    with no round within it, the least slowdown). Within the target with no energy measured,
+    it applies on the models' word. A round that measured more energy than the top clock never
+    applies: a user's own small MLP on sim:h100-like met the target and measured -0.06%
+    [-0.09%, -0.02%], and was applied for the rest of the run.
+    """
+    if chosen.saving is None or chosen.saving.n == 0:
+        return met
+    return chosen.saving.mean > 0
+
+
+def cached_applies(
+    schedule: Schedule,
+    *,
+    by_time: bool,
+    n_launches: int | None,
+    supported_mhz: Sequence[float],
+) -> bool:
+    """Whether a schedule from the cache may apply to this run at once.
+
+    Applied by operator (``by_time`` False), it must plan the operators the executor counts
+    (``n_launches``); applied by time, every clock it sets must be one the device accepts.
+    """
+    if not by_time:
+        return schedule.n_ops == n_launches
+    supported = set(supported_mhz)
+    return all(stage.freq_mhz in supported for stage in schedule.stages)

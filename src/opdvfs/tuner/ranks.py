@@ -1,0 +1,204 @@
+"""tune under torchrun: every rank measures, rank 0 leads, the others follow.
+
+At each iteration end the ranks exchange the iteration's time and energy through the process
+group's key-value store (:class:`~opdvfs.runtime.distributed.StoreJob`: no tensor operator the
+executor or a trace would see), and each takes the job's: the slowest rank's time and every
+rank's energy. Rank 0 alone runs the phases on those job-wide figures (its sweep, its planning
+thread, its A/B blocks) and broadcasts what it decided (:class:`Decision`: the phase, the clock
+it set, the schedule it applies), so every rank moves through the same phases at the same
+iterations, the A/B blocks start and end together, and data-parallel ranks share rank 0's plan.
+
+Rank 0's operator sequence is the one profiled and planned: when the ranks' sequences differ
+(pipeline stages; :class:`~opdvfs.runtime.distributed.JobView`) rank 0 warns in one line that
+the job is planned as data-parallel on its sequence, and the ranks whose sequence differs stay
+at the top clock (still measured). Only rank 0 reads and writes the cache.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from opdvfs.exceptions import OpdvfsError
+from opdvfs.schedule import Schedule
+
+if TYPE_CHECKING:
+    from opdvfs.runtime.distributed import StoreJob
+
+__all__ = ["Decision", "Measurement", "Ranks"]
+
+#: One iteration's time (s) and energy (J): the job's, then this rank's own (None off torchrun).
+Measurement = tuple[float, float | None, float | None, float | None]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What rank 0 decided at an iteration end, as every other rank receives it.
+
+    Attributes
+    ----------
+    iteration
+        The iteration that ended.
+    phase, round
+        The phase (and A/B round) that iteration was in.
+    next
+        The phase the run is in from the next iteration.
+    freq_mhz
+        A clock rank 0 set directly (None: none, or the same as last sent).
+    schedule
+        A schedule rank 0 applies from the next iteration (None: none new).
+    error, cache_key, cache_hit
+        As the result's.
+    """
+
+    iteration: int
+    phase: str
+    round: int | None
+    next: str
+    freq_mhz: float | None
+    schedule: Schedule | None
+    error: str | None
+    cache_key: str | None
+    cache_hit: bool
+
+
+class Ranks:
+    """A process's place in a torchrun job, once the script has made its process group."""
+
+    def __init__(self) -> None:
+        self.job: StoreJob | None = None
+        #: Set when the ranks lost each other: this rank went on alone at the top clock.
+        self.lost = False
+        #: Whether another rank's executor abandoned its schedule at the last exchange.
+        self.peer_abandoned = False
+
+    @property
+    def rank(self) -> int:
+        """Return this process's rank in the job (0 without a process group)."""
+        if self.job is not None:
+            return self.job.rank
+        return int(os.environ.get("RANK", "0") or 0)
+
+    def join(self) -> bool:
+        """Join the job's ranks once the script has made its process group; True: just joined."""
+        if self.job is not None or self.lost:
+            return False
+        from opdvfs.runtime.distributed import StoreJob, group_ready  # (torch: lazily)
+
+        if not group_ready():
+            return False
+        self.job = StoreJob()
+        return True
+
+    def waits_for_group(self) -> bool:
+        """Return whether this is a rank other than 0 of a torchrun job with no group (yet)."""
+        return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and self.rank != 0
+
+    def lose(self, exc: BaseException) -> str:
+        """Leave the job after a failed exchange; return the result's error line."""
+        error = (
+            f"rank {self.rank}: the ranks could not exchange an iteration's figures "
+            f"({type(exc).__name__}: {exc}); this rank went on at the top clock"
+        )
+        self.job, self.lost = None, True
+        return error
+
+    def measure(
+        self,
+        job: StoreJob,
+        iteration: int,
+        measured: Measurement,
+        *,
+        abandoned: bool,
+        op_names: Sequence[str],
+        compare_at: int,
+    ) -> tuple[Measurement, bool | None]:
+        """Return the job's iteration (slowest rank's time, all ranks' energy) and this rank's.
+
+        At iteration ``compare_at`` (the last warm-up one) the ranks' operator sequences are
+        compared, and whether they are the same is returned (None at other iterations); rank
+        0 warns in one line when they differ.
+        """
+        time_s, energy_j = measured[0], measured[1]
+        job_s, job_j, any_abandoned = job.iteration(time_s, energy_j, abandoned)
+        self.peer_abandoned = any_abandoned and not abandoned
+        same: bool | None = None
+        if iteration == compare_at:
+            same, groups = job.same_sequence(op_names)
+            if job.leader and not same:
+                ranks = "; ".join(", ".join(map(str, g)) for g in groups.values())
+                warnings.warn(
+                    f"opdvfs: the ranks run {len(groups)} different operator sequences (ranks "
+                    f"{ranks}): the job is planned as data-parallel on rank 0's sequence; the "
+                    "ranks whose sequence differs stay at the top clock",
+                    stacklevel=2,
+                )
+        return (job_s, job_j, time_s, energy_j), same
+
+    @staticmethod
+    def lead(
+        job: StoreJob,
+        decision: Decision,
+        *,
+        top_mhz: float,
+        sweeping_mhz: float | None,
+    ) -> None:
+        """Rank 0: send what this iteration end decided to the others.
+
+        A schedule is sent once (the others keep applying it); with no schedule applied, the
+        clock: the sweep's (``sweeping_mhz``, while it runs), else the top, each once.
+        """
+        schedule = decision.schedule
+        payload = None
+        if schedule is not job.sent:
+            payload = schedule.to_json() if schedule is not None else None
+            job.sent, job.sent_mhz = schedule, None  # a clock after a schedule is sent anew
+        freq: float | None = None
+        if schedule is None:
+            freq = sweeping_mhz if sweeping_mhz is not None else top_mhz
+            if freq == job.sent_mhz:
+                freq = None
+            else:
+                job.sent_mhz = freq
+        doc: dict[str, Any] = {
+            "iteration": decision.iteration,
+            "phase": decision.phase,
+            "round": decision.round,
+            "next": decision.next,
+            "freq_mhz": freq,
+            "schedule": payload,
+            "error": decision.error,
+            "cache_key": decision.cache_key,
+            "cache_hit": decision.cache_hit,
+        }
+        job.exchange(doc)
+
+    @staticmethod
+    def follow(job: StoreJob, iteration: int) -> Decision:
+        """Another rank: take rank 0's decision for this iteration end.
+
+        Raises
+        ------
+        OpdvfsError
+            If rank 0 ended another iteration (the ranks lost step).
+        """
+        d = job.exchange(None)
+        if d["iteration"] != iteration:
+            raise OpdvfsError(f"rank 0 ended iteration {d['iteration']}, this rank {iteration}")
+        schedule = None
+        if d["schedule"] is not None:
+            schedule = Schedule.from_json(d["schedule"], source="rank 0")
+        return Decision(
+            iteration=d["iteration"],
+            phase=d["phase"],
+            round=d["round"],
+            next=d["next"],
+            freq_mhz=d["freq_mhz"],
+            schedule=schedule,
+            error=d["error"],
+            cache_key=d["cache_key"],
+            cache_hit=d["cache_hit"],
+        )
