@@ -468,13 +468,25 @@ class PerfModel(JsonFile):
         return predict_times(self.form_, self.coef_[rows], f, self.train_freqs_mhz_ / 1e3)
 
     # ----------------------------------------------------------------------------- files
-    def to_dict(self) -> dict[str, Any]:
-        """Return the fitted model as a JSON-ready dict (lossless: floats round-trip)."""
+    def to_dict(self, *, arrays: bool = False) -> dict[str, Any]:
+        """Return the fitted model as a JSON-ready dict (lossless: floats round-trip).
+
+        ``arrays``: the per-operator values stay numpy arrays (NaN as NaN), for a columnar file.
+        """
         check_is_fitted(self, "coef_")
+        head = {"format": "opdvfs.perf-model", "version": 1, "form": self.form_}
+        if arrays:
+            return {
+                **head,
+                "train_freqs_mhz": self.train_freqs_mhz_,
+                "op_ids": self.op_ids_,
+                "names": self.names_,
+                "coef": self.coef_,
+                "residual": self.residual_,
+                "violation": self.violation_,
+            }
         return {
-            "format": "opdvfs.perf-model",
-            "version": 1,
-            "form": self.form_,
+            **head,
             "train_freqs_mhz": self.train_freqs_mhz_.tolist(),
             "op_ids": self.op_ids_.tolist(),
             "names": self.names_.tolist(),
