@@ -316,10 +316,9 @@ class JsonFile:
 
         arrays: dict[str, Any] = {}
         header = _split_arrays(self.to_dict(arrays=True), arrays)
-        with atomic_path(path) as tmp, open(tmp, "wb") as out:
-            entries = {**arrays, _NPZ_HEADER: np.asarray(json.dumps(header))}
-            # zlib: names and repeated parameters shrink several-fold, at a few s per 1M ops
-            np.savez_compressed(out, **entries)
+        entries = {**arrays, _NPZ_HEADER: np.asarray(json.dumps(header))}
+        with atomic_path(path) as tmp:
+            _write_npz(tmp, entries)
 
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> Self:
@@ -342,6 +341,25 @@ class JsonFile:
             raise InputFormatError(
                 f"{path}: not a valid {cls.__name__} file ({type(exc).__name__}: {why})"
             ) from None
+
+
+def _write_npz(path: Path, entries: dict[str, Any]) -> None:
+    """Write ``entries`` as a compressed ``.npz`` archive, as ``np.savez_compressed`` does.
+
+    At zlib's fastest level: names and repeated parameters still shrink several-fold (the
+    float parameters hardly at all, at any level), in a third of the default level's time
+    (about 1 s per million operators saved). ``np.load`` reads it like any other.
+    """
+    import zipfile
+
+    import numpy as np
+
+    with zipfile.ZipFile(
+        path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1, allowZip64=True
+    ) as archive:
+        for name, array in entries.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as out:
+                np.lib.format.write_array(out, np.asanyarray(array), allow_pickle=False)
 
 
 def _is_zip(path: Path) -> bool:
