@@ -363,7 +363,7 @@ def _write_npz(path: Path, entries: dict[str, Any]) -> None:
     ) as archive:
         for name, value in entries.items():
             array = np.asanyarray(value)
-            sample = array.reshape(-1)[: _NPZ_SAMPLE_ITEMS]
+            sample = array.reshape(-1)[:_NPZ_SAMPLE_ITEMS]
             buffer = io.BytesIO()
             np.lib.format.write_array(buffer, sample, allow_pickle=False)
             raw = buffer.getvalue()
