@@ -624,7 +624,8 @@ def _op_tables(
         chip_j = correct_to_measurements(grid, chip_j, chip_g)
         core_j = correct_to_measurements(grid, core_j, core_g)
         cols = np.searchsorted(grid, freqs)
-        time_us, chip_j, core_j = time_us[:, cols], chip_j[:, cols], core_j[:, cols]
+        if not np.array_equal(cols, np.arange(len(grid))):  # else the grid is the clocks
+            time_us, chip_j, core_j = time_us[:, cols], chip_j[:, cols], core_j[:, cols]
     return names, (freqs, time_us, chip_j, core_j)
 
 
