@@ -338,7 +338,11 @@ def missing_measurement(
 
 
 def correct_to_measurements(
-    freqs_mhz: np.ndarray, predicted: np.ndarray, measured: np.ndarray
+    freqs_mhz: np.ndarray,
+    predicted: np.ndarray,
+    measured: np.ndarray,
+    *,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Measured values where present; elsewhere the prediction, corrected through them.
 
@@ -356,13 +360,16 @@ def correct_to_measurements(
         The models' values, shape (n_ops, n_clocks).
     measured
         The measurements, NaN where not measured, same shape.
+    out
+        Where to write the result (``predicted`` itself corrects it in place); a new array
+        by default.
 
     Returns
     -------
     ndarray, shape (n_ops, n_clocks)
     """
     # rows are independent: in blocks, the dozen temporaries are a block's, not the table's
-    out = np.empty(np.shape(predicted))
+    out = np.empty(np.shape(predicted)) if out is None else out
     for start in range(0, len(out), _ROW_BLOCK):
         rows = slice(start, start + _ROW_BLOCK)
         out[rows] = _correct_rows(freqs_mhz, predicted[rows], measured[rows])
