@@ -445,7 +445,13 @@ class PerfModel(JsonFile):
         self.op_ids_ = op_ids
         self.names_ = names
         self.train_freqs_mhz_ = train
-        self.coef_ = fit_times(form, f_ghz, t_train)
+        from threadpoolctl import threadpool_limits  # here: `opdvfs --help` loads this module
+
+        # one BLAS thread: the batched (ops x 2 x 2) products and solves are too small to
+        # split, and waking a pool for each costs more than it saves on a busy machine
+        # (1M ops x 3 clocks: 3.5 -> 2.0 s CPU, the same coefficients bit for bit)
+        with threadpool_limits(limits=1, user_api="blas"):
+            self.coef_ = fit_times(form, f_ghz, t_train)
         fitted = predict_times(form, self.coef_, f_ghz, f_ghz)
         with np.errstate(invalid="ignore", divide="ignore"):
             self.residual_ = np.sqrt(np.nanmean((fitted / t_train - 1.0) ** 2, axis=1))
