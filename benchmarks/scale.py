@@ -13,6 +13,14 @@ for one iteration, import the profile's rows as a generic CSV and as a PyTorch C
 
 ``--stages`` measures only the named stages (``-`` for a space); the earlier stages they read the
 files of run first, unmeasured.
+
+``--cli`` measures the command-line paths instead, each as its own ``opdvfs`` process, at 3 clocks
+(median of ``--repeats`` runs): ``opdvfs profile`` of the tiled workload (a Parquet workload
+file), ``opdvfs fit`` to a columnar ``models.npz``, ``opdvfs plan PROFILE``, and ``opdvfs import``
+of the profile's rows as a generic CSV with the 4 required columns and with all 16::
+
+    .venv/bin/python benchmarks/scale.py --cli [--sizes 100000,1000000] [--repeats 3]
+        [--stages profile,fit,plan,import-4,import-16]
 """
 
 from __future__ import annotations
@@ -134,6 +142,74 @@ def _inputs(folder: Path) -> None:
     (folder / "trace.json").write_text(json.dumps({"traceEvents": events}))
 
 
+CLI_STAGES = ("profile", "fit", "plan", "import 4", "import 16")
+_CSV4 = ["op", "name", "freq_mhz", "time_us"]
+
+
+def _cli_inputs(what: str, n_ops: int, folder: Path) -> None:
+    """Write a CLI stage's input: the workload file, or a CSV of the profile's rows."""
+    if what == "workload":
+        _workload(n_ops).write(folder / "workload.parquet")
+        return
+    from opdvfs.profile import Profile
+
+    rows = Profile.read(folder / "profile.parquet").ops
+    columns = _CSV4 if what == "csv4" else list(rows.columns)
+    rows[columns].to_csv(folder / f"{what}.csv", index=False)
+
+
+def _cli_argv(stage: str, folder: Path) -> list[str]:
+    """Return the ``opdvfs`` command line of one CLI stage, on the files in ``folder``."""
+    opdvfs = [sys.executable, "-m", "opdvfs"]
+    f = str(folder)
+    clocks = ",".join(f"{c:g}" for c in _CLOCKS_MHZ)
+    return {
+        "profile": [*opdvfs, "profile", "-d", "ascend-910b-like", "-w", f"{f}/workload.parquet",
+                    "--freqs", clocks, "-n", "1", "-o", f"{f}/profile.parquet"],
+        "fit": [*opdvfs, "fit", f"{f}/profile.parquet", "-o", f"{f}/models.npz"],
+        "plan": [*opdvfs, "plan", f"{f}/profile.parquet", "--target", "0.02",
+                 "-o", f"{f}/schedule.json"],
+        "import 4": [*opdvfs, "import", f"{f}/csv4.csv", "-f", "csv", "-o", f"{f}/i4.parquet"],
+        "import 16": [*opdvfs, "import", f"{f}/csv16.csv", "-f", "csv", "-o", f"{f}/i16.parquet"],
+    }[stage]  # fmt: skip
+
+
+def cli_main(sizes: list[int], stages: list[str], repeats: int) -> None:
+    """Measure each CLI stage ``repeats`` times per size; print medians and growth exponents."""
+    cpu: dict[str, list[float]] = {s: [] for s in stages}
+    rss: dict[str, list[float]] = {s: [] for s in stages}
+    me = [sys.executable, __file__, "--child"]
+    for n_ops in sizes:
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            measure([*me, "cli-workload", str(n_ops), tmp])
+            measure(_cli_argv("profile", folder))  # the profile the later stages read
+            if any(s in stages for s in ("fit", "plan")):
+                measure(_cli_argv("fit", folder))
+            for what in ("csv4", "csv16"):
+                if f"import {what[3:]}" in stages:
+                    measure([*me, f"cli-{what}", str(n_ops), tmp])
+            for stage in stages:
+                runs = sorted(measure(_cli_argv(stage, folder)) for _ in range(repeats))
+                seconds = sorted(r[0] for r in runs)[repeats // 2]
+                mib = sorted(r[1] for r in runs)[repeats // 2]
+                cpu[stage].append(seconds)
+                rss[stage].append(mib)
+                every = " ".join(f"{r[0]:.2f}" for r in runs)
+                print(f"  {n_ops:>8d} ops  {stage:10s} {seconds:7.2f} s {mib:7.0f} MiB  ({every})",
+                      flush=True)  # fmt: skip
+    print(f"\nCLI, median of {repeats}: command, ops, CPU s, peak MiB, growth exponent (CPU; RSS)")
+    for stage in stages:
+        for i, n_ops in enumerate(sizes):
+            growth = ""
+            if i:
+                g_cpu = slope(sizes[i - 1 : i + 1], cpu[stage][i - 1 : i + 1])[0]
+                g_rss = slope(sizes[i - 1 : i + 1], rss[stage][i - 1 : i + 1])[0]
+                growth = f"{g_cpu:.2f}; {g_rss:.2f}"
+            print(f"  opdvfs {stage:10s} {n_ops:>9,d} {cpu[stage][i]:7.2f} {rss[stage][i]:7.0f}"
+                  f"  {growth}")  # fmt: skip
+
+
 def measure(argv: list[str]) -> tuple[float, float]:
     """CPU seconds (user + system) and peak RSS (MiB) of one child process."""
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -155,12 +231,24 @@ def main() -> None:
     parser.add_argument("--sizes", default="18000,100000,1000000")
     parser.add_argument("--no-startup", action="store_true")
     parser.add_argument("--stages", default=",".join(STAGES), help="e.g. import-trace,fit")
+    parser.add_argument("--cli", action="store_true", help="measure the opdvfs commands")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per CLI stage (median)")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]), Path(args.child[2]))
+        if args.child[0].startswith("cli-"):
+            _cli_inputs(args.child[0][4:], int(args.child[1]), Path(args.child[2]))
+        else:
+            child(args.child[0], int(args.child[1]), Path(args.child[2]))
         return
     sizes = [int(s) for s in args.sizes.split(",")]
+    if args.cli:
+        names = [s.strip().replace("-", " ") for s in args.stages.split(",") if s.strip()]
+        names = list(CLI_STAGES) if args.stages == ",".join(STAGES) else names
+        if unknown := sorted(set(names) - set(CLI_STAGES)):
+            parser.error(f"unknown CLI stage(s) {unknown}; choose from {', '.join(CLI_STAGES)}")
+        cli_main(sizes, [s for s in CLI_STAGES if s in names], args.repeats)
+        return
     chosen = [s.strip().replace("-", " ") for s in args.stages.split(",") if s.strip()]
     if unknown := sorted(set(chosen) - set(STAGES)):
         parser.error(f"unknown stage(s) {unknown}; choose from {', '.join(STAGES)}")

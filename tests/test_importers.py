@@ -63,6 +63,65 @@ def test_generic_csv_errors_name_line_and_column(tmp_path, fixtures):
         read_profile(bad)
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        # empty ratio cells, a name that reads as a number, quoted fields, CRLF, a BOM
+        "\ufeffop,name,type,freq_mhz,time_us,ratio_vec\r\n"
+        '0,1.50,"Mat,Mul",1000,12.5,\r\n1,b ,B,1000,3e1,0.25\r\n',
+        # a blank line, an all-empty float column, ops as floats, spaces in the header
+        " op , name,freq_mhz,time_us,chip_power_w\n0.0,a,1800,1.0,\n\n1.0,b,1800,2,\n",
+        # spaced numbers and a nan
+        "op,name,freq_mhz,time_us,temp_c\n0,a,1000, 5.5,nan\n1,b,1000,6,40\n",
+    ],
+)
+def test_generic_csv_typed_reader_matches_the_text_reader(tmp_path, monkeypatch, body):
+    """Numbers converted as read (pyarrow) give the profile the text reader gives, bit for bit."""
+    from opdvfs.io import generic_csv
+
+    path = tmp_path / "p.csv"
+    path.write_bytes(body.encode())
+    typed = read_profile(path, format="csv")
+    monkeypatch.setattr(generic_csv, "read_csv_typed", lambda *a: None)
+    text = read_profile(path, format="csv")
+    pd.testing.assert_frame_equal(typed.ops, text.ops, check_exact=True)
+    assert typed.meta == text.meta
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "op,name,freq_mhz,time_us\n0,a,1000,fast\n",  # text where a number belongs
+        "op,name,freq_mhz,time_us\n0,a,1000,1.0,7\n",  # a row longer than the header
+        "op,name,op,time_us\n0,a,1000,1.0\n",  # a column twice
+        "op,name,freq_mhz,time_us\n",  # no data rows
+        "op,name,freq_mhz,time_us\n0,\xff,1000,1.0\n",  # not UTF-8
+    ],
+)
+def test_generic_csv_typed_reader_declines_what_the_text_reader_must_name(tmp_path, body):
+    from opdvfs.io import _common, generic_csv
+
+    path = tmp_path / "p.csv"
+    path.write_bytes(body.encode("latin-1"))
+    assert _common.read_csv_typed(path, generic_csv._numeric) is None
+    with pytest.raises(ProfileFormatError, match=str(path)):
+        read_profile(path, format="csv")
+
+
+def test_generic_csv_bad_cells_are_named_as_the_file_writes_them(tmp_path):
+    """The typed reader reads them as numbers or blanks; the message still quotes the text."""
+    path = tmp_path / "p.csv"
+    path.write_text("op,name,freq_mhz,time_us\n0,a,1000,1.0\n1,b,1000,\n")
+    with pytest.raises(ProfileFormatError) as err:
+        read_profile(path, format="csv")
+    assert (
+        str(err.value) == f"{path}: line 3, column 'time_us': expected a finite number >= 0, got ''"
+    )
+    path.write_text("op,name,freq_mhz,time_us\n0,a,1000,1.0\n0,a,1000,2.0\n")
+    with pytest.raises(ProfileFormatError, match="line 3, column 'freq_mhz': duplicate"):
+        read_profile(path, format="csv")
+
+
 # ------------------------------------------------------------------ Perseus (real data)
 @pytest.mark.parametrize("name", sorted(k for k in DATASETS if k.startswith("perseus")))
 def test_perseus_real_profiles(name):

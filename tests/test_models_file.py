@@ -68,3 +68,23 @@ def test_a_broken_archive_is_one_line(tmp_path):
     )
     assert res.exit_code == 2 and "not a valid opdvfs .npz file" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "s.json").exists()
+
+
+def test_a_small_model_writes_the_same_npz_as_its_json_document(tmp_path):
+    """Under 64 operators every list stays in the header, as to_dict() writes it (NaN as null)."""
+    device = opdvfs.SimulatedDevice.from_preset("ascend-910b-like")
+    work = opdvfs.load_workload("bert")
+    small = type(work)(work.ops.iloc[:20].reset_index(drop=True), name="bert20")
+    profile = device.profile(small, [1000, 1400, 1800])
+    models = opdvfs.ModelBundle(
+        opdvfs.PerfModel().fit(profile), opdvfs.PowerModel().fit(profile, device=device.spec)
+    )
+    models.perf.coef_[0, 0] = np.nan  # a missing parameter travels as null in the header
+    models.write(tmp_path / "m.npz")
+    with np.load(tmp_path / "m.npz") as npz:
+        assert npz.files == ["header.json"]
+        header = json.loads(str(npz["header.json"]))
+    assert header == json.loads(json.dumps(models.to_dict()))
+    back = opdvfs.ModelBundle.read(tmp_path / "m.npz")
+    assert np.isnan(back.perf.coef_[0, 0])
+    np.testing.assert_array_equal(back.perf.names_, models.perf.names_)

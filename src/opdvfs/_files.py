@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import tempfile
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Self
@@ -217,6 +218,8 @@ _NPZ_MIN_ITEMS = 64
 #: The npz entry that holds the JSON header (the document with its long lists taken out).
 _NPZ_HEADER = "header.json"
 _ZIP_MAGIC = b"PK\x03\x04"
+#: Items of an array compressed on trial to decide whether the whole of it is worth compressing.
+_NPZ_SAMPLE_ITEMS = 8192
 
 
 def _as_array(value: list[Any]) -> Any:
@@ -233,9 +236,25 @@ def _as_array(value: list[Any]) -> Any:
 
 
 def _split_arrays(doc: Any, arrays: dict[str, Any]) -> Any:
-    """Return ``doc`` with each long list replaced by ``{"$array": name}``, filling ``arrays``."""
+    """Return ``doc`` with each long list replaced by ``{"$array": name}``, filling ``arrays``.
+
+    A numpy array (from ``to_dict(arrays=True)``) is stored as it is, without a detour through
+    Python lists; one shorter than :data:`_NPZ_MIN_ITEMS` goes into the header as a list, as
+    ``to_dict()`` would have written it (NaN as null).
+    """
+    import numpy as np
+
     if isinstance(doc, dict):
         return {k: _split_arrays(v, arrays) for k, v in doc.items()}
+    if isinstance(doc, np.ndarray):
+        if len(doc) < _NPZ_MIN_ITEMS or doc.ndim == 0:
+            return _json_list(doc)
+        array = _as_array(doc.tolist()) if doc.dtype == object else doc
+        if array is None:
+            return _json_list(doc)
+        name = f"a{len(arrays)}"
+        arrays[name] = array
+        return {"$array": name}
     if isinstance(doc, list) and len(doc) >= _NPZ_MIN_ITEMS:
         array = _as_array(doc)
         if array is not None:
@@ -245,11 +264,26 @@ def _split_arrays(doc: Any, arrays: dict[str, Any]) -> Any:
     return doc
 
 
+def _json_list(array: Any) -> Any:
+    """Return ``array`` as (nested) lists, NaN and infinities of a float array as None."""
+    import numpy as np
+
+    if array.dtype.kind != "f":
+        return array.tolist()
+    out = array.astype(object)
+    out[~np.isfinite(array)] = None
+    return out.tolist()
+
+
 def _join_arrays(doc: Any, arrays: Any) -> Any:
-    """Inverse of :func:`_split_arrays` (arrays come back as lists, NaN as ``float('nan')``)."""
+    """Inverse of :func:`_split_arrays`: the arrays come back as numpy arrays, not lists.
+
+    ``from_dict`` turns what it reads with ``np.asarray``, which takes either; a million
+    operators' parameters so skip a round trip through Python objects.
+    """
     if isinstance(doc, dict):
         if set(doc) == {"$array"}:
-            return arrays[doc["$array"]].tolist()
+            return arrays[doc["$array"]]
         return {k: _join_arrays(v, arrays) for k, v in doc.items()}
     return doc
 
@@ -263,8 +297,12 @@ class JsonFile:
     than a 200 MB JSON text. Any other path is JSON. ``read`` tells the two apart by content.
     """
 
-    def to_dict(self) -> dict[str, Any]:  # pragma: no cover - defined by subclasses
-        """Return the object as a JSON-ready dict."""
+    def to_dict(self, *, arrays: bool = False) -> dict[str, Any]:  # pragma: no cover
+        """Return the object as a JSON-ready dict.
+
+        With ``arrays`` the per-item values may stay numpy arrays (NaN as NaN): the form
+        :meth:`write` stores columnar, not JSON-ready.
+        """
         raise NotImplementedError
 
     @classmethod
@@ -280,11 +318,10 @@ class JsonFile:
         import numpy as np
 
         arrays: dict[str, Any] = {}
-        header = _split_arrays(self.to_dict(), arrays)
-        with atomic_path(path) as tmp, open(tmp, "wb") as out:
-            entries = {**arrays, _NPZ_HEADER: np.asarray(json.dumps(header))}
-            # zlib: names and repeated parameters shrink several-fold, at a few s per 1M ops
-            np.savez_compressed(out, **entries)
+        header = _split_arrays(self.to_dict(arrays=True), arrays)
+        entries = {**arrays, _NPZ_HEADER: np.asarray(json.dumps(header))}
+        with atomic_path(path) as tmp:
+            _write_npz(tmp, entries)
 
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> Self:
@@ -307,6 +344,36 @@ class JsonFile:
             raise InputFormatError(
                 f"{path}: not a valid {cls.__name__} file ({type(exc).__name__}: {why})"
             ) from None
+
+
+def _write_npz(path: Path, entries: dict[str, Any]) -> None:
+    """Write ``entries`` as a ``.npz`` archive that ``np.load`` reads like any other.
+
+    Each entry is compressed (zlib's fastest level) only if a sample of it shrinks: names,
+    ids and repeated parameters shrink several-fold, fitted floats hardly at all (5%), so
+    those are stored as they are rather than spending a second per million operators on them.
+    """
+    import io
+    import zipfile
+
+    import numpy as np
+
+    with zipfile.ZipFile(
+        path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1, allowZip64=True
+    ) as archive:
+        for name, value in entries.items():
+            array = np.asanyarray(value)
+            sample = array.reshape(-1)[:_NPZ_SAMPLE_ITEMS]
+            buffer = io.BytesIO()
+            np.lib.format.write_array(buffer, sample, allow_pickle=False)
+            raw = buffer.getvalue()
+            shrinks = len(zlib.compress(raw, 1)) < 0.8 * len(raw)
+            entry: str | zipfile.ZipInfo = f"{name}.npy"  # by name: the archive's deflate
+            if not shrinks:
+                entry = zipfile.ZipInfo(f"{name}.npy")
+                entry.compress_type = zipfile.ZIP_STORED
+            with archive.open(entry, "w", force_zip64=True) as out:
+                np.lib.format.write_array(out, array, allow_pickle=False)
 
 
 def _is_zip(path: Path) -> bool:

@@ -43,13 +43,16 @@ class ModelBundle(JsonFile):
     power: PowerModel | None = None
     device: DeviceSpec | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """Return both models and the device as one JSON-ready dict."""
+    def to_dict(self, *, arrays: bool = False) -> dict[str, Any]:
+        """Return both models and the device as one JSON-ready dict.
+
+        ``arrays``: the per-operator values stay numpy arrays, for a columnar file.
+        """
         return {
             "format": "opdvfs.models",
             "version": 1,
-            "perf": self.perf.to_dict(),
-            "power": None if self.power is None else self.power.to_dict(),
+            "perf": self.perf.to_dict(arrays=arrays),
+            "power": None if self.power is None else self.power.to_dict(arrays=arrays),
             "device": None if self.device is None else self.device.model_dump(mode="json"),
         }
 

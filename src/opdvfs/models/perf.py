@@ -445,7 +445,13 @@ class PerfModel(JsonFile):
         self.op_ids_ = op_ids
         self.names_ = names
         self.train_freqs_mhz_ = train
-        self.coef_ = fit_times(form, f_ghz, t_train)
+        from threadpoolctl import threadpool_limits  # here: `opdvfs --help` loads this module
+
+        # one BLAS thread: the batched (ops x 2 x 2) products and solves are too small to
+        # split, and waking a pool for each costs more than it saves on a busy machine
+        # (1M ops x 3 clocks: 3.5 -> 2.0 s CPU, the same coefficients bit for bit)
+        with threadpool_limits(limits=1, user_api="blas"):
+            self.coef_ = fit_times(form, f_ghz, t_train)
         fitted = predict_times(form, self.coef_, f_ghz, f_ghz)
         with np.errstate(invalid="ignore", divide="ignore"):
             self.residual_ = np.sqrt(np.nanmean((fitted / t_train - 1.0) ** 2, axis=1))
@@ -468,13 +474,25 @@ class PerfModel(JsonFile):
         return predict_times(self.form_, self.coef_[rows], f, self.train_freqs_mhz_ / 1e3)
 
     # ----------------------------------------------------------------------------- files
-    def to_dict(self) -> dict[str, Any]:
-        """Return the fitted model as a JSON-ready dict (lossless: floats round-trip)."""
+    def to_dict(self, *, arrays: bool = False) -> dict[str, Any]:
+        """Return the fitted model as a JSON-ready dict (lossless: floats round-trip).
+
+        ``arrays``: the per-operator values stay numpy arrays (NaN as NaN), for a columnar file.
+        """
         check_is_fitted(self, "coef_")
+        head = {"format": "opdvfs.perf-model", "version": 1, "form": self.form_}
+        if arrays:
+            return {
+                **head,
+                "train_freqs_mhz": self.train_freqs_mhz_,
+                "op_ids": self.op_ids_,
+                "names": self.names_,
+                "coef": self.coef_,
+                "residual": self.residual_,
+                "violation": self.violation_,
+            }
         return {
-            "format": "opdvfs.perf-model",
-            "version": 1,
-            "form": self.form_,
+            **head,
             "train_freqs_mhz": self.train_freqs_mhz_.tolist(),
             "op_ids": self.op_ids_.tolist(),
             "names": self.names_.tolist(),

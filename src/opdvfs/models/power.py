@@ -798,9 +798,16 @@ class PowerModel(JsonFile):
         return 1.0 / time_us
 
     # ----------------------------------------------------------------------------- files
-    def to_dict(self) -> dict[str, Any]:
-        """Return the fitted model as a JSON-ready dict."""
+    def to_dict(self, *, arrays: bool = False) -> dict[str, Any]:
+        """Return the fitted model as a JSON-ready dict.
+
+        ``arrays``: the per-operator values stay numpy arrays, for a columnar file.
+        """
         check_is_fitted(self, "alpha_")
+
+        def out(values: np.ndarray) -> Any:
+            return values if arrays else values.tolist()
+
         return {
             "format": "opdvfs.power-model",
             "version": 1,
@@ -815,16 +822,16 @@ class PowerModel(JsonFile):
             "beta": self.beta_,
             "ambient_c": self.ambient_c_,
             "k_c_per_w": self.k_c_per_w_,
-            "train_freqs_mhz": self.train_freqs_mhz_.tolist(),
-            "op_ids": self.op_ids_.tolist(),
-            "alpha": self.alpha_.tolist(),
-            "theta_op": self.theta_op_.tolist(),
-            "core_uj_per_v2": self.core_uj_per_v2_.tolist(),
-            "uncore_uj": self.uncore_uj_.tolist(),
-            "uncore_w": self.uncore_w_.tolist(),
+            "train_freqs_mhz": out(self.train_freqs_mhz_),
+            "op_ids": out(self.op_ids_),
+            "alpha": out(self.alpha_),
+            "theta_op": out(self.theta_op_),
+            "core_uj_per_v2": out(self.core_uj_per_v2_),
+            "uncore_uj": out(self.uncore_uj_),
+            "uncore_w": out(self.uncore_w_),
             "uncore_beta": self.uncore_beta_,
             "uncore_gamma": self.uncore_gamma_,
-            "time_weight": self.time_weight_.tolist(),
+            "time_weight": out(self.time_weight_),
         }
 
     @classmethod

@@ -160,17 +160,28 @@ class MeasuredTables:
 
         At every clock of ``freqs_mhz``: then the planner needs no model.
         """
-        time_us, chip_j, core_j = self.at(np.asarray(freqs_mhz, dtype=float))
-        tables = (time_us, chip_j, core_j) if core else (time_us, chip_j)
-        return all(bool(np.isfinite(t).all()) for t in tables)
+        cols = self.columns(np.asarray(freqs_mhz, dtype=float))
+        if len(self.op_ids) and (cols < 0).any():
+            return False
+        tables = (self.time_us, self.chip_energy_j, self.core_energy_j)
+        # column by column: no (ops x clocks) copy
+        return all(
+            bool(np.isfinite(t[:, c]).all())
+            for t in tables[: 3 if core else 2]
+            for c in set(cols.tolist())
+        )
 
     def at(self, freqs_mhz: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Time (us), chip and core energy (J) at ``freqs_mhz``; NaN where not measured."""
         cols = self.columns(freqs_mhz)
-        found = cols >= 0
 
         def pick(table: np.ndarray) -> np.ndarray:
-            return np.where(found[None, :], table[:, np.maximum(cols, 0)], np.nan)
+            if (cols >= 0).all():
+                return table[:, cols]
+            out = np.full((len(table), len(cols)), np.nan)
+            for j in np.flatnonzero(cols >= 0):  # column by column: no full-size temporary
+                out[:, j] = table[:, cols[j]]
+            return out
 
         return pick(self.time_us), pick(self.chip_energy_j), pick(self.core_energy_j)
 
@@ -327,7 +338,11 @@ def missing_measurement(
 
 
 def correct_to_measurements(
-    freqs_mhz: np.ndarray, predicted: np.ndarray, measured: np.ndarray
+    freqs_mhz: np.ndarray,
+    predicted: np.ndarray,
+    measured: np.ndarray,
+    *,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Measured values where present; elsewhere the prediction, corrected through them.
 
@@ -345,11 +360,24 @@ def correct_to_measurements(
         The models' values, shape (n_ops, n_clocks).
     measured
         The measurements, NaN where not measured, same shape.
+    out
+        Where to write the result (``predicted`` itself corrects it in place); a new array
+        by default.
 
     Returns
     -------
     ndarray, shape (n_ops, n_clocks)
     """
+    # rows are independent: in blocks, the dozen temporaries are a block's, not the table's
+    out = np.empty(np.shape(predicted)) if out is None else out
+    for start in range(0, len(out), _ROW_BLOCK):
+        rows = slice(start, start + _ROW_BLOCK)
+        out[rows] = _correct_rows(freqs_mhz, predicted[rows], measured[rows])
+    return out
+
+
+def _correct_rows(freqs_mhz: np.ndarray, predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """:func:`correct_to_measurements` of a block of rows."""
     f = np.asarray(freqs_mhz, dtype=float)
     known = np.isfinite(measured)
     with np.errstate(divide="ignore", invalid="ignore"):
