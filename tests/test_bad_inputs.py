@@ -286,6 +286,38 @@ CASES = [
         "negative switch latency",
         "characterise {in}/p.parquet --switch-latency-ms -1 --out {out}/d.json",
     ),
+    Case(
+        "characterise",
+        "clock list abc",
+        "characterise {in}/p.parquet --clocks abc --out {out}/d.json",
+    ),
+    Case(
+        "characterise",
+        "GPU index without NVML",
+        "characterise {in}/p.parquet --gpu-index 1 --out {out}/d.json",
+    ),
+    # ------------------------------------------------------------------ device
+    Case("device", "clock list abc", "device --clocks abc --name g --out {out}/d.json"),
+    Case("device", "clock list 1000,,", "device --clocks 1000,, --name g --out {out}/d.json"),
+    Case("device", "negative clock", "device --clocks -5 --name g --out {out}/d.json"),
+    Case("device", "reversed range", "device --clocks 1410:210:15 --name g --out {out}/d.json"),
+    Case("device", "zero step", "device --clocks 210:1410:0 --name g --out {out}/d.json"),
+    Case("device", "too many clocks", "device --clocks 1:99999:0.001 --name g --out {out}/d.json"),
+    Case("device", "list without a name", "device --clocks 210:1410:15 --out {out}/d.json"),
+    Case(
+        "device",
+        "GPU index with a list",
+        "device --clocks 210:1410:15 --name g --gpu-index 1 --out {out}/d.json",
+    ),
+    Case(
+        "device",
+        "negative switch latency",
+        "device --clocks 1000 --name g --switch-latency-ms -1 --out {out}/d.json",
+    ),
+    Case("device", "output is a directory", "device --clocks 1000 --name g --out {out}/adir"),
+    Case("device", "existing output kept", "device --clocks abc --name g --out {out}/keep.json"),
+    Case("device", "missing --out", "device --clocks 1000 --name g"),
+    Case("device", "unknown option", "device --clocks 1000 --name g --out {out}/d.json --bogus"),
     # ------------------------------------------------------------------ profile
     Case(
         "profile",

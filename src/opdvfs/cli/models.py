@@ -1,4 +1,4 @@
-"""Commands on models: fit, characterise, validate perf, validate power."""
+"""Commands on models: fit, characterise, device, validate perf, validate power."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from opdvfs.cli._app import (
     stdout,
     train_clocks,
 )
-from opdvfs.exceptions import ValidationError
+from opdvfs.exceptions import ActuatorError, ValidationError
 from opdvfs.models.perf import FORMS  # light: numpy only (pandas and scipy load on use)
 
 # The models (pandas, scipy) load inside the commands that fit them, not with `opdvfs --help`.
@@ -66,6 +66,49 @@ DeviceOption = Annotated[
         "V-f curve and idle power).",
     ),
 ]
+
+ClocksOption = Annotated[
+    str | None,
+    typer.Option(
+        "--clocks",
+        help="The GPU's supported clocks, written to the device file: nvml (read from this "
+        "machine's NVIDIA GPU, --gpu-index), or a list in MHz: START:STOP:STEP ranges and/or "
+        "clocks, comma-separated (e.g. 210:1410:15).",
+    ),
+]
+
+GpuIndexOption = Annotated[
+    int | None,
+    typer.Option("--gpu-index", min=0, help="NVML index of the GPU --clocks nvml reads (0)."),
+]
+
+
+def supported_clocks(
+    text: str, gpu_index: int | None = None
+) -> tuple[str | None, tuple[float, ...], str]:
+    """Resolve ``--clocks``: ``nvml`` (the GPU's name and clocks) or a list (no name).
+
+    Returns the GPU's name (None for a list), its clocks (MHz, ascending) and where they come
+    from, for the device file's ``source``.
+    """
+    from opdvfs.devices.clocks import nvml_clocks, parse_clock_grid
+
+    if text.strip().lower() == "nvml":
+        try:
+            name, clocks = nvml_clocks(gpu_index)
+        except ActuatorError as exc:
+            raise UsageError(
+                f"--clocks nvml: could not read the GPU's clocks ({exc.__cause__ or exc}); "
+                "without an NVIDIA GPU, list them (e.g. --clocks 210:1410:15)"
+            ) from None
+        return name, clocks, f"NVML's supported clocks of {name}"
+    if gpu_index is not None:
+        raise UsageError("--gpu-index: only with --clocks nvml (a list names no GPU)")
+    try:
+        return None, parse_clock_grid(text), f"--clocks {text.strip()}"
+    except ValidationError as exc:
+        raise UsageError(f"--clocks: {exc}") from None
+
 
 TrainFreqsHelp = (
     "Clocks to fit on: MHz and/or min, mid, max, or steps down from the top: top, top-1, top-2 "
@@ -221,29 +264,46 @@ def characterise(
     ] = 1.0,
     fmt: FormatOption = None,
     freq_mhz: FreqOption = None,
+    clocks: ClocksOption = None,
+    gpu_index: GpuIndexOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Characterise a device once: its V-f curve from power alone, and its idle power.
 
     Writes a DeviceSpec JSON that --device takes wherever a preset name is accepted (fit,
-    validate power, plan): the path for a GPU opdvfs has no preset for.
+    validate power, plan): the path for a GPU opdvfs has no preset for. Its clocks are
+    --clocks (nvml, or a list), which must hold every profiled clock; without --clocks, the
+    profiled clocks (then plan --device has no clock for the models to fill).
     """
     from opdvfs.models.characterise import characterise_spec
 
     check_output_file(out)
     if not (switch_latency_ms >= 0 and sensor_ms > 0):
         raise UsageError("--switch-latency-ms must be >= 0 and --sensor-ms > 0")
+    if clocks is None and gpu_index is not None:
+        raise UsageError("--gpu-index: only with --clocks nvml")
+    supported = None if clocks is None else supported_clocks(clocks, gpu_index)
     profile = load_profile([profile_path], fmt, freq_mhz)
+    source = (
+        f"opdvfs characterise {profile_path.name}: {profile.n_ops} kernels at "
+        f"{len(profile.freqs_mhz)} clocks"
+    )
     with spinner() as progress:
         progress.add_task(f"characterising the device on {profile_path.name}", total=None)
-        spec = characterise_spec(
-            profile,
-            name=name or str(profile.meta.get("device") or profile_path.stem),
-            switch_latency_ms=switch_latency_ms,
-            power_sample_period_ms=sensor_ms,
-            source=f"opdvfs characterise {profile_path.name}: {profile.n_ops} kernels at "
-            f"{len(profile.freqs_mhz)} clocks",
-        )
+        try:
+            spec = characterise_spec(
+                profile,
+                name=name or str(profile.meta.get("device") or profile_path.stem),
+                switch_latency_ms=switch_latency_ms,
+                power_sample_period_ms=sensor_ms,
+                source=source if supported is None else f"{source}; clocks: {supported[2]}",
+                freqs_mhz=None if supported is None else supported[1],
+                vendor=None if supported is None or supported[0] is None else "nvidia",
+            )
+        except ValidationError as exc:
+            if exc.field == "clocks":
+                raise UsageError(f"--clocks: {exc}") from None
+            raise
     spec.write(out)
     vf = spec.voltage
     assert vf is not None  # characterise_spec sets both
@@ -269,6 +329,79 @@ def characterise(
         f"wrote {out}: {spec.name}, {len(spec.freqs_mhz)} clocks "
         f"{spec.min_freq_mhz:g}-{spec.max_freq_mhz:g} MHz; V flat to {vf.knee_mhz:.0f} MHz, "
         f"+{rise * 100:.1f}% at the top; idle {spec.idle.rail} power {idle_top:.1f} W at the top",
+        highlight=False,
+    )
+
+
+@app.command()
+@reports_errors
+def device(
+    out: Annotated[Path, typer.Option("--out", "-o", help="DEVICE.json to write.")],
+    clocks: Annotated[
+        str,
+        typer.Option(
+            "--clocks",
+            help="The GPU's supported clocks: nvml (read from this machine's NVIDIA GPU, "
+            "--gpu-index), or a list in MHz: START:STOP:STEP ranges and/or clocks, "
+            "comma-separated (e.g. 210:1410:15).",
+        ),
+    ] = "nvml",
+    name: Annotated[
+        str | None,
+        typer.Option("--name", help="Device name (default: NVML's; required with a list)."),
+    ] = None,
+    switch_latency_ms: Annotated[
+        float,
+        typer.Option("--switch-latency-ms", help="Clock switch latency (NVIDIA ~15, Ascend ~1)."),
+    ] = 1.0,
+    sensor_ms: Annotated[
+        float, typer.Option("--sensor-ms", help="Power sensor averaging period (NVML: 100+).")
+    ] = 1.0,
+    gpu_index: GpuIndexOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Write a device file of the GPU's supported clocks, where no micro-benchmarks were run.
+
+    From NVML on an NVIDIA GPU, or from a list: --device takes it (plan, fit), and plan's
+    models fill the clocks a profile did not measure. It has no V-f curve or idle power
+    (`opdvfs characterise --clocks` writes both, from a power profile).
+    """
+    from opdvfs.devices.spec import DeviceSpec
+
+    check_output_file(out)
+    if not (switch_latency_ms >= 0 and sensor_ms > 0):
+        raise UsageError("--switch-latency-ms must be >= 0 and --sensor-ms > 0")
+    if name is not None and not name.strip():
+        raise UsageError("--name: expected a device name, got an empty one")
+    gpu, freqs, source = supported_clocks(clocks, gpu_index)
+    if name is None and gpu is None:
+        raise UsageError("--name: a clock list names no device: pass --name NAME")
+    spec = DeviceSpec(
+        name=name or str(gpu),
+        freqs_mhz=freqs,
+        vendor="nvidia" if gpu is not None else "unknown",
+        switch_latency_ms=switch_latency_ms,
+        power_sample_period_ms=sensor_ms,
+        source=f"opdvfs device: {source}",
+    )
+    spec.write(out)
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "out": str(out),
+                    "name": spec.name,
+                    "clocks": len(spec.freqs_mhz),
+                    "min_mhz": spec.min_freq_mhz,
+                    "max_mhz": spec.max_freq_mhz,
+                    "source": source,
+                }
+            )
+        )
+        return
+    stdout.print(
+        f"wrote {out}: {spec.name}, {len(spec.freqs_mhz)} clocks "
+        f"{spec.min_freq_mhz:g}-{spec.max_freq_mhz:g} MHz ({source})",
         highlight=False,
     )
 

@@ -15,7 +15,7 @@ each candidate one vectorised least-squares pass over every op.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -241,6 +241,8 @@ def characterise_spec(
     switch_latency_ms: float = 1.0,
     power_sample_period_ms: float = 1.0,
     source: str = "",
+    freqs_mhz: Sequence[float] | None = None,
+    vendor: str | None = None,
 ) -> DeviceSpec:
     """Characterise a device once, from kernels run at every supported clock (issue 16).
 
@@ -248,13 +250,16 @@ def characterise_spec(
     ``u_i + a_i f V(f)^2``, the curve shared by all kernels), so any kernels do: a
     micro-benchmark set or a workload swept once. The idle power ``beta f V^2 + theta V`` (the
     floor the throughput form needs) is then fitted on that curve with the kernels' times
-    (:func:`characterise_device` with the curve kept). The profile's clocks become the
-    device's supported clocks.
+    (:func:`characterise_device` with the curve kept). The device's supported clocks are
+    ``freqs_mhz`` (the GPU's, e.g. from NVML: :mod:`opdvfs.devices.clocks`), which must hold
+    every profiled clock; by default the profile's clocks (then the planner has nothing for its
+    models to fill).
 
     Raises
     ------
     ValidationError
-        If the profile has no power per kernel or fewer than 3 clocks with power.
+        If the profile has no power per kernel or fewer than 3 clocks with power, or measured a
+        clock that ``freqs_mhz`` does not list (field ``clocks``).
     """
     rail, clocks, power = power_grid(profile)
     if len(clocks) < 3:
@@ -275,15 +280,40 @@ def characterise_spec(
         beta_w_per_ghz_v2=max(float(beta), 0.0),
         theta_w_per_v=max(float(theta), 0.0),
     )
+    supported = _supported(profile, freqs_mhz)
     return DeviceSpec(
         name=name,
-        freqs_mhz=tuple(float(f) for f in clocks),
+        freqs_mhz=supported,
+        vendor=vendor or "unknown",
         voltage=curve,
         idle=idle_power,
         switch_latency_ms=switch_latency_ms,
         power_sample_period_ms=power_sample_period_ms,
         source=source,
     )
+
+
+def _supported(profile: Profile, freqs_mhz: Sequence[float] | None) -> tuple[float, ...]:
+    """Return the device's clocks, ascending: ``freqs_mhz``, checked to hold every profiled one."""
+    profiled = np.unique(np.asarray(profile.freqs_mhz, dtype=float))
+    if freqs_mhz is None:
+        return tuple(float(f) for f in profiled)
+    grid = np.unique(np.asarray(freqs_mhz, dtype=float))
+    pos = np.clip(np.searchsorted(grid, profiled), 0, len(grid) - 1)
+    below = np.clip(pos - 1, 0, len(grid) - 1)
+    near = np.isclose(grid[pos], profiled, rtol=0, atol=1e-6) | np.isclose(
+        grid[below], profiled, rtol=0, atol=1e-6
+    )
+    if not near.all():
+        missing = profiled[~near]
+        raise ValidationError(
+            f"the profile measured {', '.join(f'{f:g}' for f in missing[:5])} MHz"
+            + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else "")
+            + f", not among the device's {len(grid)} clocks {grid[0]:g}-{grid[-1]:g} MHz: "
+            "list every clock the GPU offers",
+            field="clocks",
+        )
+    return tuple(float(f) for f in grid)
 
 
 def idle_calibration(
