@@ -91,7 +91,8 @@ def supported_clocks(
     Returns the GPU's name (None for a list), its clocks (MHz, ascending) and where they come
     from, for the device file's ``source``.
     """
-    from opdvfs.devices.clocks import nvml_clocks, parse_clock_grid
+    from opdvfs.devices.clocks import parse_clock_grid
+    from opdvfs.runtime.actuators.nvml import nvml_clocks
 
     if text.strip().lower() == "nvml":
         try:

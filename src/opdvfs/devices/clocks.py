@@ -3,7 +3,7 @@
 A device file (:class:`~opdvfs.devices.spec.DeviceSpec`) that lists only the profiled clocks
 leaves the planner nothing for its models to fill: ``opdvfs characterise --clocks`` and
 ``opdvfs device`` write the clocks the GPU offers instead. On an NVIDIA GPU they are one NVML
-call away (:func:`nvml_clocks`, through the read-only
+call away (:func:`~opdvfs.runtime.actuators.nvml.nvml_clocks`, through the read-only
 :class:`~opdvfs.runtime.actuators.nvml.NvmlReader`: the SM clocks supported at the highest
 memory clock, the ones the NVML actuator locks); elsewhere the user lists them
 (:func:`parse_clock_grid`: ``210:1410:15``, ``1000,1400,1800``, or both).
@@ -15,7 +15,7 @@ import numpy as np
 
 from opdvfs.exceptions import ValidationError
 
-__all__ = ["MAX_CLOCKS", "nvml_clocks", "parse_clock_grid"]
+__all__ = ["MAX_CLOCKS", "parse_clock_grid"]
 
 #: Most clocks a list may give (a 1 MHz step over 0-10 GHz): a typo's range stays bounded.
 MAX_CLOCKS = 10_000
@@ -82,25 +82,3 @@ def parse_clock_grid(text: str) -> tuple[float, ...]:
     if len(grid) > MAX_CLOCKS:
         raise ValidationError(f"more than {MAX_CLOCKS} clocks given", field="clocks")
     return tuple(float(f) for f in grid)
-
-
-def nvml_clocks(index: int | None = None) -> tuple[str, tuple[float, ...]]:
-    """Return an NVIDIA GPU's name and its supported SM clocks (MHz, ascending), from NVML.
-
-    ``nvmlDeviceGetSupportedMemoryClocks``, then ``nvmlDeviceGetSupportedGraphicsClocks`` at
-    the highest memory clock (:class:`~opdvfs.runtime.actuators.nvml.NvmlReader`, read-only:
-    no root needed; the clocks the NVML actuator locks).
-
-    Raises
-    ------
-    ActuatorError
-        Or :class:`~opdvfs.exceptions.DeviceNotFoundError` (no nvidia-ml-py, no driver, no GPU
-        at ``index``), from NVML.
-    """
-    from opdvfs.runtime.actuators.nvml import NvmlReader
-
-    reader = NvmlReader(index=index)
-    try:
-        return reader.name(), tuple(float(f) for f in reader.supported_freqs_mhz())
-    finally:
-        reader.close()

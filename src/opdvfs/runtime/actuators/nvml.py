@@ -33,7 +33,7 @@ try:  # the optional extra: pip install 'opdvfs[nvidia]'
 except ImportError:  # pragma: no cover - exercised where nvidia-ml-py is absent
     pynvml = None
 
-__all__ = ["NvmlActuator", "NvmlDevice", "NvmlReader", "nvml_errors"]
+__all__ = ["NvmlActuator", "NvmlDevice", "NvmlReader", "nvml_clocks", "nvml_errors"]
 
 _NO_DRIVER = (
     "no NVIDIA driver: cannot {action} ({exc}); without a GPU, --actuator sim:a100-like (or "
@@ -216,6 +216,27 @@ class NvmlReader:
     def close(self) -> None:
         """Shut NVML down (once, however often it is called)."""
         self.device.close()
+
+
+def nvml_clocks(index: int | None = None) -> tuple[str, tuple[float, ...]]:
+    """Return an NVIDIA GPU's name and its supported SM clocks (MHz, ascending), from NVML.
+
+    ``nvmlDeviceGetSupportedMemoryClocks``, then ``nvmlDeviceGetSupportedGraphicsClocks`` at
+    the highest memory clock (:class:`NvmlReader`: read-only, no root needed; the clocks the
+    actuator locks), for a device file (``opdvfs device``, ``opdvfs characterise --clocks
+    nvml``).
+
+    Raises
+    ------
+    ActuatorError
+        Or :class:`~opdvfs.exceptions.DeviceNotFoundError` (no nvidia-ml-py, no driver, no GPU
+        at ``index``), from NVML.
+    """
+    reader = NvmlReader(index=index)
+    try:
+        return reader.name(), tuple(float(f) for f in reader.supported_freqs_mhz())
+    finally:
+        reader.close()
 
 
 class NvmlActuator(Actuator):
