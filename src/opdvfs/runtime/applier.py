@@ -12,7 +12,6 @@ the time-anchored one (:class:`~opdvfs.runtime.timed.TimedExecutor`) are its two
 from __future__ import annotations
 
 import threading
-import time
 import warnings
 from typing import Any
 
@@ -20,7 +19,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from opdvfs.runtime._means import iteration_means
 from opdvfs.runtime.actuators.base import Actuator
-from opdvfs.runtime.issuer import SwitchIssuer
+from opdvfs.runtime.issuer import SYSTEM_CLOCK, Clock, SwitchIssuer
 from opdvfs.schedule import Schedule
 
 __all__ = ["IterationCounter", "ScheduleApplier"]
@@ -32,16 +31,19 @@ class IterationCounter:
     ``optimizer_steps=False`` leaves the optimizer steps alone: iterations then end only at
     :meth:`mark_iteration` (``--iteration-at``: inference, custom loops). Cooperative: a
     subclass that is also a ``TorchDispatchMode`` enters and leaves the mode through it.
+    ``clock`` times the iterations (default the system's; a test passes one it moves by hand).
     """
 
-    def __init__(self, *, optimizer_steps: bool = True) -> None:
+    def __init__(self, *, optimizer_steps: bool = True, clock: Clock = SYSTEM_CLOCK) -> None:
         super().__init__()
         self.optimizer_steps = optimizer_steps
+        self.clock = clock
         self.iteration = 0
         self.op_index = 0
         self._lock = threading.Lock()
         self._hook: Any = None
-        #: ``time.perf_counter()`` at the end of each iteration (the optimizer step, host side).
+        #: ``clock.now()`` at the end of each iteration (the optimizer step, host side);
+        #: ``time.perf_counter()`` on the system clock.
         self.iteration_ends_s: list[float] = []
 
     def __enter__(self) -> Any:
@@ -61,7 +63,7 @@ class IterationCounter:
     def mark_iteration(self) -> None:
         """End the current iteration (at each optimizer step, or each ``--iteration-at`` call)."""
         with self._lock:
-            self.iteration_ends_s.append(time.perf_counter())
+            self.iteration_ends_s.append(self.clock.now())
             self.end_iteration(self.op_index)
             self.iteration += 1
             self.op_index = 0
@@ -80,17 +82,22 @@ class ScheduleApplier(IterationCounter):
     max_diverged
         Diverging iterations in a row after which the schedule is abandoned for the run; None:
         never (the time-anchored executor recovers when iteration lengths return).
-    optimizer_steps
-        As :class:`IterationCounter`.
+    optimizer_steps, clock
+        As :class:`IterationCounter`; the switch worker waits on the same clock.
     """
 
     #: ``"op"`` or ``"time"``: how the switches are triggered.
     trigger = "op"
 
     def __init__(
-        self, actuator: Actuator, *, max_diverged: int | None = 2, optimizer_steps: bool = True
+        self,
+        actuator: Actuator,
+        *,
+        max_diverged: int | None = 2,
+        optimizer_steps: bool = True,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        super().__init__(optimizer_steps=optimizer_steps)
+        super().__init__(optimizer_steps=optimizer_steps, clock=clock)
         self.actuator = actuator
         self.schedule: Schedule | None = None
         self._issuer: SwitchIssuer | None = None
@@ -115,7 +122,9 @@ class ScheduleApplier(IterationCounter):
 
     def _start_issuer(self) -> SwitchIssuer:
         if self._issuer is None:
-            self._issuer = SwitchIssuer(self.actuator, on_error=self._issue_failed)
+            self._issuer = SwitchIssuer(
+                self.actuator, on_error=self._issue_failed, clock=self.clock
+            )
         return self._issuer
 
     def per_iteration(self, skip: int = 1) -> dict[str, float | None]:
