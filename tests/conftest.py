@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -12,6 +13,12 @@ import pandas as pd
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+# One OpenMP thread for torch, here and in every process a test starts (they inherit it), unless
+# the caller chose: the tests' models are tiny, and beside other CPU-bound jobs on a 2-core
+# machine torch's two threads waited at every operator for one that was not scheduled (a tiny
+# GPT step took 38-204 ms against 3.5-5 ms on one thread). Read when torch is first imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture
