@@ -239,6 +239,7 @@ def test_ascend_actuator_logs_requests_and_reads_through_dcmi(tmp_path):
             AscendActuator([1000.0, 1800.0]).read_power_w()
 
 
+@pytest.mark.slow  # torchrun
 def test_torchrun_rank0_schedule_reaches_rank1(tiny, tmp_path):
     import os
     import subprocess

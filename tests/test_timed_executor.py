@@ -576,6 +576,7 @@ def _run_argv(tmp_path: Path, trigger: str, log: Path, script: Path, mode: str) 
     ]
 
 
+@pytest.mark.slow  # `opdvfs run` in a subprocess
 @pytest.mark.parametrize("trigger", ["op", "time"])
 def test_an_exception_restores_the_clock(script, tmp_path, trigger):
     log = tmp_path / "calls.jsonl"
@@ -591,6 +592,7 @@ def test_an_exception_restores_the_clock(script, tmp_path, trigger):
     assert "set" in [c["kind"] for c in calls] and calls[-1]["kind"] == "restore"
 
 
+@pytest.mark.slow  # `opdvfs run` in a subprocess
 @pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="POSIX signals")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 @pytest.mark.parametrize("trigger", ["op", "time"])

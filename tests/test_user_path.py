@@ -290,6 +290,7 @@ def test_each_run_appended_to_a_log_starts_with_a_header(proj):
     assert calls[0]["schedule"] == "s.json" and calls[0]["actuator"] == "dry-run"
 
 
+@pytest.mark.slow  # subprocesses
 def test_a_launcher_that_is_not_python_runs_activated(proj, tmp_path):
     """`bash -c` starting python: the launched process activates through PYTHONPATH, and an
     existing sitecustomize still runs (chained)."""
@@ -350,6 +351,7 @@ def test_a_launcher_that_is_not_python_runs_activated(proj, tmp_path):
     assert res.returncode == 7 and "exited with status 7" in res.stderr
 
 
+@pytest.mark.slow  # subprocesses
 def test_print_env_activates_any_launcher(proj):
     _schedule(proj / "s.json", 6)
     res = subprocess.run(
@@ -418,6 +420,7 @@ def test_sigterm_restores_the_clock_while_the_main_thread_is_blocked(tmp_path, b
     assert [c["kind"] for c in read_log(log)] == ["run", "set", "restore"]
 
 
+@pytest.mark.slow  # a subprocess
 def test_a_signalled_run_restores_before_the_script_ends(proj):
     """`opdvfs run` itself, SIGTERM while the script waits: the log has the restore."""
     (proj / "wait.py").write_text(
