@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -409,14 +408,14 @@ def test_sigterm_restores_the_clock_while_the_main_thread_is_blocked(tmp_path, b
         [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-    start = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     try:
-        status = proc.wait(timeout=20)
+        # ended by the signal, not by its 60 s sleep nor never (the wait raises past 45 s; a
+        # tighter wall bound, < 10 s, was the machine's load as much as the code's)
+        status = proc.wait(timeout=45)
     finally:
         proc.kill()
     assert status == 128 + signal.SIGTERM, proc.stderr.read() if proc.stderr else ""
-    assert time.monotonic() - start < 10
     assert [c["kind"] for c in read_log(log)] == ["run", "set", "restore"]
 
 
