@@ -2,9 +2,12 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import socketserver
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
@@ -13,6 +16,12 @@ import pandas as pd
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+# One OpenMP thread for torch, here and in every process a test starts (they inherit it), unless
+# the caller chose: the tests' models are tiny, and beside other CPU-bound jobs on a 2-core
+# machine torch's two threads waited at every operator for one that was not scheduled (a tiny
+# GPT step took 38-204 ms against 3.5-5 ms on one thread). Read when torch is first imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture
@@ -155,3 +164,73 @@ def zeusd(tmp_path, monkeypatch):
     yield server
     server.shutdown()
     server.server_close()
+
+
+class ManualClock:
+    """A clock that moves only when the test sleeps on it (``opdvfs.runtime.clock.Clock``).
+
+    Give it to an executor (``clock=``) and end each iteration after :meth:`sleep`: the switch
+    worker, which waits on this clock, wakes exactly at each deadline, in order, and does all
+    it has to do at that moment before time moves on. So the executor sees iterations exactly
+    as long as the test says and issues every switch exactly when it is due, whatever else the
+    machine runs: tests assert exact times, not tolerances a busy machine cannot give.
+
+    Parameters
+    ----------
+    settled
+        True when the threads that do not wait on this clock have nothing left to do at the
+        current time (the executor's issuer: :meth:`SwitchIssuer.idle`); asked, with whether
+        a thread is waiting on the clock, before each step.
+    start_s
+        The time at the start (s).
+    """
+
+    #: Real seconds to wait for the other threads to settle before calling it a hang.
+    HANG_S = 60.0
+
+    def __init__(self, settled: Callable[[], bool] = lambda: True, start_s: float = 100.0):
+        self.t = start_s
+        self.settled = settled
+        self._cond = threading.Condition()
+        self._waiters: dict[int, tuple[float, threading.Event]] = {}
+
+    def now(self) -> float:
+        return self.t
+
+    def wait(self, event: threading.Event, timeout_s: float) -> bool:
+        me = threading.get_ident()
+        with self._cond:
+            deadline = self.t + max(timeout_s, 0.0)
+            self._waiters[me] = (deadline, event)
+            try:
+                while not event.is_set() and self.t < deadline:
+                    self._cond.wait(0.001)  # an event does not notify: look again soon
+            finally:
+                del self._waiters[me]
+            return event.is_set()
+
+    def _blocked(self) -> list[float]:
+        """The deadlines of the threads still waiting (their event unset, their time ahead)."""
+        return [d for d, e in self._waiters.values() if not e.is_set() and d > self.t]
+
+    def _settle(self) -> None:
+        give_up = time.monotonic() + self.HANG_S
+        while True:
+            with self._cond:
+                if self._blocked() or (self.settled() and not self._waiters):
+                    return
+            if time.monotonic() > give_up:
+                raise AssertionError("the threads on the manual clock never settled")
+            time.sleep(2e-4)
+
+    def sleep(self, dt_s: float) -> None:
+        """Move the time ``dt_s`` on, waking each waiting thread at its deadline on the way."""
+        target = self.t + dt_s
+        while True:
+            self._settle()
+            with self._cond:
+                due = [d for d in self._blocked() if d <= target]
+                self.t = min(due) if due else target
+                self._cond.notify_all()
+                if not due:
+                    return

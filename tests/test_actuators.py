@@ -204,6 +204,19 @@ def test_guard_restores_when_the_process_is_signalled(tmp_path, sig):
     assert calls[1]["freq_mhz"] == 1000.0
 
 
+def _wait_for_samples(sampler, n: int, limit_s: float = 60.0) -> None:
+    """Let the sampler's thread take ``n`` samples, however long a busy machine makes that.
+
+    (A fixed 30 ms sleep gave a 1 ms sampler fewer than 3 samples when the thread was not
+    scheduled; a sampler that stops sampling still fails, at the limit.)
+    """
+    import time
+
+    give_up = time.monotonic() + limit_s
+    while len(sampler.samples) < n and time.monotonic() < give_up:
+        time.sleep(0.005)
+
+
 def test_nvml_sampler_reads_units_on_the_unix_clock(fake_nvml):
     import time
 
@@ -214,7 +227,7 @@ def test_nvml_sampler_reads_units_on_the_unix_clock(fake_nvml):
     before = time.time()
     with NvmlSampler(index=1, interval_ms=1.0) as sampler:
         assert sampler.read_freq_mhz() == 1410.0
-        time.sleep(0.03)
+        _wait_for_samples(sampler, 3)
     smp = sampler.samples
     assert len(smp) >= 3
     fake_nvml.nvmlInit.assert_called_once_with()
@@ -230,7 +243,6 @@ def test_nvml_sampler_reads_units_on_the_unix_clock(fake_nvml):
 
 def test_nvml_sampler_skips_a_failed_read(fake_nvml):
     import itertools
-    import time
 
     from opdvfs.runtime.sampler import NvmlSampler
 
@@ -243,7 +255,7 @@ def test_nvml_sampler_skips_a_failed_read(fake_nvml):
 
     fake_nvml.nvmlDeviceGetPowerUsage.side_effect = power_mw
     with NvmlSampler(interval_ms=1.0) as sampler:
-        time.sleep(0.03)
+        _wait_for_samples(sampler, 2)
     smp = sampler.samples
     assert len(smp) >= 2 and (smp["power_w"] == 200.0).all()  # the first read left no row
 

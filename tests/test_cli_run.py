@@ -239,10 +239,10 @@ def test_ascend_actuator_logs_requests_and_reads_through_dcmi(tmp_path):
             AscendActuator([1000.0, 1800.0]).read_power_w()
 
 
+@pytest.mark.slow  # torchrun
 def test_torchrun_rank0_schedule_reaches_rank1(tiny, tmp_path):
     import os
     import subprocess
-    import time
 
     _, _, schedule, n = tiny
     script = train_script(
@@ -252,7 +252,6 @@ def test_torchrun_rank0_schedule_reaches_rank1(tiny, tmp_path):
     )
     log = tmp_path / "calls.jsonl"
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    start = time.monotonic()
     proc = subprocess.run(
         torchrun_opdvfs(
             2,
@@ -273,9 +272,9 @@ def test_torchrun_rank0_schedule_reaches_rank1(tiny, tmp_path):
         timeout=240,
         cwd=tmp_path,
     )
+    # rank 1 once failed without --device and rank 0 hung 30 s in the rendezvous until killed:
+    # torchrun then fails (a wall-clock bound, < 25 s, was dropped: a busy machine passes it)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    # rank 1 once failed without --device and rank 0 hung 30 s in the rendezvous until killed
-    assert time.monotonic() - start < 25
     for rank in (0, 1):
         calls = [
             json.loads(x)

@@ -38,6 +38,7 @@ def _rank(rank: int, port: int, path: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two ranks, spawned
 def test_rank0_schedule_reaches_every_rank(tmp_path):
     plan = Schedule.from_stage_freqs(
         [0, 10, 20],
@@ -160,6 +161,7 @@ def _stage_schedule(freqs, starts):
     )
 
 
+@pytest.mark.slow  # torchrun
 def test_torchrun_gives_each_pipeline_rank_its_own_schedule(tmp_path):
     import subprocess
 

@@ -11,6 +11,7 @@ pytest.importorskip("torch")
 EXAMPLE = Path(__file__).parent.parent / "examples" / "train_tiny_gpt.py"
 
 
+@pytest.mark.slow  # a subprocess: the example as a user runs it
 def test_the_tuned_example_trains():
     done = subprocess.run(
         [sys.executable, str(EXAMPLE), "3"], capture_output=True, text=True, timeout=120

@@ -14,6 +14,9 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from conftest import read_log  # noqa: E402
 
+#: Every test here starts two ranks (torch.multiprocessing or torchrun): end to end, slow.
+pytestmark = pytest.mark.slow
+
 #: Most iterations each rank trains: 2 warm-up, the sweep (3 clocks, 1 each, a settle after
 #: each switch), planning (its iterations depend on the machine's load), one round of 2 pairs of
 #: 2-blocks, then 2 steady ones (the ranks stop together: their phases are the same).

@@ -16,6 +16,7 @@ import warnings
 
 from opdvfs._means import iteration_means
 from opdvfs.runtime.actuators.base import Actuator
+from opdvfs.runtime.clock import SYSTEM_CLOCK, Clock
 from opdvfs.runtime.issuer import SwitchIssuer
 from opdvfs.runtime.recorder import IterationCounter
 from opdvfs.schedule import Schedule
@@ -33,17 +34,23 @@ class ScheduleApplier(IterationCounter):
     max_diverged
         Diverging iterations in a row after which the schedule is abandoned for the run; None:
         never (the time-anchored executor recovers when iteration lengths return).
-    optimizer_steps
-        As :class:`~opdvfs.runtime.recorder.IterationCounter`.
+    optimizer_steps, clock
+        As :class:`~opdvfs.runtime.recorder.IterationCounter`; the switch worker waits on the
+        same clock.
     """
 
     #: ``"op"`` or ``"time"``: how the switches are triggered.
     trigger = "op"
 
     def __init__(
-        self, actuator: Actuator, *, max_diverged: int | None = 2, optimizer_steps: bool = True
+        self,
+        actuator: Actuator,
+        *,
+        max_diverged: int | None = 2,
+        optimizer_steps: bool = True,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        super().__init__(optimizer_steps=optimizer_steps)
+        super().__init__(optimizer_steps=optimizer_steps, clock=clock)
         self.actuator = actuator
         self.schedule: Schedule | None = None
         self._issuer: SwitchIssuer | None = None
@@ -68,7 +75,9 @@ class ScheduleApplier(IterationCounter):
 
     def _start_issuer(self) -> SwitchIssuer:
         if self._issuer is None:
-            self._issuer = SwitchIssuer(self.actuator, on_error=self._issue_failed)
+            self._issuer = SwitchIssuer(
+                self.actuator, on_error=self._issue_failed, clock=self.clock
+            )
         return self._issuer
 
     def per_iteration(self, skip: int = 1) -> dict[str, float | None]:

@@ -7,20 +7,24 @@ waits for the mark, then ``delay_s`` more (the switch's ``delay_us``, or its pla
 from the iteration's start), then calls the actuator. Switches are issued in
 order; :meth:`SwitchIssuer.cancel` drops the pending ones and waits out a call in progress, so
 that nothing is set after the clock is restored.
+
+Both executors read the time and wait through a :class:`Clock`: the system's monotonic clock
+(:data:`SYSTEM_CLOCK`), or one a test moves by hand so that a switch lands exactly when due
+whatever else the machine runs.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from opdvfs.runtime.actuators.base import Actuator
+from opdvfs.runtime.clock import SYSTEM_CLOCK, Clock
 
-__all__ = ["Marker", "PendingSwitch", "SwitchIssuer", "immediate_marker"]
+__all__ = ["SYSTEM_CLOCK", "Clock", "Marker", "PendingSwitch", "SwitchIssuer", "immediate_marker"]
 
 
 class Marker(Protocol):
@@ -55,7 +59,7 @@ class PendingSwitch:
     iteration: int
     op_index: int | None
     generation: int
-    submitted_s: float  # time.monotonic() at the trigger op's dispatch
+    submitted_s: float  # the issuer's clock at the trigger op's dispatch
     cancelled: threading.Event
     offset_s: float
     then: Callable[[], None] | None = None
@@ -70,14 +74,20 @@ class SwitchIssuer:
     Both trigger modes use it: the operator-counting executor submits a switch at its trigger
     op (marker: that op), the time-anchored one submits an iteration's switches at its anchor
     (one marker, each switch with its planned offset as the delay). ``on_error`` receives an
-    actuator failure (the thread keeps running; the executor decides).
+    actuator failure (the thread keeps running; the executor decides). ``clock`` gives the time
+    the delays count on (default :data:`SYSTEM_CLOCK`).
     """
 
     def __init__(
-        self, actuator: Actuator, *, on_error: Callable[[BaseException], None] | None = None
+        self,
+        actuator: Actuator,
+        *,
+        on_error: Callable[[BaseException], None] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.actuator = actuator
         self.on_error = on_error
+        self.clock = clock
         self._queue: queue.Queue[PendingSwitch | None] = queue.Queue()
         self._generation = 0
         self._calling = threading.Lock()  # held while the actuator is being called
@@ -126,7 +136,7 @@ class SwitchIssuer:
             iteration,
             op_index,
             self._generation,
-            time.monotonic(),
+            self.clock.now(),
             self._cancelled,
             delay_s if offset_s is None else offset_s,
             then,
@@ -144,6 +154,7 @@ class SwitchIssuer:
                 self._queue.get_nowait()
             except queue.Empty:
                 break
+            self._queue.task_done()
         with self._calling:  # a call that started before the cancel has ended
             pass
 
@@ -157,6 +168,10 @@ class SwitchIssuer:
         self._generation += 1
         self._cancelled.set()
 
+    def idle(self) -> bool:
+        """Whether every switch submitted so far has been issued or dropped (none is waiting)."""
+        return self._queue.unfinished_tasks == 0
+
     def is_alive(self) -> bool:
         """Whether the worker thread still runs (False once :meth:`close` has returned)."""
         return self._thread.is_alive()
@@ -169,13 +184,13 @@ class SwitchIssuer:
         self._thread.join(timeout=5.0)
 
     def _fired_at(self, item: PendingSwitch) -> float:
-        """When ``item``'s marker fired (``time.monotonic()``), waiting for it if need be."""
+        """When ``item``'s marker fired (on the issuer's clock), waiting for it if need be."""
         last, fired = self._fired
         if item.marker is last:  # the time-anchored executor's switches share one anchor
             return fired
-        waited = time.monotonic()
+        waited = self.clock.now()
         item.marker.synchronize()
-        done = time.monotonic()
+        done = self.clock.now()
         # now if we had to wait for it; else it fired while earlier switches were being issued:
         # on a GPU, when the device clock says (the previous marker's time plus the time
         # between the two timing events: the host dispatched it well before the device got
@@ -198,22 +213,29 @@ class SwitchIssuer:
     def _work(self) -> None:
         while not self._stop.is_set():
             item = self._queue.get()
-            if item is None:
+            try:
+                if item is None:  # close()
+                    return
+                self._handle(item)
+            finally:
+                self._queue.task_done()
+
+    def _handle(self, item: PendingSwitch) -> None:
+        """Wait for ``item``'s moment, then issue it unless it was cancelled or went stale."""
+        if item.generation != self._generation:
+            return
+        due = self._fired_at(item) + item.delay_s
+        left = due - self.clock.now()
+        if left > 0 and self.clock.wait(item.cancelled, left):
+            return  # cancelled while waiting
+        with self._calling:
+            if item.generation != self._generation or self._stop.is_set() or self._halted:
                 return
-            if item.generation != self._generation:
-                continue
-            due = self._fired_at(item) + item.delay_s
-            left = due - time.monotonic()
-            if left > 0 and item.cancelled.wait(left):
-                continue  # cancelled while waiting
-            with self._calling:
-                if item.generation != self._generation or self._stop.is_set() or self._halted:
-                    continue
-                if item.stale is not None and item.stale():
-                    continue
-                self._issue(item, late_s=max(time.monotonic() - due, 0.0))
-                if self._halted:  # the restore raced this call: undo what it set
-                    self.actuator.reset()
+            if item.stale is not None and item.stale():
+                return
+            self._issue(item, late_s=max(self.clock.now() - due, 0.0))
+            if self._halted:  # the restore raced this call: undo what it set
+                self.actuator.reset()
 
     def _issue(self, item: PendingSwitch, *, late_s: float) -> None:
         try:

@@ -13,7 +13,6 @@ feed without depending on the executors.
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pandas as pd
@@ -23,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from opdvfs.exceptions import CaptureError
+from opdvfs.runtime.clock import SYSTEM_CLOCK, Clock
 from opdvfs.schedule import op_signature
 from opdvfs.workloads.workload import Workload
 
@@ -35,16 +35,19 @@ class IterationCounter:
     ``optimizer_steps=False`` leaves the optimizer steps alone: iterations then end only at
     :meth:`mark_iteration` (``--iteration-at``: inference, custom loops). Cooperative: a
     subclass that is also a ``TorchDispatchMode`` enters and leaves the mode through it.
+    ``clock`` times the iterations (default the system's; a test passes one it moves by hand).
     """
 
-    def __init__(self, *, optimizer_steps: bool = True) -> None:
+    def __init__(self, *, optimizer_steps: bool = True, clock: Clock = SYSTEM_CLOCK) -> None:
         super().__init__()
         self.optimizer_steps = optimizer_steps
+        self.clock = clock
         self.iteration = 0
         self.op_index = 0
         self._lock = threading.Lock()
         self._hook: Any = None
-        #: ``time.perf_counter()`` at the end of each iteration (the optimizer step, host side).
+        #: ``clock.now()`` at the end of each iteration (the optimizer step, host side);
+        #: ``time.perf_counter()`` on the system clock.
         self.iteration_ends_s: list[float] = []
 
     def __enter__(self) -> Any:
@@ -64,7 +67,7 @@ class IterationCounter:
     def mark_iteration(self) -> None:
         """End the current iteration (at each optimizer step, or each ``--iteration-at`` call)."""
         with self._lock:
-            self.iteration_ends_s.append(time.perf_counter())
+            self.iteration_ends_s.append(self.clock.now())
             self.end_iteration(self.op_index)
             self.iteration += 1
             self.op_index = 0

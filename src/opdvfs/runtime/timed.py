@@ -23,7 +23,6 @@ Works unchanged under ``torch.compile`` and CUDA graphs: nothing here sees an op
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections import deque
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ import torch
 from opdvfs.exceptions import ValidationError
 from opdvfs.runtime.actuators.base import Actuator
 from opdvfs.runtime.applier import ScheduleApplier
+from opdvfs.runtime.clock import SYSTEM_CLOCK, Clock
 from opdvfs.runtime.issuer import Marker, immediate_marker
 from opdvfs.schedule import Schedule
 
@@ -335,6 +335,9 @@ class TimedExecutor(ScheduleApplier):
         For :func:`plan_timing`.
     optimizer_steps
         As :class:`~opdvfs.runtime.recorder.IterationCounter`.
+    clock
+        What the anchors and the switch worker read the time from (default the system's; a
+        test passes one it moves by hand).
     """
 
     trigger = "time"
@@ -351,8 +354,9 @@ class TimedExecutor(ScheduleApplier):
         device: SimulatedDevice | None = None,
         workload: Workload | None = None,
         optimizer_steps: bool = True,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        super().__init__(actuator, max_diverged=None, optimizer_steps=optimizer_steps)
+        super().__init__(actuator, max_diverged=None, optimizer_steps=optimizer_steps, clock=clock)
         if not 0 < tolerance < 1:
             raise ValidationError(f"tolerance {tolerance}: expected 0 < tolerance < 1")
         self.tolerance = tolerance
@@ -360,7 +364,7 @@ class TimedExecutor(ScheduleApplier):
         self._device, self._workload = device, workload
         self.timing: PlanTiming | None = timing
         self._cuda = torch.cuda.is_available()
-        self._anchor_s: float | None = None  # perf_counter() at the current iteration's anchor
+        self._anchor_s: float | None = None  # clock.now() at the current iteration's anchor
         # on a GPU, the anchors as timing events: iterations are timed where they run
         self._anchors: deque[Any] = deque(maxlen=ANCHORS_KEPT)
         self._armed = False  # the current iteration runs the schedule
@@ -441,7 +445,7 @@ class TimedExecutor(ScheduleApplier):
     def end_iteration(self, n_ops: int) -> None:
         """At an anchor: judge the iteration that ended by its length, arm the next one."""
         self._read_energy()
-        now = time.perf_counter()
+        now = self.clock.now()
         marker = self._anchor()
         if self._cuda:
             length_s = self._device_length_s()
