@@ -443,7 +443,10 @@ def _check_applied_by_time(result: dict, log: Path, stderr: str) -> None:
     # (a shared CPU's iteration can run so long the executor falls back: its tuned iterations
     # are dropped, and a tuned block of 2 they empty takes its pair with it)
     assert rnd["pairs"] == 2 or rnd["dropped"] > 0
-    assert rnd["slowdown"]["n"] == rnd["saving"]["n"] == rnd["pairs"] >= 1
+    # every pair left measured both time and energy (on a machine loaded enough that the
+    # executor fell back in every tuned iteration, none is left: that is load, not a bug)
+    assert rnd["slowdown"]["n"] == rnd["pairs"]
+    assert (rnd["saving"] or {"n": 0})["n"] == rnd["pairs"]
     rows = result["per_iteration"]
     phases = [it["phase"] for it in rows]
     tuned = applied_iterations(rows)
