@@ -82,6 +82,15 @@ GpuIndexOption = Annotated[
     typer.Option("--gpu-index", min=0, help="NVML index of the GPU --clocks nvml reads (0)."),
 ]
 
+SwitchLatencyOption = Annotated[
+    float,
+    typer.Option("--switch-latency-ms", help="Clock switch latency (NVIDIA ~15, Ascend ~1)."),
+]
+
+SensorMsOption = Annotated[
+    float, typer.Option("--sensor-ms", help="Power sensor averaging period (NVML: 100+).")
+]
+
 
 def supported_clocks(
     text: str, gpu_index: int | None = None
@@ -256,13 +265,8 @@ def characterise(
         str | None,
         typer.Option("--name", help="Device name (default: the profile's, else the file's)."),
     ] = None,
-    switch_latency_ms: Annotated[
-        float,
-        typer.Option("--switch-latency-ms", help="Clock switch latency (NVIDIA ~15, Ascend ~1)."),
-    ] = 1.0,
-    sensor_ms: Annotated[
-        float, typer.Option("--sensor-ms", help="Power sensor averaging period (NVML: 100+).")
-    ] = 1.0,
+    switch_latency_ms: SwitchLatencyOption = 1.0,
+    sensor_ms: SensorMsOption = 1.0,
     fmt: FormatOption = None,
     freq_mhz: FreqOption = None,
     clocks: ClocksOption = None,
@@ -351,13 +355,8 @@ def device(
         str | None,
         typer.Option("--name", help="Device name (default: NVML's; required with a list)."),
     ] = None,
-    switch_latency_ms: Annotated[
-        float,
-        typer.Option("--switch-latency-ms", help="Clock switch latency (NVIDIA ~15, Ascend ~1)."),
-    ] = 1.0,
-    sensor_ms: Annotated[
-        float, typer.Option("--sensor-ms", help="Power sensor averaging period (NVML: 100+).")
-    ] = 1.0,
+    switch_latency_ms: SwitchLatencyOption = 1.0,
+    sensor_ms: SensorMsOption = 1.0,
     gpu_index: GpuIndexOption = None,
     as_json: JsonOption = False,
 ) -> None:

@@ -15,7 +15,6 @@ writes ``--out``, prints the summary and shows the progress display.
 
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 from typing import Annotated, Any
@@ -155,6 +154,7 @@ def tune(
     from opdvfs.cli.runtime import _program
     from opdvfs.runtime.launch import run_python
     from opdvfs.tuner import summary_lines, tune, write_tune
+    from opdvfs.tuner.ranks import launched_as
 
     if not target > 0:
         raise UsageError(f"--target {target:g}: expected a slowdown > 0 (0.02 = 2%)")
@@ -171,8 +171,7 @@ def tune(
     command = _program(argv)
     if command is None:
         raise UsageError("tune runs the script in opdvfs's process: -- python SCRIPT ARGS")
-    rank = int(os.environ.get("RANK", "0") or 0)
-    progress, update = _progress() if rank == 0 else (None, None)
+    progress, update = _progress() if launched_as()[0] == 0 else (None, None)
     try:
         context = tune(
             target,

@@ -17,6 +17,7 @@ import opdvfs.tuner.policy as policy
 from opdvfs.schedule import Objective
 from opdvfs.tuner.cache import TuneCache
 from opdvfs.tuner.loop import Tuner
+from opdvfs.tuner.ranks import launched_as
 from opdvfs.tuner.report import write_tune
 from opdvfs.tuner.result import TuneResult
 
@@ -30,9 +31,9 @@ ClockChoice = str | Sequence[float] | Callable[[Sequence[float]], Sequence[float
 def rank_log(log: str | os.PathLike[str] | None) -> tuple[str | None, dict[str, Any]]:
     """Return this rank's actuator log (``calls.rank1.jsonl`` under torchrun) and its header."""
     header: dict[str, Any] = {}
-    if log is None or int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+    rank, world_size = launched_as()
+    if log is None or world_size <= 1:
         return (None if log is None else str(log)), header
-    rank = int(os.environ.get("RANK", "0") or 0)
     header["rank"] = rank
     path = Path(log)
     return str(path.with_name(f"{path.stem}.rank{rank}{path.suffix}")), header

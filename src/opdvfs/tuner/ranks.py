@@ -28,10 +28,15 @@ from opdvfs.schedule import Schedule
 if TYPE_CHECKING:
     from opdvfs.runtime.distributed import StoreJob
 
-__all__ = ["Decision", "Measurement", "Ranks"]
+__all__ = ["Decision", "Measurement", "Ranks", "launched_as"]
 
 #: One iteration's time (s) and energy (J): the job's, then this rank's own (None off torchrun).
 Measurement = tuple[float, float | None, float | None, float | None]
+
+
+def launched_as() -> tuple[int, int]:
+    """Return this process's rank and the job's world size as torchrun set them ((0, 1) alone)."""
+    return int(os.environ.get("RANK", "0") or 0), int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,7 @@ class Ranks:
         """Return this process's rank in the job (0 without a process group)."""
         if self.job is not None:
             return self.job.rank
-        return int(os.environ.get("RANK", "0") or 0)
+        return launched_as()[0]
 
     def join(self) -> bool:
         """Join the job's ranks once the script has made its process group; True: just joined."""
@@ -95,7 +100,7 @@ class Ranks:
 
     def waits_for_group(self) -> bool:
         """Return whether this is a rank other than 0 of a torchrun job with no group (yet)."""
-        return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 and self.rank != 0
+        return launched_as()[1] > 1 and self.rank != 0
 
     def lose(self, exc: BaseException) -> str:
         """Leave the job after a failed exchange; return the result's error line."""
