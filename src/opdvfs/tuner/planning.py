@@ -34,6 +34,7 @@ from opdvfs.tuner.result import TuneResult
 
 if TYPE_CHECKING:
     from opdvfs.runtime.profiling import Traced
+    from opdvfs.runtime.sweep import ClockSweep
 
 __all__ = ["PlanningThread", "RoundToMeasure"]
 
@@ -104,7 +105,7 @@ class PlanningThread:
         self.ready = threading.Event()
 
     # ------------------------------------------------------------------------- the training thread
-    def start(self, sweep: object, trace: Traced | None, n_launches: int | None) -> None:
+    def start(self, sweep: ClockSweep, trace: Traced | None, n_launches: int | None) -> None:
         """Start planning on ``sweep``'s profile (``trace``: a real device's, loaded here)."""
         self._thread = threading.Thread(
             target=self._run,
@@ -139,7 +140,7 @@ class PlanningThread:
             self._thread.join(timeout=30.0)
 
     # ------------------------------------------------------------------------- the thread
-    def _run(self, sweep: object, trace: Traced | None, n_launches: int | None) -> None:
+    def _run(self, sweep: ClockSweep, trace: Traced | None, n_launches: int | None) -> None:
         """Profile, fit, then :func:`fit_budget` over measured rounds.
 
         A real device's sweep trace is imported here (:meth:`Traced.load`), while the program
@@ -155,7 +156,7 @@ class PlanningThread:
             except Exception as exc:
                 result.error = f"the sweep's trace could not be read: {exc}"
                 return
-            profile = sweep_profile(sweep, measured)  # type: ignore[arg-type]
+            profile = sweep_profile(sweep, measured)
             result.profile = profile
             fitted = fit_profile(profile, objective=self.objective, n_launches=n_launches)
             result.models = fitted.models
