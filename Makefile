@@ -43,7 +43,7 @@ pytest: $(VENV)/.installed-dev
 # The docs site (mkdocs.yml, docs/): strict, so a broken link, reference or page left out of
 # the nav fails. The site lands in build/site.
 docs: $(VENV)/.installed-dev
-	$(BIN)/mkdocs build --strict --quiet --site-dir build/site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
 
 # What `pip install opdvfs` gives a user: the wheel, built and installed with no extras into a
 # fresh virtualenv outside the source tree, runs `opdvfs demo` and reads a bundled dataset.

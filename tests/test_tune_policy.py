@@ -1,6 +1,6 @@
 """Every decision ``opdvfs tune`` makes, replayed on recorded rounds (``opdvfs.tuner.policy``).
 
-No training runs here: each test feeds the policy what a run measured (the guide's run (docs/guide/tune.md) on
+No training runs here: each test feeds the policy what a run measured (docs/guide/tune.md's run on
 sim:a100-like, a real H200's null contrast, a saturated plan) and checks the decision the live
 run took, as Zeus's ``test_power_limit_optimizer.py`` replays profiles through its optimiser.
 """
@@ -41,7 +41,7 @@ def tuned_round(budget: float, slowdown: Interval, saving: Interval | None) -> T
     return TuneRound(budget, 5, None, None, slowdown, saving, slowdown.n)
 
 
-#: The guide's tune run (docs/guide/tune.md) on sim:a100-like (tiny GPT, 200 steps, --target 0.02): what each
+#: docs/guide/tune.md's run on sim:a100-like (tiny GPT, 200 steps, --target 0.02): what each
 #: round's A/B blocks measured, by the budget it was planned at (3 pairs each).
 RECORDED = {
     0.0200: (Interval(-0.0002, -0.0005, 0.0000, 3), Interval(0.1486, 0.1483, 0.1489, 3)),
