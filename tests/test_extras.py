@@ -102,3 +102,32 @@ def test_milp_without_highspy_raises_the_extra(monkeypatch):
     tables = StageTables(time_s=np.array([[1.0, 2.0]]), energy_j=np.array([[2.0, 1.0]]))
     with pytest.raises(MissingExtraError, match=r"opdvfs\[pipeline\]"):
         milp_solve(tables, 3.0)
+
+
+def _tune_result():
+    from opdvfs.tuner.result import TuneIteration, TuneResult
+
+    iterations = [
+        TuneIteration(i, phase, 1410.0, 0.1, 30.0) for i, phase in enumerate(["warmup", "steady"])
+    ]
+    timeline = {"start_s": [0.0, 0.05], "time_s": [0.05, 0.05], "freq_mhz": [1410.0, 1200.0]}
+    return TuneResult(0.02, "sim:a100-like", None, (1410.0, 1200.0), iterations, timeline=timeline)
+
+
+def test_tune_writes_its_figures_with_matplotlib(tmp_path):
+    from opdvfs.tuner.report import write_tune
+
+    written = write_tune(_tune_result(), tmp_path)
+    assert {"clock.png", "phases.png"} <= set(written)
+    assert (tmp_path / "clock.png").is_file()
+
+
+def test_tune_without_matplotlib_writes_its_files_and_skips_the_figures(monkeypatch, tmp_path):
+    without(monkeypatch, "matplotlib")
+    from opdvfs.tuner.report import write_tune
+
+    with pytest.warns(UserWarning, match=r"figures skipped: .*pip install 'opdvfs\[plot\]'"):
+        written = write_tune(_tune_result(), tmp_path)
+    assert "tune.json" in written and "report.md" in written
+    assert not [name for name in written if name.endswith(".png")]
+    assert not list(tmp_path.glob("*.png"))
