@@ -7,19 +7,19 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 DEMO_OUT ?= demo-out
 
-.PHONY: demo test lint typecheck pytest clean
+.PHONY: demo test lint typecheck pytest docs wheel-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
 $(VENV)/.installed-run: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e ".[plot]"
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(if $(TORCH),$(BIN)/pip install -q "$(TORCH)")
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[dev,docs]"
 	touch $@ $(VENV)/.installed-run
 
 # The whole pipeline on the simulated Ascend-like NPU: profile GPT-3 at three clocks, fit, plan
@@ -40,7 +40,24 @@ typecheck: $(VENV)/.installed-dev
 pytest: $(VENV)/.installed-dev
 	$(BIN)/pytest -q
 
-test: lint typecheck pytest
+# The docs site (mkdocs.yml, docs/): strict, so a broken link, reference or page left out of
+# the nav fails. The site lands in build/site.
+docs: $(VENV)/.installed-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
+
+# What `pip install opdvfs` gives a user: the wheel, built and installed with no extras into a
+# fresh virtualenv outside the source tree, runs `opdvfs demo` and reads a bundled dataset.
+WHEEL_DIR := build/wheel-check
+wheel-check: | $(BIN)/python
+	rm -rf $(WHEEL_DIR)
+	$(BIN)/pip wheel -q . --no-deps -w $(WHEEL_DIR)/dist
+	$(PYTHON) -m venv $(WHEEL_DIR)/venv
+	$(WHEEL_DIR)/venv/bin/pip install -q $(WHEEL_DIR)/dist/opdvfs-*.whl
+	cd $(WHEEL_DIR) && venv/bin/python -c "import opdvfs, sys; sys.exit(0 if '/venv/' in opdvfs.__file__ else 'opdvfs not from the wheel: ' + opdvfs.__file__)"
+	cd $(WHEEL_DIR) && venv/bin/opdvfs demo --workload resnet50 --device ascend-910b-like --out demo-out
+	cd $(WHEEL_DIR) && venv/bin/opdvfs info "$$(venv/bin/python -m opdvfs.datasets perseus-gpt3-175b-a100)" > /dev/null
+
+test: lint typecheck pytest docs wheel-check
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .mypy_cache .ruff_cache .hypothesis

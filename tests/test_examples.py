@@ -1,4 +1,4 @@
-"""The README's example script runs as it stands (needs torch)."""
+"""The guide's example script (docs/guide/tune.md) runs as it stands (needs torch)."""
 
 import subprocess
 import sys

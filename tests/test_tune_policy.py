@@ -1,6 +1,6 @@
 """Every decision ``opdvfs tune`` makes, replayed on recorded rounds (``opdvfs.tuner.policy``).
 
-No training runs here: each test feeds the policy what a run measured (the README's run on
+No training runs here: each test feeds the policy what a run measured (docs/guide/tune.md's run on
 sim:a100-like, a real H200's null contrast, a saturated plan) and checks the decision the live
 run took, as Zeus's ``test_power_limit_optimizer.py`` replays profiles through its optimiser.
 """
@@ -41,7 +41,7 @@ def tuned_round(budget: float, slowdown: Interval, saving: Interval | None) -> T
     return TuneRound(budget, 5, None, None, slowdown, saving, slowdown.n)
 
 
-#: The README's tune run on sim:a100-like (tiny GPT, 200 steps, --target 0.02): what each
+#: docs/guide/tune.md's run on sim:a100-like (tiny GPT, 200 steps, --target 0.02): what each
 #: round's A/B blocks measured, by the budget it was planned at (3 pairs each).
 RECORDED = {
     0.0200: (Interval(-0.0002, -0.0005, 0.0000, 3), Interval(0.1486, 0.1483, 0.1489, 3)),
@@ -65,7 +65,7 @@ def replay(recorded):
 
 
 def test_the_recorded_run_replays_to_the_same_clocks_budgets_and_round():
-    """The README's run: clocks, then budgets 2.00 -> 3.92 -> 5.82%, then round 3 applied."""
+    """The guide's run: clocks, then budgets 2.00 -> 3.92 -> 5.82%, then round 3 applied."""
     spec = preset_spec("a100-like")
     assert profile_clocks(spec.freqs_mhz) == (1410.0, 1305.0, 1200.0, 810.0, 210.0)
     rounds, measure = replay(RECORDED)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-# the model is the README's example's (one model for the docs, the tests and the fixtures)
+# the model is the example's that docs/guide/tune.md tunes (one model for the docs, the tests
+# and the fixtures)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from train_tiny_gpt import Block, TinyGPT, train_step
 

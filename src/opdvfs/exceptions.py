@@ -13,6 +13,7 @@ __all__ = [
     "DistributedError",
     "InfeasibleError",
     "InputFormatError",
+    "MissingExtraError",
     "NotFittedError",
     "NotSupportedError",
     "OpdvfsError",
@@ -123,3 +124,27 @@ class CaptureError(OpdvfsError, ValueError):
 
 class DistributedError(OpdvfsError, ValueError):
     """Sharing a schedule across ranks failed (no process group, or a rank sent nothing)."""
+
+
+class MissingExtraError(OpdvfsError, ImportError):
+    """An optional dependency that this command needs is not installed.
+
+    The message is one line naming the package, what needs it and the extra that installs it,
+    e.g. ``matplotlib is not installed; drawing figures needs it: pip install 'opdvfs[plot]'``.
+
+    Parameters
+    ----------
+    module
+        The package that failed to import (``"matplotlib"``).
+    extra
+        The opdvfs extra that installs it (``"plot"``).
+    needed_for
+        What needs it, as a phrase (``"drawing figures"``).
+    """
+
+    def __init__(self, module: str, extra: str, needed_for: str):
+        super().__init__(
+            f"{module} is not installed; {needed_for} needs it: pip install 'opdvfs[{extra}]'",
+            name=module,
+        )
+        self.module, self.extra = module, extra

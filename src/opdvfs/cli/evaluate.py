@@ -20,15 +20,16 @@ from opdvfs.cli._app import (
     app,
     reports_errors,
     spinner,
+    stderr,
     stdout,
 )
-from opdvfs.exceptions import InputFormatError
+from opdvfs.exceptions import InputFormatError, MissingExtraError
 from opdvfs.schedule import Objective
 
 # The experiments (the simulator, the models, the planner) load inside the commands.
 if TYPE_CHECKING:
     from opdvfs.experiments.bench import Outcome
-    from opdvfs.experiments.suites import SuiteResult
+    from opdvfs.experiments.suites import DemoData, SuiteResult
 
 _RESULTS = "results.json"
 _REPORT = "report.md"
@@ -52,6 +53,35 @@ def _write_report(out: Path, result: SuiteResult, figures: list[tuple[str, str]]
     report = out / _REPORT
     write_text_atomic(report, render(result, figures))
     return report
+
+
+_DEMO_FIGURES = (
+    ("timeline.png", "Core clock over one iteration, above the operator classes"),
+    ("savings.png", "Measured energy saved vs measured slowdown"),
+    ("model_error_cdf.png", "Model error on held-out clocks"),
+)
+
+
+def _demo_figures(out: Path, data: DemoData, title: str, target: float) -> str:
+    """Draw the demo's figures into ``out``; return why they were skipped, or "" if drawn.
+
+    matplotlib is an optional extra: without it the demo still measures and writes its report,
+    and says in one line on stderr which extra draws the figures.
+    """
+    try:
+        from opdvfs.report.plots import plot_error_cdf, plot_savings, plot_timeline
+    except MissingExtraError as e:
+        stderr.print(f"opdvfs: note: figures skipped: {e}", markup=False, highlight=False)
+        return "figures skipped"
+    caption = f"{title}: the {target:.0%} plan as executed"
+    plot_timeline(data.timeline, out / "timeline.png", caption)
+    plot_savings(data.sweep, data.static, out / "savings.png")
+    plot_error_cdf(
+        {"time": data.perf_errors_pct, f"{data.power_rail} power": data.power_errors_pct},
+        out / "model_error_cdf.png",
+        "model error on held-out clocks",
+    )
+    return ""
 
 
 def _summary_table(
@@ -188,27 +218,11 @@ def demo(
         result, data = run_demo(
             workload, device_name, target=target, objective=objective, seed=seed, step=step
         )
-        from opdvfs.report.plots import plot_error_cdf, plot_savings, plot_timeline
-
-        plot_timeline(
-            data.timeline,
-            out / "timeline.png",
-            f"{workload} on {device_name} (simulated): the {target:.0%} plan as executed",
-        )
-        plot_savings(data.sweep, data.static, out / "savings.png")
-        plot_error_cdf(
-            {"time": data.perf_errors_pct, f"{data.power_rail} power": data.power_errors_pct},
-            out / "model_error_cdf.png",
-            "model error on held-out clocks",
-        )
+        skipped = _demo_figures(out, data, f"{workload} on {device_name} (simulated)", target)
         if data.schedule is not None:
             data.schedule.write(out / "schedule.json")
     result = result.model_copy(update={"seconds": time.perf_counter() - started})
-    figures = [
-        ("timeline.png", "Core clock over one iteration, above the operator classes"),
-        ("savings.png", "Measured energy saved vs measured slowdown"),
-        ("model_error_cdf.png", "Model error on held-out clocks"),
-    ]
+    figures = [] if skipped else list(_DEMO_FIGURES)
     report = _write_report(out, result, figures)
     main = result.sections["plan"][0]
     if as_json:
@@ -239,7 +253,9 @@ def demo(
         )
     )
     _print_goals(result)
-    stdout.print(f"wrote {report} (+ figures) in {result.seconds:.1f} s", highlight=False)
+    stdout.print(
+        f"wrote {report} ({skipped or '+ figures'}) in {result.seconds:.1f} s", highlight=False
+    )
 
 
 @app.command()
@@ -254,6 +270,7 @@ def evaluate(
 ) -> None:
     """Paper Table 3 and ablations, measured on the simulator beside the paper's numbers."""
     from opdvfs.experiments.suites import paper_figures, run_paper_suite
+    from opdvfs.report.plots import plot_paper_comparison  # its figure is the point: fail early
 
     del suite  # one suite so far: the option is there for scripts that name it
     check_output_folder(out)  # before the run, not after it
@@ -261,7 +278,6 @@ def evaluate(
     progress, step = _steps(11)
     with progress:
         result = run_paper_suite(device_name, objective=objective, seed=seed, step=step)
-    from opdvfs.report.plots import plot_paper_comparison
 
     table = result.sections["table3"]
     plot_paper_comparison(

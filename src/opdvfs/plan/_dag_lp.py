@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from opdvfs.exceptions import MissingExtraError
 from opdvfs.plan._dag_problem import _TIME_RTOL, DagProblem, _Options
 
 #: Share of the fractional thresholds a diving step fixes (:meth:`_Programme.dive`).
@@ -95,7 +96,10 @@ class _Programme:
     """
 
     def __init__(self, problem: DagProblem, options: _Options) -> None:
-        import highspy
+        try:
+            import highspy
+        except ImportError as e:
+            raise MissingExtraError("highspy", "pipeline", "the pipeline planner") from e
 
         self.highspy = highspy
         self.problem, self.options = problem, options

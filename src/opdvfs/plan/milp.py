@@ -4,15 +4,15 @@
 per stage ``x[s, c]``, a switch indicator ``y[s] >= |x[s, c] - x[s-1, c]|`` for every clock,
 ``sum T x + t_sw sum y <= B``, minimise ``sum E x + e_sw sum y``) and hands it to a MILP
 solver, so the tests and ``benchmarks/real_planning.py`` can check the exact programme against
-it. Planning a single chain does not need it at run time; ``highspy`` (a runtime dependency
-since the pipeline planner, :mod:`opdvfs.plan.dag`, solves with it) is imported on first use.
+it. Planning a single chain does not need it at run time; ``highspy`` (the ``pipeline``
+extra, which the pipeline planner, :mod:`opdvfs.plan.dag`, solves with) is imported on first use.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from opdvfs.exceptions import ValidationError
+from opdvfs.exceptions import MissingExtraError, ValidationError
 from opdvfs.plan.dp import PlanResult, StageTables, gap_pct
 
 __all__ = ["milp_solve"]
@@ -58,7 +58,10 @@ def milp_solve(tables: StageTables, budget_s: float, *, rel_gap: float = 1e-9) -
         If the tables carry a reactive lag or a non-finite value.
     """
     _check(tables, budget_s)
-    import highspy  # imported on first use: only checks need this programme
+    try:
+        import highspy  # imported on first use: only checks need this programme
+    except ImportError as e:
+        raise MissingExtraError("highspy", "pipeline", "the exact 0/1 programme") from e
 
     n_stages, n_clocks = tables.shape
     nx, ny = n_stages * n_clocks, n_stages - 1

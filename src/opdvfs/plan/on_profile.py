@@ -405,7 +405,9 @@ def plan_profile(
 
     Measurements first: :func:`fit_profile` fits models only where the profile did not measure
     (``values``); :func:`plan_fitted` plans and maps a simulated GPU's swept kernels back onto
-    every launch (the profile's ``sweep.launches_per_iteration``).
+    every launch (the profile's ``sweep.launches_per_iteration``). The parameters not listed
+    below are :func:`fit_profile`'s and :func:`~opdvfs.plan.planner.plan_schedule`'s
+    (``train_freqs_mhz``: a profile only).
 
     Parameters
     ----------
@@ -424,9 +426,6 @@ def plan_profile(
     warn
         Called with each warning as it arises (so one given before planning is not lost if
         planning then fails); they are also in :attr:`ProfilePlan.warnings`.
-
-    The other parameters are :func:`fit_profile`'s and
-    :func:`~opdvfs.plan.planner.plan_schedule`'s (``train_freqs_mhz``: a profile only).
 
     Raises
     ------

@@ -8,14 +8,19 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 
 from opdvfs._files import atomic_path
+from opdvfs.exceptions import MissingExtraError
 from opdvfs.experiments.bench import Outcome
+
+try:
+    import matplotlib
+except ImportError as e:  # an optional extra: the figures' callers say what is skipped
+    raise MissingExtraError("matplotlib", "plot", "drawing figures") from e
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
 
 __all__ = ["plot_error_cdf", "plot_paper_comparison", "plot_savings", "plot_timeline"]
 

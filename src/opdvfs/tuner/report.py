@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from opdvfs._files import atomic_path, write_text_atomic
+from opdvfs.exceptions import MissingExtraError
 from opdvfs.tuner.result import Interval, TuneResult
 
 __all__ = ["summary_lines", "write_tune"]
@@ -171,7 +173,10 @@ def _figure(path: Path) -> Iterator[Any]:
     Drawn on matplotlib's Agg canvas directly, without pyplot: the user's process keeps its
     own backend (``opdvfs.tune`` runs inside it).
     """
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        raise MissingExtraError("matplotlib", "plot", "drawing tune's figures") from e
 
     fig = Figure(figsize=(8, 3.4), constrained_layout=True)
     yield fig
@@ -284,10 +289,14 @@ def write_tune(result: TuneResult, out: str | os.PathLike[str]) -> list[str]:
         written.append("schedule.json")
     write_text_atomic(folder / "tune.json", json.dumps(result.to_dict(), indent=1))
     written.append("tune.json")
-    figures = [
-        name
-        for name, draw in (("clock.png", _plot_clock), ("phases.png", _plot_phases))
-        if draw(result, folder / name)
-    ]
+    try:
+        figures = [
+            name
+            for name, draw in (("clock.png", _plot_clock), ("phases.png", _plot_phases))
+            if draw(result, folder / name)
+        ]
+    except MissingExtraError as e:  # the run's files stand without their figures
+        warnings.warn(f"figures skipped: {e}", stacklevel=2)
+        figures = []
     write_text_atomic(folder / "report.md", _markdown(result, figures))
     return [*written, "report.md", *figures]
