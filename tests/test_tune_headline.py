@@ -1,5 +1,6 @@
-"""tune's headline: the steady state, the whole run with its tuning, break-even, the static clock."""
+"""tune's headline: steady state, the whole run with its tuning, break-even, the static clock."""
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -149,6 +150,6 @@ def test_a_run_measures_the_static_clock_and_leads_with_the_headline(tmp_path):
     assert counters == {"clock_mhz", "power_w"}
     slices = [e for e in trace if e["ph"] == "X"]
     assert len(slices) == steps and {e["name"] for e in slices} >= {"warmup", "tuned", "steady"}
-    assert all(a["ts"] + a["dur"] == pytest.approx(b["ts"]) for a, b in zip(slices, slices[1:]))
+    assert all(a["ts"] + a["dur"] == pytest.approx(b["ts"]) for a, b in itertools.pairwise(slices))
     report = (tmp_path / "report.md").read_text()
     assert "![run.png](run.png)" in report and (tmp_path / "run.png").stat().st_size > 5000
