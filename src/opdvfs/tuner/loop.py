@@ -611,7 +611,7 @@ class Tuner:
         measured = measured_round(job.schedule, rows, drop=self.drive.fell_back())
         measured.static_mhz = job.static_mhz
         self.result.rounds.append(measured)
-        log.info("%s", round_line(len(self.result.rounds) - 1, measured))
+        log.info("tune: %s", round_line(len(self.result.rounds) - 1, measured))
         job.measured = policy.Measured.of(measured)
         # until the next plan or the result: the top clock
         self.phase = "planning"

@@ -196,11 +196,19 @@ class PlanningThread:
                 top_mhz = float(max(fitted.inputs.freqs_mhz))
                 plan = plan_at(static_budget(fit), STATIC_INTERVAL_MS)
                 clock = plan.stages[0].freq_mhz
-                if len(plan.stages) == 1 and clock < top_mhz:
+                same = [
+                    i
+                    for i, r in enumerate(fit.rounds)
+                    if [st.freq_mhz for st in r.schedule.stages] == [clock]
+                ]
+                if same:  # a per-operator plan of one clock is the static clock: not twice
+                    result.rounds[same[0]].static_mhz = clock
+                    log.info("tune: round %d is the best static clock, %g MHz", same[0] + 1, clock)
+                elif len(plan.stages) == 1 and clock < top_mhz:
                     self._measure(plan, static_mhz=clock)
                     schedules.append(plan)
                 else:
-                    log.info("the best static clock planned is the top clock: not measured")
+                    log.info("tune: the best static clock planned is the top clock: not measured")
         except Aborted:
             return
         except Exception as exc:  # the tuner's own failure never reaches the program

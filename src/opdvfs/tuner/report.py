@@ -25,7 +25,7 @@ from typing import Any
 from opdvfs._files import atomic_path, write_text_atomic
 from opdvfs.tuner.result import Interval, TuneResult, TuneRound
 
-__all__ = ["headline_lines", "round_line", "summary_lines", "write_tune"]
+__all__ = ["headline_lines", "headline_metrics", "round_line", "summary_lines", "write_tune"]
 
 
 def _pct(value: float | None, sign: str = "+") -> str:
@@ -93,7 +93,7 @@ def round_line(index: int, rnd: TuneRound) -> str:
     if rnd.static_mhz is not None:
         what = f"the best static clock, {rnd.static_mhz:g} MHz (planned at {rnd.budget:.2%}"
     else:
-        what = f"planned at {rnd.budget:.2%} ({rnd.stages} stages"
+        what = f"planned at {rnd.budget:.2%} ({rnd.stages} stage{'s' if rnd.stages != 1 else ''}"
     dropped = rnd.dropped
     return (
         f"round {index + 1}: {what}; predicted "
@@ -201,9 +201,11 @@ def _static_line(r: TuneResult) -> str:
         f"slowdown {_bracket(static.slowdown)}"
     )
     best = r.best
-    if best is static and r.schedule is not None:
-        return line + ": it beat the per-operator plans and was applied"
     ops = [x for x in r.rounds if x.static_mhz is None]
+    if best is static and r.schedule is not None:
+        if not ops:
+            return line + ": the per-operator planner chose this one clock itself; applied"
+        return line + ": it beat the per-operator plans and was applied"
     chosen = best if best is not None and best.static_mhz is None else None
     if chosen is None and ops:
         chosen = ops[0]
@@ -226,6 +228,46 @@ def headline_lines(result: TuneResult) -> list[str]:
     tuning has paid for itself; and the best single static clock measured the same way.
     """
     return [_steady_line(result), *_whole_run_lines(result), _static_line(result)]
+
+
+def headline_metrics(result: TuneResult, prefix: str = "opdvfs/") -> dict[str, float]:
+    """Return the headline as numbers for a trainer's loggers (fractions, MHz, J, iterations).
+
+    Only what was measured: the applied round's saving and slowdown (means and 95% interval
+    ends), the whole run's against the top clock, the break-even iteration, the best static
+    clock's. Names start with ``prefix``.
+    """
+    out: dict[str, float] = {}
+
+    def put(name: str, value: float | None) -> None:
+        if value is not None and value == value:  # (no nan)
+            out[prefix + name] = float(value)
+
+    def interval(name: str, iv: Interval | None) -> None:
+        if iv is not None and iv.n:
+            put(name, iv.mean)
+            put(f"{name}_low", iv.low)
+            put(f"{name}_high", iv.high)
+
+    best = result.best
+    if best is not None and result.schedule is not None:
+        interval("steady_saving", best.saving)
+        interval("steady_slowdown", best.slowdown)
+        put("steady_static_mhz", best.static_mhz)
+    run = result.whole_run()
+    if run is not None:
+        put("run_slowdown", run.slowdown)
+        put("run_saving", run.saving)
+        put("run_energy_j", run.energy_j)
+        put("run_top_energy_j", run.top_energy_j)
+        put("tuning_cost_j", run.tuning_cost_j)
+        put("break_even_iteration", run.break_even)
+    static = result.static
+    if static is not None:
+        put("static_mhz", static.static_mhz)
+        interval("static_saving", static.saving)
+        interval("static_slowdown", static.slowdown)
+    return out
 
 
 def summary_lines(result: TuneResult) -> list[str]:

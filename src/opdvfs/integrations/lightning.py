@@ -1,0 +1,102 @@
+"""Tune a Lightning ``Trainer``'s clocks: ``Trainer(callbacks=[OpdvfsCallback()])``.
+
+:class:`OpdvfsCallback` is a ``lightning.pytorch.Callback``: it opens :class:`opdvfs.tune`
+when training starts and closes it when training ends, or when training raises
+(``on_exception``: the clock restored, the error handed on); tune's files go to ``out``, by
+default ``<default_root_dir>/opdvfs``. Then tune's headline
+(:func:`~opdvfs.tuner.report.headline_metrics`: ``opdvfs/steady_saving``,
+``opdvfs/run_saving``, ``opdvfs/break_even_iteration``, ``opdvfs/static_saving`` ...) goes to
+every logger of the trainer (``log_metrics``), and tune's figures to those that take images
+(TensorBoard's ``add_image``, Weights & Biases' ``log_image``). The model, the data and the
+loop are untouched; the iterations are the optimizer steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from opdvfs.integrations._session import TuneSession
+from opdvfs.tuner.result import TuneResult
+
+__all__ = ["OpdvfsCallback"]
+
+log = logging.getLogger("opdvfs")
+
+
+class OpdvfsCallback(Callback):  # type: ignore[misc]
+    """Tune the clocks of the training the Lightning ``Trainer`` runs; report to its loggers.
+
+    Parameters
+    ----------
+    target
+        Allowed measured slowdown (0.02 = 2%).
+    actuator
+        As :class:`opdvfs.tune`: ``"nvml"``, ``"zeusd"``, ``"sim:PRESET"``, ``"dry-run"``.
+    out
+        Folder for tune's files (default: ``<default_root_dir>/opdvfs``).
+    options
+        The rest of :class:`opdvfs.tune`'s keywords (``clocks``, ``work_scale``, ``pairs``,
+        ``rounds``, ``cache`` ...).
+    """
+
+    def __init__(
+        self,
+        target: float = 0.02,
+        *,
+        actuator: str = "nvml",
+        out: str | os.PathLike[str] | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__()
+        self.session = TuneSession(target, actuator, out, options)
+
+    @property
+    def result(self) -> TuneResult | None:
+        """What the last training's tune measured (None before it ended)."""
+        return self.session.result
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Open the tune (the top clock locked for its warm-up)."""
+        self.session.start(default_out=os.path.join(trainer.default_root_dir, "opdvfs"))
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Close the tune; send its headline and figures to the trainer's loggers."""
+        if self.session.stop() is None:
+            return
+        if trainer.is_global_zero:
+            send(trainer, self.session)
+
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        """Close the tune with the error (the clock restored at once); Lightning re-raises."""
+        self.session.stop(exception)
+
+
+def send(trainer: Trainer, session: TuneSession) -> None:
+    """Send the headline to every logger of ``trainer``, and the figures to those taking images.
+
+    A logger that fails is skipped with a line on the ``opdvfs`` logger; the others still get
+    theirs.
+    """
+    metrics = session.metrics()
+    step = trainer.global_step
+    figures = session.figures()
+    for logger in trainer.loggers:
+        try:
+            logger.log_metrics(metrics, step=step)
+            if figures and hasattr(logger, "log_image"):  # Weights & Biases
+                for name, path in figures.items():
+                    logger.log_image(key=f"opdvfs/{name}", images=[str(path)], step=step)
+            elif figures and hasattr(getattr(logger, "experiment", None), "add_image"):
+                for name, image in session.figure_arrays().items():
+                    logger.experiment.add_image(
+                        f"opdvfs/{name}", image[..., :3], step, dataformats="HWC"
+                    )
+            logger.save()
+        except Exception as exc:  # a logger's failure never ends the training's report
+            log.warning("tune: could not send the headline to %s: %s", type(logger).__name__, exc)
