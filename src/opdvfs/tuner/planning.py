@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
@@ -270,4 +269,5 @@ class PlanningThread:
                     },
                 )
             except OSError as exc:
-                warnings.warn(f"opdvfs: could not write the tune cache: {exc}", stacklevel=2)
+                # a diagnostic, not a safety fallback: the run itself is as measured
+                log.warning("tune: could not write the tune cache: %s", exc)
