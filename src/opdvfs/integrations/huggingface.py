@@ -6,7 +6,8 @@ to ``out``, by default ``<output_dir>/opdvfs``), then appends tune's headline
 (:func:`~opdvfs.tuner.report.headline_metrics`: ``opdvfs/steady_saving``,
 ``opdvfs/run_saving``, ``opdvfs/break_even_iteration``, ``opdvfs/static_saving`` ...) to the
 trainer's ``state.log_history`` and sends it and tune's figures to the loggers ``report_to``
-names: TensorBoard (scalars and images, in ``logging_dir``), Weights & Biases (the active run)
+names: TensorBoard (scalars and images, in ``logging_dir``, ``$TENSORBOARD_LOGGING_DIR`` or
+``<output_dir>/runs/opdvfs``), Weights & Biases (the active run)
 and MLflow (the active run: metrics and the figures as artifacts). The model, the data and the
 training loop are untouched; the iterations are the trainer's optimizer steps.
 
@@ -31,7 +32,7 @@ __all__ = ["OpdvfsCallback"]
 log = logging.getLogger("opdvfs")
 
 
-class OpdvfsCallback(TrainerCallback):  # type: ignore[misc]
+class OpdvfsCallback(TrainerCallback):
     """Tune the clocks of the training the ``Trainer`` runs; report to its loggers.
 
     Parameters
@@ -70,7 +71,7 @@ class OpdvfsCallback(TrainerCallback):  # type: ignore[misc]
         **kwargs: Any,
     ) -> None:
         """Open the tune (the top clock locked for its warm-up)."""
-        self.session.start(default_out=os.path.join(args.output_dir, "opdvfs"))
+        self.session.start(default_out=os.path.join(args.output_dir or ".", "opdvfs"))
 
     def on_train_end(
         self,
@@ -125,7 +126,13 @@ def _tensorboard(
 ) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
-    writer = SummaryWriter(log_dir=args.logging_dir)
+    # transformers < 5: args.logging_dir; 5: $TENSORBOARD_LOGGING_DIR, else under output_dir
+    log_dir = (
+        getattr(args, "logging_dir", None)
+        or os.environ.get("TENSORBOARD_LOGGING_DIR")
+        or os.path.join(args.output_dir or ".", "runs", "opdvfs")
+    )
+    writer = SummaryWriter(log_dir=log_dir)
     try:
         for key, value in metrics.items():
             writer.add_scalar(key, value, step)

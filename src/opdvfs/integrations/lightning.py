@@ -27,7 +27,7 @@ __all__ = ["OpdvfsCallback"]
 log = logging.getLogger("opdvfs")
 
 
-class OpdvfsCallback(Callback):  # type: ignore[misc]
+class OpdvfsCallback(Callback):
     """Tune the clocks of the training the Lightning ``Trainer`` runs; report to its loggers.
 
     Parameters
@@ -89,14 +89,13 @@ def send(trainer: Trainer, session: TuneSession) -> None:
     for logger in trainer.loggers:
         try:
             logger.log_metrics(metrics, step=step)
+            experiment: Any = getattr(logger, "experiment", None)
             if figures and hasattr(logger, "log_image"):  # Weights & Biases
                 for name, path in figures.items():
                     logger.log_image(key=f"opdvfs/{name}", images=[str(path)], step=step)
-            elif figures and hasattr(getattr(logger, "experiment", None), "add_image"):
+            elif figures and hasattr(experiment, "add_image"):  # TensorBoard
                 for name, image in session.figure_arrays().items():
-                    logger.experiment.add_image(
-                        f"opdvfs/{name}", image[..., :3], step, dataformats="HWC"
-                    )
+                    experiment.add_image(f"opdvfs/{name}", image[..., :3], step, dataformats="HWC")
             logger.save()
         except Exception as exc:  # a logger's failure never ends the training's report
             log.warning("tune: could not send the headline to %s: %s", type(logger).__name__, exc)
