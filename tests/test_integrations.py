@@ -26,6 +26,20 @@ TUNE = {
 STEPS = 40
 
 
+def _lightning_trainer(pl, tmp_path: Path, callback, steps: int, logger):
+    """A Lightning trainer on the CPU with ``callback``, quiet, no checkpoints."""
+    return pl.Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        logger=logger,
+        callbacks=[callback],
+        default_root_dir=str(tmp_path),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+
+
 def _check(result, folder: Path) -> None:
     assert result is not None and result.error is None, result and result.error
     assert len(result.rounds) >= 1 and result.static is not None
@@ -110,16 +124,7 @@ def test_a_lightning_trainer_is_tuned_and_logs_the_saving(tmp_path):
         torch.utils.data.TensorDataset(torch.randint(0, 64, (400, 17))), batch_size=4
     )
     callback = OpdvfsCallback(0.02, work_scale=2e7, **TUNE)
-    trainer = pl.Trainer(
-        max_steps=STEPS,
-        accelerator="cpu",
-        logger=CSVLogger(str(tmp_path)),
-        callbacks=[callback],
-        default_root_dir=str(tmp_path),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-    )
+    trainer = _lightning_trainer(pl, tmp_path, callback, STEPS, CSVLogger(str(tmp_path)))
     trainer.fit(Tiny(), data)
     result = callback.result
     _check(result, tmp_path / "opdvfs")
@@ -151,16 +156,7 @@ def test_lightning_restores_the_clock_when_training_raises(tmp_path):
 
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(40, 4)))
     callback = OpdvfsCallback(0.02, actuator="sim:a100-like", cache=False)
-    trainer = pl.Trainer(
-        max_steps=10,
-        accelerator="cpu",
-        logger=False,
-        callbacks=[callback],
-        default_root_dir=str(tmp_path),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-    )
+    trainer = _lightning_trainer(pl, tmp_path, callback, 10, logger=False)
     with pytest.raises(RuntimeError, match="boom"):
         trainer.fit(Failing(), data)
     assert not callback.session.active and callback.session.tuner.guard.restored

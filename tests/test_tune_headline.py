@@ -94,7 +94,7 @@ def test_a_run_measures_the_static_clock_and_leads_with_the_headline(tmp_path):
     from opdvfs.tuner.report import summary_lines
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from tiny_gpt import TinyGPT
+    from tiny_gpt import TinyGPT, train_step
 
     torch.manual_seed(0)
     model = TinyGPT()
@@ -114,14 +114,8 @@ def test_a_run_measures_the_static_clock_and_leads_with_the_headline(tmp_path):
         rounds=2,
         command=["train", "--steps", "40"],
     ) as t:
-        for i in range(steps):
-            logits = model(data[i, :, :-1])
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, 64), data[i, :, 1:].reshape(-1)
-            )
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+        for batch in data:
+            train_step(model, opt, batch)
     r: TuneResult = t.result
     assert r.error is None, r.error
     assert len(r.rounds) == 2 and r.rounds[0].static_mhz is None

@@ -18,7 +18,7 @@ from opdvfs.tuner.context import tune
 from opdvfs.tuner.report import headline_lines, headline_metrics
 from opdvfs.tuner.result import TuneResult
 
-__all__ = ["FIGURES", "TuneSession"]
+__all__ = ["FIGURES", "TuneSession", "TunedCallback"]
 
 log = logging.getLogger("opdvfs")
 
@@ -122,3 +122,40 @@ class TuneSession:
         from matplotlib.image import imread
 
         return {name: imread(path) for name, path in self.figures().items()}
+
+
+class TunedCallback:
+    """What both callbacks are besides their trainer's base class: a :class:`TuneSession`.
+
+    Parameters
+    ----------
+    target
+        Allowed measured slowdown (0.02 = 2%).
+    actuator
+        As :class:`opdvfs.tune`: ``"nvml"``, ``"zeusd"``, ``"sim:PRESET"``, ``"dry-run"``.
+    out
+        Folder for tune's files (default: the trainer's output folder's ``opdvfs``).
+    options
+        The rest of :class:`opdvfs.tune`'s keywords (``clocks``, ``work_scale``, ``pairs``,
+        ``rounds``, ``cache`` ...).
+    """
+
+    def __init__(
+        self,
+        target: float = 0.02,
+        *,
+        actuator: str = "nvml",
+        out: str | os.PathLike[str] | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__()  # the trainer's callback base (no arguments)
+        self.session = TuneSession(target, actuator, out, options)
+
+    @property
+    def result(self) -> TuneResult | None:
+        """What the last training's tune measured (None before it ended)."""
+        return self.session.result
+
+    def close(self) -> None:
+        """Close the tune if it is still open (training raised): the clock restored now."""
+        self.session.close()

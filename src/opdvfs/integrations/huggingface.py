@@ -24,44 +24,21 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from opdvfs.integrations._session import TuneSession
-from opdvfs.tuner.result import TuneResult
+from opdvfs.integrations._session import TunedCallback, TuneSession
 
 __all__ = ["OpdvfsCallback"]
 
 log = logging.getLogger("opdvfs")
 
 
-class OpdvfsCallback(TrainerCallback):
+class OpdvfsCallback(TunedCallback, TrainerCallback):
     """Tune the clocks of the training the ``Trainer`` runs; report to its loggers.
 
-    Parameters
-    ----------
-    target
-        Allowed measured slowdown (0.02 = 2%).
-    actuator
-        As :class:`opdvfs.tune`: ``"nvml"``, ``"zeusd"``, ``"sim:PRESET"``, ``"dry-run"``.
-    out
-        Folder for tune's files (default: ``<output_dir>/opdvfs``).
-    options
-        The rest of :class:`opdvfs.tune`'s keywords (``clocks``, ``work_scale``, ``pairs``,
-        ``rounds``, ``cache`` ...).
+    tune's files go to ``out``, by default ``<output_dir>/opdvfs``.
+
+    The parameters are :class:`~opdvfs.integrations._session.TunedCallback`'s (``target``,
+    ``actuator``, ``out`` and :class:`opdvfs.tune`'s keywords).
     """
-
-    def __init__(
-        self,
-        target: float = 0.02,
-        *,
-        actuator: str = "nvml",
-        out: str | os.PathLike[str] | None = None,
-        **options: Any,
-    ) -> None:
-        self.session = TuneSession(target, actuator, out, options)
-
-    @property
-    def result(self) -> TuneResult | None:
-        """What the last training's tune measured (None before it ended)."""
-        return self.session.result
 
     def on_train_begin(
         self,
@@ -87,10 +64,6 @@ class OpdvfsCallback(TrainerCallback):
         state.log_history.append({**metrics, "step": state.global_step})
         if state.is_world_process_zero:
             send(args, state.global_step, metrics, self.session)
-
-    def close(self) -> None:
-        """Close the tune if it is still open (training raised): the clock restored now."""
-        self.session.close()
 
 
 def _report_to(args: TrainingArguments) -> list[str]:

@@ -19,45 +19,21 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from opdvfs.integrations._session import TuneSession
-from opdvfs.tuner.result import TuneResult
+from opdvfs.integrations._session import TunedCallback, TuneSession
 
 __all__ = ["OpdvfsCallback"]
 
 log = logging.getLogger("opdvfs")
 
 
-class OpdvfsCallback(Callback):
+class OpdvfsCallback(TunedCallback, Callback):
     """Tune the clocks of the training the Lightning ``Trainer`` runs; report to its loggers.
 
-    Parameters
-    ----------
-    target
-        Allowed measured slowdown (0.02 = 2%).
-    actuator
-        As :class:`opdvfs.tune`: ``"nvml"``, ``"zeusd"``, ``"sim:PRESET"``, ``"dry-run"``.
-    out
-        Folder for tune's files (default: ``<default_root_dir>/opdvfs``).
-    options
-        The rest of :class:`opdvfs.tune`'s keywords (``clocks``, ``work_scale``, ``pairs``,
-        ``rounds``, ``cache`` ...).
+    tune's files go to ``out``, by default ``<default_root_dir>/opdvfs``.
+
+    The parameters are :class:`~opdvfs.integrations._session.TunedCallback`'s (``target``,
+    ``actuator``, ``out`` and :class:`opdvfs.tune`'s keywords).
     """
-
-    def __init__(
-        self,
-        target: float = 0.02,
-        *,
-        actuator: str = "nvml",
-        out: str | os.PathLike[str] | None = None,
-        **options: Any,
-    ) -> None:
-        super().__init__()
-        self.session = TuneSession(target, actuator, out, options)
-
-    @property
-    def result(self) -> TuneResult | None:
-        """What the last training's tune measured (None before it ended)."""
-        return self.session.result
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Open the tune (the top clock locked for its warm-up)."""

@@ -20,7 +20,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Self
 
 from opdvfs.exceptions import ValidationError
@@ -163,12 +162,7 @@ class Monitor:
         """Return the monitor (closed on exit)."""
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         """Close the actuator when it was opened here."""
         self.close()
 
@@ -187,12 +181,7 @@ class Measurement:
         self.monitor.begin_window(self.name)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         """Close the window (also when the block raised), then the monitor's own actuator."""
         try:
             self.window = self.monitor.end_window(self.name)
