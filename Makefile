@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 # torch is pinned to the CPU build that lies on these machines; an unpinned torch pulls a
 # multi-GB CUDA build. Override with `make test TORCH=` to test without torch.
 TORCH ?= torch==2.13.0
+# The trainer callbacks' packages (the integrations extra) need torch: installed only with it.
+COMMA := ,
 DEMO_OUT ?= demo-out
 
 .PHONY: demo test lint typecheck pytest docs wheel-check clean
@@ -19,7 +21,7 @@ $(VENV)/.installed-run: pyproject.toml | $(BIN)/python
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(if $(TORCH),$(BIN)/pip install -q "$(TORCH)")
-	$(BIN)/pip install -q -e ".[dev,docs]"
+	$(BIN)/pip install -q -e ".[dev,docs$(if $(TORCH),$(COMMA)integrations)]"
 	touch $@ $(VENV)/.installed-run
 
 # The whole pipeline on the simulated Ascend-like NPU: profile GPT-3 at three clocks, fit, plan

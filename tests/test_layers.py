@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("plan", "runtime"),
     # applications: the closed loop on a running program, then the simulator experiments
     ("tuner",),
+    ("integrations",),
     ("experiments",),
     ("report",),
     ("cli",),

@@ -65,6 +65,10 @@ _EXPORTS: dict[str, str] = {
     "plan_frontier": "opdvfs.plan.planner",
     # the closed loop on a running job (#21): ``with opdvfs.tune(target=0.02): train()``
     "tune": "opdvfs.tuner.context",
+    # a block's time and energy, on any device opdvfs reads: ``with opdvfs.measure("nvml")``
+    "measure": "opdvfs.runtime.window",
+    "Monitor": "opdvfs.runtime.window",
+    "Window": "opdvfs.runtime.window",
 }
 
 __all__ = [
@@ -73,6 +77,7 @@ __all__ = [
     "InfeasibleError",
     "InputFormatError",
     "ModelBundle",
+    "Monitor",
     "NotFittedError",
     "OpdvfsError",
     "PerfModel",
@@ -92,10 +97,12 @@ __all__ = [
     "UnsupportedClockError",
     "ValidationError",
     "VoltageCurve",
+    "Window",
     "Workload",
     "__version__",
     "get_preset",
     "load_workload",
+    "measure",
     "plan_frontier",
     "plan_schedule",
     "read_profile",
@@ -124,6 +131,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from opdvfs.plan.planner import PlanInputs, plan_frontier, plan_schedule
     from opdvfs.profile import Profile
     from opdvfs.result import RunResult, StageRecord
+    from opdvfs.runtime.window import Monitor, Window, measure
     from opdvfs.schedule import Schedule, Stage, Switch
     from opdvfs.sim.presets import get_preset
     from opdvfs.sim.twin import SimulatedDevice

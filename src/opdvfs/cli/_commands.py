@@ -7,6 +7,7 @@ from __future__ import annotations
 
 # importing a command module registers its commands
 import opdvfs.cli.data
+import opdvfs.cli.doctor
 import opdvfs.cli.evaluate
 import opdvfs.cli.models
 import opdvfs.cli.plan

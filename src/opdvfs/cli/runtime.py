@@ -8,11 +8,14 @@ started as a launcher whose Python processes activate opdvfs through ``PYTHONPAT
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
@@ -22,6 +25,7 @@ import typer
 from opdvfs.cli._app import (
     SCRIPT_CONTEXT,
     DryRunDeviceOption,
+    JsonOption,
     UsageError,
     WorkScaleOption,
     app,
@@ -59,6 +63,19 @@ def _print(lines: Any) -> None:
         stdout.print(line, highlight=False)
 
 
+def _report(command: str, lines: Any, data: dict[str, Any], as_json: bool) -> None:
+    """Print the lines, or (``--json``) one JSON object: the fields and the lines."""
+    if as_json:
+        print(json.dumps({"command": command, **data, "lines": list(lines)}))
+    else:
+        _print(lines)
+
+
+def _script_output(as_json: bool) -> Any:
+    """With ``--json`` stdout holds only the JSON object: the script's prints go to stderr."""
+    return contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
+
+
 def _program(argv: list[str]) -> Any:
     """Return the parsed Python command, or None for a launcher (checked before it starts)."""
     from opdvfs.runtime.launch import parse_python_command
@@ -80,7 +97,7 @@ def _absolute(settings: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _launch(argv: list[str], settings: dict[str, Any]) -> None:
+def _launch(argv: list[str], settings: dict[str, Any], as_json: bool = False) -> None:
     """Run a launcher with opdvfs activated in its Python processes; report as in-process.
 
     SIGINT/SIGTERM are passed on to the launcher (whose processes restore their clocks), the
@@ -92,7 +109,8 @@ def _launch(argv: list[str], settings: dict[str, Any]) -> None:
     folder = report_dir()
     try:
         env = activation_env({**_absolute(settings), "report_dir": folder}, dict(os.environ))
-        proc = subprocess.Popen(argv, env=env)
+        # (--json: the launched program's stdout goes to stderr, stdout holds the JSON)
+        proc = subprocess.Popen(argv, env=env, stdout=sys.stderr if as_json else None)
 
         def forward(signum: int, frame: FrameType | None) -> None:
             proc.send_signal(signum)
@@ -114,7 +132,7 @@ def _launch(argv: list[str], settings: dict[str, Any]) -> None:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     first = reports[0]
-    _print(first["lines"])
+    _report(settings["mode"], first["lines"], first.get("data") or {}, as_json)
     for report in reports:  # any rank that failed fails the run
         if report["error"]:
             Outcome((), report["error"], report["mode"]).raise_error()
@@ -127,7 +145,9 @@ def _export_lines(settings: dict[str, Any]) -> None:
         print(f"export {key}={shlex.quote(value)}")
 
 
-def _in_process(command: Any, settings: dict[str, Any], profile: Any = None) -> Any:
+def _in_process(
+    command: Any, settings: dict[str, Any], profile: Any = None, as_json: bool = False
+) -> Any:
     """Run a Python command in this process under a session; return (outcome, measured)."""
     from opdvfs.runtime.launch import run_python
     from opdvfs.runtime.session import Session
@@ -135,7 +155,7 @@ def _in_process(command: Any, settings: dict[str, Any], profile: Any = None) -> 
     session = Session(**settings)
 
     def run() -> None:
-        with session:
+        with session, _script_output(as_json):
             run_python(command)
 
     measured = None
@@ -211,6 +231,7 @@ def capture(
             "--log", "--log-file", help="With --freqs: JSON lines of actuator calls (appended)."
         ),
     ] = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Run a PyTorch script unchanged and record one iteration's operators as a Workload.
 
@@ -245,6 +266,7 @@ def capture(
             device=device,
             log=log,
             freq_mhz=freq_mhz,
+            as_json=as_json,
         )
         return
     if work_scale is not None or iterations_per_clock is not None or log is not None:
@@ -254,7 +276,7 @@ def capture(
     if command is None:
         if profile_out is not None:
             raise UsageError("--profile runs the script in opdvfs's process: -- python SCRIPT")
-        _launch(argv, settings)
+        _launch(argv, settings, as_json)
         return
     profile = None
     if profile_out is not None:
@@ -263,18 +285,26 @@ def capture(
         def profile(run: Any) -> Any:
             return profile_run(run, freq_mhz=freq_mhz)
 
-    outcome, measured = _in_process(command, settings, profile)
+    outcome, measured = _in_process(command, settings, profile, as_json)
     outcome.raise_error()  # no complete iteration: a CaptureError, reported as usual
-    _print(outcome.lines)
+    lines, data = list(outcome.lines), dict(outcome.data)
     if measured is not None and profile_out is not None:
         measured.write(profile_out)
         summary = measured.summary()
-        stdout.print(
+        samples = 0 if measured.samples is None else len(measured.samples)
+        lines.append(
             f"wrote {profile_out}: {summary['operators']} operators x "
             f"{summary['iterations']} iterations at {measured.freqs_mhz[0]:g} MHz, "
-            f"{0 if measured.samples is None else len(measured.samples)} power samples",
-            highlight=False,
+            f"{samples} power samples"
         )
+        data["profile"] = {
+            "out": str(profile_out),
+            "operators": summary["operators"],
+            "iterations": summary["iterations"],
+            "freqs_mhz": [float(f) for f in measured.freqs_mhz],
+            "power_samples": samples,
+        }
+    _report("capture", lines, data, as_json)
 
 
 def _sweep_actuator(
@@ -306,6 +336,7 @@ def _capture_sweep(
     device: str | None,
     log: Path | None,
     freq_mhz: float | None,
+    as_json: bool = False,
 ) -> None:
     """``capture --profile P --freqs LIST``: profile every clock in one run (#21)."""
     from opdvfs.cli._app import parse_clocks
@@ -336,7 +367,7 @@ def _capture_sweep(
         raise
 
     def run() -> None:
-        with session:
+        with session, _script_output(as_json):
             run_python(command)
 
     result = sweep_run(run, act, clocks, warmup=warmup, iterations_per_clock=iterations_per_clock)
@@ -350,7 +381,6 @@ def _capture_sweep(
         raise CaptureError(result.incomplete_message() + hint)
     outcome = session.outcome()
     outcome.raise_error()  # no complete iteration: a CaptureError, reported as usual
-    _print(outcome.lines)
     measured = result.profile
     if act.timeline is not None and session.recorder and session.recorder.iterations:
         # its ops are launch positions: a plan on it maps back with schedule.on_launches
@@ -362,8 +392,21 @@ def _capture_sweep(
     samples = measured.samples
     # a slower clock counts fewer of its longer iterations (as many as span the sensor's windows)
     counted = ", ".join(f"{n} at {f:g}" for f, n in result.counted_per_clock.items())
-    _print(
+    data = {
+        **outcome.data,
+        "profile": {
+            "out": str(profile_out),
+            "operators": measured.n_ops,
+            "freqs_mhz": [float(f) for f in measured.freqs_mhz],
+            "counted_per_clock": {f"{f:g}": n for f, n in result.counted_per_clock.items()},
+            "warmup": result.warmup,
+            "power_samples": 0 if samples is None else len(samples),
+        },
+    }
+    _report(
+        "capture",
         [
+            *outcome.lines,
             f"swept {len(result.freqs_mhz)} clocks on {actuator} in one run: "
             f"{result.warmup} warm-up iterations at {max(result.freqs_mhz):g} MHz, then "
             f"{counted} MHz counted ({phases.get('settle', 0)} discarded after switches, "
@@ -371,7 +414,9 @@ def _capture_sweep(
             f"wrote {profile_out}: {measured.n_ops} operators at "
             f"{', '.join(f'{f:g}' for f in measured.freqs_mhz)} MHz, "
             f"{0 if samples is None else len(samples)} power samples",
-        ]
+        ],
+        data,
+        as_json,
     )
 
 
@@ -423,6 +468,7 @@ def run(
     ] = None,
     work_scale: WorkScaleOption = None,
     print_env: PrintEnvOption = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Run a PyTorch script unchanged under a schedule (clocks restored however it ends).
 
@@ -456,9 +502,10 @@ def run(
         if print_env:
             _export_lines(settings)
         else:
-            _launch(argv, settings)
+            _launch(argv, settings, as_json)
         return
     settings["share"] = True  # under torchrun, rank 0's schedule reaches the other ranks
-    outcome, _ = _in_process(command, settings)
-    _print(outcome.lines)
+    outcome, _ = _in_process(command, settings, as_json=as_json)
+    if not (as_json and outcome.error):  # (--json and an error: the one line on stderr)
+        _report("run", outcome.lines, outcome.data, as_json)
     outcome.raise_error()

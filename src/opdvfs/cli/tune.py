@@ -15,6 +15,9 @@ writes ``--out``, prints the summary and shows the progress display.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import sys
 import warnings
 from pathlib import Path
 from typing import Annotated, Any
@@ -24,6 +27,7 @@ import typer
 from opdvfs.cli._app import (
     SCRIPT_CONTEXT,
     DryRunDeviceOption,
+    JsonOption,
     UsageError,
     WorkScaleOption,
     app,
@@ -116,8 +120,23 @@ def tune(
         int, typer.Option("--pairs", min=1, help="A/B block pairs per measured plan.")
     ] = 3,
     rounds: Annotated[
-        int, typer.Option("--rounds", min=1, help="Most plans measured (re-plans included).")
-    ] = 3,
+        int,
+        typer.Option(
+            "--rounds",
+            min=1,
+            help="Most plans measured: re-plans included, and the best static clock as the "
+            "last when 2 or more (see --no-static).",
+        ),
+    ] = 4,
+    no_static: Annotated[
+        bool,
+        typer.Option(
+            "--no-static",
+            help="Do not measure the best single static clock (what nvidia-smi -lgc would "
+            "lock) as a contender; by default it is the last of --rounds, applied when it wins.",
+        ),
+    ] = False,
+    as_json: JsonOption = False,
     work_scale: WorkScaleOption = None,
     device: DryRunDeviceOption = None,
     log: Annotated[
@@ -171,7 +190,7 @@ def tune(
     command = _program(argv)
     if command is None:
         raise UsageError("tune runs the script in opdvfs's process: -- python SCRIPT ARGS")
-    progress, update = _progress() if launched_as()[0] == 0 else (None, None)
+    progress, update = _progress() if launched_as()[0] == 0 and not as_json else (None, None)
     try:
         context = tune(
             target,
@@ -191,6 +210,8 @@ def tune(
             block=block,
             pairs=pairs,
             rounds=rounds,
+            static=not no_static,
+            command=["opdvfs", *sys.argv[1:]],
         )
     except BaseException:
         if progress is not None:
@@ -209,8 +230,10 @@ def tune(
         text = text.removeprefix("opdvfs: ")
         stderr.print(f"opdvfs: warning: {text}", markup=False, highlight=False, soft_wrap=True)
 
+    # --json: stdout holds the one JSON object; the script's own prints go to stderr
+    script_out = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), script_out:
             warnings.showwarning = one_line
             with tuner:
                 run_python(command)
@@ -225,8 +248,15 @@ def tune(
     if tuner.sweep_unfinished:  # bad input (a script too short): as capture --freqs, no files
         raise CaptureError(f"{result.error} (nothing was written)")
     written = write_tune(result, out)
-    for line in summary_lines(result):
-        stdout.print(line, highlight=False)
-    stdout.print(f"wrote {out}: {', '.join(written)}", highlight=False)
-    if result.error is not None and result.schedule is None:
+    failed = result.error is not None and result.schedule is None
+    if as_json and not failed:
+        doc = result.to_dict()
+        doc.pop("per_iteration")  # (in tune.json)
+        print(json.dumps({"out": str(out), "written": written, **doc}))
+        return
+    if not as_json:
+        for line in summary_lines(result):
+            stdout.print(line, highlight=False)
+        stdout.print(f"wrote {out}: {', '.join(written)}", highlight=False)
+    if failed:
         raise CaptureError(result.error)

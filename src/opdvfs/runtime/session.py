@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -53,6 +53,8 @@ class Outcome:
     error: str | None = None
     #: ``"capture"`` errors are a :class:`CaptureError`, ``"run"`` ones a schedule mismatch.
     mode: str = "run"
+    #: What the lines say, as JSON-able fields (``--json``).
+    data: dict[str, Any] = field(default_factory=dict)
 
     def raise_error(self) -> None:
         """Raise the session's error as its typed opdvfs error (no-op without one)."""
@@ -335,13 +337,19 @@ class Session:
             f"wrote {self.out}: {len(work)} operators per iteration "
             f"({work.meta['iterations_seen']} iterations seen)"
         ]
+        data = {
+            "out": None if self.out is None else str(self.out),
+            "operators": len(work),
+            "iterations_seen": work.meta["iterations_seen"],
+            "compiled": bool(self.recorder.compile_seen),
+        }
         if self.recorder.compile_seen:
             lines.append(
                 "the model uses torch.compile: these are its eager operators (Dynamo does not "
                 "compile under capture's dispatch mode, so the model ran uncompiled); "
                 "`run --trigger op` counts the same ones, `--trigger time` keeps it compiled"
             )
-        return Outcome(tuple(lines), mode="capture")
+        return Outcome(tuple(lines), mode="capture", data=data)
 
     def _run_outcome(self) -> Outcome:
         from opdvfs.runtime.dispatch import COMPILED_HINT
@@ -350,6 +358,7 @@ class Session:
         executor = self.executor
         assert executor is not None
         lines: list[str] = [self.trigger_line] if self.trigger_line else []
+        data: dict[str, Any] = {"actuator": self.actuator.kind}
         steady = executor.per_iteration()
         clock, time_f, energy_f = "host clock", ".4f", ".2f"
         timeline = self.actuator.timeline
@@ -358,6 +367,9 @@ class Session:
             steady = {**steady, "time_s": timeline.per_iteration()["time_s"]}
             clock = f"virtual time of the simulated GPU {self.actuator.kind}"
             time_f = energy_f = ".6g"
+        data.update(
+            time_s=steady["time_s"], energy_j=steady["energy_j"], virtual=timeline is not None
+        )
         if steady["time_s"] is not None:
             energy = steady["energy_j"]
             lines.append(
@@ -373,7 +385,13 @@ class Session:
                 f"rank {self.rank}: the script never created a process group, so no schedule "
                 "arrived from rank 0 and nothing was applied"
             )
-            return Outcome(tuple(lines))
+            return Outcome(tuple(lines), data=data)
+        data.update(
+            iterations=executor.iteration,
+            diverged=len(executor.diverged_iterations),
+            abandoned=bool(executor.abandoned),
+            applied_iterations=executor.applied_iterations,
+        )
         lines.append(
             f"ran {executor.iteration} iterations; diverged in {len(executor.diverged_iterations)}"
             + (", schedule abandoned" if executor.abandoned else "")
@@ -391,6 +409,12 @@ class Session:
         twin = self.actuator.twin
         if twin is not None and self.work is not None:
             issued, top = self.actuator.replay(self.work)
+            data["twin"] = {
+                "device": twin.spec.name,
+                "slowdown": issued.iteration_time_s / top.iteration_time_s - 1,
+                "chip_energy_change": issued.chip_energy_j / top.chip_energy_j - 1,
+                "switches": issued.switches,
+            }
             lines.append(
                 f"on the twin ({twin.spec.name}, simulated, "
                 f"{twin.spec.switch_latency_ms:g} ms switches): the switches as "
@@ -421,7 +445,7 @@ class Session:
                     f"the schedule was abandoned: none of the {executor.iteration} iterations "
                     f"matched it ({executor.first_divergence}); the clock stayed at the maximum"
                 )
-        return Outcome(tuple(lines), error)
+        return Outcome(tuple(lines), error, data=data)
 
     def write_report(self) -> None:
         """Write this process's :class:`Outcome` into ``report_dir`` (launched processes)."""
@@ -433,6 +457,7 @@ class Session:
                 "lines": list(outcome.lines),
                 "error": outcome.error,
                 "mode": outcome.mode,
+                "data": outcome.data,
             }
         except Exception as exc:  # the parent reports it; the program's own status stands
             record = {"lines": [], "error": str(exc), "mode": self.mode}

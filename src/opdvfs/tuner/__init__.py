@@ -33,6 +33,10 @@ iterations (an iteration ends at an optimizer step):
 5. **re-plan** when the measured slowdown is not within the target:
    :func:`opdvfs.tuner.policy.fit_budget` plans at another budget and measures again (it runs
    in the planning thread; each ``measure`` waits for the training thread's A/B blocks).
+   After the per-operator rounds, the **best static clock** (one stage: what ``nvidia-smi
+   -lgc`` would lock, planned on the same models at the budget that measured within the
+   target) is measured as one more round, the last of ``rounds``
+   (:func:`~opdvfs.tuner.policy.split_rounds`): a contender like any other.
 6. **steady**: the round with the surest saving (:func:`~opdvfs.tuner.policy.choose_round`:
    the highest lower bound of the saving's interval among the rounds within the target, not
    the highest mean, which over a few noisy rounds is the luckiest) applies for the rest of
@@ -73,7 +77,9 @@ Where each part lives:
 - :mod:`~opdvfs.tuner.ranks`: torchrun, rank 0 leading;
 - :mod:`~opdvfs.tuner.ab`: the A/B blocks and their intervals;
 - :mod:`~opdvfs.tuner.result`, :mod:`~opdvfs.tuner.report`, :mod:`~opdvfs.tuner.cache`: what a
-  run measured, the files it writes, the schedules kept per job.
+  run measured (the whole run against the top clock and its break-even:
+  :class:`~opdvfs.tuner.result.WholeRun`), the files it writes (the report leads with
+  :func:`~opdvfs.tuner.report.headline_lines`), the schedules kept per job.
 
 Every exit path ends with exactly one restore of the clock
 (:class:`~opdvfs.runtime.actuators.ClockGuard`). Names load on first use (PEP 562).

@@ -177,6 +177,7 @@ def measured_round(
         ab.saving,
         ab.pairs,
         ab.dropped,
+        freqs_mhz=tuple(sorted({st.freq_mhz for st in s.stages})),
     )
 
 

@@ -46,7 +46,8 @@ class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
     iterations), through ``actuator`` (``"nvml"``, ``"zeusd"``, ``"sim:PRESET"``,
     ``"dry-run"`` with ``device``); the files of :func:`~opdvfs.tuner.report.write_tune` go to
     ``out`` when given; ``options`` go to :class:`~opdvfs.tuner.loop.Tuner` (``block``,
-    ``pairs``, ``rounds``, ``interval_ms``). The clock is restored however the block ends.
+    ``pairs``, ``rounds``, ``static``, ``interval_ms``,
+    ``command``). The clock is restored however the block ends.
     After the block, :attr:`result` holds what was measured.
 
     Parameters

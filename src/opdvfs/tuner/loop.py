@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
+import sys
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from typing import Any, Literal
@@ -37,9 +39,24 @@ from opdvfs.tuner.cache import TuneCache, cache_key
 from opdvfs.tuner.drive import make_drive
 from opdvfs.tuner.planning import PlanningThread, RoundToMeasure
 from opdvfs.tuner.ranks import Decision, Measurement, Ranks
+from opdvfs.tuner.report import round_line
 from opdvfs.tuner.result import TuneIteration, TuneResult
 
 __all__ = ["Tuner"]
+
+#: The library's diagnostics (``logging.getLogger("opdvfs")``): a line per phase change and
+#: per measured round at INFO; silent unless the application configures logging.
+log = logging.getLogger("opdvfs")
+
+
+def _version() -> str | None:
+    """Return the installed opdvfs's version (None: not installed as a distribution)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("opdvfs")
+    except PackageNotFoundError:
+        return None
 
 
 class Tuner:
@@ -69,7 +86,11 @@ class Tuner:
     pairs
         Reference/tuned block pairs per round (>= 2 for an interval).
     rounds
-        Most plans :func:`~opdvfs.tuner.policy.fit_budget` measures.
+        Most plans measured: :func:`~opdvfs.tuner.policy.fit_budget`'s, and the best static
+        clock's as the last of them when ``static`` (:func:`~opdvfs.tuner.policy.split_rounds`).
+    static
+        Measure the best single static clock (``nvidia-smi -lgc``) as a contender, applied when
+        it wins.
     objective, interval_ms
         As ``opdvfs plan``.
     cache
@@ -78,6 +99,8 @@ class Tuner:
         Called after each iteration with :meth:`status` (a progress display).
     label
         The actuator's name in the result (default: its kind).
+    command
+        The command recorded in the result (default: ``sys.argv``).
     """
 
     def __init__(
@@ -90,12 +113,14 @@ class Tuner:
         iterations_per_clock: int | None = None,
         block: int | None = None,
         pairs: int = 3,
-        rounds: int = 3,
+        rounds: int = 4,
+        static: bool = True,
         objective: Objective = policy.OBJECTIVE,
         interval_ms: float = policy.INTERVAL_MS,
         cache: TuneCache | None = None,
         on_iteration: Callable[[dict[str, Any]], None] | None = None,
         label: str | None = None,
+        command: Sequence[str] | None = None,
     ) -> None:
         if not target > 0:
             raise ValidationError(f"target {target}: expected a slowdown > 0", field="target")
@@ -139,6 +164,10 @@ class Tuner:
         self.result = TuneResult(
             target, self.kind, self.drive.device, self.sweep.freqs_mhz, iterations=[], pairs=pairs
         )
+        supported = actuator.supported_freqs_mhz()
+        self.result.range_mhz = (float(min(supported)), float(max(supported)))
+        self.result.version = _version()
+        self.result.command = list(sys.argv if command is None else command)
         self.planning = PlanningThread(
             self.result,
             target=target,
@@ -148,6 +177,7 @@ class Tuner:
             blocks=lambda: abba_blocks(self.pairs, self.block),
             cache=lambda: self.cache,
             kind=self.kind,
+            static=static,
         )
         self.ranks = Ranks()
         self._last_end_s = 0.0
@@ -519,6 +549,11 @@ class Tuner:
         self.result.block = self.block
         self.actuator.set_freq_mhz(self.top_mhz)
         self.phase = "planning"
+        log.info(
+            "tune: profiled %s MHz in %d iterations; planning at the top clock",
+            ", ".join(f"{f:g}" for f in self.sweep.freqs_mhz),
+            len(self.result.iterations),
+        )
         self.drive.planning_began()
 
         def start(trace: Any) -> None:
@@ -574,7 +609,9 @@ class Tuner:
     def _close_round(self, job: RoundToMeasure) -> None:
         rows = [it for it in self.result.iterations if it.round == job.round]
         measured = measured_round(job.schedule, rows, drop=self.drive.fell_back())
+        measured.static_mhz = job.static_mhz
         self.result.rounds.append(measured)
+        log.info("tune: %s", round_line(len(self.result.rounds) - 1, measured))
         job.measured = policy.Measured.of(measured)
         # until the next plan or the result: the top clock
         self.phase = "planning"
@@ -585,3 +622,8 @@ class Tuner:
     def _go_steady(self, schedule: Schedule) -> None:
         self.drive.apply(schedule)
         self.phase = "steady"
+        log.info(
+            "tune: applying round %d from iteration %d for the rest of the run",
+            (self.result.best_round or 0) + 1,
+            len(self.result.iterations),
+        )

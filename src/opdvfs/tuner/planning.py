@@ -6,8 +6,11 @@ profile (:func:`~opdvfs.plan.on_profile.fit_profile`,
 :func:`~opdvfs.plan.on_profile.plan_fitted`). Each plan is measured by the training thread:
 :func:`~opdvfs.tuner.policy.fit_budget`'s ``measure`` hands a :class:`RoundToMeasure` over (its
 A/B blocks, :func:`~opdvfs.tuner.ab.abba_blocks`) and waits until the training thread has run
-them and closed the round. When the budget loop ends, the policy chooses the round that applies
-for the rest of the run (:func:`~opdvfs.tuner.policy.choose_round`,
+them and closed the round. When the budget loop ends, the best static clock is planned on the same
+models (one stage: :data:`~opdvfs.tuner.policy.STATIC_INTERVAL_MS`, at
+:func:`~opdvfs.tuner.policy.static_budget`) and measured as one more round, the
+``nvidia-smi -lgc`` contender (:func:`~opdvfs.tuner.policy.split_rounds`); then the policy
+chooses the round that applies for the rest of the run (:func:`~opdvfs.tuner.policy.choose_round`,
 :func:`~opdvfs.tuner.policy.applies`), and the choice goes into the cache.
 
 Threading: the two threads share only this object's events, its lock-guarded hand-over
@@ -17,9 +20,9 @@ sets :attr:`~PlanningThread.finished`.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
@@ -29,7 +32,16 @@ from opdvfs.plan.on_profile import fit_profile, plan_fitted
 from opdvfs.schedule import Objective, Schedule
 from opdvfs.tuner.ab import Block
 from opdvfs.tuner.cache import TuneCache
-from opdvfs.tuner.policy import BudgetFit, Measured, applies, choose_round, fit_budget
+from opdvfs.tuner.policy import (
+    STATIC_INTERVAL_MS,
+    BudgetFit,
+    Measured,
+    applies,
+    choose_round,
+    fit_budget,
+    split_rounds,
+    static_budget,
+)
 from opdvfs.tuner.result import TuneResult
 
 if TYPE_CHECKING:
@@ -37,6 +49,8 @@ if TYPE_CHECKING:
     from opdvfs.runtime.sweep import ClockSweep
 
 __all__ = ["PlanningThread", "RoundToMeasure"]
+
+log = logging.getLogger("opdvfs")
 
 
 # ----------------------------------------------------------------------------- the thread
@@ -53,6 +67,8 @@ class RoundToMeasure:
     blocks: list[Block]
     done: threading.Event = field(default_factory=threading.Event)
     measured: Measured | None = None
+    #: The clock of the best static clock's round (MHz); None: a per-operator plan.
+    static_mhz: float | None = None
 
 
 class PlanningThread:
@@ -63,8 +79,9 @@ class PlanningThread:
     result
         The run's result: the thread writes the profile, models, planning time, the rounds'
         choice and any error into it.
-    target, rounds, objective, interval_ms
-        As :class:`~opdvfs.tuner.loop.Tuner`.
+    target, rounds, objective, interval_ms, static
+        As :class:`~opdvfs.tuner.loop.Tuner` (``rounds`` counts the static clock's, when
+        ``static`` is on: :func:`~opdvfs.tuner.policy.split_rounds`).
     blocks
         Returns the A/B blocks of the next round (the block length is known after the sweep).
     cache, cache_key
@@ -84,9 +101,11 @@ class PlanningThread:
         blocks: Callable[[], list[Block]],
         cache: Callable[[], TuneCache | None],
         kind: str,
+        static: bool = True,
     ) -> None:
         self.result = result
-        self.target, self.rounds = target, rounds
+        self.target = target
+        self.rounds, self.static = split_rounds(rounds, static)
         self.objective: Objective = objective
         self.interval_ms = interval_ms
         self._blocks = blocks
@@ -161,16 +180,34 @@ class PlanningThread:
             fitted = fit_profile(profile, objective=self.objective, n_launches=n_launches)
             result.models = fitted.models
 
-            def plan_at(budget: float) -> Schedule:
+            def plan_at(budget: float, interval_ms: float = self.interval_ms) -> Schedule:
                 t0 = time.perf_counter()
                 schedule = plan_fitted(
-                    fitted, target=budget, objective=self.objective, interval_ms=self.interval_ms
+                    fitted, target=budget, objective=self.objective, interval_ms=interval_ms
                 )
                 result.plan_seconds += time.perf_counter() - t0
                 return schedule
 
             result.plan_seconds += time.perf_counter() - start
             fit = fit_budget(plan_at, self._measure, target=self.target, rounds=self.rounds)
+            schedules = [r.schedule for r in fit.rounds]
+            if self.static:
+                top_mhz = float(max(fitted.inputs.freqs_mhz))
+                plan = plan_at(static_budget(fit), STATIC_INTERVAL_MS)
+                clock = plan.stages[0].freq_mhz
+                same = [
+                    i
+                    for i, r in enumerate(fit.rounds)
+                    if [st.freq_mhz for st in r.schedule.stages] == [clock]
+                ]
+                if same:  # a per-operator plan of one clock is the static clock: not twice
+                    result.rounds[same[0]].static_mhz = clock
+                    log.info("tune: round %d is the best static clock, %g MHz", same[0] + 1, clock)
+                elif len(plan.stages) == 1 and clock < top_mhz:
+                    self._measure(plan, static_mhz=clock)
+                    schedules.append(plan)
+                else:
+                    log.info("tune: the best static clock planned is the top clock: not measured")
         except Aborted:
             return
         except Exception as exc:  # the tuner's own failure never reaches the program
@@ -183,14 +220,14 @@ class PlanningThread:
             what = "" if isinstance(exc, OpdvfsError | ValueError) else f"{type(exc).__name__}: "
             result.error = f"planning failed: {what}{exc}{hint}"
         else:
-            self._finish(fit)
+            self._finish(fit, schedules)
         finally:
             self.finished.set()
             self.ready.set()
 
-    def _measure(self, schedule: Schedule) -> Measured:
+    def _measure(self, schedule: Schedule, static_mhz: float | None = None) -> Measured:
         """:func:`fit_budget`'s ``measure``: wait for the training thread's A/B blocks."""
-        job = RoundToMeasure(schedule, self._rounds_started, self._blocks())
+        job = RoundToMeasure(schedule, self._rounds_started, self._blocks(), static_mhz=static_mhz)
         self._rounds_started += 1
         with self._lock:
             self._pending = job
@@ -201,14 +238,17 @@ class PlanningThread:
         assert job.measured is not None
         return job.measured
 
-    def _finish(self, fit: BudgetFit) -> None:
-        """Apply the policy's choice among the measured rounds; keep it in the cache."""
+    def _finish(self, fit: BudgetFit, schedules: list[Schedule]) -> None:
+        """Apply the policy's choice among the measured rounds; keep it in the cache.
+
+        ``schedules``: every measured round's, in order (fit_budget's, then the static clock's).
+        """
         result = self.result
-        # every measure closed one round, in fit_budget's order; the choice is the policy's
-        # (by the saving's lower bound, not fit_budget's mean)
-        assert len(result.rounds) == len(fit.rounds)
+        # every measure closed one round, in order; the choice is the policy's (by the
+        # saving's lower bound, not fit_budget's mean), the static clock a contender like any
+        assert len(result.rounds) == len(schedules) >= len(fit.rounds)
         index, met, result.chosen_by = choose_round(result.rounds, self.target)
-        schedule = fit.rounds[index].schedule
+        schedule = schedules[index]
         result.best_round = index
         result.met = met
         chosen = result.rounds[index]
@@ -229,4 +269,5 @@ class PlanningThread:
                     },
                 )
             except OSError as exc:
-                warnings.warn(f"opdvfs: could not write the tune cache: {exc}", stacklevel=2)
+                # a diagnostic, not a safety fallback: the run itself is as measured
+                log.warning("tune: could not write the tune cache: %s", exc)

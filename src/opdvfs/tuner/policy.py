@@ -25,6 +25,9 @@ tested on recorded rounds without training anything:
 - **which round applies for the rest of the run**: :func:`choose_round` (the highest lower
   bound of the saving's interval within the target) and :func:`applies` (only a measured
   saving);
+- **the best static clock**: :func:`split_rounds` (the last of ``rounds`` measures it) and
+  :func:`static_budget` (planned as one stage, :data:`STATIC_INTERVAL_MS`, at the budget whose
+  per-operator plan measured within the target, so both contenders carry the same correction);
 - **whether a cached schedule applies**: :func:`cached_applies`.
 """
 
@@ -47,6 +50,7 @@ __all__ = [
     "CHOSEN_BY_SLOWDOWN",
     "INTERVAL_MS",
     "OBJECTIVE",
+    "STATIC_INTERVAL_MS",
     "BudgetFit",
     "BudgetRound",
     "Measured",
@@ -57,6 +61,8 @@ __all__ = [
     "choose_round",
     "fit_budget",
     "profile_clocks",
+    "split_rounds",
+    "static_budget",
 ]
 
 #: The planner's objective unless told otherwise (as ``opdvfs plan``).
@@ -64,6 +70,9 @@ OBJECTIVE: Objective = "energy"
 #: The planner's shortest stage (ms) unless told otherwise; below the device's switch latency
 #: :func:`~opdvfs.plan.planner.plan_schedule` raises it to that.
 INTERVAL_MS = 20.0
+#: The shortest stage (ms) that plans the best static clock: longer than any iteration, so the
+#: planner merges every stage into one and picks the clock of least energy within the budget.
+STATIC_INTERVAL_MS = 1e9
 
 
 # ----------------------------------------------------------------------------- clocks
@@ -296,6 +305,32 @@ def _next_budget(done: list[BudgetRound], target: float, *, aim: float) -> float
         if budget >= 0 and fresh(budget):
             return budget
     return None
+
+
+# ----------------------------------------------------------------------------- static clock
+def split_rounds(rounds: int, static: bool = True) -> tuple[int, bool]:
+    """Return the per-operator plans :func:`fit_budget` may measure, and whether a static clock is.
+
+    The best single static clock (what ``nvidia-smi -lgc`` would lock) is measured as the last
+    of ``rounds`` when there are two or more and ``static`` is on, so a user sees what
+    per-operator switching buys over it, measured the same way; with one round, the
+    per-operator plan alone.
+    """
+    if rounds < 1:
+        raise ValidationError(f"rounds {rounds}: expected at least 1", field="rounds")
+    if static and rounds >= 2:
+        return rounds - 1, True
+    return rounds, False
+
+
+def static_budget(fit: BudgetFit) -> float:
+    """Return the budget to plan the best static clock at, after the per-operator rounds.
+
+    The budget of the chosen per-operator round when it measured within the target: its
+    models' error and the device's overhead are about the static clock's too, so the two
+    contenders meet on equal terms; else the target itself.
+    """
+    return fit.best.budget if fit.met else fit.target
 
 
 # ----------------------------------------------------------------------------- the round

@@ -26,6 +26,7 @@ __all__ = [
     "TuneIteration",
     "TuneResult",
     "TuneRound",
+    "WholeRun",
 ]
 
 Phase = Literal[
@@ -44,6 +45,9 @@ Phase = Literal[
 PHASES: tuple[str, ...] = get_args(Phase)
 #: Phases that cost the job profiling (the sweep after the warm-up) or planning.
 PROFILING = ("settle", "unsteady", "counted")
+#: Phases in which the run is tuning rather than applying its choice (every phase from the
+#: sweep to the last A/B block).
+TUNING = (*PROFILING, "planning", "switch", "reference", "tuned")
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,118 @@ class TuneRound:
     saving: Interval | None
     pairs: int
     dropped: int = 0
+    #: The best single static clock (MHz: one stage, as ``nvidia-smi -lgc`` locks it), when
+    #: this round is that contender; None: a per-operator plan.
+    static_mhz: float | None = None
+    #: The clocks the plan sets (MHz, ascending; one for a static clock).
+    freqs_mhz: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class WholeRun:
+    """The whole run, tuning included, against the same iterations at the top clock.
+
+    The top clock's run is the counterfactual: the warm-up iterations as measured (they ran at
+    the top clock), every later one at the mean time and energy of the A/B reference blocks'
+    iterations (the top clock, measured the same way, interleaved with the tuned blocks).
+
+    Attributes
+    ----------
+    iterations
+        Iterations of the run.
+    time_s, energy_j
+        What the run took (s, J; energy None without a counter).
+    top_time_s, top_energy_j
+        What the same iterations would have taken at the top clock.
+    reference_iterations
+        The reference iterations the top clock's figures are the mean of.
+    break_even
+        The iteration from which the run's energy, summed from its start, stays at or below
+        the top clock's: tuning has paid for itself. Projected past the run's end at the steady
+        phase's saving per iteration when the run ended before (``projected``); None: not
+        within reach (no steady saving, or no energy counter).
+    projected
+        Whether ``break_even`` lies past the run's end (a projection).
+    tuning_cost_j
+        Energy the tuning phases cost over the top clock (J; the peak of the running excess).
+    steady_saving_j
+        Energy saved per steady iteration against the top clock (J), None without steady ones.
+    """
+
+    iterations: int
+    time_s: float
+    energy_j: float | None
+    top_time_s: float
+    top_energy_j: float | None
+    reference_iterations: int
+    break_even: int | None
+    projected: bool
+    tuning_cost_j: float | None
+    steady_saving_j: float | None
+
+    @property
+    def slowdown(self) -> float:
+        """The run's time over the top clock's, minus 1."""
+        return self.time_s / self.top_time_s - 1
+
+    @property
+    def saving(self) -> float | None:
+        """1 minus the run's energy over the top clock's (None without a counter)."""
+        if self.energy_j is None or not self.top_energy_j:
+            return None
+        return 1 - self.energy_j / self.top_energy_j
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the fields and the two ratios (JSON-able)."""
+        return {**asdict(self), "slowdown": self.slowdown, "saving": self.saving}
+
+
+def whole_run(iterations: list[TuneIteration]) -> WholeRun | None:
+    """Return the whole run against the top clock (:class:`WholeRun`), or None.
+
+    None where the run measured no reference iteration (a cache hit, or a run that ended
+    before its first A/B block): there is no top clock measured the same way to compare with.
+    Vectorised over the iterations.
+    """
+    phase = np.array([it.phase for it in iterations], dtype=object)
+    ref = phase == "reference"
+    if not ref.any():
+        return None
+    time_s = np.array([it.time_s for it in iterations], dtype=float)
+    energy = np.array(
+        [np.nan if it.energy_j is None else it.energy_j for it in iterations], dtype=float
+    )
+    warm = phase == "warmup"
+    top_t = np.where(warm, time_s, float(time_s[ref].mean()))
+    has_energy = bool(np.isfinite(energy[ref]).any() and np.isfinite(energy[~warm]).any())
+    if not has_energy:
+        return WholeRun(
+            len(iterations), float(time_s.sum()), None, float(top_t.sum()), None,
+            int(ref.sum()), None, False, None, None,
+        )  # fmt: skip
+    e_ref = float(np.nanmean(energy[ref]))
+    # an iteration the counter missed counts as the top clock's (no excess either way)
+    e = np.where(np.isfinite(energy), energy, e_ref)
+    top_e = np.where(warm, e, e_ref)
+    excess = np.cumsum(e - top_e)
+    steady = phase == "steady"
+    saving_j = float(e_ref - e[steady].mean()) if steady.any() else None
+    above = np.flatnonzero(excess > 0)
+    projected = False
+    if above.size == 0:
+        break_even: int | None = iterations[0].iteration
+    elif above[-1] + 1 < len(iterations):
+        break_even = iterations[int(above[-1]) + 1].iteration
+    elif saving_j is not None and saving_j > 0:
+        projected = True
+        break_even = iterations[-1].iteration + int(np.ceil(excess[-1] / saving_j))
+    else:
+        break_even = None
+    return WholeRun(
+        len(iterations), float(time_s.sum()), float(e.sum()), float(top_t.sum()),
+        float(top_e.sum()), int(ref.sum()), break_even, projected,
+        float(max(excess.max(), 0.0)), saving_j,
+    )  # fmt: skip
 
 
 @dataclass
@@ -141,6 +257,11 @@ class TuneResult:
     block_by: str | None = None
     #: A/B block pairs per round.
     pairs: int | None = None
+    #: The device's lowest and top clock (MHz): the figures' clock axis.
+    range_mhz: tuple[float, float] | None = None
+    #: The opdvfs version and the command (or Python call) that ran the tuning.
+    version: str | None = None
+    command: list[str] | None = None
 
     def count(self, *phases: str) -> int:
         """Return how many iterations were in any of ``phases``."""
@@ -177,6 +298,15 @@ class TuneResult:
             }
         return out
 
+    def whole_run(self) -> WholeRun | None:
+        """Return the whole run, tuning included, against the top clock (:func:`whole_run`)."""
+        return whole_run(self.iterations)
+
+    @property
+    def static(self) -> TuneRound | None:
+        """The best static clock's round (the ``nvidia-smi -lgc`` contender), if measured."""
+        return next((r for r in self.rounds if r.static_mhz is not None), None)
+
     @property
     def best(self) -> TuneRound | None:
         """The round whose schedule runs in the steady phase."""
@@ -200,7 +330,10 @@ class TuneResult:
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON-able result (no profile, models or schedule: they have their files)."""
         best = self.best
+        run = self.whole_run()
         return {
+            "version": self.version,
+            "command": self.command,
             "target": self.target,
             "actuator": self.actuator,
             "device": self.device,
@@ -220,6 +353,11 @@ class TuneResult:
             "pairs": self.pairs,
             "measured_slowdown": asdict(best.slowdown) if best else None,
             "measured_saving": asdict(best.saving) if best and best.saving else None,
+            "whole_run": run.to_dict() if run is not None else None,
+            "static_round": next(
+                (i for i, r in enumerate(self.rounds) if r.static_mhz is not None), None
+            ),
+            "range_mhz": list(self.range_mhz) if self.range_mhz else None,
             "cache_key": self.cache_key,
             "cache_hit": self.cache_hit,
             "cached": self.cached,

@@ -218,6 +218,69 @@ class NvmlReader:
         self.device.close()
 
 
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)  # bytes: older pynvml
+
+
+def nvml_system() -> dict[str, Any]:
+    """Return what NVML says of the node, read-only: driver and NVML versions, each GPU.
+
+    Per GPU (NVML's index order): its name, UUID, supported SM clocks (MHz: lowest, top,
+    how many), the SM clock now (MHz), power (W), and whether it has an energy counter. For
+    ``opdvfs doctor``.
+
+    Raises
+    ------
+    DeviceNotFoundError
+        Without nvidia-ml-py or a driver.
+    ActuatorError
+        If NVML cannot read the node.
+    """
+    if pynvml is None:
+        raise DeviceNotFoundError("nvidia-ml-py is not installed: pip install 'opdvfs[nvidia]'")
+    nv: Any = pynvml
+    with nvml_errors("initialise NVML"):
+        nv.nvmlInit()
+    try:
+        with nvml_errors("read the driver"):
+            info: dict[str, Any] = {
+                "driver": _text(nv.nvmlSystemGetDriverVersion()),
+                "nvml": _text(nv.nvmlSystemGetNVMLVersion()),
+                "gpus": [],
+            }
+            count = int(nv.nvmlDeviceGetCount())
+        for index in range(count):
+            reader = NvmlReader(index=index)
+            try:
+                clocks = reader.supported_freqs_mhz()
+                lib, handle = reader.device.lib, reader.device.handle
+                with nvml_errors("read the GPU"):
+                    uuid = _text(lib.nvmlDeviceGetUUID(handle))
+                    sm_mhz = float(lib.nvmlDeviceGetClockInfo(handle, lib.NVML_CLOCK_SM))
+                try:
+                    reader.read_energy_j()
+                    energy = True
+                except ActuatorError:
+                    energy = False
+                info["gpus"].append(
+                    {
+                        "index": index,
+                        "name": reader.name(),
+                        "uuid": uuid,
+                        "clocks_mhz": [min(clocks), max(clocks), len(clocks)] if clocks else [],
+                        "sm_clock_mhz": sm_mhz,
+                        "power_w": reader.read_power_w(),
+                        "energy_counter": energy,
+                    }
+                )
+            finally:
+                reader.close()
+        return info
+    finally:
+        with nvml_errors("shut NVML down"):
+            nv.nvmlShutdown()
+
+
 def nvml_clocks(index: int | None = None) -> tuple[str, tuple[float, ...]]:
     """Return an NVIDIA GPU's name and its supported SM clocks (MHz, ascending), from NVML.
 

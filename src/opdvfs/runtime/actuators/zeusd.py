@@ -103,6 +103,22 @@ class ZeusdClient:
         host, _, port = str(self.host_port).rpartition(":")
         return http.client.HTTPConnection(host or "localhost", int(port), timeout=TIMEOUT_S)
 
+    def reachable(self) -> None:
+        """Connect to the daemon and hang up (nothing asked of it).
+
+        Raises
+        ------
+        DeviceNotFoundError
+            When the daemon cannot be reached.
+        """
+        conn = self._connection()
+        try:
+            conn.connect()
+        except OSError as exc:
+            raise DeviceNotFoundError(f"zeusd at {self.address} cannot be reached ({exc})") from exc
+        finally:
+            conn.close()
+
     def post(self, path: str, **params: object) -> None:
         """POST ``path`` with ``params`` as the query string; raise on any non-200 answer.
 
