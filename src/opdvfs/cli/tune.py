@@ -24,8 +24,10 @@ import typer
 from opdvfs.cli._app import (
     SCRIPT_CONTEXT,
     DryRunDeviceOption,
+    GpuOption,
     UsageError,
     WorkScaleOption,
+    announce_gpu,
     app,
     reports_errors,
     stderr,
@@ -137,6 +139,7 @@ def tune(
             "~/.cache/opdvfs/tune) of schedules per operator sequence.",
         ),
     ] = False,
+    gpu: GpuOption = None,
 ) -> None:
     """Tune a training script's clocks in one run: profile, plan, apply, measure (A/B).
 
@@ -187,6 +190,7 @@ def tune(
             device=device,
             cache=not no_cache,
             log=log,
+            gpu=gpu,
             on_iteration=update,
             block=block,
             pairs=pairs,
@@ -197,6 +201,7 @@ def tune(
             progress.stop()
         raise
     tuner = context.tuner
+    announce_gpu(tuner.actuator)
 
     shown = warnings.showwarning
 
