@@ -225,7 +225,10 @@ def tune(
     result = tuner.result
     if tuner.rank != 0:  # rank 0 writes the job's files and summary
         if result.error is not None and result.schedule is None:
-            raise CaptureError(f"rank {tuner.rank}: {result.error}")
+            prefix = f"rank {tuner.rank}: "
+            raise CaptureError(
+                result.error if result.error.startswith(prefix) else prefix + result.error
+            )
         return
     if tuner.sweep_unfinished:  # bad input (a script too short): as capture --freqs, no files
         raise CaptureError(f"{result.error} (nothing was written)")
