@@ -187,10 +187,10 @@ def select_gpu(
             "process its own GPU (--gpu INDEX|UUID overrides)",
             field="CUDA_VISIBLE_DEVICES",
         )
-    index, uuid = visible[ordinal]
+    found_index, uuid = visible[ordinal]
     if text is not None:
         why += f" of CUDA_VISIBLE_DEVICES={text}"
-    return GpuChoice(index, uuid, why)
+    return GpuChoice(found_index, uuid, why)
 
 
 #: This process's claims: the lock file of each GPU it claimed, and how many claims hold it.

@@ -123,10 +123,10 @@ def make_actuator(
                 f"{', '.join(PRESETS)}",
                 field="actuator",
             )
-        gpu = (
+        sim = (
             SimulatedGpu(name) if work_scale is None else SimulatedGpu(name, work_scale=work_scale)
         )
-        return SimGpuActuator(gpu, optimizer_steps=optimizer_steps, log=log, header=header)
+        return SimGpuActuator(sim, optimizer_steps=optimizer_steps, log=log, header=header)
     if work_scale is not None:
         raise ValidationError(
             f"work_scale scales a simulated GPU's work: actuator {SIM_PREFIX}PRESET, not {kind!r}",
