@@ -152,37 +152,6 @@ def test_a_two_rank_job_drives_only_its_visible_gpus_each_rank_its_own(tmp_path)
 
 
 # ------------------------------------------------------------------ 2 nodes x 2 ranks
-#: A data-parallel script whose ranks all-reduce their gradients over gloo (or, without, only
-#: make the group); `STEPS [KILL_AT]`: rank 3 SIGKILLs itself at that step.
-DP_SCRIPT = """
-import os, signal, sys, time
-import torch
-import torch.distributed as dist
-sys.path.insert(0, {tests!r})
-from tiny_gpt import TinyGPT
-steps = int(sys.argv[1])
-kill_at = int(sys.argv[2]) if len(sys.argv) > 2 else -1
-dist.init_process_group("gloo")
-torch.set_num_threads(1)
-rank = dist.get_rank()
-torch.manual_seed(rank)
-model = TinyGPT()
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-data = torch.randint(0, 64, (steps, 2, 17))
-for i in range(steps):
-    if i == kill_at and rank == 3:
-        print(f"killed at {{time.time()!r}}", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-    logits = model(data[i, :, :-1])
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), data[i, :, 1:].reshape(-1))
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    if {all_reduce}:
-        for p in model.parameters():
-            dist.all_reduce(p.grad)
-    opt.step()
-dist.destroy_process_group()
-"""
 
 
 #: The clocks the sweep profiles: auto's (the top, ~7.5% and ~15% below it, mid and min); with
@@ -191,10 +160,11 @@ dist.destroy_process_group()
 CLOCKS = "auto"
 
 
-def _two_nodes(tmp_path: Path, steps: int, *extra: str, all_reduce: bool = True, env=None):
+def _two_nodes(
+    tmp_path: Path, steps: int, kill_at: str = "-1", *, all_reduce: bool = True, env=None
+):
     """Two torchrun agents on this machine, 2 ranks each, c10d rendezvous on 127.0.0.1."""
-    script = tmp_path / "train.py"
-    script.write_text(DP_SCRIPT.format(tests=str(TESTS), all_reduce=all_reduce))
+    script = TESTS / "train_dp.py"  # its ranks all-reduce their gradients (or only share the group)
     port = _free_port()
     argv = [
         sys.executable,
@@ -207,7 +177,7 @@ def _two_nodes(tmp_path: Path, steps: int, *extra: str, all_reduce: bool = True,
         *("--work-scale", "1e6", "--clocks", CLOCKS, "--iterations-per-clock", "1"),
         *("--block", "2", "--pairs", "2", "--rounds", "2", "--no-cache"),
         *("--out", str(tmp_path / "out"), "--log-file", str(tmp_path / "calls.jsonl")),
-        *("--", "python", str(script), str(steps), *extra),
+        *("--", "python", str(script), str(steps), "-1", kill_at, str(int(all_reduce))),
     ]
     run_env = {
         **os.environ,
