@@ -186,6 +186,16 @@ def test_the_dry_run_meter_reads_the_processs_gpu(node, monkeypatch):
     assert node.writes() == []
 
 
+def test_a_dry_run_where_cuda_sees_no_gpu_measures_none(node, monkeypatch):
+    from opdvfs.runtime.actuators import make_actuator
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(ValidationError, match="a dry run needs the clocks"):
+        make_actuator("dry-run")
+    with pytest.raises(ValidationError, match="--gpu 9: no such GPU"):
+        make_actuator("dry-run", gpu="9")
+
+
 TRAIN = "import sys\nprint('the script ran')\n"
 
 
@@ -304,3 +314,40 @@ def test_device_reads_the_gpu_named_by_gpu_or_its_old_name(node, tmp_path):
         res = CliRunner().invoke(app, ["device", "--out", str(out), flag, "1"])
         assert res.exit_code == 0, res.output
         assert json.loads(out.read_text())["name"] == "Tesla P100-PCIE-16GB"
+
+
+def test_run_drives_the_gpu_named_by_gpu(node, tmp_path):
+    """``run --gpu 2``: the schedule's clocks go to GPU 2 alone, restored once at the end."""
+    from opdvfs import Schedule
+    from opdvfs.cli import app
+    from test_cli_run import train_script
+
+    from conftest import captured_op_count
+
+    script = train_script(tmp_path / "train.py")
+    n = captured_op_count(script)
+    schedule = tmp_path / "s.json"
+    Schedule.from_stage_freqs(
+        [0, n // 2], [1410.0, 1005.0], n_ops=n, target=0.1, solver="manual", device="a100-like"
+    ).write(schedule)
+    argv = ["run", str(schedule), "--actuator", "nvml", "--gpu", "2", "--trigger", "op"]
+    res = CliRunner().invoke(app, [*argv, "--", "python", str(script), "3"])
+    assert res.exit_code == 0, res.output + res.stderr
+    assert res.stderr.splitlines()[0] == (
+        f"opdvfs: this process drives GPU 2 ({gpu_uuid(2)}): --gpu 2"
+    )
+    writes = [(fn, gpu) for fn, gpu, _ in node.writes()]
+    assert {gpu for _, gpu in writes} == {2}
+    locked = [c["args"] for c in node.calls if c["fn"] == "nvmlDeviceSetGpuLockedClocks"]
+    assert [1005, 1005] in locked, locked  # the schedule's low stage, on GPU 2
+    assert writes[-1] == ("nvmlDeviceResetGpuLockedClocks", 2) and node.locked()[2] is None
+
+
+def test_capture_takes_gpu_only_with_a_clock_sweep(tmp_path):
+    from opdvfs.cli import app
+
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    argv = ["capture", "--out", str(tmp_path / "w.json"), "--gpu", "1"]
+    res = CliRunner().invoke(app, [*argv, "--", "python", str(script)])
+    _one_error_line(res, "--gpu goes with --freqs")

@@ -175,8 +175,16 @@ def make_actuator(
 
 
 def _nvml_meter(gpu: str | None = None) -> NvmlReader | None:
-    """Return a read-only NVML reader of this process's GPU, or None where NVML cannot read one."""
+    """Return a read-only NVML reader of this process's GPU, or None where NVML cannot read one.
+
+    None too where CUDA sees no GPU of the machine (``CUDA_VISIBLE_DEVICES=""``: the program runs
+    on the CPU); a ``gpu`` that names none is an error.
+    """
     try:
         return NvmlReader(gpu=current_gpu(gpu))
     except ActuatorError:  # no nvidia-ml-py, no driver, no GPU, or its clocks unreadable
+        return None
+    except ValidationError:
+        if gpu is not None:
+            raise
         return None
