@@ -270,3 +270,20 @@ def test_a_killed_rank_ends_the_job_and_every_other_gpu_is_restored(tmp_path, al
     if not all_reduce:
         errors = "".join(stderr for _, _, stderr in out)
         assert "left the job" in errors and "did not end its iteration" not in errors, errors
+
+
+def test_a_bad_rank_timeout_is_one_line_before_the_script_runs(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from opdvfs.cli import app
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("OPDVFS_RANK_TIMEOUT_S", "soon")
+    script = tmp_path / "train.py"
+    script.write_text("print('the script ran')\n")
+    argv = ["tune", "--target", "0.02", "--actuator", "sim:a100-like", "--out", str(tmp_path / "o")]
+    res = CliRunner().invoke(app, [*argv, "--", "python", str(script)])
+    assert res.exit_code == 2 and "the script ran" not in res.stdout, res.output
+    assert res.stderr.strip() == (
+        "opdvfs: error: OPDVFS_RANK_TIMEOUT_S='soon': expected seconds > 0"
+    ), res.stderr

@@ -214,9 +214,14 @@ class StoreJob:
     and a rank waiting for it gives up within :data:`_POLL_S` of that; one that died without a
     word (SIGKILL) is given up on after :func:`rank_timeout_s`. Either raises
     :class:`~opdvfs.exceptions.DistributedError`, and tune goes on alone at the top clock.
+
+    Parameters
+    ----------
+    timeout_s
+        How long a read waits for a rank that said nothing (s); default :func:`rank_timeout_s`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float | None = None) -> None:
         from torch.distributed.distributed_c10d import _get_default_store
 
         self.rank = dist.get_rank()
@@ -226,7 +231,7 @@ class StoreJob:
         self.follows_plan = True
         self.sent: Schedule | None = None  # the leader's last schedule sent
         self.sent_mhz: float | None = None  # the leader's last clock sent
-        self.timeout_s = rank_timeout_s()
+        self.timeout_s = rank_timeout_s() if timeout_s is None else timeout_s
         self._n = 0  # exchanges so far
         self._posted: list[str] = []  # this rank's keys not yet deleted
         #: The last :meth:`iteration`'s time (s) and energy (J) of every rank, by rank.
