@@ -5,6 +5,7 @@ import json
 import os
 import socketserver
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,11 @@ FIXTURES = Path(__file__).parent / "fixtures"
 # machine torch's two threads waited at every operator for one that was not scheduled (a tiny
 # GPT step took 38-204 ms against 3.5-5 ms on one thread). Read when torch is first imported.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# The actuators claim a GPU through a lock file per GPU UUID (opdvfs.runtime.gpu_select.GpuClaim):
+# this run's own folder, inherited by the processes it starts, so the fakes' GPUs are not
+# claimed across test runs of other checkouts on the same machine.
+os.environ.setdefault("OPDVFS_LOCK_DIR", tempfile.mkdtemp(prefix="opdvfs-test-locks-"))
 
 
 @pytest.fixture
@@ -80,8 +86,11 @@ def fake_nvml():
 
     with mock.patch.object(nvml_module, "pynvml", autospec=True) as fake:
         fake.NVMLError = pynvml.NVMLError  # raised and caught as the real class
+        fake.nvmlDeviceGetCount.return_value = 1
+        fake.nvmlDeviceGetUUID.return_value = "GPU-00000000-fake-0000-0000-000000000000"
+        fake.nvmlDeviceGetIndex.return_value = 0
         fake.nvmlDeviceGetHandleByIndex.return_value = "handle0"
-        fake.nvmlDeviceGetHandleByUUID.return_value = "handle-uuid"
+        fake.nvmlDeviceGetHandleByUUID.return_value = "handle0"  # the one GPU's UUID
         fake.nvmlDeviceGetName.return_value = "NVIDIA A100-SXM4-80GB"
         fake.nvmlDeviceGetSupportedMemoryClocks.return_value = [1593, 1215]
         fake.nvmlDeviceGetSupportedGraphicsClocks.return_value = NVML_CLOCKS_MHZ

@@ -301,7 +301,11 @@ def test_make_actuator_tells_a_simulated_gpu_where_iterations_end(optimizer_step
 def test_make_actuator_nvml_opens_the_gpu(fake_nvml):
     with make_actuator("nvml") as act:
         assert isinstance(act, NvmlActuator)
+    # the node's one GPU, listed by index and opened by its UUID (the process's CUDA device 0)
     fake_nvml.nvmlDeviceGetHandleByIndex.assert_called_once_with(0)
+    fake_nvml.nvmlDeviceGetHandleByUUID.assert_called_once_with(
+        fake_nvml.nvmlDeviceGetUUID.return_value
+    )
 
 
 @pytest.mark.parametrize(
@@ -315,7 +319,7 @@ def test_make_actuator_nvml_opens_the_gpu(fake_nvml):
 )
 def test_make_actuator_says_what_is_missing(kind, kwargs, needle, monkeypatch):
     # no GPU for NVML to find (on a machine with one, a dry run would measure it instead)
-    monkeypatch.setattr("opdvfs.runtime.actuators._nvml_meter", lambda: None)
+    monkeypatch.setattr("opdvfs.runtime.actuators._nvml_meter", lambda gpu=None: None)
     with pytest.raises(ValidationError, match=needle):
         make_actuator(kind, **kwargs)
 

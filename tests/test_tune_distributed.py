@@ -194,32 +194,8 @@ def test_off_the_simulator_ranks_whose_steps_differ_are_told_apart(tmp_path, cpu
     assert [i["phase"] for i in r0["per_iteration"]] == [i["phase"] for i in r1["per_iteration"]]
 
 
-#: A data-parallel script for torchrun: it makes its gloo group, then trains `STEPS` steps;
-#: `STEPS CRASH_AT`: rank 1 raises at that step.
-DP_SCRIPT = """
-import sys
-import torch
-import torch.distributed as dist
-sys.path.insert(0, {tests!r})
-from tiny_gpt import TinyGPT
-steps = int(sys.argv[1])
-crash_at = int(sys.argv[2]) if len(sys.argv) > 2 else -1
-dist.init_process_group("gloo")
-torch.set_num_threads(1)
-torch.manual_seed(dist.get_rank())
-model = TinyGPT()
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-data = torch.randint(0, 64, (steps, 2, 17))
-for i in range(steps):
-    if i == crash_at and dist.get_rank() == 1:
-        raise RuntimeError(f"boom on rank 1 at step {{i}}")
-    logits = model(data[i, :, :-1])
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), data[i, :, 1:].reshape(-1))
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-dist.destroy_process_group()
-"""
+#: A data-parallel script for torchrun (`STEPS CRASH_AT`: rank 1 raises at that step).
+DP_SCRIPT = Path(__file__).with_name("train_dp.py")
 
 
 def test_torchrun_tune_then_a_rerun_from_rank0s_cache(tmp_path):
@@ -227,8 +203,7 @@ def test_torchrun_tune_then_a_rerun_from_rank0s_cache(tmp_path):
 
     from conftest import torchrun_opdvfs
 
-    script = tmp_path / "train_dp.py"
-    script.write_text(DP_SCRIPT.format(tests=str(Path(__file__).parent)))
+    script = DP_SCRIPT
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OPDVFS_CACHE_DIR": str(tmp_path / "cache")}
 
     def tune(name: str, *steps: int, cache: bool = True) -> subprocess.CompletedProcess:

@@ -281,6 +281,38 @@ WorkScaleOption = Annotated[
 #: passes through unparsed.
 SCRIPT_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 
+GpuOption = Annotated[
+    str | None,
+    typer.Option(
+        "--gpu",
+        "--gpu-index",
+        help="The NVIDIA GPU to drive and measure: an NVML index (as nvidia-smi -i) or UUID "
+        "(GPU-..., MIG-...), or a comma list, one per local rank (LOCAL_RANK picks); default: "
+        "this process's CUDA device (LOCAL_RANK under torchrun) matched to NVML by UUID "
+        "through CUDA_VISIBLE_DEVICES.",
+    ),
+]
+
+
+def announce_gpu(actuator: Any) -> None:
+    """Print one stderr line saying which GPU this rank drives (or measures), if it has one."""
+    from opdvfs.runtime.actuators.nvml import meter_gpu
+    from opdvfs.tuner.ranks import launched_as
+
+    gpu = meter_gpu(actuator.meter)
+    if gpu is None:
+        return
+    rank, world = launched_as()
+    who = f"rank {rank} of {world}" if world > 1 else "this process"
+    verb = "drives" if actuator.kind in ("nvml", "zeusd") else "measures"
+    stderr.print(
+        f"opdvfs: {who} {verb} {gpu.label}: {gpu.reason}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 DryRunDeviceOption = Annotated[
     str | None, typer.Option("--device", "-d", help="With --actuator dry-run: its clocks.")
 ]

@@ -13,6 +13,7 @@ from opdvfs._files import check_output_file
 from opdvfs.cli._app import (
     FormatOption,
     FreqOption,
+    GpuOption,
     JsonOption,
     UsageError,
     app,
@@ -72,14 +73,9 @@ ClocksOption = Annotated[
     typer.Option(
         "--clocks",
         help="The GPU's supported clocks, written to the device file: nvml (read from this "
-        "machine's NVIDIA GPU, --gpu-index), or a list in MHz: START:STOP:STEP ranges and/or "
+        "machine's NVIDIA GPU, --gpu), or a list in MHz: START:STOP:STEP ranges and/or "
         "clocks, comma-separated (e.g. 210:1410:15).",
     ),
-]
-
-GpuIndexOption = Annotated[
-    int | None,
-    typer.Option("--gpu-index", min=0, help="NVML index of the GPU --clocks nvml reads (0)."),
 ]
 
 SwitchLatencyOption = Annotated[
@@ -93,7 +89,7 @@ SensorMsOption = Annotated[
 
 
 def supported_clocks(
-    text: str, gpu_index: int | None = None
+    text: str, gpu_index: str | None = None
 ) -> tuple[str | None, tuple[float, ...], str]:
     """Resolve ``--clocks``: ``nvml`` (the GPU's name and clocks) or a list (no name).
 
@@ -113,7 +109,7 @@ def supported_clocks(
             ) from None
         return name, clocks, f"NVML's supported clocks of {name}"
     if gpu_index is not None:
-        raise UsageError("--gpu-index: only with --clocks nvml (a list names no GPU)")
+        raise UsageError("--gpu: only with --clocks nvml (a list names no GPU)")
     try:
         return None, parse_clock_grid(text), f"--clocks {text.strip()}"
     except ValidationError as exc:
@@ -270,7 +266,7 @@ def characterise(
     fmt: FormatOption = None,
     freq_mhz: FreqOption = None,
     clocks: ClocksOption = None,
-    gpu_index: GpuIndexOption = None,
+    gpu_index: GpuOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Characterise a device once: its V-f curve from power alone, and its idle power.
@@ -286,7 +282,7 @@ def characterise(
     if not (switch_latency_ms >= 0 and sensor_ms > 0):
         raise UsageError("--switch-latency-ms must be >= 0 and --sensor-ms > 0")
     if clocks is None and gpu_index is not None:
-        raise UsageError("--gpu-index: only with --clocks nvml")
+        raise UsageError("--gpu: only with --clocks nvml")
     supported = None if clocks is None else supported_clocks(clocks, gpu_index)
     profile = load_profile([profile_path], fmt, freq_mhz)
     source = (
@@ -347,7 +343,7 @@ def device(
         typer.Option(
             "--clocks",
             help="The GPU's supported clocks: nvml (read from this machine's NVIDIA GPU, "
-            "--gpu-index), or a list in MHz: START:STOP:STEP ranges and/or clocks, "
+            "--gpu), or a list in MHz: START:STOP:STEP ranges and/or clocks, "
             "comma-separated (e.g. 210:1410:15).",
         ),
     ] = "nvml",
@@ -357,7 +353,7 @@ def device(
     ] = None,
     switch_latency_ms: SwitchLatencyOption = 1.0,
     sensor_ms: SensorMsOption = 1.0,
-    gpu_index: GpuIndexOption = None,
+    gpu_index: GpuOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Write a device file of the GPU's supported clocks, where no micro-benchmarks were run.

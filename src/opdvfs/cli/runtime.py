@@ -25,9 +25,11 @@ import typer
 from opdvfs.cli._app import (
     SCRIPT_CONTEXT,
     DryRunDeviceOption,
+    GpuOption,
     JsonOption,
     UsageError,
     WorkScaleOption,
+    announce_gpu,
     app,
     reports_errors,
     stderr,
@@ -153,6 +155,8 @@ def _in_process(
     from opdvfs.runtime.session import Session
 
     session = Session(**settings)
+    if session.executor is not None:  # a run: say which GPU it drives
+        announce_gpu(session.actuator)
 
     def run() -> None:
         with session, _script_output(as_json):
@@ -232,6 +236,7 @@ def capture(
         ),
     ] = None,
     as_json: JsonOption = False,
+    gpu: GpuOption = None,
 ) -> None:
     """Run a PyTorch script unchanged and record one iteration's operators as a Workload.
 
@@ -267,8 +272,11 @@ def capture(
             log=log,
             freq_mhz=freq_mhz,
             as_json=as_json,
+            gpu=gpu,
         )
         return
+    if gpu is not None:
+        raise UsageError("--gpu goes with --freqs (the GPU a clock sweep sets and measures)")
     if work_scale is not None or iterations_per_clock is not None or log is not None:
         raise UsageError(
             "--iterations-per-clock, --work-scale and --log go with --freqs (a clock sweep)"
@@ -308,7 +316,11 @@ def capture(
 
 
 def _sweep_actuator(
-    kind: str, device: str | None, work_scale: float | None, log: Path | None
+    kind: str,
+    device: str | None,
+    work_scale: float | None,
+    log: Path | None,
+    gpu: str | None = None,
 ) -> Actuator:
     """Return the actuator a sweep sets clocks through (a simulated GPU at ``work_scale``)."""
     from opdvfs.runtime.actuators import make_actuator
@@ -320,7 +332,9 @@ def _sweep_actuator(
         )
     header = {"command": "capture --freqs", "actuator": kind}
     log_path = None if log is None else str(log)
-    return make_actuator(kind, device=device, log=log_path, header=header, work_scale=work_scale)
+    return make_actuator(
+        kind, device=device, log=log_path, header=header, work_scale=work_scale, gpu=gpu
+    )
 
 
 def _capture_sweep(
@@ -337,6 +351,7 @@ def _capture_sweep(
     log: Path | None,
     freq_mhz: float | None,
     as_json: bool = False,
+    gpu: str | None = None,
 ) -> None:
     """``capture --profile P --freqs LIST``: profile every clock in one run (#21)."""
     from opdvfs.cli._app import parse_clocks
@@ -356,7 +371,8 @@ def _capture_sweep(
         )
     if freq_mhz is not None:
         raise UsageError("--freq-mhz names the one clock of a run; --freqs sets each clock")
-    act = _sweep_actuator(actuator, device, work_scale, log)
+    act = _sweep_actuator(actuator, device, work_scale, log, gpu)
+    announce_gpu(act)
     try:
         clocks = parse_clocks(freqs, act.supported_freqs_mhz())
         for clock in clocks:
@@ -469,6 +485,7 @@ def run(
     work_scale: WorkScaleOption = None,
     print_env: PrintEnvOption = False,
     as_json: JsonOption = False,
+    gpu: GpuOption = None,
 ) -> None:
     """Run a PyTorch script unchanged under a schedule (clocks restored however it ends).
 
@@ -492,6 +509,7 @@ def run(
         "trigger": trigger,
         "rank_map": rank_map,
         "work_scale": work_scale,
+        "gpu": gpu,
     }
     argv = list(ctx.args)
     command = None if print_env else _program(argv)

@@ -27,9 +27,11 @@ import typer
 from opdvfs.cli._app import (
     SCRIPT_CONTEXT,
     DryRunDeviceOption,
+    GpuOption,
     JsonOption,
     UsageError,
     WorkScaleOption,
+    announce_gpu,
     app,
     reports_errors,
     stderr,
@@ -156,6 +158,7 @@ def tune(
             "~/.cache/opdvfs/tune) of schedules per operator sequence.",
         ),
     ] = False,
+    gpu: GpuOption = None,
 ) -> None:
     """Tune a training script's clocks in one run: profile, plan, apply, measure (A/B).
 
@@ -206,6 +209,7 @@ def tune(
             device=device,
             cache=not no_cache,
             log=log,
+            gpu=gpu,
             on_iteration=update,
             block=block,
             pairs=pairs,
@@ -218,6 +222,7 @@ def tune(
             progress.stop()
         raise
     tuner = context.tuner
+    announce_gpu(tuner.actuator)
 
     shown = warnings.showwarning
 
@@ -243,7 +248,10 @@ def tune(
     result = tuner.result
     if tuner.rank != 0:  # rank 0 writes the job's files and summary
         if result.error is not None and result.schedule is None:
-            raise CaptureError(f"rank {tuner.rank}: {result.error}")
+            prefix = f"rank {tuner.rank}: "
+            raise CaptureError(
+                result.error if result.error.startswith(prefix) else prefix + result.error
+            )
         return
     if tuner.sweep_unfinished:  # bad input (a script too short): as capture --freqs, no files
         raise CaptureError(f"{result.error} (nothing was written)")

@@ -20,9 +20,12 @@ import contextlib
 import hashlib
 import json
 import math
+import os
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -169,6 +172,34 @@ def group_ready() -> bool:
     return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
 
 
+#: Seconds a rank waits at an iteration end for another rank's figures before it leaves the job
+#: (``OPDVFS_RANK_TIMEOUT_S``): a rank that died without a word (SIGKILL) is given up on then.
+RANK_TIMEOUT_S = 300.0
+
+#: Seconds between looks, while waiting, for a rank that said it left (:meth:`StoreJob.leave`).
+_POLL_S = 0.5
+
+
+def rank_timeout_s(env: dict[str, str] | os._Environ[str] = os.environ) -> float:
+    """Return ``OPDVFS_RANK_TIMEOUT_S`` (s, > 0), default :data:`RANK_TIMEOUT_S`.
+
+    Raises
+    ------
+    DistributedError
+        When it is set to anything but a number of seconds > 0.
+    """
+    text = env.get("OPDVFS_RANK_TIMEOUT_S")
+    if text is None or not text.strip():
+        return RANK_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise DistributedError(f"OPDVFS_RANK_TIMEOUT_S={text!r}: expected seconds > 0")
+    return value
+
+
 class StoreJob:
     """The ranks of a torchrun job, coordinated at each iteration end; rank 0 leads (``tune``).
 
@@ -178,9 +209,19 @@ class StoreJob:
     torch.profiler trace see none of it, and it works beside any backend (NCCL's collectives
     would take CUDA tensors). Every exchange has its own keys; a rank deletes its keys once an
     exchange in which every rank took part shows they were all read.
+
+    No read waits for ever: a rank that ends by an error or a signal says so (:meth:`leave`),
+    and a rank waiting for it gives up within :data:`_POLL_S` of that; one that died without a
+    word (SIGKILL) is given up on after :func:`rank_timeout_s`. Either raises
+    :class:`~opdvfs.exceptions.DistributedError`, and tune goes on alone at the top clock.
+
+    Parameters
+    ----------
+    timeout_s
+        How long a read waits for a rank that said nothing (s); default :func:`rank_timeout_s`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, timeout_s: float | None = None) -> None:
         from torch.distributed.distributed_c10d import _get_default_store
 
         self.rank = dist.get_rank()
@@ -190,8 +231,12 @@ class StoreJob:
         self.follows_plan = True
         self.sent: Schedule | None = None  # the leader's last schedule sent
         self.sent_mhz: float | None = None  # the leader's last clock sent
+        self.timeout_s = rank_timeout_s() if timeout_s is None else timeout_s
         self._n = 0  # exchanges so far
         self._posted: list[str] = []  # this rank's keys not yet deleted
+        #: The last :meth:`iteration`'s time (s) and energy (J) of every rank, by rank.
+        self.ranks_time_s: list[float] = []
+        self.ranks_energy_j: list[float | None] = []
 
     @property
     def leader(self) -> bool:
@@ -209,10 +254,7 @@ class StoreJob:
         """Return every rank's ``value``, by rank (an exchange every rank takes part in)."""
         key = self._post(value)
         n = key.split("/")[0]
-        out = [
-            value if r == self.rank else self.store.get(f"{n}/{r}").decode()
-            for r in range(self.world_size)
-        ]
+        out = [value if r == self.rank else self._get(f"{n}/{r}") for r in range(self.world_size)]
         # every rank posted here, so it has read every key of the exchanges before this one
         done, self._posted = self._posted[:-1], self._posted[-1:]
         for old in done:
@@ -229,6 +271,8 @@ class StoreJob:
         """
         rows = [json.loads(v) for v in self._all(json.dumps([time_s, energy_j, abandoned]))]
         energies = [row[1] for row in rows]
+        self.ranks_time_s = [float(row[0]) for row in rows]
+        self.ranks_energy_j = [None if e is None else float(e) for e in energies]
         total = None if any(e is None for e in energies) else float(math.fsum(energies))
         return max(float(row[0]) for row in rows), total, any(bool(row[2]) for row in rows)
 
@@ -247,5 +291,43 @@ class StoreJob:
             return directive
         n = self._n
         self._n += 1
-        doc: dict[str, Any] = json.loads(self.store.get(f"{n}/0").decode())
+        doc: dict[str, Any] = json.loads(self._get(f"{n}/0"))
         return doc
+
+    def _get(self, key: str) -> str:
+        """Return what a rank posted at ``key`` (``EXCHANGE/RANK``) once it is there.
+
+        Raises
+        ------
+        DistributedError
+            When a rank said it left the job, or ``key`` is not there after :attr:`timeout_s`.
+        """
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            wait_s = min(_POLL_S, deadline - time.monotonic())
+            try:
+                if wait_s > 0:
+                    self.store.wait([key], timedelta(seconds=wait_s))
+                    return bytes(self.store.get(key)).decode()
+            except dist.DistStoreError:  # not there yet (a dead store raises another error)
+                pass
+            gone = int(self.store.add("left", 0))
+            rank = key.rsplit("/", 1)[-1]
+            if gone:
+                raise DistributedError(
+                    f"{gone} rank(s) left the job (an error or a signal) while rank {self.rank} "
+                    f"waited for rank {rank}"
+                )
+            if time.monotonic() >= deadline:
+                raise DistributedError(
+                    f"rank {rank} did not end its iteration within {self.timeout_s:g} s "
+                    "(OPDVFS_RANK_TIMEOUT_S): it died or stalled"
+                )
+
+    def leave(self) -> None:
+        """Tell the other ranks this one is gone (it ended by an error or a signal); never raises.
+
+        Their waits at the next iteration end then give up at once instead of timing out.
+        """
+        with contextlib.suppress(Exception):
+            self.store.add("left", 1)

@@ -19,6 +19,7 @@ import pandas as pd
 
 from opdvfs.exceptions import ActuatorError
 from opdvfs.runtime.actuators.nvml import NvmlDevice, nvml_errors
+from opdvfs.runtime.gpu_select import GpuChoice
 
 __all__ = ["NvmlSampler"]
 
@@ -28,8 +29,9 @@ class NvmlSampler:
 
     Parameters
     ----------
-    index
-        NVML device index (default 0).
+    index, gpu
+        The GPU, as :class:`~opdvfs.runtime.actuators.nvml.NvmlDevice`; default this process's
+        own (:func:`~opdvfs.runtime.actuators.nvml.current_gpu`), the one its actuator drives.
     interval_ms
         Time between reads; NVML's own power average is over 100 ms to 1 s, so 10-50 ms
         resolves its steps without flooding the driver.
@@ -40,8 +42,14 @@ class NvmlSampler:
         Without nvidia-ml-py, without a driver, or when no GPU has that index.
     """
 
-    def __init__(self, *, index: int = 0, interval_ms: float = 20.0) -> None:
-        self._device = NvmlDevice(index=index)
+    def __init__(
+        self,
+        *,
+        index: int | None = None,
+        gpu: GpuChoice | None = None,
+        interval_ms: float = 20.0,
+    ) -> None:
+        self._device = NvmlDevice(index=index, gpu=gpu)
         self.interval_s = interval_ms / 1e3
         self._rows: list[tuple[float, float, float, float, float]] = []
         self._stop = threading.Event()

@@ -106,6 +106,9 @@ class Session:
         Run with a pipeline schedule (one schedule per pipeline stage): the stage of each rank,
         comma-separated; without it rank r of W runs stage ``r * n_stages // W``. Each rank
         applies its own stage's schedule (data-parallel replicas share one).
+    gpu
+        ``--gpu``: the NVIDIA GPU of ``nvml``, ``zeusd`` and a measuring dry run
+        (:func:`~opdvfs.runtime.actuators.make_actuator`); default this process's own.
     report_dir
         Launched processes write their :class:`Outcome` there (one JSON file per process).
 
@@ -133,6 +136,7 @@ class Session:
         report_dir: str | None = None,
         rank_map: str | None = None,
         work_scale: float | None = None,
+        gpu: str | None = None,
     ) -> None:
         from opdvfs.runtime.dispatch import ScheduleExecutor
         from opdvfs.runtime.recorder import WorkloadRecorder
@@ -187,6 +191,7 @@ class Session:
             header=header,
             work_scale=work_scale,
             optimizer_steps=optimizer_steps,
+            gpu=gpu,
         )
         #: The simulated GPU the program runs on (its time is virtual), or None: wall time.
         timeline = self.actuator.timeline

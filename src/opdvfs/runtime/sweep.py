@@ -534,13 +534,14 @@ def device_meter(actuator: Actuator, *, cuda: bool, stack: ExitStack) -> Meter |
 
     The actuator's own NVML reader where it has one (``nvml``, ``zeusd``, a dry run measuring
     the GPU: its ``meter``); else, when the program runs on CUDA, a read-only
-    :class:`~opdvfs.runtime.actuators.nvml.NvmlReader` of GPU 0, closed with ``stack``.
+    :class:`~opdvfs.runtime.actuators.nvml.NvmlReader` of this process's GPU
+    (:func:`~opdvfs.runtime.actuators.nvml.current_gpu`), closed with ``stack``.
     """
     meter = actuator.meter
     if meter is None and cuda:
         from opdvfs.runtime.actuators.nvml import NvmlReader
 
-        meter = NvmlReader(index=0)
+        meter = NvmlReader()
         stack.callback(meter.close)
     return meter
 
@@ -705,9 +706,10 @@ def sweep_run(
         use_cuda = torch.cuda.is_available() if cuda is None else cuda
         sampler: Any = None
         if use_cuda:
+            from opdvfs.runtime.actuators.nvml import meter_gpu
             from opdvfs.runtime.sampler import NvmlSampler
 
-            sampler = NvmlSampler(interval_ms=interval_ms)
+            sampler = NvmlSampler(gpu=meter_gpu(actuator.meter), interval_ms=interval_ms)
 
         def device_now() -> float:
             if use_cuda:  # the iteration's kernels are done: the next clock meets none of them

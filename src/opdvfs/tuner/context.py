@@ -73,6 +73,10 @@ class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
     log
         JSON lines of the actuator's calls (appended); under torchrun one file per rank
         (``calls.rank1.jsonl``).
+    gpu
+        For ``nvml``, ``zeusd`` and a dry run measuring a GPU: the GPU (an NVML index or UUID,
+        or one per local rank, comma-separated); default this process's CUDA device
+        (:func:`~opdvfs.runtime.actuators.make_actuator`).
     on_iteration
         Called after each iteration with :meth:`Tuner.status` (a progress display).
     """
@@ -91,6 +95,7 @@ class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
         objective: Objective = policy.OBJECTIVE,
         cache: bool = True,
         log: str | os.PathLike[str] | None = None,
+        gpu: str | None = None,
         on_iteration: Callable[[dict[str, Any]], None] | None = None,
         **options: Any,
     ) -> None:
@@ -99,7 +104,7 @@ class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
         log_path, header = rank_log(log)
         header = {"command": "tune", "actuator": actuator, "target": target, **header}
         act = make_actuator(
-            actuator, device=device, log=log_path, header=header, work_scale=work_scale
+            actuator, device=device, log=log_path, header=header, work_scale=work_scale, gpu=gpu
         )
         try:
             chosen: Any = clocks

@@ -443,9 +443,10 @@ class DeviceDrive(Drive):
 
         sampler = None
         if self._cuda:
+            from opdvfs.runtime.actuators.nvml import meter_gpu
             from opdvfs.runtime.sampler import NvmlSampler
 
-            sampler = NvmlSampler(interval_ms=SAMPLE_MS)
+            sampler = NvmlSampler(gpu=meter_gpu(self.meter), interval_ms=SAMPLE_MS)
         sweep = self._sweep
         assert sweep is not None, "make_sweep before enter"
         trace_stack = ExitStack()

@@ -225,7 +225,9 @@ class Tuner:
 
     def __exit__(self, *exc: object) -> None:
         """Stop the planning thread, leave the executor, restore the clock once."""
-        self._stack.close()
+        self._stack.close()  # the clock first
+        if exc and exc[0] is not None and self.ranks.job is not None:
+            self.ranks.job.leave()  # the others stop waiting for this rank
         self.result.timeline = self.drive.timeline(self.result.iterations)
         if self.result.error is not None or self.result.schedule is not None:
             return
@@ -389,6 +391,7 @@ class Tuner:
                 d.round,
                 measured[2],
                 measured[3],
+                *self._ranks_figures(job),
             )
         )
         if job.follows_plan:
@@ -402,6 +405,13 @@ class Tuner:
         self.result.cache_key, self.result.cache_hit = d.cache_key, d.cache_hit
         if self.phase == "steady" and job.follows_plan:
             self.result.schedule = self._followed
+
+    @staticmethod
+    def _ranks_figures(job: Any) -> tuple[list[float] | None, list[float | None] | None]:
+        """Every rank's time and energy of the iteration just exchanged (None off torchrun)."""
+        if job is None or not job.ranks_time_s:
+            return None, None
+        return list(job.ranks_time_s), list(job.ranks_energy_j)
 
     # ------------------------------------------------------------------------- the phases
     def _stop_tuning(self) -> None:
@@ -421,6 +431,7 @@ class Tuner:
             job.round if job is not None else None,
             measured[2],
             measured[3],
+            *self._ranks_figures(self.ranks.job),
         )
         self.result.iterations.append(record)
         if self.phase == "top":

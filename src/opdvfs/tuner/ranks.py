@@ -75,6 +75,13 @@ class Ranks:
 
     def __init__(self) -> None:
         self.job: StoreJob | None = None
+        #: How long an exchange waits for a rank that said nothing (s): read before training, so
+        #: a bad ``OPDVFS_RANK_TIMEOUT_S`` is one line at start, not an error in the first step.
+        self.timeout_s: float | None = None
+        if launched_as()[1] > 1:
+            from opdvfs.runtime.distributed import rank_timeout_s  # (torch: lazily)
+
+            self.timeout_s = rank_timeout_s()
         #: Set when the ranks lost each other: this rank went on alone at the top clock.
         self.lost = False
         #: Whether another rank's executor abandoned its schedule at the last exchange.
@@ -95,7 +102,7 @@ class Ranks:
 
         if not group_ready():
             return False
-        self.job = StoreJob()
+        self.job = StoreJob(self.timeout_s)
         return True
 
     def waits_for_group(self) -> bool:

@@ -89,6 +89,9 @@ class TuneIteration:
     #: Under torchrun: this rank's own time and energy (``time_s``/``energy_j`` are the job's).
     rank_time_s: float | None = None
     rank_energy_j: float | None = None
+    #: Under torchrun: every rank's time and energy, by rank (each GPU's own figures).
+    ranks_time_s: list[float] | None = None
+    ranks_energy_j: list[float | None] | None = None
 
 
 @dataclass

@@ -16,7 +16,7 @@ from opdvfs.exceptions import ActuatorError, ValidationError
 from opdvfs.runtime.actuators.ascend import AscendActuator
 from opdvfs.runtime.actuators.base import Actuator, ClockGuard
 from opdvfs.runtime.actuators.dry_run import DryRunActuator
-from opdvfs.runtime.actuators.nvml import NvmlActuator, NvmlReader
+from opdvfs.runtime.actuators.nvml import NvmlActuator, NvmlReader, current_gpu
 from opdvfs.runtime.actuators.sim_gpu import SIM_PREFIX, SimGpuActuator
 from opdvfs.runtime.actuators.twin import TwinActuator
 from opdvfs.runtime.actuators.zeusd import ZeusdActuator
@@ -55,13 +55,14 @@ def make_actuator(
     header: Mapping[str, Any] | None = None,
     work_scale: float | None = None,
     optimizer_steps: bool = True,
+    gpu: str | None = None,
 ) -> Actuator:
     """Return the actuator of ``kind`` for ``device``.
 
     Parameters
     ----------
     kind
-        One of :data:`ACTUATORS`: ``"nvml"`` (an NVIDIA GPU, NVML device 0, as root),
+        One of :data:`ACTUATORS`: ``"nvml"`` (this process's NVIDIA GPU, as root),
         ``"zeusd"`` (the same GPU without root, through Zeus's daemon at ``ZEUSD_SOCK_PATH``),
         ``"ascend"``
         (an Ascend NPU: requests logged, not applied), ``"dry-run"`` (records what would be
@@ -76,8 +77,8 @@ def make_actuator(
         use.
 
         A dry run with neither a preset nor a schedule measures the NVIDIA GPU it runs on,
-        read-only, when NVML finds one (device 0): it accepts that GPU's clocks and reads its
-        power, energy counter and temperature through an
+        read-only, when NVML finds one (this process's, as ``"nvml"``): it accepts that GPU's
+        clocks and reads its power, energy counter and temperature through an
         :class:`~opdvfs.runtime.actuators.nvml.NvmlReader` (its ``meter``), which never sets
         anything; its clock calls are only recorded. A preset keeps meaning its clocks (and
         nothing is measured), so every call that worked before is unchanged.
@@ -92,6 +93,12 @@ def make_actuator(
         For ``"sim:PRESET"``: whether the simulated GPU's iterations end at optimizer steps
         (False: only at :meth:`~Actuator.mark_iteration`, for ``--iteration-at``); ignored by
         the other kinds, which count no iterations.
+    gpu
+        For ``"nvml"``, ``"zeusd"`` and a dry run measuring a GPU: ``--gpu INDEX|UUID[,...]``
+        (:func:`~opdvfs.runtime.gpu_select.select_gpu`); default this process's own GPU, its
+        current CUDA device (after ``torch.cuda.set_device``; else ``LOCAL_RANK``) matched to
+        NVML by UUID through ``CUDA_VISIBLE_DEVICES``
+        (:func:`~opdvfs.runtime.actuators.nvml.current_gpu`).
 
     Returns
     -------
@@ -116,10 +123,10 @@ def make_actuator(
                 f"{', '.join(PRESETS)}",
                 field="actuator",
             )
-        gpu = (
+        sim = (
             SimulatedGpu(name) if work_scale is None else SimulatedGpu(name, work_scale=work_scale)
         )
-        return SimGpuActuator(gpu, optimizer_steps=optimizer_steps, log=log, header=header)
+        return SimGpuActuator(sim, optimizer_steps=optimizer_steps, log=log, header=header)
     if work_scale is not None:
         raise ValidationError(
             f"work_scale scales a simulated GPU's work: actuator {SIM_PREFIX}PRESET, not {kind!r}",
@@ -133,9 +140,9 @@ def make_actuator(
         )
     spec = preset_spec(device or (schedule.device if schedule is not None else None))
     if kind == "nvml":
-        return NvmlActuator()
+        return NvmlActuator(gpu=current_gpu(gpu))
     if kind == "zeusd":
-        return ZeusdActuator()
+        return ZeusdActuator(gpu=current_gpu(gpu))
     if kind == "twin":
         if spec is None:
             raise ValidationError(
@@ -151,7 +158,7 @@ def make_actuator(
         freqs = spec.freqs_mhz
     elif schedule is not None:
         freqs = sorted({s.freq_mhz for s in schedule.stages})
-    elif kind == "dry-run" and (meter := _nvml_meter()) is not None:
+    elif kind == "dry-run" and (meter := _nvml_meter(gpu)) is not None:
         freqs = meter.supported_freqs_mhz()
         return DryRunActuator(
             freqs, log=log, header={**(header or {}), "meter": "nvml"}, meter=meter
@@ -167,9 +174,17 @@ def make_actuator(
     return DryRunActuator(freqs, log=log, header=header)
 
 
-def _nvml_meter() -> NvmlReader | None:
-    """Return a read-only NVML reader of GPU 0, or None where NVML cannot read one."""
+def _nvml_meter(gpu: str | None = None) -> NvmlReader | None:
+    """Return a read-only NVML reader of this process's GPU, or None where NVML cannot read one.
+
+    None too where CUDA sees no GPU of the machine (``CUDA_VISIBLE_DEVICES=""``: the program runs
+    on the CPU); a ``gpu`` that names none is an error.
+    """
     try:
-        return NvmlReader(index=0)
+        return NvmlReader(gpu=current_gpu(gpu))
     except ActuatorError:  # no nvidia-ml-py, no driver, no GPU, or its clocks unreadable
+        return None
+    except ValidationError:
+        if gpu is not None:
+            raise
         return None

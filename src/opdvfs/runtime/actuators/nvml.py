@@ -16,6 +16,8 @@ real GPU while it only records the clocks it would set.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -27,13 +29,23 @@ from opdvfs.exceptions import (
     PermissionDeniedError,
 )
 from opdvfs.runtime.actuators.base import Actuator
+from opdvfs.runtime.gpu_select import GpuChoice, GpuClaim, select_gpu
 
 try:  # the optional extra: pip install 'opdvfs[nvidia]'
     import pynvml
 except ImportError:  # pragma: no cover - exercised where nvidia-ml-py is absent
     pynvml = None
 
-__all__ = ["NvmlActuator", "NvmlDevice", "NvmlReader", "nvml_clocks", "nvml_errors"]
+__all__ = [
+    "NvmlActuator",
+    "NvmlDevice",
+    "NvmlReader",
+    "current_gpu",
+    "list_gpus",
+    "meter_gpu",
+    "nvml_clocks",
+    "nvml_errors",
+]
 
 _NO_DRIVER = (
     "no NVIDIA driver: cannot {action} ({exc}); without a GPU, --actuator sim:a100-like (or "
@@ -49,13 +61,15 @@ _ADVICE: dict[int, tuple[type[ActuatorError], str]] = (
     else {
         pynvml.NVML_ERROR_NO_PERMISSION: (
             PermissionDeniedError,
-            "NVML refused to {action}: changing GPU clocks needs root (sudo or CAP_SYS_ADMIN) "
-            "or Zeus's daemon (--actuator zeusd with ZEUSD_SOCK_PATH set); reading clocks and "
-            "power works without either",
+            "NVML refused to {action} (NO_PERMISSION): changing GPU clocks needs root (sudo or "
+            "CAP_SYS_ADMIN), or run through Zeus's daemon: start zeusd as root, then "
+            "--actuator zeusd with ZEUSD_SOCK_PATH set; reading clocks and power needs neither",
         ),
         pynvml.NVML_ERROR_NOT_SUPPORTED: (
             NotSupportedError,
-            "this GPU or driver cannot {action} (locked clocks need Volta or newer)",
+            "NVML cannot {action} (NOT_SUPPORTED): locked clocks need a whole GPU of Volta or "
+            "newer, not a MIG instance nor an older GPU; --actuator dry-run measures it "
+            "without setting clocks",
         ),
         pynvml.NVML_ERROR_NOT_FOUND: (DeviceNotFoundError, _NO_GPU),
         pynvml.NVML_ERROR_INVALID_ARGUMENT: (DeviceNotFoundError, _NO_GPU),
@@ -96,15 +110,76 @@ def nvml_errors(action: str) -> Iterator[None]:
         raise
 
 
+def list_gpus() -> list[tuple[int, str]]:
+    """Return NVML's ``(index, uuid)`` of every GPU of this machine, by index.
+
+    Raises
+    ------
+    DeviceNotFoundError
+        Without nvidia-ml-py or a driver.
+    """
+    if pynvml is None:
+        raise DeviceNotFoundError("nvidia-ml-py is not installed: pip install 'opdvfs[nvidia]'")
+    nv: Any = pynvml
+    with nvml_errors("initialise NVML"):
+        nv.nvmlInit()
+    try:
+        with nvml_errors("list the GPUs"):
+            out = []
+            for index in range(int(nv.nvmlDeviceGetCount())):
+                uuid = nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(index))
+                out.append((index, uuid.decode() if isinstance(uuid, bytes) else str(uuid)))
+            return out
+    finally:
+        with nvml_errors("shut NVML down"):
+            nv.nvmlShutdown()
+
+
+def _cuda_device() -> tuple[int | None, str | None]:
+    """Return torch's current CUDA device and its UUID, where this process has initialised CUDA.
+
+    Neither imports torch nor initialises CUDA (a launcher's process must not: the script may
+    still set ``CUDA_VISIBLE_DEVICES``); (None, None) before the script has used CUDA.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None, None
+    device = int(torch.cuda.current_device())
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    return device, uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+
+
+def current_gpu(override: str | None = None) -> GpuChoice:
+    """Return the GPU this process drives and measures.
+
+    :func:`~opdvfs.runtime.gpu_select.select_gpu` on this process's values: its current CUDA
+    device once CUDA is initialised, else ``LOCAL_RANK`` (the device a torchrun script sets),
+    else CUDA device 0; through ``CUDA_VISIBLE_DEVICES`` to NVML by UUID.
+    ``override`` (``--gpu INDEX|UUID[,...]``) names it instead.
+
+    Raises
+    ------
+    DeviceNotFoundError
+        Without nvidia-ml-py, a driver or a GPU.
+    ValidationError
+        When ``override`` or the CUDA device names no GPU of the machine.
+    """
+    device, uuid = _cuda_device() if override is None else (None, None)
+    return select_gpu(os.environ, device, list_gpus(), cuda_uuid=uuid, override=override)
+
+
 class NvmlDevice:
     """One NVIDIA GPU through NVML: the library initialised once, the device's handle found.
 
     Parameters
     ----------
     index
-        NVML device index (default 0). NVML's order may differ from CUDA's: prefer ``uuid``.
+        NVML device index. NVML's order may differ from CUDA's: prefer ``uuid``.
     uuid
-        Device UUID (``GPU-...``), e.g. ``"GPU-" + str(torch.cuda.get_device_properties(i).uuid)``.
+        Device UUID (``GPU-...``, ``MIG-...``).
+    gpu
+        The GPU as :func:`current_gpu` chose it. With none of the three: :func:`current_gpu`,
+        this process's own GPU.
 
     Attributes
     ----------
@@ -112,6 +187,8 @@ class NvmlDevice:
         The pynvml module; call it inside :func:`nvml_errors`.
     handle
         The device's NVML handle.
+    gpu
+        Which GPU it is (:class:`~opdvfs.runtime.gpu_select.GpuChoice`), for messages.
 
     Raises
     ------
@@ -119,22 +196,38 @@ class NvmlDevice:
         Without nvidia-ml-py, without a driver, or when no GPU has that index or UUID.
     """
 
-    def __init__(self, *, index: int | None = None, uuid: str | None = None) -> None:
+    def __init__(
+        self, *, index: int | None = None, uuid: str | None = None, gpu: GpuChoice | None = None
+    ) -> None:
         if pynvml is None:
             raise DeviceNotFoundError("nvidia-ml-py is not installed: pip install 'opdvfs[nvidia]'")
+        if gpu is None and index is None and uuid is None:
+            gpu = current_gpu()
         self.lib: Any = pynvml
         with nvml_errors("initialise NVML"):
             self.lib.nvmlInit()
         self._open = True
         try:
             with nvml_errors("find the GPU"):
-                if uuid is not None:
-                    self.handle: Any = self.lib.nvmlDeviceGetHandleByUUID(uuid)
+                if gpu is not None:
+                    self.handle: Any = self.lib.nvmlDeviceGetHandleByUUID(gpu.uuid)
+                elif uuid is not None:
+                    self.handle = self.lib.nvmlDeviceGetHandleByUUID(uuid)
+                    found_index = (
+                        None
+                        if uuid.startswith("MIG-")
+                        else int(self.lib.nvmlDeviceGetIndex(self.handle))
+                    )
+                    gpu = GpuChoice(found_index, uuid, "its UUID")
                 else:
-                    self.handle = self.lib.nvmlDeviceGetHandleByIndex(index or 0)
+                    self.handle = self.lib.nvmlDeviceGetHandleByIndex(index)
+                    found = self.lib.nvmlDeviceGetUUID(self.handle)
+                    found = found.decode() if isinstance(found, bytes) else str(found)
+                    gpu = GpuChoice(index, found, f"NVML index {index}")
         except ActuatorError:
             self.close()  # NVML counts initialisations: give this one back
             raise
+        self.gpu: GpuChoice = gpu
 
     def close(self) -> None:
         """Shut NVML down (once, however often it is called; the clock is not touched)."""
@@ -152,10 +245,8 @@ class NvmlReader:
 
     Parameters
     ----------
-    index
-        NVML device index (default 0). NVML's order may differ from CUDA's: prefer ``uuid``.
-    uuid
-        Device UUID (``GPU-...``), e.g. ``"GPU-" + str(torch.cuda.get_device_properties(i).uuid)``.
+    index, uuid, gpu
+        The GPU, as :class:`NvmlDevice`; default this process's own (:func:`current_gpu`).
 
     Attributes
     ----------
@@ -168,17 +259,24 @@ class NvmlReader:
         Without nvidia-ml-py, without a driver, or when no GPU has that index or UUID.
     """
 
-    def __init__(self, *, index: int | None = None, uuid: str | None = None) -> None:
-        self.device = NvmlDevice(index=index, uuid=uuid)
+    def __init__(
+        self, *, index: int | None = None, uuid: str | None = None, gpu: GpuChoice | None = None
+    ) -> None:
+        self.device = NvmlDevice(index=index, uuid=uuid, gpu=gpu)
         nv, handle = self.device.lib, self.device.handle
         try:
-            with nvml_errors("read the supported clocks"):
+            with nvml_errors(f"read the supported clocks of {self.device.gpu.label}"):
                 memory = max(nv.nvmlDeviceGetSupportedMemoryClocks(handle))
                 clocks = nv.nvmlDeviceGetSupportedGraphicsClocks(handle, memory)
         except ActuatorError:
             self.device.close()
             raise
         self._clocks = tuple(sorted(float(c) for c in clocks))
+
+    @property
+    def gpu(self) -> GpuChoice:
+        """Which GPU it reads."""
+        return self.device.gpu
 
     def supported_freqs_mhz(self) -> Sequence[float]:
         """Return the SM clocks NVML supports at the highest memory clock (MHz), ascending."""
@@ -281,7 +379,15 @@ def nvml_system() -> dict[str, Any]:
             nv.nvmlShutdown()
 
 
-def nvml_clocks(index: int | None = None) -> tuple[str, tuple[float, ...]]:
+def meter_gpu(meter: object) -> GpuChoice | None:
+    """Return the GPU an actuator's :attr:`~Actuator.meter` reads, or None: not an NVML reader.
+
+    The sampler and the thermometer read that GPU, the one the actuator drives.
+    """
+    return meter.gpu if isinstance(meter, NvmlReader) else None
+
+
+def nvml_clocks(gpu: str | None = None) -> tuple[str, tuple[float, ...]]:
     """Return an NVIDIA GPU's name and its supported SM clocks (MHz, ascending), from NVML.
 
     ``nvmlDeviceGetSupportedMemoryClocks``, then ``nvmlDeviceGetSupportedGraphicsClocks`` at
@@ -289,13 +395,17 @@ def nvml_clocks(index: int | None = None) -> tuple[str, tuple[float, ...]]:
     actuator locks), for a device file (``opdvfs device``, ``opdvfs characterise --clocks
     nvml``).
 
+    ``gpu``: ``--gpu INDEX|UUID`` (default this process's own GPU, :func:`current_gpu`).
+
     Raises
     ------
     ActuatorError
-        Or :class:`~opdvfs.exceptions.DeviceNotFoundError` (no nvidia-ml-py, no driver, no GPU
-        at ``index``), from NVML.
+        Or :class:`~opdvfs.exceptions.DeviceNotFoundError` (no nvidia-ml-py, no driver, no such
+        GPU), from NVML.
+    ValidationError
+        When ``gpu`` names no GPU of the machine.
     """
-    reader = NvmlReader(index=index)
+    reader = NvmlReader(gpu=current_gpu(gpu))
     try:
         return reader.name(), tuple(float(f) for f in reader.supported_freqs_mhz())
     finally:
@@ -305,12 +415,14 @@ def nvml_clocks(index: int | None = None) -> tuple[str, tuple[float, ...]]:
 class NvmlActuator(Actuator):
     """Core (SM) clock control of one NVIDIA GPU.
 
+    It claims its GPU for the process while open (:class:`~opdvfs.runtime.gpu_select.GpuClaim`:
+    two processes setting one GPU's clock would undo each other), and its :meth:`reset` unlocks
+    the clock only when it locked it: a GPU this process never changed is never touched.
+
     Parameters
     ----------
-    index
-        NVML device index (default 0). NVML's order may differ from CUDA's: prefer ``uuid``.
-    uuid
-        Device UUID (``GPU-...``), e.g. ``"GPU-" + str(torch.cuda.get_device_properties(i).uuid)``.
+    index, uuid, gpu
+        The GPU, as :class:`NvmlDevice`; default this process's own (:func:`current_gpu`).
 
     Attributes
     ----------
@@ -321,12 +433,22 @@ class NvmlActuator(Actuator):
     ------
     DeviceNotFoundError
         Without nvidia-ml-py, without a driver, or when no GPU has that index or UUID.
+    ActuatorError
+        When another process holds the GPU's claim (the message names its pid).
     """
 
-    def __init__(self, *, index: int | None = None, uuid: str | None = None) -> None:
-        self._meter = NvmlReader(index=index, uuid=uuid)
+    def __init__(
+        self, *, index: int | None = None, uuid: str | None = None, gpu: GpuChoice | None = None
+    ) -> None:
+        self._meter = NvmlReader(index=index, uuid=uuid, gpu=gpu)
         self.device = self._meter.device
+        try:
+            self._claim = GpuClaim(self.device.gpu)
+        except ActuatorError:
+            self._meter.close()
+            raise
         self._current: float | None = None
+        self._changed = False  # whether this actuator may have locked the clock since its reset
 
     @property
     def kind(self) -> str:
@@ -342,6 +464,11 @@ class NvmlActuator(Actuator):
     def meter(self) -> NvmlReader:
         """The :class:`NvmlReader` every read goes through (read-only: it sets nothing)."""
         return self._meter
+
+    @property
+    def gpu(self) -> GpuChoice:
+        """Which GPU it drives."""
+        return self.device.gpu
 
     def supported_freqs_mhz(self) -> Sequence[float]:
         """Return the SM clocks NVML supports at the highest memory clock (MHz), ascending."""
@@ -360,22 +487,32 @@ class NvmlActuator(Actuator):
         if freq_mhz == self._current:
             return
         freq = self.check_freq_mhz(freq_mhz)
-        self._lock(int(freq))
+        changed, self._changed = self._changed, True  # before the call: a signal may land in it
+        try:
+            self._lock(int(freq))
+        except ActuatorError:
+            self._changed = changed  # NVML refused: the clock is as it was
+            raise
         self._current = freq
 
     def reset(self) -> None:
-        """Unlock the SM clock (``nvmlDeviceResetGpuLockedClocks``)."""
-        self._unlock()
+        """Unlock the SM clock (``nvmlDeviceResetGpuLockedClocks``) if this actuator locked it.
+
+        A GPU whose clock it never locked (or already reset) is not touched.
+        """
+        if self._changed:
+            self._unlock()
+            self._changed = False
         self._current = None
 
     def _lock(self, freq_mhz: int) -> None:
         """Lock the SM clock at ``freq_mhz`` (min = max); the one write a subclass reroutes."""
-        with nvml_errors(f"lock the SM clock at {freq_mhz} MHz"):
+        with nvml_errors(f"lock the SM clock of {self.gpu.label} at {freq_mhz} MHz"):
             self.device.lib.nvmlDeviceSetGpuLockedClocks(self.device.handle, freq_mhz, freq_mhz)
 
     def _unlock(self) -> None:
         """Unlock the SM clock; the other write a subclass reroutes."""
-        with nvml_errors("reset the SM clock"):
+        with nvml_errors(f"reset the SM clock of {self.gpu.label}"):
             self.device.lib.nvmlDeviceResetGpuLockedClocks(self.device.handle)
 
     def read_power_w(self) -> float:
@@ -391,5 +528,6 @@ class NvmlActuator(Actuator):
         return self._meter.read_temperature_c()
 
     def close(self) -> None:
-        """Shut NVML down (the clock is not touched); safe to call more than once."""
+        """Shut NVML down and give the GPU's claim back (the clock is not touched); repeatable."""
+        self._claim.release()
         self.device.close()

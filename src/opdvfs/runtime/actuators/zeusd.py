@@ -29,6 +29,7 @@ from opdvfs.exceptions import (
     PermissionDeniedError,
 )
 from opdvfs.runtime.actuators.nvml import NvmlActuator
+from opdvfs.runtime.gpu_select import GpuChoice
 
 __all__ = ["ZeusdActuator", "ZeusdClient"]
 
@@ -178,8 +179,10 @@ class ZeusdActuator(NvmlActuator):
 
     Parameters
     ----------
-    index
-        NVML device index (default 0), also the daemon's ``gpu_ids`` (zeusd numbers GPUs as NVML).
+    index, gpu
+        The GPU, as :class:`~opdvfs.runtime.actuators.nvml.NvmlDevice`: default this process's
+        own (:func:`~opdvfs.runtime.actuators.nvml.current_gpu`); its NVML index is the
+        daemon's ``gpu_ids`` (zeusd numbers GPUs as NVML does).
     client
         The daemon's client; default one from ``ZEUSD_SOCK_PATH`` / ``ZEUSD_HOST_PORT``.
 
@@ -188,12 +191,26 @@ class ZeusdActuator(NvmlActuator):
     DeviceNotFoundError
         Without a daemon address, or as :class:`NvmlActuator` without nvidia-ml-py, a driver or
         the GPU.
+    NotSupportedError
+        For a MIG instance (zeusd locks a whole GPU's clock).
     """
 
-    def __init__(self, *, index: int | None = None, client: ZeusdClient | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        index: int | None = None,
+        client: ZeusdClient | None = None,
+        gpu: GpuChoice | None = None,
+    ) -> None:
         self.client = client if client is not None else ZeusdClient()
-        super().__init__(index=index)
-        self.gpu_id = index or 0
+        super().__init__(index=index, gpu=gpu)
+        if self.gpu.index is None:
+            self.close()
+            raise NotSupportedError(
+                f"zeusd cannot lock the clock of {self.gpu.label}: it locks a whole GPU's clock, "
+                "and a MIG instance shares its GPU's; --actuator dry-run measures it instead"
+            )
+        self.gpu_id: int = self.gpu.index
 
     @property
     def kind(self) -> str:
