@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import tempfile
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -126,6 +128,61 @@ def check_output_folder(path: str | os.PathLike[str]) -> None:
     if dest.exists() and not dest.is_dir():
         raise OutputPathError(f"{dest}: is a file; expected a folder for the report (new or not)")
     _check_parents(dest)
+
+
+def check_writable_folder(path: str | os.PathLike[str]) -> Path:
+    """Return ``path`` made absolute, after checking that files can be written there now.
+
+    Nothing is created: the folder, or the nearest parent that exists, must be a folder this
+    process may write to. Checked before a long job, so a read-only folder is an error at the
+    start rather than after the job has trained.
+
+    Raises
+    ------
+    OutputPathError
+        If ``path`` is a file, a parent is a file, or the folder (or its nearest existing
+        parent) cannot be written to.
+    """
+    dest = Path(path).absolute()
+    check_output_folder(dest)
+    existing = next((p for p in (dest, *dest.parents) if p.exists()), None)
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == dest else f" ({existing} is not)"
+        raise OutputPathError(f"{dest}: cannot write there{where}; choose a writable --out")
+    return dest
+
+
+#: The signals whose default action would end a process between a temporary file and its rename.
+_ENDING_SIGNALS = ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT")
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """Within the block, a signal whose default would kill the process raises ``SystemExit``.
+
+    ``SystemExit(128 + signum)``, as the default would report it, but raised: the temporary
+    files of :func:`atomic_path` are removed on the way out instead of left behind. Only
+    signals at their default action are taken (a program's own handler stays); outside the
+    main thread, nothing changes.
+    """
+    taken: dict[int, Any] = {}
+
+    def exit_now(signum: int, frame: Any) -> None:
+        for sig, handler in taken.items():  # a second signal while unwinding: the default
+            signal.signal(sig, handler)
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for name in _ENDING_SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is not None and signal.getsignal(sig) == signal.SIG_DFL:
+                taken[sig] = signal.signal(sig, exit_now)
+    try:
+        yield
+    finally:
+        for sig, handler in taken.items():
+            if signal.getsignal(sig) == exit_now:
+                signal.signal(sig, handler)
 
 
 def _check_parents(dest: Path) -> None:

@@ -15,12 +15,14 @@ writes ``--out``, prints the summary and shows the progress display.
 
 from __future__ import annotations
 
+import signal
 import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from opdvfs._files import check_writable_folder
 from opdvfs.cli._app import (
     SCRIPT_CONTEXT,
     DryRunDeviceOption,
@@ -156,8 +158,11 @@ def tune(
     from opdvfs.tuner import summary_lines, tune, write_tune
     from opdvfs.tuner.ranks import launched_as
 
-    if not target > 0:
-        raise UsageError(f"--target {target:g}: expected a slowdown > 0 (0.02 = 2%)")
+    if not 0 < target <= 1:
+        raise UsageError(
+            f"--target {target:g}: expected a slowdown budget as a fraction in (0, 1] "
+            "(0.02 = 2%)"
+        )
     if actuator in ("twin", "ascend"):
         raise UsageError(
             f"--actuator {actuator}: tune measures the device the script runs on: use nvml, "
@@ -171,6 +176,9 @@ def tune(
     command = _program(argv)
     if command is None:
         raise UsageError("tune runs the script in opdvfs's process: -- python SCRIPT ARGS")
+    # where the files go, fixed now (a script's os.chdir does not move it) and checked
+    # writable before the script trains; nothing is created until the run writes
+    out_path = check_writable_folder(out)
     progress, update = _progress() if launched_as()[0] == 0 else (None, None)
     try:
         context = tune(
@@ -222,9 +230,19 @@ def tune(
         if result.error is not None and result.schedule is None:
             raise CaptureError(f"rank {tuner.rank}: {result.error}")
         return
-    if tuner.sweep_unfinished:  # bad input (a script too short): as capture --freqs, no files
+    if tuner.sweep_unfinished:
+        if tuner.guard.signals:  # the script took a signal and ended: its own status (0)
+            name = signal.Signals(tuner.guard.signals[0]).name
+            stderr.print(
+                f"opdvfs: the script ended after {name} before tuning was done; nothing was "
+                "written",
+                markup=False,
+                highlight=False,
+            )
+            return
+        # bad input (a script too short): as capture --freqs, no files
         raise CaptureError(f"{result.error} (nothing was written)")
-    written = write_tune(result, out)
+    written = write_tune(result, out_path)
     for line in summary_lines(result):
         stdout.print(line, highlight=False)
     stdout.print(f"wrote {out}: {', '.join(written)}", highlight=False)

@@ -97,8 +97,12 @@ class Tuner:
         on_iteration: Callable[[dict[str, Any]], None] | None = None,
         label: str | None = None,
     ) -> None:
-        if not target > 0:
-            raise ValidationError(f"target {target}: expected a slowdown > 0", field="target")
+        if not 0 < target <= 1:
+            raise ValidationError(
+                f"target {target}: expected a slowdown budget as a fraction in (0, 1] "
+                "(0.02 = 2%)",
+                field="target",
+            )
         if block is not None and block < 2:
             raise ValidationError(f"block {block}: expected at least 2", field="block")
         if pairs < 1:
@@ -193,9 +197,20 @@ class Tuner:
             raise
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        """Stop the planning thread, leave the executor, restore the clock once."""
-        self._stack.close()
+    def __exit__(self, *exc: Any) -> None:
+        """Stop the planning thread, leave the executor, restore the clock once.
+
+        Raises
+        ------
+        ClockNotRestoredError
+            If the final restore was refused and the program raised nothing of its own.
+        """
+        try:
+            self._stack.__exit__(*exc)  # the guard sees the program's exception: it wins
+        finally:
+            self._conclude()
+
+    def _conclude(self) -> None:
         self.result.timeline = self.drive.timeline(self.result.iterations)
         if self.result.error is not None or self.result.schedule is not None:
             return
