@@ -133,8 +133,8 @@ def check_output_folder(path: str | os.PathLike[str]) -> None:
 def check_writable_folder(path: str | os.PathLike[str]) -> Path:
     """Return ``path`` made absolute, after checking that files can be written there now.
 
-    Nothing is created: the folder, or the nearest parent that exists, must be a folder this
-    process may write to. Checked before a long job, so a read-only folder is an error at the
+    Nothing is left behind: the folder, or the nearest parent that exists, must take a file
+    (one is created there and removed at once). Checked before a long job, so a read-only folder is an error at the
     start rather than after the job has trained.
 
     Raises
@@ -146,9 +146,16 @@ def check_writable_folder(path: str | os.PathLike[str]) -> Path:
     dest = Path(path).absolute()
     check_output_folder(dest)
     existing = next((p for p in (dest, *dest.parents) if p.exists()), None)
-    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
-        where = "" if existing == dest else f" ({existing} is not)"
-        raise OutputPathError(f"{dest}: cannot write there{where}; choose a writable --out")
+    if existing is None:
+        return dest
+    try:  # a real probe: permissions, a read-only file system, ACLs, all as the write sees them
+        fd, probe = tempfile.mkstemp(prefix=".opdvfs-probe.", dir=existing)
+    except OSError as exc:
+        where = "" if existing == dest else f" ({existing}: {exc.strerror or exc})"
+        reason = "" if where else f" ({exc.strerror or exc})"
+        raise OutputPathError(f"{dest}: cannot write there{where}{reason}") from None
+    os.close(fd)
+    os.unlink(probe)
     return dest
 
 

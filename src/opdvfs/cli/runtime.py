@@ -462,3 +462,56 @@ def run(
     outcome, _ = _in_process(command, settings)
     _print(outcome.lines)
     outcome.raise_error()
+
+
+@app.command()
+@reports_errors
+def restore(
+    gpu: Annotated[
+        int | None,
+        typer.Option(
+            "--gpu",
+            min=0,
+            help="Reset this GPU (NVML index) even without a record of a clock left set.",
+        ),
+    ] = None,
+    actuator: Annotated[
+        str,
+        typer.Option("--actuator", help="With --gpu: nvml (root) or zeusd (the Zeus daemon)."),
+    ] = "nvml",
+) -> None:
+    """Give back to the driver a GPU clock that an earlier run left locked.
+
+    A run killed with SIGKILL, or whose reset the driver refused, leaves a record next to the
+    tuning cache ($OPDVFS_CACHE_DIR/clocks); every guarded start on that GPU repairs it by
+    itself, and this command does it by hand: each record of this host whose process has
+    ended is reset through the actuator that set it, and removed. Records of running
+    processes are left to them.
+    """
+    from opdvfs.runtime.actuators import left_set
+
+    if gpu is not None:
+        if actuator not in left_set.REAL_KINDS:
+            raise UsageError(f"--actuator {actuator}: expected nvml or zeusd")
+        name = f"gpu{gpu}"
+        with left_set.open_actuator(actuator, name) as act:
+            act.reset()
+        left_set.record_path(name).unlink(missing_ok=True)
+        stdout.print(f"{name}: clock given back to the driver", highlight=False)
+        return
+    found = left_set.records()
+    if not found:
+        stdout.print(
+            f"no clock left set on this host (records in {left_set.state_dir()})",
+            highlight=False,
+        )
+        return
+    for path, doc in found:
+        what = f"{doc['gpu']}: {left_set.describe(doc)}"
+        if left_set.process_alive(int(doc["pid"])):
+            stdout.print(f"{what}, still running: left to it", highlight=False)
+            continue
+        with left_set.open_actuator(str(doc["kind"]), str(doc["gpu"])) as act:
+            act.reset()
+        path.unlink(missing_ok=True)
+        stdout.print(f"{what}: restored", highlight=False)
