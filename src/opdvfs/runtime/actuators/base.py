@@ -489,7 +489,8 @@ class ClockGuard:
     # ------------------------------------------------------------------------- the signals
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._handled.set()
-        self.signals.append(signum)
+        if self._wakeup is None:  # else the watcher counts it (it sees every delivery)
+            self.signals.append(signum)
         self.restore()  # first, before anything that can block
         previous = self._previous.get(signum, signal.SIG_DFL)
         if callable(previous):  # the program's own handler (or Python's for SIGINT): its turn
@@ -514,6 +515,7 @@ class ClockGuard:
             for signum in data:
                 if signum not in self._previous:
                     continue
+                self.signals.append(signum)
                 self.restore()
                 if (
                     signum != signal.SIGINT

@@ -1,0 +1,100 @@
+"""`opdvfs tune` on a preemptible script (#33): its own SIGTERM handler writes a whole checkpoint
+and sets the exit status; a script that catches the signal and trains on ends restored."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from conftest import read_log
+from test_tune import FAST, SIM
+
+pytestmark = pytest.mark.slow  # subprocesses that train
+
+TESTS = str(Path(__file__).resolve().parent)
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+#: ``preemptible.py STEPS SIGNAL_AT exit|train-on CHECKPOINT``: the tiny GPT with a SIGTERM
+#: handler of its own, installed after opdvfs started; at step SIGNAL_AT it is preempted.
+PREEMPTIBLE = textwrap.dedent("""
+    import os, signal, sys, time
+    import torch
+    sys.path.insert(0, {tests!r})
+    from tiny_gpt import TinyGPT
+    steps, signal_at, how, ckpt = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    preempted = []
+
+    def on_term(signum, frame):
+        preempted.append(signum)
+        if how == "exit":  # save (for 2 s, past opdvfs's 1 s grace), then leave with status 0
+            with open(ckpt + ".part", "w") as f:
+                for i in range(20):
+                    f.write(f"{{i}}\\n"); f.flush(); time.sleep(0.1)
+            os.replace(ckpt + ".part", ckpt)
+            sys.exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    torch.manual_seed(0)
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randint(0, 64, (steps, 2, 17))
+    for i in range(steps):
+        if i == signal_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        loss = torch.nn.functional.cross_entropy(
+            model(data[i, :, :-1]).reshape(-1, 64), data[i, :, 1:].reshape(-1)
+        )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    print("trained", len(preempted), file=sys.stderr)
+""")
+
+
+def _tune(tmp_path: Path, steps: int, how: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "preemptible.py"
+    script.write_text(PREEMPTIBLE.format(tests=TESTS))
+    out = tmp_path / "out"
+    argv = [
+        *(sys.executable, "-m", "opdvfs", "tune", "--target", "0.02", *SIM, *FAST),
+        *("--out", str(out), "--log", str(tmp_path / "calls.jsonl"), "--no-cache"),
+        *("--", "python", str(script), str(steps), "4", how, str(tmp_path / "ckpt.txt")),
+    ]
+    env = {**os.environ, "PYTHONPATH": SRC, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=600, env=env, check=False, cwd=tmp_path
+    )
+
+
+def test_a_preempted_script_saves_its_whole_checkpoint_and_sets_the_status(tmp_path):
+    done = _tune(tmp_path, 40, "exit")
+    assert done.returncode == 0, done.stderr  # the script's own status (not 143, not 2)
+    assert (tmp_path / "ckpt.txt").read_text().split() == [str(i) for i in range(20)]
+    calls = read_log(tmp_path / "calls.jsonl")
+    kinds = [c["kind"] for c in calls]
+    assert "set" in kinds and kinds.count("restore") == 1 and kinds[-1] == "restore"
+    assert "ended after SIGTERM before tuning was done; nothing was written" in done.stderr
+    assert not (tmp_path / "out").exists()
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_a_script_that_trains_on_after_sigterm_ends_restored(tmp_path):
+    steps = 40
+    done = _tune(tmp_path, steps, "train-on")
+    assert done.returncode == 0, done.stderr
+    assert "trained 1" in done.stderr  # the script's handler ran, and the script went on
+    kinds = [c["kind"] for c in read_log(tmp_path / "calls.jsonl")]
+    last_restore = len(kinds) - 1 - kinds[::-1].index("restore")
+    assert "set" not in kinds[last_restore:]  # no clock left set after the final restore
+    assert kinds.count("restore") >= 2  # at the signal, and again after the later clocks
+    assert "restore" in kinds[: kinds.index("set") + 3]  # the signal came during the sweep
+    written = json.loads((tmp_path / "out" / "tune.json").read_text())
+    assert written["target"] == 0.02
