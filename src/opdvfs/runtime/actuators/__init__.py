@@ -16,6 +16,7 @@ from opdvfs.exceptions import ActuatorError, ValidationError
 from opdvfs.runtime.actuators.ascend import AscendActuator
 from opdvfs.runtime.actuators.base import Actuator, ClockGuard
 from opdvfs.runtime.actuators.dry_run import DryRunActuator
+from opdvfs.runtime.actuators.logged import LoggedActuator
 from opdvfs.runtime.actuators.nvml import NvmlActuator, NvmlReader
 from opdvfs.runtime.actuators.sim_gpu import SIM_PREFIX, SimGpuActuator
 from opdvfs.runtime.actuators.twin import TwinActuator
@@ -31,6 +32,7 @@ __all__ = [
     "AscendActuator",
     "ClockGuard",
     "DryRunActuator",
+    "LoggedActuator",
     "NvmlActuator",
     "NvmlReader",
     "SimGpuActuator",
@@ -82,7 +84,8 @@ def make_actuator(
         anything; its clock calls are only recorded. A preset keeps meaning its clocks (and
         nothing is measured), so every call that worked before is unchanged.
     log
-        JSON-lines file of the recording actuators' calls (ignored by ``"nvml"``).
+        JSON-lines file of the actuator's calls (``"nvml"`` and ``"zeusd"`` too: a
+        :class:`~opdvfs.runtime.actuators.logged.LoggedActuator` records what they set).
     header
         More fields for that log's header line (one per run: the log is appended to).
     work_scale
@@ -132,10 +135,9 @@ def make_actuator(
             field="actuator",
         )
     spec = preset_spec(device or (schedule.device if schedule is not None else None))
-    if kind == "nvml":
-        return NvmlActuator()
-    if kind == "zeusd":
-        return ZeusdActuator()
+    if kind in ("nvml", "zeusd"):
+        real: Actuator = NvmlActuator() if kind == "nvml" else ZeusdActuator()
+        return real if log is None else LoggedActuator(real, log=log, header=header)
     if kind == "twin":
         if spec is None:
             raise ValidationError(
