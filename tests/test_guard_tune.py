@@ -98,3 +98,55 @@ def test_a_script_that_trains_on_after_sigterm_ends_restored(tmp_path):
     assert "restore" in kinds[: kinds.index("set") + 3]  # the signal came during the sweep
     written = json.loads((tmp_path / "out" / "tune.json").read_text())
     assert written["target"] == 0.02
+
+
+def _train(steps: int, **options):
+    """Tune the tiny GPT for ``steps`` in this process (sim:a100-like); return the context."""
+    import torch
+
+    import opdvfs
+
+    sys.path.insert(0, TESTS)
+    from tiny_gpt import TinyGPT
+
+    torch.manual_seed(0)
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randint(0, 64, (steps, 2, 17))
+    kw = {"clocks": [1410.0, 1380.0, 210.0], "iterations_per_clock": 1, "block": 2, **options}
+    with opdvfs.tune(target=0.02, actuator="sim:a100-like", work_scale=1e6, **kw) as t:
+        for i in range(steps):
+            logits = model(data[i, :, :-1])
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, 64), data[i, :, 1:].reshape(-1)
+            )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return t
+
+
+@pytest.mark.parametrize(("clock_mhz", "kept"), [(210.0, False), (5000.0, None)])
+def test_an_edited_cache_entry_is_refused_or_re_measured_and_dropped(clock_mhz, kept):
+    """An entry edited to the lowest clock (+400% time) is applied, re-measured, dropped; one
+    edited past the device's clocks is not applied at all (it aborted the job, #33)."""
+    from opdvfs import Schedule
+    from opdvfs.tuner.cache import TuneCache
+
+    first = _train(3)  # ends in the sweep: its key, nothing cached
+    key, n_ops = first.result.cache_key, first.tuner.n_launches
+    assert key is not None and n_ops
+    cache = TuneCache()
+    edited = Schedule.from_stage_freqs([0], [clock_mhz], n_ops=n_ops, target=0.02, solver="x")
+    cache.put(key, edited, {"budget": 0.02})
+    second = _train(14)
+    result = second.result
+    if kept is None:  # never applied: tuned afresh, no clock past the device's ever set
+        assert not result.cache_hit
+        assert all(it.freq_mhz is None or it.freq_mhz <= 1410.0 for it in result.iterations)
+        return
+    assert result.cache_hit and "dropped from the cache" in (result.error or "")
+    assert result.rounds[0].slowdown.mean > 1.0  # the brief check saw it
+    assert result.schedule is None and not cache.path(key).exists()
+    assert [it.phase for it in result.iterations][-1] == "top"
+    assert second.tuner.guard.restored

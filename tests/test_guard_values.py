@@ -52,6 +52,16 @@ def _tune(tmp_path: Path, *options: str, env: dict[str, str] | None = None):
             "ZEUSD_HOST_PORT='host:notaport': expected host:port",
         ),
         (
+            ("--target", "0.02", "--actuator", "sim:a100-like", "--pairs", "10000000"),
+            None,
+            "--pairs 10000000: expected 1 to 1 000",
+        ),
+        (
+            ("--target", "0.02", "--actuator", "sim:a100-like", "--rounds", "1000000"),
+            None,
+            "--rounds 1000000: expected 1 to 100",
+        ),
+        (
             ("--target", "0.02", "--actuator", "sim:a100-like", "--work-scale", "1e300"),
             None,
             "work_scale 1e+300: expected > 0 and at most 1e+12",
@@ -235,3 +245,21 @@ def test_a_refused_reset_raises_at_the_end_of_a_block_that_raised_nothing(fake_n
             act.set_freq_mhz(1005.0)
             raise KeyError("mine")
     assert "opdvfs: error: could not restore gpu0's clock" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ bounded
+def test_a_rank_exchange_gives_up_after_its_own_timeout_in_one_line(monkeypatch):
+    dist = pytest.importorskip("torch.distributed")
+    from opdvfs.exceptions import DistributedError, ValidationError
+    from opdvfs.runtime.distributed import StoreJob, exchange_timeout_s
+
+    monkeypatch.setenv("OPDVFS_RANK_TIMEOUT_S", "0.2")
+    assert exchange_timeout_s() == 0.2
+    job = StoreJob.__new__(StoreJob)  # a follower whose leader never posts (no process group)
+    job.rank, job.world_size, job.store = 1, 2, dist.HashStore()
+    job._n, job._posted, job.timeout_s = 0, [], exchange_timeout_s()
+    with pytest.raises(DistributedError, match=r"rank 0 did not reach exchange 0 within 0.2 s"):
+        job.exchange(None)
+    monkeypatch.setenv("OPDVFS_RANK_TIMEOUT_S", "soon")
+    with pytest.raises(ValidationError, match="OPDVFS_RANK_TIMEOUT_S='soon'"):
+        exchange_timeout_s()

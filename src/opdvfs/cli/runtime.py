@@ -325,6 +325,9 @@ def _capture_sweep(
         )
     if freq_mhz is not None:
         raise UsageError("--freq-mhz names the one clock of a run; --freqs sets each clock")
+    from opdvfs.runtime.checks import check_counts
+
+    check_counts(warmup=warmup, iterations_per_clock=iterations_per_clock)
     act = _sweep_actuator(actuator, device, work_scale, log)
     try:
         clocks = parse_clocks(freqs, act.supported_freqs_mhz())

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from opdvfs.exceptions import ScheduleMismatchError, UnsupportedClockError, ValidationError
 from opdvfs.schedule import Schedule
 
-__all__ = ["check_schedule"]
+__all__ = ["MAX_COUNTS", "check_counts", "check_schedule"]
 
 
 def check_schedule(
@@ -91,4 +91,34 @@ def _check_timing(schedule: Schedule, source: str) -> None:
                 "next switch is asked for before this one lands; re-plan with --interval-ms at "
                 "least the latency",
                 field="stages",
+            )
+
+
+#: The most of each count a run may ask for: far above any useful value, far below one that
+#: allocates for minutes (10^7 A/B pairs: 3.2 GB) or never ends.
+MAX_COUNTS: dict[str, int] = {
+    "pairs": 1_000,
+    "rounds": 100,
+    "block": 10_000,
+    "warmup": 10_000,
+    "iterations_per_clock": 10_000,
+}
+
+
+def check_counts(**counts: int | None) -> None:
+    """Refuse a count (``pairs=3``, ...) below 1 or above its :data:`MAX_COUNTS` (None: unset).
+
+    Raises
+    ------
+    ValidationError
+        One line naming the option (``--pairs``) and its accepted range.
+    """
+    for name, value in counts.items():
+        if value is None:
+            continue
+        most = MAX_COUNTS[name]
+        if not 1 <= value <= most:
+            option = "--" + name.replace("_", "-")
+            raise ValidationError(
+                f"{option} {value}: expected 1 to {most:,}".replace(",", " "), field=name
             )

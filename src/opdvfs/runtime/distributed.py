@@ -17,9 +17,11 @@ sees it.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import json
 import math
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from opdvfs.exceptions import DistributedError
+from opdvfs.exceptions import DistributedError, ValidationError
 from opdvfs.schedule import PipelineSchedule, Schedule
 
 if TYPE_CHECKING:
@@ -169,6 +171,36 @@ def group_ready() -> bool:
     return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
 
 
+#: Environment variable: seconds a rank waits for another at an iteration end (``tune``).
+EXCHANGE_TIMEOUT_ENV = "OPDVFS_RANK_TIMEOUT_S"
+#: Its default: far above the spread of the ranks' iteration ends in a data-parallel job (they
+#: meet in every step's collectives), far below the process group's own (30 min on gloo).
+EXCHANGE_TIMEOUT_S = 300.0
+
+
+def exchange_timeout_s() -> float:
+    """Return the seconds a rank waits for another at an iteration end (``$OPDVFS_RANK_TIMEOUT_S``).
+
+    Raises
+    ------
+    ValidationError
+        If the variable is not a positive number of seconds.
+    """
+    text = os.environ.get(EXCHANGE_TIMEOUT_ENV, "").strip()
+    if not text:
+        return EXCHANGE_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise ValidationError(
+            f"{EXCHANGE_TIMEOUT_ENV}={text!r}: expected a positive number of seconds",
+            field=EXCHANGE_TIMEOUT_ENV,
+        )
+    return value
+
+
 class StoreJob:
     """The ranks of a torchrun job, coordinated at each iteration end; rank 0 leads (``tune``).
 
@@ -192,6 +224,27 @@ class StoreJob:
         self.sent_mhz: float | None = None  # the leader's last clock sent
         self._n = 0  # exchanges so far
         self._posted: list[str] = []  # this rank's keys not yet deleted
+        #: Seconds this rank waits for another at an exchange (:func:`exchange_timeout_s`).
+        self.timeout_s = exchange_timeout_s()
+
+    def _get(self, n: int, rank: int) -> str:
+        """Return ``rank``'s value of exchange ``n``, waiting at most :attr:`timeout_s`.
+
+        Raises
+        ------
+        DistributedError
+            If it did not come in time (one line: which rank, which exchange, what it means).
+        """
+        key = f"{n}/{rank}"
+        try:
+            self.store.wait([key], datetime.timedelta(seconds=self.timeout_s))
+        except Exception as exc:  # torch's DistStoreError (a RuntimeError), by version
+            raise DistributedError(
+                f"rank {rank} did not reach exchange {n} within {self.timeout_s:g} s "
+                f"({EXCHANGE_TIMEOUT_ENV}): it ended, died, or ends iterations (optimizer "
+                f"steps) the other ranks do not ({type(exc).__name__})"
+            ) from exc
+        return self.store.get(key).decode()
 
     @property
     def leader(self) -> bool:
@@ -210,7 +263,7 @@ class StoreJob:
         key = self._post(value)
         n = key.split("/")[0]
         out = [
-            value if r == self.rank else self.store.get(f"{n}/{r}").decode()
+            value if r == self.rank else self._get(int(n), r)
             for r in range(self.world_size)
         ]
         # every rank posted here, so it has read every key of the exchanges before this one
@@ -247,5 +300,5 @@ class StoreJob:
             return directive
         n = self._n
         self._n += 1
-        doc: dict[str, Any] = json.loads(self.store.get(f"{n}/0").decode())
+        doc: dict[str, Any] = json.loads(self._get(n, 0))
         return doc

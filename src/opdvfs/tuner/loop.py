@@ -31,6 +31,7 @@ import numpy as np
 import opdvfs.tuner.policy as policy
 from opdvfs.exceptions import ValidationError
 from opdvfs.runtime.actuators import Actuator, ClockGuard
+from opdvfs.runtime.checks import check_counts
 from opdvfs.schedule import Objective, Schedule
 from opdvfs.tuner.ab import DEFAULT_BLOCK, abba_blocks, measured_round
 from opdvfs.tuner.cache import TuneCache, cache_key
@@ -103,6 +104,13 @@ class Tuner:
                 "(0.02 = 2%)",
                 field="target",
             )
+        check_counts(
+            pairs=pairs,
+            rounds=rounds,
+            block=block,
+            warmup=warmup,
+            iterations_per_clock=iterations_per_clock,
+        )
         if block is not None and block < 2:
             raise ValidationError(f"block {block}: expected at least 2", field="block")
         if pairs < 1:
@@ -157,6 +165,7 @@ class Tuner:
         self._last_end_s = 0.0
         self._last_energy_j: float | None = None
         self._measurement: RoundToMeasure | None = None
+        self._cache_check: RoundToMeasure | None = None  # the round re-measuring a cached plan
         self._followed: Schedule | None = None
 
     @property
@@ -506,8 +515,17 @@ class Tuner:
         self.result.cache_hit = True
         self.result.cached = measured
         self.result.schedule = schedule
-        self.drive.apply(schedule)
-        self.phase = "steady"
+        # re-measured before it applies for the run: a brief A/B round (it was measured on
+        # another run; an entry edited to the lowest clock would run +427% slower unseen)
+        given = measured.get("block")
+        if self.block_given is None and isinstance(given, int) and given >= 2:
+            self.block = self.result.block = given
+        job = RoundToMeasure(
+            schedule, round=0, blocks=abba_blocks(policy.CACHE_CHECK_PAIRS, self.block)
+        )
+        self._cache_check = job
+        self._measurement = job
+        self._enter_block()
         return True
 
     def _top_iteration_s(self) -> float | None:
@@ -591,11 +609,33 @@ class Tuner:
         measured = measured_round(job.schedule, rows, drop=self.drive.fell_back())
         self.result.rounds.append(measured)
         job.measured = policy.Measured.of(measured)
+        if job is self._cache_check:
+            self._cache_check = None
+            if policy.cached_holds(measured, self.target):
+                self._go_steady(job.schedule)
+            else:
+                self._drop_cached(measured)
+            return
         # until the next plan or the result: the top clock
         self.phase = "planning"
         self.drive.planning_began()
         self.drive.apply_top()
         job.done.set()
+
+    def _drop_cached(self, measured: Any) -> None:
+        """The cached schedule missed the target when re-measured: drop it, train at the top."""
+        slow = measured.slowdown
+        if self.cache is not None and self.result.cache_key:
+            with contextlib.suppress(OSError):
+                self.cache.path(self.result.cache_key).unlink()
+        self.result.schedule = None
+        self.result.error = (
+            f"the cached schedule measured {slow.mean:+.1%} time (95% interval "
+            f"{slow.low:+.1%} to {slow.high:+.1%}), past the {self.target:.1%} target: it was "
+            "dropped from the cache and the run went on at the top clock (the next run tunes "
+            "afresh)"
+        )
+        self._stop_tuning()
 
     def _go_steady(self, schedule: Schedule) -> None:
         self.drive.apply(schedule)

@@ -106,7 +106,8 @@ def summary_lines(result: TuneResult) -> list[str]:
             )
         lines.append(
             f"started from the cache ({r.cache_key and r.cache_key[:12]}): the schedule applied "
-            f"from iteration {r.count('warmup')}, no profiling or planning{then}"
+            f"from iteration {r.count('warmup')}, no profiling or planning{then}; "
+            f"re-measured in {r.count('switch', 'reference', 'tuned')} A/B iterations"
         )
     else:
         clocks = ", ".join(f"{f:g}" for f in r.clocks_mhz)
