@@ -18,6 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from conftest import FIXTURES, read_log
 
 pytestmark = [

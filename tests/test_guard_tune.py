@@ -14,8 +14,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from conftest import read_log
 from test_tune import FAST, SIM
+
+from conftest import read_log
 
 pytestmark = pytest.mark.slow  # subprocesses that train
 

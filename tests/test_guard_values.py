@@ -8,11 +8,12 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import read_log
 from typer.testing import CliRunner
 
 from opdvfs.cli import app
 from opdvfs.exceptions import OutputPathError
+
+from conftest import read_log
 
 SCRIPT_MARK = "import pathlib; pathlib.Path({mark!r}).write_text('ran')"
 
@@ -68,9 +69,7 @@ def _tune(tmp_path: Path, *options: str, env: dict[str, str] | None = None):
         ),
     ],
 )
-def test_bad_values_are_one_line_and_exit_2_before_the_script_runs(
-    tmp_path, options, env, needle
-):
+def test_bad_values_are_one_line_and_exit_2_before_the_script_runs(tmp_path, options, env, needle):
     assert needle in _one_line(_tune(tmp_path, *options, env=env))
 
 
@@ -119,12 +118,15 @@ def test_the_blocks_own_exception_wins_over_a_file_opdvfs_cannot_write(tmp_path,
     import opdvfs
 
     t = opdvfs.tune(0.02, actuator="sim:a100-like", out=tmp_path / "a" / "out")
-    t.tuner.sweep_unfinished  # noqa: B018 (a property: nothing to write yet)
-    with pytest.raises(RuntimeError, match="the script's own"):
+
+    def block() -> None:
         with t:
             t.tuner.phase = "top"  # as if tuning were over: the files are due
             (tmp_path / "a").write_text("")  # ... and now cannot be written
             raise RuntimeError("the script's own")
+
+    with pytest.raises(RuntimeError, match="the script's own"):
+        block()
     assert "opdvfs: error:" in capsys.readouterr().err
 
 
@@ -237,13 +239,17 @@ def test_a_refused_reset_raises_at_the_end_of_a_block_that_raised_nothing(fake_n
         pynvml.NVML_ERROR_NO_PERMISSION
     )
     act = NvmlActuator()
+
+    def block(error: Exception | None) -> None:
+        with ClockGuard(act):
+            act.set_freq_mhz(1005.0)
+            if error is not None:
+                raise error
+
     with pytest.raises(ClockNotRestoredError, match="could not restore gpu0's clock"):
-        with ClockGuard(act):
-            act.set_freq_mhz(1005.0)
+        block(None)
     with pytest.raises(KeyError, match="mine"):  # the block's own error wins
-        with ClockGuard(act):
-            act.set_freq_mhz(1005.0)
-            raise KeyError("mine")
+        block(KeyError("mine"))
     assert "opdvfs: error: could not restore gpu0's clock" in capsys.readouterr().err
 
 

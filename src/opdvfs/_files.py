@@ -134,8 +134,8 @@ def check_writable_folder(path: str | os.PathLike[str]) -> Path:
     """Return ``path`` made absolute, after checking that files can be written there now.
 
     Nothing is left behind: the folder, or the nearest parent that exists, must take a file
-    (one is created there and removed at once). Checked before a long job, so a read-only folder is an error at the
-    start rather than after the job has trained.
+    (one is created there and removed at once). Checked before a long job, so a read-only
+    folder is an error at the start rather than after the job has trained.
 
     Raises
     ------

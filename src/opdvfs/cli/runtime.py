@@ -83,8 +83,9 @@ def _absolute(settings: dict[str, Any]) -> dict[str, Any]:
 def _launch(argv: list[str], settings: dict[str, Any]) -> None:
     """Run a launcher with opdvfs activated in its Python processes; report as in-process.
 
-    SIGINT/SIGTERM are passed on to the launcher (whose processes restore their clocks), the
-    launcher's failure status is this command's, and rank 0's outcome is printed.
+    SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2 and SIGQUIT are passed on to the launcher (whose
+    processes restore their clocks), the launcher's failure status is this command's, and rank
+    0's outcome is printed.
     """
     from opdvfs.runtime.launch import activation_env, read_reports, report_dir
     from opdvfs.runtime.session import Outcome
@@ -97,7 +98,15 @@ def _launch(argv: list[str], settings: dict[str, Any]) -> None:
         def forward(signum: int, frame: FrameType | None) -> None:
             proc.send_signal(signum)
 
-        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        from opdvfs.runtime.actuators.base import GUARDED_SIGNALS
+
+        # every signal that ends a job goes on to the launcher (whose processes restore); one
+        # this process ignores (nohup's SIGHUP) stays ignored
+        previous = {
+            s: signal.signal(s, forward)
+            for s in GUARDED_SIGNALS
+            if signal.getsignal(s) not in (signal.SIG_IGN, None)
+        }
         try:
             status = proc.wait()
         finally:

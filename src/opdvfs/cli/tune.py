@@ -160,8 +160,7 @@ def tune(
 
     if not 0 < target <= 1:
         raise UsageError(
-            f"--target {target:g}: expected a slowdown budget as a fraction in (0, 1] "
-            "(0.02 = 2%)"
+            f"--target {target:g}: expected a slowdown budget as a fraction in (0, 1] (0.02 = 2%)"
         )
     if actuator in ("twin", "ascend"):
         raise UsageError(

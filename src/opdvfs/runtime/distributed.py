@@ -262,10 +262,7 @@ class StoreJob:
         """Return every rank's ``value``, by rank (an exchange every rank takes part in)."""
         key = self._post(value)
         n = key.split("/")[0]
-        out = [
-            value if r == self.rank else self._get(int(n), r)
-            for r in range(self.world_size)
-        ]
+        out = [value if r == self.rank else self._get(int(n), r) for r in range(self.world_size)]
         # every rank posted here, so it has read every key of the exchanges before this one
         done, self._posted = self._posted[:-1], self._posted[-1:]
         for old in done:

@@ -21,6 +21,7 @@ from opdvfs.schedule import Schedule
 
 __all__ = ["CACHE_ENV", "TuneCache", "cache_key", "default_cache_dir"]
 
+
 def cache_key(op_names: Sequence[str], *, device: str, target: float, **extra: Any) -> str:
     """Return the cache key of a job: a SHA-256 of its operator sequence and what the plan fits.
 

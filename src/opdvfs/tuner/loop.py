@@ -100,8 +100,7 @@ class Tuner:
     ) -> None:
         if not 0 < target <= 1:
             raise ValidationError(
-                f"target {target}: expected a slowdown budget as a fraction in (0, 1] "
-                "(0.02 = 2%)",
+                f"target {target}: expected a slowdown budget as a fraction in (0, 1] (0.02 = 2%)",
                 field="target",
             )
         check_counts(
@@ -623,7 +622,7 @@ class Tuner:
         job.done.set()
 
     def _drop_cached(self, measured: Any) -> None:
-        """The cached schedule missed the target when re-measured: drop it, train at the top."""
+        """Drop the cached schedule that missed the target when re-measured; train at the top."""
         slow = measured.slowdown
         if self.cache is not None and self.result.cache_key:
             with contextlib.suppress(OSError):

@@ -43,9 +43,8 @@ class LoggedActuator(Actuator):
         header: Mapping[str, Any] | None = None,
     ) -> None:
         self.inner = device
-        self.recorder = DryRunActuator(
-            device.supported_freqs_mhz(), log=log, header={"actuator": device.kind, **(header or {})}
-        )
+        header = {"actuator": device.kind, **(header or {})}
+        self.recorder = DryRunActuator(device.supported_freqs_mhz(), log=log, header=header)
 
     def __getattr__(self, name: str) -> Any:
         if name in ("inner", "recorder"):  # not yet set: during construction
