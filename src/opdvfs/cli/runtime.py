@@ -476,6 +476,16 @@ def run(
     outcome.raise_error()
 
 
+def _open_gpu(kind: str, gpu: str) -> Actuator:
+    """Return the ``nvml`` or ``zeusd`` actuator of ``gpu`` (``"gpu0"``; a record's names)."""
+    from opdvfs.runtime.actuators import NvmlActuator, ZeusdActuator
+
+    if kind not in ("nvml", "zeusd") or not gpu.startswith("gpu") or not gpu[3:].isdigit():
+        raise UsageError(f"a record names {kind!r} on {gpu!r}: expected nvml or zeusd on gpuN")
+    index = int(gpu[3:])
+    return ZeusdActuator(index=index) if kind == "zeusd" else NvmlActuator(index=index)
+
+
 @app.command()
 @reports_errors
 def restore(
@@ -506,7 +516,7 @@ def restore(
         if actuator not in left_set.REAL_KINDS:
             raise UsageError(f"--actuator {actuator}: expected nvml or zeusd")
         name = f"gpu{gpu}"
-        with left_set.open_actuator(actuator, name) as act:
+        with _open_gpu(actuator, name) as act:
             act.reset()
         left_set.record_path(name).unlink(missing_ok=True)
         stdout.print(f"{name}: clock given back to the driver", highlight=False)
@@ -523,7 +533,7 @@ def restore(
         if left_set.process_alive(int(doc["pid"])):
             stdout.print(f"{what}, still running: left to it", highlight=False)
             continue
-        with left_set.open_actuator(str(doc["kind"]), str(doc["gpu"])) as act:
+        with _open_gpu(str(doc["kind"]), str(doc["gpu"])) as act:
             act.reset()
         path.unlink(missing_ok=True)
         stdout.print(f"{what}: restored", highlight=False)

@@ -393,7 +393,8 @@ class Tuner:
         self.phase = d.next
         self.result.error = self.result.error or d.error
         self.result.cache_key, self.result.cache_hit = d.cache_key, d.cache_hit
-        if self.phase == "steady" and job.follows_plan:
+        # rank 0's choice: steady, or a cached plan under its brief re-measure (and not dropped)
+        if job.follows_plan and (self.phase == "steady" or (d.cache_hit and d.error is None)):
             self.result.schedule = self._followed
 
     # ------------------------------------------------------------------------- the phases

@@ -20,18 +20,14 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from opdvfs._files import write_text_atomic
-
-if TYPE_CHECKING:
-    from opdvfs.runtime.actuators.base import Actuator
 
 __all__ = [
     "CACHE_ENV",
     "default_cache_dir",
     "gpu_identity",
-    "open_actuator",
     "read_record",
     "record_path",
     "records",
@@ -44,6 +40,17 @@ CACHE_ENV = "OPDVFS_CACHE_DIR"
 
 #: Actuator kinds whose clock outlives the process (a real GPU's); the others keep no record.
 REAL_KINDS = ("nvml", "zeusd")
+
+
+class Actuator(Protocol):
+    """What this module asks of an actuator (:class:`~opdvfs.runtime.actuators.Actuator`)."""
+
+    @property
+    def kind(self) -> str:
+        """Its kind (``"nvml"``)."""
+
+    def reset(self) -> None:
+        """Give the clock back to the driver."""
 
 
 def default_cache_dir() -> Path:
@@ -72,34 +79,6 @@ def gpu_identity(actuator: Actuator) -> str | None:
     except Exception:  # no index to read: the record names the actuator's own
         index = int(getattr(actuator, "gpu_id", 0) or 0)
     return f"gpu{index}"
-
-
-def open_actuator(kind: str, gpu: str) -> Actuator:
-    """Return the actuator of ``kind`` (``"nvml"`` or ``"zeusd"``) on ``gpu`` (``"gpu0"``).
-
-    The inverse of :func:`gpu_identity`: what ``opdvfs restore`` resets a record's GPU through.
-
-    Raises
-    ------
-    ValidationError
-        For another kind, or a GPU name that is not ``gpuN``.
-    DeviceNotFoundError
-        As the actuator's constructor.
-    """
-    from opdvfs.exceptions import ValidationError
-
-    if kind not in REAL_KINDS or not gpu.startswith("gpu") or not gpu[3:].isdigit():
-        raise ValidationError(
-            f"a record names {kind!r} on {gpu!r}: expected nvml or zeusd on gpuN", field="gpu"
-        )
-    index = int(gpu[3:])
-    if kind == "zeusd":
-        from opdvfs.runtime.actuators.zeusd import ZeusdActuator
-
-        return ZeusdActuator(index=index)
-    from opdvfs.runtime.actuators.nvml import NvmlActuator
-
-    return NvmlActuator(index=index)
 
 
 def record_path(gpu: str, host: str | None = None) -> Path:
