@@ -43,6 +43,9 @@ PREEMPTIBLE = textwrap.dedent("""
             sys.exit(0)
 
     signal.signal(signal.SIGTERM, on_term)
+    if how == "chdir":  # as Hydra does: every relative path now means another folder
+        os.makedirs("elsewhere", exist_ok=True)
+        os.chdir("elsewhere")
     torch.manual_seed(0)
     model = TinyGPT()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -60,14 +63,13 @@ PREEMPTIBLE = textwrap.dedent("""
 """)
 
 
-def _tune(tmp_path: Path, steps: int, how: str) -> subprocess.CompletedProcess:
+def _tune(tmp_path: Path, steps: int, how: str, signal_at: int = 4) -> subprocess.CompletedProcess:
     script = tmp_path / "preemptible.py"
     script.write_text(PREEMPTIBLE.format(tests=TESTS))
-    out = tmp_path / "out"
-    argv = [
+    argv = [  # relative --out and --log: the command's working folder is tmp_path
         *(sys.executable, "-m", "opdvfs", "tune", "--target", "0.02", *SIM, *FAST),
-        *("--out", str(out), "--log", str(tmp_path / "calls.jsonl"), "--no-cache"),
-        *("--", "python", str(script), str(steps), "4", how, str(tmp_path / "ckpt.txt")),
+        *("--out", "out", "--log", "calls.jsonl", "--no-cache"),
+        *("--", "python", str(script), str(steps), str(signal_at), how, str(tmp_path / "ckpt.txt")),
     ]
     env = {**os.environ, "PYTHONPATH": SRC, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     return subprocess.run(
@@ -151,3 +153,13 @@ def test_an_edited_cache_entry_is_refused_or_re_measured_and_dropped(clock_mhz, 
     assert result.schedule is None and not cache.path(key).exists()
     assert [it.phase for it in result.iterations][-1] == "top"
     assert second.tuner.guard.restored
+
+
+def test_relative_paths_stay_where_the_command_started_after_the_script_chdirs(tmp_path):
+    done = _tune(tmp_path, 40, "chdir", signal_at=-1)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "tune.json").is_file()
+    kinds = [c["kind"] for c in read_log(tmp_path / "calls.jsonl")]
+    assert kinds[-1] == "restore" and kinds.count("set") >= 1
+    assert not (tmp_path / "elsewhere" / "out").exists()
+    assert not (tmp_path / "elsewhere" / "calls.jsonl").exists()

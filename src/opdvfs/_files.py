@@ -209,8 +209,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds.
 
     The temporary file sits in the destination folder so that the final ``os.replace`` is atomic
-    (same file system). On any exception, including KeyboardInterrupt, it is removed and the
-    previous content of ``path``, if any, is untouched.
+    (same file system). On any exception, including KeyboardInterrupt and a signal that would
+    end the process (:func:`signals_raise`), it is removed and the previous content of
+    ``path``, if any, is untouched.
 
     Raises
     ------
@@ -228,10 +229,11 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        yield tmp
-        # mkstemp makes the file private (0600); give it the mode a plain open() would have
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, dest)
+        with signals_raise():  # a SIGTERM now unwinds through here: the temporary file goes
+            yield tmp
+            # mkstemp makes the file private (0600); give it the mode a plain open() would have
+            os.chmod(tmp, 0o666 & ~_umask())
+            os.replace(tmp, dest)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         if isinstance(exc, OpdvfsError):
