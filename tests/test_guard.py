@@ -59,6 +59,14 @@ def _finish(proc: subprocess.Popen, timeout_s: float = 60) -> tuple[int, str]:
     return proc.returncode, err
 
 
+def _signalled(code: str, sig: int = signal.SIGTERM, **fmt: str) -> tuple[int, str]:
+    """Start the script, send it ``sig`` once it is ready; return its status and stderr."""
+    proc = _start(code, **fmt)
+    _ready(proc)
+    proc.send_signal(sig)
+    return _finish(proc)
+
+
 def _kinds(log: Path) -> list[str]:
     return [c["kind"] for c in read_log(log)]
 
@@ -68,7 +76,7 @@ def test_a_handler_installed_after_the_guard_writes_its_whole_checkpoint(tmp_pat
     """The SLURM/Kubernetes pattern: catch SIGTERM, save for 3 s (past the guard's 1 s grace),
     exit with the script's own status. Nothing cuts it short; the clock is restored first."""
     log, ckpt = tmp_path / "calls.jsonl", tmp_path / "ckpt.txt"
-    proc = _start(
+    status, err = _signalled(
         """
         def checkpoint(signum, frame):
             with open({ckpt!r}, "w") as f:
@@ -85,9 +93,6 @@ def test_a_handler_installed_after_the_guard_writes_its_whole_checkpoint(tmp_pat
         log=str(log),
         ckpt=str(ckpt),
     )
-    _ready(proc)
-    proc.send_signal(signal.SIGTERM)
-    status, err = _finish(proc)
     assert status == 7, err
     assert ckpt.read_text().split() == [str(i) for i in range(30)]  # whole
     assert _kinds(log) == ["run", "set", "restore"]
@@ -97,7 +102,7 @@ def test_a_handler_installed_before_the_guard_runs_after_the_restore(tmp_path):
     """A handler the script had before opdvfs is called (it was not, #33), after the restore:
     the handler itself reads the log and finds the restore there."""
     log, ckpt = tmp_path / "calls.jsonl", tmp_path / "ckpt.json"
-    proc = _start(
+    status, err = _signalled(
         """
         def checkpoint(signum, frame):
             kinds = [json.loads(line)["kind"] for line in open({log!r})]
@@ -115,9 +120,6 @@ def test_a_handler_installed_before_the_guard_runs_after_the_restore(tmp_path):
         log=str(log),
         ckpt=str(ckpt),
     )
-    _ready(proc)
-    proc.send_signal(signal.SIGTERM)
-    status, err = _finish(proc)
     assert status == 5, err
     saved = json.loads(ckpt.read_text())
     assert saved == {"signal": signal.SIGTERM, "log": ["run", "set", "restore"]}
@@ -127,7 +129,7 @@ def test_a_handler_installed_before_the_guard_runs_after_the_restore(tmp_path):
 def test_a_script_that_catches_the_signal_and_trains_on_is_restored_again(tmp_path):
     """Clocks set after the signal's restore re-arm the guard: the run ends restored."""
     log = tmp_path / "calls.jsonl"
-    proc = _start(
+    status, err = _signalled(
         """
         caught = []
         signal.signal(signal.SIGUSR1, lambda s, f: caught.append(s))
@@ -142,11 +144,9 @@ def test_a_script_that_catches_the_signal_and_trains_on_is_restored_again(tmp_pa
             assert not guard.restored
         print("restores", guard.restores, file=sys.stderr)
         """,
+        signal.SIGUSR1,
         log=str(log),
     )
-    _ready(proc)
-    proc.send_signal(signal.SIGUSR1)
-    status, err = _finish(proc)
     assert status == 0, err
     assert "restores 2" in err
     calls = [(c["kind"], c.get("freq_mhz")) for c in read_log(log)]
@@ -161,20 +161,17 @@ def test_a_script_that_catches_the_signal_and_trains_on_is_restored_again(tmp_pa
 
 @pytest.mark.parametrize("name", ["SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT"])
 def test_every_ending_signal_restores_then_ends_as_its_default(tmp_path, name):
-    log = tmp_path / "calls.jsonl"
-    proc = _start(
+    log, sig = tmp_path / "calls.jsonl", getattr(signal, name)
+    status, err = _signalled(
         """
         with ClockGuard(act):
             act.set_freq_mhz(1000.0)
             print("ready", flush=True)
             time.sleep(60)
         """,
+        sig,
         log=str(log),
     )
-    _ready(proc)
-    sig = getattr(signal, name)
-    proc.send_signal(sig)
-    status, err = _finish(proc)
     assert status == 128 + sig, err
     assert _kinds(log) == ["run", "set", "restore"]
 
@@ -203,7 +200,7 @@ def test_the_watchdog_ends_a_stuck_main_thread_only_under_the_guards_own_handler
     """Main thread blocked in native code with a handler of the script's installed after the
     guard: the watcher restores and does not kill (the handler runs when the thread returns)."""
     log = tmp_path / "calls.jsonl"
-    proc = _start(
+    status, err = _signalled(
         """
         with ClockGuard(act):
             act.set_freq_mhz(1000.0)
@@ -216,9 +213,6 @@ def test_the_watchdog_ends_a_stuck_main_thread_only_under_the_guards_own_handler
         """,
         log=str(log),
     )
-    _ready(proc)
-    proc.send_signal(signal.SIGTERM)
-    status, err = _finish(proc)
     assert status == 9, err  # the script's handler, after the block: not 143 at 1 s
     assert _kinds(log) == ["run", "set", "restore"]
 

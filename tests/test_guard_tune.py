@@ -110,7 +110,7 @@ def _train(steps: int, **options):
     import opdvfs
 
     sys.path.insert(0, TESTS)
-    from tiny_gpt import TinyGPT
+    from tiny_gpt import TinyGPT, train_step
 
     torch.manual_seed(0)
     model = TinyGPT()
@@ -119,13 +119,7 @@ def _train(steps: int, **options):
     kw = {"clocks": [1410.0, 1380.0, 210.0], "iterations_per_clock": 1, "block": 2, **options}
     with opdvfs.tune(target=0.02, actuator="sim:a100-like", work_scale=1e6, **kw) as t:
         for i in range(steps):
-            logits = model(data[i, :, :-1])
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, 64), data[i, :, 1:].reshape(-1)
-            )
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            train_step(model, opt, data[i])
     return t
 
 
