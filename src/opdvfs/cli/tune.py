@@ -229,15 +229,12 @@ def tune(
         if result.error is not None and result.schedule is None:
             raise CaptureError(f"rank {tuner.rank}: {result.error}")
         return
+    # a script that took a signal and ended by itself (its handler's exit status 0) ends
+    # tune with its status: a line says what tuning had not done, instead of an error
+    signalled = signal.Signals(tuner.guard.signals[0]).name if tuner.guard.signals else None
     if tuner.sweep_unfinished:
-        if tuner.guard.signals:  # the script took a signal and ended: its own status (0)
-            name = signal.Signals(tuner.guard.signals[0]).name
-            stderr.print(
-                f"opdvfs: the script ended after {name} before tuning was done; nothing was "
-                "written",
-                markup=False,
-                highlight=False,
-            )
+        if signalled:
+            _note(f"the script ended after {signalled} before tuning was done; nothing was written")
             return
         # bad input (a script too short): as capture --freqs, no files
         raise CaptureError(f"{result.error} (nothing was written)")
@@ -246,4 +243,11 @@ def tune(
         stdout.print(line, highlight=False)
     stdout.print(f"wrote {out}: {', '.join(written)}", highlight=False)
     if result.error is not None and result.schedule is None:
+        if signalled:
+            _note(f"the script ended after {signalled}: {result.error}")
+            return
         raise CaptureError(result.error)
+
+
+def _note(text: str) -> None:
+    stderr.print(f"opdvfs: {text}", markup=False, highlight=False, soft_wrap=True)
