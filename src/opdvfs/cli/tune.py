@@ -244,7 +244,7 @@ def tune(
     stdout.print(f"wrote {out}: {', '.join(written)}", highlight=False)
     if result.error is not None and result.schedule is None:
         if signalled:
-            _note(f"the script ended after {signalled}: {result.error}")
+            _note(f"{signalled} received: {result.error}")
             return
         raise CaptureError(result.error)
 
