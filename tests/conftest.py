@@ -243,3 +243,12 @@ class ManualClock:
                 self._cond.notify_all()
                 if not due:
                     return
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    """Every test's tuning cache and records of clocks left set in a folder of its own.
+
+    (Never the user's ``~/.cache/opdvfs``; a test that names its own cache still does.)
+    """
+    monkeypatch.setenv("OPDVFS_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))

@@ -405,6 +405,16 @@ CASES = [
     Case("tune", "zero target", "tune --target 0 --out {out}/t -- python {in}/noop.py"),
     Case("tune", "negative target", "tune --target -0.1 --out {out}/t -- python {in}/noop.py"),
     Case("tune", "not python", "tune --target 0.02 --out {out}/t -- ls"),
+    Case("tune", "target above 1", "tune --target 2 --out {out}/t -- python {in}/noop.py"),
+    Case(
+        "tune",
+        "pairs unbounded",
+        "tune --target 0.02 --actuator sim:a100-like --pairs 10000000 --out {out}/t -- python "
+        "{in}/noop.py",
+    ),
+    Case("restore", "actuator without a clock", "restore --gpu 0 --actuator dry-run"),
+    Case("doctor", "unknown option", "doctor --bogus"),
+    Case("doctor", "extra argument", "doctor gpu0"),
     Case("tune", "out is a file", "tune --target 0.02 --out {out}/keep.txt -- python {in}/noop.py"),
     Case(
         "tune",

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import tempfile
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -128,6 +130,68 @@ def check_output_folder(path: str | os.PathLike[str]) -> None:
     _check_parents(dest)
 
 
+def check_writable_folder(path: str | os.PathLike[str]) -> Path:
+    """Return ``path`` made absolute, after checking that files can be written there now.
+
+    Nothing is left behind: the folder, or the nearest parent that exists, must take a file
+    (one is created there and removed at once). Checked before a long job, so a read-only
+    folder is an error at the start rather than after the job has trained.
+
+    Raises
+    ------
+    OutputPathError
+        If ``path`` is a file, a parent is a file, or the folder (or its nearest existing
+        parent) cannot be written to.
+    """
+    dest = Path(path).absolute()
+    check_output_folder(dest)
+    existing = next((p for p in (dest, *dest.parents) if p.exists()), None)
+    if existing is None:
+        return dest
+    try:  # a real probe: permissions, a read-only file system, ACLs, all as the write sees them
+        fd, probe = tempfile.mkstemp(prefix=".opdvfs-probe.", dir=existing)
+    except OSError as exc:
+        where = "" if existing == dest else f" ({existing}: {exc.strerror or exc})"
+        reason = "" if where else f" ({exc.strerror or exc})"
+        raise OutputPathError(f"{dest}: cannot write there{where}{reason}") from None
+    os.close(fd)
+    os.unlink(probe)
+    return dest
+
+
+#: The signals whose default action would end a process between a temporary file and its rename.
+_ENDING_SIGNALS = ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT")
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """Within the block, a signal whose default would kill the process raises ``SystemExit``.
+
+    ``SystemExit(128 + signum)``, as the default would report it, but raised: the temporary
+    files of :func:`atomic_path` are removed on the way out instead of left behind. Only
+    signals at their default action are taken (a program's own handler stays); outside the
+    main thread, nothing changes.
+    """
+    taken: dict[int, Any] = {}
+
+    def exit_now(signum: int, frame: Any) -> None:
+        for sig, handler in taken.items():  # a second signal while unwinding: the default
+            signal.signal(sig, handler)
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for name in _ENDING_SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is not None and signal.getsignal(sig) == signal.SIG_DFL:
+                taken[sig] = signal.signal(sig, exit_now)
+    try:
+        yield
+    finally:
+        for sig, handler in taken.items():
+            if signal.getsignal(sig) == exit_now:
+                signal.signal(sig, handler)
+
+
 def _check_parents(dest: Path) -> None:
     for parent in dest.parents:
         if parent.exists():
@@ -145,8 +209,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds.
 
     The temporary file sits in the destination folder so that the final ``os.replace`` is atomic
-    (same file system). On any exception, including KeyboardInterrupt, it is removed and the
-    previous content of ``path``, if any, is untouched.
+    (same file system). On any exception, including KeyboardInterrupt and a signal that would
+    end the process (:func:`signals_raise`), it is removed and the previous content of
+    ``path``, if any, is untouched.
 
     Raises
     ------
@@ -164,10 +229,11 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        yield tmp
-        # mkstemp makes the file private (0600); give it the mode a plain open() would have
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, dest)
+        with signals_raise():  # a SIGTERM now unwinds through here: the temporary file goes
+            yield tmp
+            # mkstemp makes the file private (0600); give it the mode a plain open() would have
+            os.chmod(tmp, 0o666 & ~_umask())
+            os.replace(tmp, dest)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         if isinstance(exc, OpdvfsError):

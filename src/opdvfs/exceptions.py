@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "ActuatorError",
     "CaptureError",
+    "ClockNotRestoredError",
     "DeviceNotFoundError",
     "DistributedError",
     "InfeasibleError",
@@ -92,6 +93,10 @@ class NotFittedError(OpdvfsError, AttributeError):
 
 class ActuatorError(OpdvfsError, RuntimeError):
     """A clock could not be read or set on the device."""
+
+
+class ClockNotRestoredError(ActuatorError):
+    """A clock could not be given back to the driver: it stays locked (``opdvfs restore``)."""
 
 
 class PermissionDeniedError(ActuatorError, PermissionError):

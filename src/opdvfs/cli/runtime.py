@@ -102,8 +102,9 @@ def _absolute(settings: dict[str, Any]) -> dict[str, Any]:
 def _launch(argv: list[str], settings: dict[str, Any], as_json: bool = False) -> None:
     """Run a launcher with opdvfs activated in its Python processes; report as in-process.
 
-    SIGINT/SIGTERM are passed on to the launcher (whose processes restore their clocks), the
-    launcher's failure status is this command's, and rank 0's outcome is printed.
+    SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2 and SIGQUIT are passed on to the launcher (whose
+    processes restore their clocks), the launcher's failure status is this command's, and rank
+    0's outcome is printed.
     """
     from opdvfs.runtime.launch import activation_env, read_reports, report_dir
     from opdvfs.runtime.session import Outcome
@@ -117,7 +118,15 @@ def _launch(argv: list[str], settings: dict[str, Any], as_json: bool = False) ->
         def forward(signum: int, frame: FrameType | None) -> None:
             proc.send_signal(signum)
 
-        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        from opdvfs.runtime.actuators.base import GUARDED_SIGNALS
+
+        # every signal that ends a job goes on to the launcher (whose processes restore); one
+        # this process ignores (nohup's SIGHUP) stays ignored
+        previous = {
+            s: signal.signal(s, forward)
+            for s in GUARDED_SIGNALS
+            if signal.getsignal(s) not in (signal.SIG_IGN, None)
+        }
         try:
             status = proc.wait()
         finally:
@@ -371,6 +380,9 @@ def _capture_sweep(
         )
     if freq_mhz is not None:
         raise UsageError("--freq-mhz names the one clock of a run; --freqs sets each clock")
+    from opdvfs.runtime.checks import check_counts
+
+    check_counts(warmup=warmup, iterations_per_clock=iterations_per_clock)
     act = _sweep_actuator(actuator, device, work_scale, log, gpu)
     announce_gpu(act)
     try:
@@ -527,3 +539,66 @@ def run(
     if not (as_json and outcome.error):  # (--json and an error: the one line on stderr)
         _report("run", outcome.lines, outcome.data, as_json)
     outcome.raise_error()
+
+
+def _open_gpu(kind: str, gpu: str) -> Actuator:
+    """Return the ``nvml`` or ``zeusd`` actuator of ``gpu`` (``"gpu0"``; a record's names)."""
+    from opdvfs.runtime.actuators import NvmlActuator, ZeusdActuator
+
+    if kind not in ("nvml", "zeusd") or not gpu.startswith("gpu") or not gpu[3:].isdigit():
+        raise UsageError(f"a record names {kind!r} on {gpu!r}: expected nvml or zeusd on gpuN")
+    index = int(gpu[3:])
+    return ZeusdActuator(index=index) if kind == "zeusd" else NvmlActuator(index=index)
+
+
+@app.command()
+@reports_errors
+def restore(
+    gpu: Annotated[
+        int | None,
+        typer.Option(
+            "--gpu",
+            min=0,
+            help="Reset this GPU (NVML index) even without a record of a clock left set.",
+        ),
+    ] = None,
+    actuator: Annotated[
+        str,
+        typer.Option("--actuator", help="With --gpu: nvml (root) or zeusd (the Zeus daemon)."),
+    ] = "nvml",
+) -> None:
+    """Give back to the driver a GPU clock that an earlier run left locked.
+
+    A run killed with SIGKILL, or whose reset the driver refused, leaves a record next to the
+    tuning cache ($OPDVFS_CACHE_DIR/clocks); every guarded start on that GPU repairs it by
+    itself, and this command does it by hand: each record of this host whose process has
+    ended is reset through the actuator that set it, and removed. Records of running
+    processes are left to them.
+    """
+    from opdvfs.runtime.actuators import left_set
+
+    if gpu is not None:
+        if actuator not in left_set.REAL_KINDS:
+            raise UsageError(f"--actuator {actuator}: expected nvml or zeusd")
+        name = f"gpu{gpu}"
+        with _open_gpu(actuator, name) as act:
+            act.give_back()
+        left_set.record_path(name).unlink(missing_ok=True)
+        stdout.print(f"{name}: clock given back to the driver", highlight=False)
+        return
+    found = left_set.records()
+    if not found:
+        stdout.print(
+            f"no clock left set on this host (records in {left_set.state_dir()})",
+            highlight=False,
+        )
+        return
+    for path, doc in found:
+        what = f"{doc['gpu']}: {left_set.describe(doc)}"
+        if left_set.process_alive(int(doc["pid"])):
+            stdout.print(f"{what}, still running: left to it", highlight=False)
+            continue
+        with _open_gpu(str(doc["kind"]), str(doc["gpu"])) as act:
+            act.give_back()
+        path.unlink(missing_ok=True)
+        stdout.print(f"{what}: restored", highlight=False)

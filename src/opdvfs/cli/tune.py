@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Annotated, Any
 
 import typer
 
+from opdvfs._files import check_writable_folder
 from opdvfs.cli._app import (
     SCRIPT_CONTEXT,
     DryRunDeviceOption,
@@ -178,8 +180,10 @@ def tune(
     from opdvfs.tuner import summary_lines, tune, write_tune
     from opdvfs.tuner.ranks import launched_as
 
-    if not target > 0:
-        raise UsageError(f"--target {target:g}: expected a slowdown > 0 (0.02 = 2%)")
+    if not 0 < target <= 1:
+        raise UsageError(
+            f"--target {target:g}: expected a slowdown budget as a fraction in (0, 1] (0.02 = 2%)"
+        )
     if actuator in ("twin", "ascend"):
         raise UsageError(
             f"--actuator {actuator}: tune measures the device the script runs on: use nvml, "
@@ -193,6 +197,9 @@ def tune(
     command = _program(argv)
     if command is None:
         raise UsageError("tune runs the script in opdvfs's process: -- python SCRIPT ARGS")
+    # where the files go, fixed now (a script's os.chdir does not move it) and checked
+    # writable before the script trains; nothing is created until the run writes
+    out_path = check_writable_folder(out)
     progress, update = _progress() if launched_as()[0] == 0 and not as_json else (None, None)
     try:
         context = tune(
@@ -253,9 +260,16 @@ def tune(
                 result.error if result.error.startswith(prefix) else prefix + result.error
             )
         return
-    if tuner.sweep_unfinished:  # bad input (a script too short): as capture --freqs, no files
+    # a script that took a signal and ended by itself (its handler's exit status 0) ends
+    # tune with its status: a line says what tuning had not done, instead of an error
+    signalled = signal.Signals(tuner.guard.signals[0]).name if tuner.guard.signals else None
+    if tuner.sweep_unfinished:
+        if signalled:
+            _note(f"the script ended after {signalled} before tuning was done; nothing was written")
+            return
+        # bad input (a script too short): as capture --freqs, no files
         raise CaptureError(f"{result.error} (nothing was written)")
-    written = write_tune(result, out)
+    written = write_tune(result, out_path)
     failed = result.error is not None and result.schedule is None
     if as_json and not failed:
         doc = result.to_dict()
@@ -267,4 +281,11 @@ def tune(
             stdout.print(line, highlight=False)
         stdout.print(f"wrote {out}: {', '.join(written)}", highlight=False)
     if failed:
+        if signalled:
+            _note(f"{signalled} received: {result.error}")
+            return
         raise CaptureError(result.error)
+
+
+def _note(text: str) -> None:
+    stderr.print(f"opdvfs: {text}", markup=False, highlight=False, soft_wrap=True)

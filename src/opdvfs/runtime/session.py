@@ -317,8 +317,11 @@ class Session:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        """Leave everything in reverse order: the clock is restored last."""
-        self._stack.close()
+        """Leave everything in reverse order: the clock is restored last.
+
+        The program's exception reaches the guard, so a refused restore never replaces it.
+        """
+        self._stack.__exit__(exc_type, exc, tb)
 
     # ------------------------------------------------------------------------------ outcome
     def outcome(self) -> Outcome:

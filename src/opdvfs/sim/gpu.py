@@ -51,6 +51,10 @@ NO_KERNEL = -1
 _BATCH = 4096
 #: The launch fields that make a kind: what the twin's physics reads, and the name.
 _KIND_FIELDS = ("name", "type", "stream", "flops", "bytes_loaded", "bytes_stored")
+#: The largest ``work_scale`` (an H100's day of work per CPU operator is ~1e9; beyond 1e12 the
+#: simulated times of a large model lose their precision and then overflow).
+MAX_WORK_SCALE = 1e12
+
 #: The fields ``work_scale`` multiplies.
 _SCALED_FIELDS = ("flops", "bytes_loaded", "bytes_stored")
 #: The idle stretch the twin runs to find the device's idle power (s).
@@ -91,8 +95,12 @@ class SimulatedGpu:
         work_scale: float = 1.0,
         seed: int = 0,
     ) -> None:
-        if not work_scale > 0:
-            raise ValidationError(f"work_scale {work_scale}: expected > 0", field="work_scale")
+        if not 0 < work_scale <= MAX_WORK_SCALE:
+            raise ValidationError(
+                f"work_scale {work_scale:g}: expected > 0 and at most {MAX_WORK_SCALE:g} (a "
+                "larger one overflows the simulated times)",
+                field="work_scale",
+            )
         self.work_scale = float(work_scale)
         twin = SimulatedDevice.from_preset(preset, seed=seed)
         params = twin.params

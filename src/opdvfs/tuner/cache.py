@@ -16,12 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from opdvfs._files import write_text_atomic
+from opdvfs.runtime.actuators.left_set import CACHE_ENV, default_cache_dir
 from opdvfs.schedule import Schedule
 
 __all__ = ["CACHE_ENV", "TuneCache", "cache_key", "default_cache_dir"]
-
-#: Environment variable naming the cache folder (default ``~/.cache/opdvfs/tune``).
-CACHE_ENV = "OPDVFS_CACHE_DIR"
 
 
 def cache_key(op_names: Sequence[str], *, device: str, target: float, **extra: Any) -> str:
@@ -35,17 +33,12 @@ def cache_key(op_names: Sequence[str], *, device: str, target: float, **extra: A
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def default_cache_dir() -> Path:
-    """Return the cache folder: ``$OPDVFS_CACHE_DIR``, else ``~/.cache/opdvfs/tune``."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env) if env else Path.home() / ".cache" / "opdvfs" / "tune"
-
-
 class TuneCache:
     """Schedules measured by earlier tuning runs, one JSON file per :func:`cache_key`."""
 
     def __init__(self, folder: str | os.PathLike[str] | None = None) -> None:
-        self.folder = Path(folder) if folder is not None else default_cache_dir()
+        # absolute now: a script's os.chdir (as Hydra does) must not move it
+        self.folder = Path(folder).absolute() if folder is not None else default_cache_dir()
 
     def path(self, key: str) -> Path:
         """Return the file of ``key``."""

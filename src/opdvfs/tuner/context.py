@@ -9,6 +9,7 @@ build their :class:`~opdvfs.tuner.loop.Tuner` here, with the same defaults: the 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,8 @@ class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
         The clocks to profile (:data:`ClockChoice`; ``"auto"``:
         :func:`~opdvfs.tuner.policy.profile_clocks`).
     out
-        Folder for the files, written by rank 0 after the block (None: none written).
+        Folder for the files, written by rank 0 after the block (None: none written); made
+        absolute and checked writable here, before the block trains.
     warmup, iterations_per_clock
         As :class:`~opdvfs.runtime.sweep.ClockSweep`.
     work_scale, device
@@ -99,8 +101,12 @@ class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
         on_iteration: Callable[[dict[str, Any]], None] | None = None,
         **options: Any,
     ) -> None:
+        from opdvfs._files import check_writable_folder
         from opdvfs.runtime.actuators import make_actuator
 
+        # resolved and checked now, before the job trains: a script's os.chdir does not move
+        # it, and a folder that cannot be written is an error at the start, not at the end
+        self.out = None if out is None else check_writable_folder(out)
         log_path, header = rank_log(log)
         header = {"command": "tune", "actuator": actuator, "target": target, **header}
         act = make_actuator(
@@ -127,7 +133,6 @@ class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
         except BaseException:
             act.close()
             raise
-        self.out = out
 
     @property
     def result(self) -> TuneResult:
@@ -143,8 +148,16 @@ class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
         """Restore the clock, then write the files (when ``out`` was given; rank 0 only).
 
         Nothing is written when the block ended before the clock sweep was done (the result's
-        error says how many iterations it needs).
+        error says how many iterations it needs). An exception of the block's own always wins:
+        an error of opdvfs's while it ends (a refused restore, a file it could not write) is
+        then one line on stderr, never a replacement.
         """
-        self.tuner.__exit__(*exc)
-        if self.out is not None and self.tuner.rank == 0 and not self.tuner.sweep_unfinished:
-            write_tune(self.tuner.result, self.out)
+        raised = exc[0] is not None
+        try:
+            self.tuner.__exit__(*exc)
+            if self.out is not None and self.tuner.rank == 0 and not self.tuner.sweep_unfinished:
+                write_tune(self.tuner.result, self.out)
+        except Exception as own:
+            if not raised:
+                raise
+            print(f"opdvfs: error: {own}", file=sys.stderr, flush=True)

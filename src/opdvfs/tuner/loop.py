@@ -33,6 +33,7 @@ import numpy as np
 import opdvfs.tuner.policy as policy
 from opdvfs.exceptions import ValidationError
 from opdvfs.runtime.actuators import Actuator, ClockGuard
+from opdvfs.runtime.checks import check_counts
 from opdvfs.schedule import Objective, Schedule
 from opdvfs.tuner.ab import DEFAULT_BLOCK, abba_blocks, measured_round
 from opdvfs.tuner.cache import TuneCache, cache_key
@@ -122,8 +123,18 @@ class Tuner:
         label: str | None = None,
         command: Sequence[str] | None = None,
     ) -> None:
-        if not target > 0:
-            raise ValidationError(f"target {target}: expected a slowdown > 0", field="target")
+        if not 0 < target <= 1:
+            raise ValidationError(
+                f"target {target}: expected a slowdown budget as a fraction in (0, 1] (0.02 = 2%)",
+                field="target",
+            )
+        check_counts(
+            pairs=pairs,
+            rounds=rounds,
+            block=block,
+            warmup=warmup,
+            iterations_per_clock=iterations_per_clock,
+        )
         if block is not None and block < 2:
             raise ValidationError(f"block {block}: expected at least 2", field="block")
         if pairs < 1:
@@ -183,6 +194,7 @@ class Tuner:
         self._last_end_s = 0.0
         self._last_energy_j: float | None = None
         self._measurement: RoundToMeasure | None = None
+        self._cache_check: RoundToMeasure | None = None  # the round re-measuring a cached plan
         self._followed: Schedule | None = None
 
     @property
@@ -223,11 +235,22 @@ class Tuner:
             raise
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        """Stop the planning thread, leave the executor, restore the clock once."""
-        self._stack.close()  # the clock first
-        if exc and exc[0] is not None and self.ranks.job is not None:
-            self.ranks.job.leave()  # the others stop waiting for this rank
+    def __exit__(self, *exc: Any) -> None:
+        """Stop the planning thread, leave the executor, restore the clock once.
+
+        Raises
+        ------
+        ClockNotRestoredError
+            If the final restore was refused and the program raised nothing of its own.
+        """
+        try:
+            self._stack.__exit__(*exc)  # the guard sees the program's exception: it wins
+        finally:
+            if exc and exc[0] is not None and self.ranks.job is not None:
+                self.ranks.job.leave()  # the others stop waiting for this rank
+            self._conclude()
+
+    def _conclude(self) -> None:
         self.result.timeline = self.drive.timeline(self.result.iterations)
         if self.result.error is not None or self.result.schedule is not None:
             return
@@ -403,7 +426,8 @@ class Tuner:
         self.phase = d.next
         self.result.error = self.result.error or d.error
         self.result.cache_key, self.result.cache_hit = d.cache_key, d.cache_hit
-        if self.phase == "steady" and job.follows_plan:
+        # rank 0's choice: steady, or a cached plan under its brief re-measure (and not dropped)
+        if job.follows_plan and (self.phase == "steady" or (d.cache_hit and d.error is None)):
             self.result.schedule = self._followed
 
     @staticmethod
@@ -532,8 +556,17 @@ class Tuner:
         self.result.cache_hit = True
         self.result.cached = measured
         self.result.schedule = schedule
-        self.drive.apply(schedule)
-        self.phase = "steady"
+        # re-measured before it applies for the run: a brief A/B round (it was measured on
+        # another run; an entry edited to the lowest clock would run +427% slower unseen)
+        given = measured.get("block")
+        if self.block_given is None and isinstance(given, int) and given >= 2:
+            self.block = self.result.block = given
+        job = RoundToMeasure(
+            schedule, round=0, blocks=abba_blocks(policy.CACHE_CHECK_PAIRS, self.block)
+        )
+        self._cache_check = job
+        self._measurement = job
+        self._enter_block()
         return True
 
     def _top_iteration_s(self) -> float | None:
@@ -624,11 +657,33 @@ class Tuner:
         self.result.rounds.append(measured)
         log.info("tune: %s", round_line(len(self.result.rounds) - 1, measured))
         job.measured = policy.Measured.of(measured)
+        if job is self._cache_check:
+            self._cache_check = None
+            if policy.cached_holds(measured, self.target):
+                self._go_steady(job.schedule)
+            else:
+                self._drop_cached(measured)
+            return
         # until the next plan or the result: the top clock
         self.phase = "planning"
         self.drive.planning_began()
         self.drive.apply_top()
         job.done.set()
+
+    def _drop_cached(self, measured: Any) -> None:
+        """Drop the cached schedule that missed the target when re-measured; train at the top."""
+        slow = measured.slowdown
+        if self.cache is not None and self.result.cache_key:
+            with contextlib.suppress(OSError):
+                self.cache.path(self.result.cache_key).unlink()
+        self.result.schedule = None
+        self.result.error = (
+            f"the cached schedule measured {slow.mean:+.1%} time (95% interval "
+            f"{slow.low:+.1%} to {slow.high:+.1%}), past the {self.target:.1%} target: it was "
+            "dropped from the cache and the run went on at the top clock (the next run tunes "
+            "afresh)"
+        )
+        self._stop_tuning()
 
     def _go_steady(self, schedule: Schedule) -> None:
         self.drive.apply(schedule)

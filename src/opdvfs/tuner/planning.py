@@ -264,6 +264,7 @@ class PlanningThread:
                     schedule,
                     {
                         "budget": chosen.budget,
+                        "block": result.block,
                         "slowdown": asdict(chosen.slowdown),
                         "saving": asdict(chosen.saving) if chosen.saving else None,
                     },

@@ -398,6 +398,10 @@ def applies(chosen: TuneRound, met: bool) -> bool:
     return chosen.saving.mean > 0
 
 
+#: A/B pairs that re-measure a schedule from the cache before it applies for the run.
+CACHE_CHECK_PAIRS = 2
+
+
 def cached_applies(
     schedule: Schedule,
     *,
@@ -405,12 +409,24 @@ def cached_applies(
     n_launches: int | None,
     supported_mhz: Sequence[float],
 ) -> bool:
-    """Whether a schedule from the cache may apply to this run at once.
+    """Whether a schedule from the cache may apply to this run (then re-measured briefly).
 
-    Applied by operator (``by_time`` False), it must plan the operators the executor counts
-    (``n_launches``); applied by time, every clock it sets must be one the device accepts.
+    Every clock it sets must be one the device accepts (an entry edited past the device's
+    range would abort the job mid-run); applied by operator (``by_time`` False), it must also
+    plan the operators the executor counts (``n_launches``).
     """
-    if not by_time:
-        return schedule.n_ops == n_launches
     supported = set(supported_mhz)
-    return all(stage.freq_mhz in supported for stage in schedule.stages)
+    if not all(stage.freq_mhz in supported for stage in schedule.stages):
+        return False
+    return by_time or schedule.n_ops == n_launches
+
+
+def cached_holds(measured: TuneRound, target: float) -> bool:
+    """Whether a cached schedule's brief A/B check keeps it: its slowdown is within ``target``.
+
+    Only a clear miss drops it: the mean and the whole 95% interval past the target (two pairs
+    give a wide interval; a schedule the cache holds met the target over a full round before).
+    """
+    slow = measured.slowdown
+    low = slow.low if math.isfinite(slow.low) else slow.mean
+    return not (slow.mean > target and low > target)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from opdvfs.exceptions import OpdvfsError
+from opdvfs.exceptions import OpdvfsError, ValidationError
 from opdvfs.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -35,8 +35,26 @@ Measurement = tuple[float, float | None, float | None, float | None]
 
 
 def launched_as() -> tuple[int, int]:
-    """Return this process's rank and the job's world size as torchrun set them ((0, 1) alone)."""
-    return int(os.environ.get("RANK", "0") or 0), int(os.environ.get("WORLD_SIZE", "1") or 1)
+    """Return this process's rank and the job's world size as torchrun set them ((0, 1) alone).
+
+    Raises
+    ------
+    ValidationError
+        If ``RANK`` or ``WORLD_SIZE`` is not a whole number (one line naming the variable).
+    """
+
+    def read(name: str, default: int, least: int) -> int:
+        text = os.environ.get(name, "").strip()
+        if not text:
+            return default
+        if not text.isdigit() or int(text) < least:
+            raise ValidationError(
+                f"{name}={text!r}: expected a whole number >= {least}, as torchrun sets it",
+                field=name,
+            )
+        return int(text)
+
+    return read("RANK", 0, 0), read("WORLD_SIZE", 1, 1)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from opdvfs._files import atomic_path, write_text_atomic
+from opdvfs._files import atomic_path, signals_raise, write_text_atomic
 from opdvfs.exceptions import MissingExtraError
 from opdvfs.tuner.result import Interval, TuneResult, TuneRound
 
@@ -126,7 +126,8 @@ def _steady_line(r: TuneResult) -> str:
             )
         return (
             f"started from the cache ({r.cache_key and r.cache_key[:12]}): the schedule applied "
-            f"from iteration {r.count('warmup')}, no profiling or planning{then}"
+            f"from iteration {r.count('warmup')}, no profiling or planning{then}; "
+            f"re-measured in {r.count('switch', 'reference', 'tuned')} A/B iterations"
         )
     if best is None:
         return "steady state: not reached (no round was measured)"
@@ -590,9 +591,36 @@ def _markdown(result: TuneResult, figures: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: Every file :func:`write_tune` may write; those a run does not write are removed from ``out``.
+TUNE_FILES = (
+    "profile.parquet",
+    "models.json",
+    "schedule.json",
+    "tune.json",
+    "trace.json",
+    "report.md",
+    "run.png",
+    "clock.png",
+    "phases.png",
+)
+
+
 def write_tune(result: TuneResult, out: str | os.PathLike[str]) -> list[str]:
-    """Write the run's files into ``out`` (created); return the names written."""
-    folder = Path(out)
+    """Write the run's files into ``out`` (created); return the names written.
+
+    Each file is whole or absent, whatever signal comes while they are written (the
+    temporary file is removed on the way out); a file of :data:`TUNE_FILES` that an earlier
+    run left in ``out`` and this run does not write (a ``schedule.json`` beside a
+    ``tune.json`` that chose none) is removed. Other files in ``out`` are not touched.
+    """
+    with signals_raise():
+        written = _write_tune(result, Path(out))
+        for stale in set(TUNE_FILES) - set(written):
+            (Path(out) / stale).unlink(missing_ok=True)
+    return written
+
+
+def _write_tune(result: TuneResult, folder: Path) -> list[str]:
     folder.mkdir(parents=True, exist_ok=True)
     written: list[str] = []
     if result.profile is not None:

@@ -16,10 +16,11 @@ from opdvfs.exceptions import ActuatorError, ValidationError
 from opdvfs.runtime.actuators.ascend import AscendActuator
 from opdvfs.runtime.actuators.base import Actuator, ClockGuard
 from opdvfs.runtime.actuators.dry_run import DryRunActuator
+from opdvfs.runtime.actuators.logged import LoggedActuator
 from opdvfs.runtime.actuators.nvml import NvmlActuator, NvmlReader, current_gpu
 from opdvfs.runtime.actuators.sim_gpu import SIM_PREFIX, SimGpuActuator
 from opdvfs.runtime.actuators.twin import TwinActuator
-from opdvfs.runtime.actuators.zeusd import ZeusdActuator
+from opdvfs.runtime.actuators.zeusd import ZeusdActuator, ZeusdClient
 from opdvfs.schedule import Schedule
 from opdvfs.sim.gpu import SimulatedGpu
 from opdvfs.sim.presets import PRESETS, preset_spec
@@ -31,6 +32,7 @@ __all__ = [
     "AscendActuator",
     "ClockGuard",
     "DryRunActuator",
+    "LoggedActuator",
     "NvmlActuator",
     "NvmlReader",
     "SimGpuActuator",
@@ -83,7 +85,8 @@ def make_actuator(
         anything; its clock calls are only recorded. A preset keeps meaning its clocks (and
         nothing is measured), so every call that worked before is unchanged.
     log
-        JSON-lines file of the recording actuators' calls (ignored by ``"nvml"``).
+        JSON-lines file of the actuator's calls (``"nvml"`` and ``"zeusd"`` too: a
+        :class:`~opdvfs.runtime.actuators.logged.LoggedActuator` records what they set).
     header
         More fields for that log's header line (one per run: the log is appended to).
     work_scale
@@ -139,10 +142,14 @@ def make_actuator(
             field="actuator",
         )
     spec = preset_spec(device or (schedule.device if schedule is not None else None))
-    if kind == "nvml":
-        return NvmlActuator(gpu=current_gpu(gpu))
-    if kind == "zeusd":
-        return ZeusdActuator(gpu=current_gpu(gpu))
+    if kind in ("nvml", "zeusd"):
+        # (the daemon's address is checked before NVML is opened: a typo is its own line)
+        client = ZeusdClient() if kind == "zeusd" else None
+        chosen = current_gpu(gpu)
+        real: Actuator = (
+            NvmlActuator(gpu=chosen) if client is None else ZeusdActuator(gpu=chosen, client=client)
+        )
+        return real if log is None else LoggedActuator(real, log=log, header=header)
     if kind == "twin":
         if spec is None:
             raise ValidationError(

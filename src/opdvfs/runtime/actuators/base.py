@@ -35,7 +35,8 @@ be set, optionally measuring the GPU it runs on), :mod:`~opdvfs.runtime.actuator
 then replays the issued switches on the simulator) and :mod:`~opdvfs.runtime.actuators.sim_gpu`
 (a simulated GPU, :class:`~opdvfs.sim.gpu.SimulatedGpu`, that the program's operators run on).
 :class:`ClockGuard` makes sure a clock set through an actuator is restored on normal exit, on an
-exception, at interpreter exit and on SIGINT/SIGTERM.
+exception, at interpreter exit and on every signal that ends a job (:data:`GUARDED_SIGNALS`),
+and hands each signal on to the program's own handler.
 """
 
 from __future__ import annotations
@@ -45,14 +46,14 @@ import contextlib
 import os
 import signal
 import socket
+import sys
 import threading
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
-from opdvfs.exceptions import NotSupportedError, UnsupportedClockError
+from opdvfs.exceptions import ClockNotRestoredError, NotSupportedError, UnsupportedClockError
 
 if TYPE_CHECKING:
     from opdvfs.result import RunResult
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
     from opdvfs.sim.twin import SimulatedDevice
     from opdvfs.workloads.workload import Workload
 
-__all__ = ["Actuator", "ClockGuard", "Meter"]
+__all__ = ["GUARDED_SIGNALS", "Actuator", "ClockGuard", "Meter"]
 
 
 class Meter(Protocol):
@@ -236,6 +237,15 @@ class Actuator(ABC):
         """
         return None
 
+    def give_back(self) -> None:
+        """Give the clock back to the driver even if this actuator did not set it.
+
+        The repair of a clock an earlier, dead process left set (``opdvfs restore``); where
+        :meth:`reset` touches only a clock this actuator set, this one always does. The same as
+        :meth:`reset` unless a subclass tells the two apart.
+        """
+        self.reset()
+
     def cancel_pending(self) -> None:
         """Drop the clock requests waiting on the device's timeline for a later time.
 
@@ -285,22 +295,49 @@ class Actuator(ABC):
         self.close()
 
 
+#: The signals a guard catches: each ends a job (or warns it of its end: SLURM's
+#: ``--signal=USR1@N``) with the clock still set if nobody restores it. SIGHUP: a dropped ssh
+#: session; SIGQUIT: Ctrl-\\.
+GUARDED_SIGNALS: tuple[int, ...] = tuple(
+    getattr(signal, name)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT")
+    if hasattr(signal, name)
+)
+
+
 class ClockGuard:
-    """Restore an actuator's clock however the guarded block ends.
+    """Restore an actuator's clock however the guarded block ends, and after every signal.
 
     ``with ClockGuard(actuator): ...`` resets the clock when the block exits (normally or by an
-    exception), at interpreter exit (``atexit``) and on SIGINT/SIGTERM. Reset happens once,
-    whichever path comes first, and takes no lock the interrupted program may hold.
+    exception), at interpreter exit (``atexit``) and on each of :data:`GUARDED_SIGNALS`
+    (SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGQUIT; one the process ignores, as under
+    ``nohup``, stays ignored). A reset happens only when a clock may be set: any
+    :meth:`~Actuator.set_freq_mhz` after a restore re-arms the guard, so a program that catches
+    a signal and trains on (while a sweep sets more clocks) is restored again at its end.
 
-    A signal is caught twice over. Python runs a signal's handler only between bytecodes of the
-    main thread, so a main thread blocked in a native call (a collective waiting for a dead
-    rank, a CUDA synchronise) would never run it, and a launcher's SIGKILL would find the clock
-    still set. So the C-level handler's wakeup byte (:func:`signal.set_wakeup_fd`) also wakes a
-    watcher thread, which restores the clock at once. The main thread's handler then restores
-    (if the watcher has not), puts the previous handler back and raises ``KeyboardInterrupt``
-    (SIGINT) or ``SystemExit(128 + 15)`` (SIGTERM). If the main thread cannot take a SIGTERM
-    within :attr:`exit_grace_s` and nothing but the default action was installed before, the
-    watcher ends the process with status 128 + 15, as the default action would have (at once).
+    **A signal is the program's.** The guard restores the clock first, then hands the signal
+    to whatever the program installed: a handler installed before the guard is called (a
+    checkpoint-and-exit handler runs to its end: nothing cuts it short); one installed after
+    it replaces the guard's own, and the watcher thread below still restores the clock before
+    it runs. Without a handler of the program's, the signal's default action is taken as an
+    exception, so ``finally`` blocks and ``atexit`` run: ``KeyboardInterrupt`` for SIGINT,
+    ``SystemExit(128 + signum)`` for the others.
+
+    Python runs a signal's handler only between bytecodes of the main thread, so a main thread
+    blocked in a native call (a collective waiting for a dead rank, a CUDA synchronise) would
+    never run it, and a launcher's SIGKILL would find the clock still set. So the C-level
+    handler's wakeup byte (:func:`signal.set_wakeup_fd`) also wakes a watcher thread, which
+    restores the clock at once. Only while the guard's own handler is the one installed, and
+    the signal's default action would end the process, does the watcher end it (status
+    128 + signum) when the main thread has not taken the signal within :attr:`exit_grace_s`.
+
+    **A refused reset is an error**: one line on stderr (``opdvfs: error: ...``), the guard
+    stays armed (every later path tries again), the block's end raises
+    :class:`~opdvfs.exceptions.ClockNotRestoredError` unless the block raised its own (which
+    wins), and the record of the clock left set stays for the next start to repair. That
+    record (:mod:`~opdvfs.runtime.actuators.left_set`) is written when a real GPU's clock is
+    first locked and removed by each restore; entering a guard repairs a record a dead
+    process left for the same GPU, and says so on stderr.
 
     Parameters
     ----------
@@ -311,46 +348,164 @@ class ClockGuard:
         after the restore; it must not block.
     """
 
-    #: Seconds the main thread has to take a SIGTERM before the watcher ends the process.
+    #: Seconds the main thread has to take a signal before the watcher ends the process.
     exit_grace_s: float = 1.0
+    #: Seconds a restore waits for one under way in another thread (the watcher's) to finish.
+    restore_wait_s: float = 10.0
 
     def __init__(
         self, actuator: Actuator, *, before_restore: Callable[[], None] | None = None
     ) -> None:
         self.actuator = actuator
         self.before_restore = before_restore
-        self._once = threading.Lock()  # taken once, never released: the first restore wins
+        self._lock = threading.RLock()  # re-entered by a signal handler interrupting a restore
+        self._armed = False
+        #: Completed restores (resets that succeeded).
+        self.restores = 0
+        #: The last refused reset, or None (cleared by a restore that succeeds).
+        self.error: Exception | None = None
+        #: The guarded signals received while entered, in order.
+        self.signals: list[int] = []
+        self._reported = False
         self._previous: dict[int, Any] = {}
+        self._handler = self._on_signal  # one bound method: compared with what is installed
         self._handled = threading.Event()
         self._wakeup: tuple[socket.socket, socket.socket] | None = None
         self._old_wakeup_fd = -1
         self._watcher: threading.Thread | None = None
+        self._gpu: str | None = None
+        self._record: Any = None
+        self._wrapper: Callable[[float], None] | None = None
+        self._unwrapped: Any = None
 
     @property
     def restored(self) -> bool:
-        """Whether the clock has been restored (by any path)."""
-        return self._once.locked()
+        """Whether the clock has been restored and not set again since."""
+        return self.restores > 0 and not self._armed
 
-    def restore(self) -> None:
-        """Reset the clock now (idempotent); a failing reset is reported, not raised.
+    def restore(self) -> bool:
+        """Reset the clock now if one may be set since the last restore; return whether it is.
 
-        Safe in a signal handler and from any thread: the first call wins without waiting on
-        anything, later ones return at once.
+        Safe in a signal handler and from any thread: a restore under way in another thread
+        finishes first (at most :attr:`restore_wait_s`); a failing reset is reported on stderr
+        (once per arming), kept in :attr:`error` and leaves the guard armed, never raised.
         """
-        if not self._once.acquire(blocking=False):
+        return self._restore(report=True)
+
+    def _restore(self, *, report: bool) -> bool:
+        if not self._armed:
+            return self.error is None
+        if not self._lock.acquire(timeout=self.restore_wait_s):
+            return False
+        try:
+            if not self._armed:
+                return self.error is None
+            self._armed = False
+            try:
+                if self.before_restore is not None:
+                    self.before_restore()
+                self.actuator.reset()
+            except Exception as exc:  # restoring must never mask the program's own error
+                self._armed = True
+                self.error = exc
+                if report:
+                    self._report_failure()
+                return False
+            self.restores += 1
+            self.error = None
+            self._reported = False
+            self._drop_record()
+            return True
+        finally:
+            self._lock.release()
+
+    def failure_message(self) -> str:
+        """One line: the clock that could not be restored and what to do (empty if none)."""
+        if self.error is None:
+            return ""
+        what = f"{self._gpu}'s clock" if self._gpu else "the clock"
+        hint = "; it stays locked: run `opdvfs restore` as root" if self._gpu else ""
+        return f"could not restore {what}: {self.error}{hint}"
+
+    def _report_failure(self) -> None:
+        if self._reported:
+            return
+        self._reported = True
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"opdvfs: error: {self.failure_message()}\n")
+            sys.stderr.flush()
+
+    # ------------------------------------------------------------------- the record on disk
+    def _arm(self, freq_mhz: float) -> None:
+        self._armed = True
+        if self._gpu is not None and self._record is None:
+            from opdvfs.runtime.actuators.left_set import write_record
+
+            self._record = write_record(self.actuator, self._gpu, freq_mhz) or False
+
+    def _drop_record(self) -> None:
+        if not self._record:
+            self._record = None
+            return
+        from opdvfs.runtime.actuators.left_set import read_record
+
+        path, self._record = self._record, None
+        doc = read_record(path)
+        if doc is not None and doc.get("pid") == os.getpid():  # not another run's, since
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+    def _repair(self) -> None:
+        from opdvfs.runtime.actuators.left_set import gpu_identity, repair
+
+        self._gpu = gpu_identity(self.actuator)
+        if self._gpu is None:
             return
         try:
-            if self.before_restore is not None:
-                self.before_restore()
-            self.actuator.reset()
-        except Exception as exc:  # restoring must never mask the original error
-            warnings.warn(f"opdvfs: could not restore the clock: {exc}", stacklevel=2)
+            line = repair(self.actuator)
+        except Exception as exc:
+            line = f"error: {self._gpu}'s clock was left locked by an earlier run, and: {exc}"
+        if line:
+            with contextlib.suppress(Exception):
+                sys.stderr.write(f"opdvfs: {line}\n")
+                sys.stderr.flush()
 
+    def _wrap(self) -> None:
+        """Re-arm on every clock set through the actuator (its ``set_freq_mhz``, wrapped)."""
+        inner = self.actuator.set_freq_mhz
+        guard = self
+
+        def set_freq_mhz(freq_mhz: float) -> None:
+            guard._arm(freq_mhz)  # before the write: a clock half-set is restored too
+            inner(freq_mhz)
+
+        self._unwrapped = self.actuator.__dict__.get("set_freq_mhz")
+        try:
+            setattr(self.actuator, "set_freq_mhz", set_freq_mhz)  # noqa: B010
+        except AttributeError:  # an actuator that takes no attribute: set once, restored once
+            return
+        self._wrapper = set_freq_mhz
+
+    def _unwrap(self) -> None:
+        if self._wrapper is None or self.actuator.__dict__.get("set_freq_mhz") is not self._wrapper:
+            return
+        if self._unwrapped is None:
+            del self.actuator.__dict__["set_freq_mhz"]
+        else:
+            self.actuator.__dict__["set_freq_mhz"] = self._unwrapped
+        self._wrapper = None
+
+    # ------------------------------------------------------------------------- the signals
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.restore()  # first, before anything that can block
         self._handled.set()
-        previous = self._previous.get(signum)
-        signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        if self._wakeup is None:  # else the watcher counts it (it sees every delivery)
+            self.signals.append(signum)
+        self.restore()  # first, before anything that can block
+        previous = self._previous.get(signum, signal.SIG_DFL)
+        if callable(previous):  # the program's own handler (or Python's for SIGINT): its turn
+            previous(signum, frame)
+            return
+        signal.signal(signum, signal.SIG_DFL)  # a second signal while unwinding: the default
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         raise SystemExit(128 + signum)
@@ -367,13 +522,14 @@ class ClockGuard:
                 with contextlib.suppress(OSError):
                     os.write(self._old_wakeup_fd, data)
             for signum in data:
-                if signum not in (signal.SIGINT, signal.SIGTERM):
+                if signum not in self._previous:
                     continue
+                self.signals.append(signum)
                 self.restore()
-                default = self._previous.get(signum) in (signal.SIG_DFL, None)
                 if (
-                    signum == signal.SIGTERM
-                    and default
+                    signum != signal.SIGINT
+                    and self._previous.get(signum) == signal.SIG_DFL
+                    and signal.getsignal(signum) == self._handler
                     and not self._handled.wait(self.exit_grace_s)
                 ):
                     os._exit(128 + signum)  # the main thread is stuck in native code
@@ -406,10 +562,17 @@ class ClockGuard:
         reader.close()
 
     def __enter__(self) -> Self:
+        """Repair a clock a dead run left on this GPU, arm, and catch the guarded signals."""
+        self._repair()
+        self._armed = True
+        self._wrap()
         atexit.register(self.restore)
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._on_signal)
+            for sig in GUARDED_SIGNALS:
+                current = signal.getsignal(sig)
+                if current is None or current == signal.SIG_IGN:
+                    continue  # installed outside Python, or ignored (nohup): left as it is
+                self._previous[sig] = signal.signal(sig, self._handler)
             self._start_watcher()
         return self
 
@@ -419,9 +582,21 @@ class ClockGuard:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.restore()
+        """Restore, give the signals back (those still the guard's) and stop re-arming.
+
+        Raises
+        ------
+        ClockNotRestoredError
+            If the reset was refused and the block raised nothing of its own.
+        """
+        ok = self._restore(report=exc_type is not None)
         atexit.unregister(self.restore)
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            if signal.getsignal(sig) == self._handler:  # one the program installed stays
+                signal.signal(sig, handler)
         self._previous.clear()
         self._stop_watcher()
+        self._unwrap()
+        if not ok and exc_type is None:
+            self._reported = True
+            raise ClockNotRestoredError(self.failure_message())

@@ -63,7 +63,8 @@ class DryRunActuator(Actuator):
         self._where: tuple[int | None, int | None] = (None, None)
         self._offset_s: float | None = None
         self._log: TextIO | None = None
-        self._log_path = Path(log) if log else None
+        # absolute now: the log opens at the first record, after a script's os.chdir
+        self._log_path = Path(log).absolute() if log else None
         self._header = dict(header or {})
         self.calls: list[dict[str, Any]] = []
         self._current_mhz: float | None = None

@@ -505,6 +505,12 @@ class NvmlActuator(Actuator):
             self._changed = False
         self._current = None
 
+    def give_back(self) -> None:
+        """Unlock the SM clock whoever locked it (the repair of a clock a dead run left set)."""
+        self._unlock()
+        self._changed = False
+        self._current = None
+
     def _lock(self, freq_mhz: int) -> None:
         """Lock the SM clock at ``freq_mhz`` (min = max); the one write a subclass reroutes."""
         with nvml_errors(f"lock the SM clock of {self.gpu.label} at {freq_mhz} MHz"):

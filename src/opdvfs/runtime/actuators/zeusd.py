@@ -27,6 +27,7 @@ from opdvfs.exceptions import (
     DeviceNotFoundError,
     NotSupportedError,
     PermissionDeniedError,
+    ValidationError,
 )
 from opdvfs.runtime.actuators.nvml import NvmlActuator
 from opdvfs.runtime.gpu_select import GpuChoice
@@ -91,6 +92,14 @@ class ZeusdClient:
         self.host_port = None if self.socket_path else host_port or env.get("ZEUSD_HOST_PORT")
         if self.socket_path is None and not self.host_port:
             raise DeviceNotFoundError(_NO_DAEMON)
+        if self.socket_path is None:
+            port = str(self.host_port).rpartition(":")[2]
+            if not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValidationError(
+                    f"ZEUSD_HOST_PORT={self.host_port!r}: expected host:port with a port "
+                    "number 1-65535 (or ZEUSD_SOCK_PATH, the daemon's Unix socket)",
+                    field="ZEUSD_HOST_PORT",
+                )
         self.token = token if token is not None else env.get("ZEUSD_TOKEN")
 
     @property
