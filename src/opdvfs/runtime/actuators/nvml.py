@@ -118,21 +118,36 @@ def list_gpus() -> list[tuple[int, str]]:
     DeviceNotFoundError
         Without nvidia-ml-py or a driver.
     """
+    with _nvml_session() as nv, nvml_errors("list the GPUs"):
+        return [
+            (index, _text(nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(index))))
+            for index in range(int(nv.nvmlDeviceGetCount()))
+        ]
+
+
+@contextmanager
+def _nvml_session() -> Iterator[Any]:
+    """Initialise NVML for the block (the library module), shut it down after.
+
+    Raises
+    ------
+    DeviceNotFoundError
+        Without nvidia-ml-py or a driver.
+    """
     if pynvml is None:
         raise DeviceNotFoundError("nvidia-ml-py is not installed: pip install 'opdvfs[nvidia]'")
     nv: Any = pynvml
     with nvml_errors("initialise NVML"):
         nv.nvmlInit()
     try:
-        with nvml_errors("list the GPUs"):
-            out = []
-            for index in range(int(nv.nvmlDeviceGetCount())):
-                uuid = nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(index))
-                out.append((index, uuid.decode() if isinstance(uuid, bytes) else str(uuid)))
-            return out
+        yield nv
     finally:
         with nvml_errors("shut NVML down"):
             nv.nvmlShutdown()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)  # bytes: older pynvml
 
 
 def _cuda_device() -> tuple[int | None, str | None]:
@@ -316,10 +331,6 @@ class NvmlReader:
         self.device.close()
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)  # bytes: older pynvml
-
-
 def nvml_system() -> dict[str, Any]:
     """Return what NVML says of the node, read-only: driver and NVML versions, each GPU.
 
@@ -334,12 +345,7 @@ def nvml_system() -> dict[str, Any]:
     ActuatorError
         If NVML cannot read the node.
     """
-    if pynvml is None:
-        raise DeviceNotFoundError("nvidia-ml-py is not installed: pip install 'opdvfs[nvidia]'")
-    nv: Any = pynvml
-    with nvml_errors("initialise NVML"):
-        nv.nvmlInit()
-    try:
+    with _nvml_session() as nv:
         with nvml_errors("read the driver"):
             info: dict[str, Any] = {
                 "driver": _text(nv.nvmlSystemGetDriverVersion()),
@@ -373,10 +379,7 @@ def nvml_system() -> dict[str, Any]:
                 )
             finally:
                 reader.close()
-        return info
-    finally:
-        with nvml_errors("shut NVML down"):
-            nv.nvmlShutdown()
+    return info
 
 
 def meter_gpu(meter: object) -> GpuChoice | None:
