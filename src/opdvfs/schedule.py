@@ -136,8 +136,8 @@ class Schedule(FrozenModel):
         for a schedule not from the planner.
     measured_baseline_time_s, measured_time_s, measured_baseline_energy_j, measured_energy_j
         Per iteration, at the maximum clock and under this schedule, on the profile's
-        measurements (medians over iterations), where the profile measured every op at the
-        top clock and at its planned clock; None otherwise.
+        measurements (raw medians over iterations, never smoothed across clocks), where the
+        profile measured every op at the top clock and at its planned clock; None otherwise.
     measured_baseline_core_energy_j, measured_core_energy_j
         The same on the core rail, where the profile measured core power.
     lower_bound_energy_j, gap_pct

@@ -22,14 +22,22 @@ die they would pull the corrected tables back to the profile's bias.
 A profile of many clocks measures each cell once or a few times, with the timer's and the power
 sensor's noise (about 0.6% per op on the simulated GPUs). A planner choosing among them picks the
 cells where the noise happened to be low (the winner's curse): GPT-3 on a100-like profiled at all
-81 clocks and planned at 2% ran 2.24% slower (now 2.08%). :func:`shrink_across_clocks` pulls each
+81 clocks and planned at 2% ran 2.24% slower (2.08% smoothed, when a cell measured once was
+smoothed too). :func:`shrink_across_clocks` pulls each
 op's medians towards a penalised smoothing spline across its clocks (log value against log
 clock), whose smoothness generalised cross-validation chooses per op from the op's own scatter
 (the posterior mean under a smooth prior whose noise-to-signal ratio the data estimate: empirical
 Bayes, not a tuned constant), and keeps every residual pattern that more ops share at the same
 clocks than noise would explain (a throttled clock, a voltage step, one op's repeated copies):
-that is measured behaviour. Perseus's real stage chains move by at most 0.01%; a sparse profile (a
-few far-apart clocks) is barely moved, three clocks or fewer not at all.
+that is measured behaviour. Three clocks or fewer are not smoothed at all.
+
+Measured means measured (issue 31): the smoothing never moves a cell's median by more than that
+cell's own noise, the standard error of its median estimated from its iterations
+(:func:`median_noise`); a cell measured once has no noise estimate and is left alone. Unbounded,
+the smoothing moved real kernels' medians by up to 13.7% (the legacy V100 set at its ``auto``
+clocks, one sample per cell). The tables keep the raw medians too (:meth:`MeasuredTables.raw`):
+every figure called "measured" (a schedule's ``measured_*`` fields, the over-budget warning) is
+computed on them, not on the smoothed cells the planner chooses among.
 """
 
 from __future__ import annotations
@@ -49,6 +57,7 @@ __all__ = [
     "MeasuredTables",
     "at_die",
     "correct_to_measurements",
+    "median_noise",
     "missing_measurement",
     "shrink_across_clocks",
 ]
@@ -66,6 +75,9 @@ _BACKFIT = 2
 
 #: Ops smoothed at a time: bounds the (ops x lambdas) GCV table of a million-op profile.
 _ROW_BLOCK = 32768
+
+#: Standard error of a normal sample's median over that of its mean, sqrt(pi / 2) (large n).
+_MEDIAN_EFFICIENCY = float(np.sqrt(np.pi / 2.0))
 
 
 @dataclass(frozen=True)
@@ -89,6 +101,10 @@ class MeasuredTables:
         Median die temperature the cell was measured at (C), shape (n_ops, n_clocks); NaN
         where the profile has none. A static-clock profile measures each clock at that
         clock's own steady temperature (:func:`at_die`).
+    unsmoothed
+        The raw medians, where ``time_us`` and the energies are smoothed across clocks
+        (:meth:`from_profile` with ``shrink``); None where they are the raw medians. Read them
+        through :meth:`raw`.
     """
 
     op_ids: np.ndarray
@@ -98,6 +114,7 @@ class MeasuredTables:
     chip_energy_j: np.ndarray
     core_energy_j: np.ndarray
     temp_c: np.ndarray | None = None
+    unsmoothed: MeasuredTables | None = None
 
     @classmethod
     def from_profile(cls, profile: Profile, *, shrink: bool = True) -> MeasuredTables:
@@ -105,7 +122,9 @@ class MeasuredTables:
 
         With ``shrink`` (the default) each op's time and energies are then smoothed across its
         clocks (:func:`shrink_across_clocks`), so that a planner choosing among the cells does
-        not pick their noise; ``shrink=False`` keeps the raw medians.
+        not pick their noise, each cell by at most its median's noise (:func:`median_noise`;
+        a cell measured once is left alone); the raw medians stay in :meth:`raw`.
+        ``shrink=False`` keeps the raw medians only.
         """
         rows = profile.ops
         frame = pd.DataFrame(
@@ -119,7 +138,8 @@ class MeasuredTables:
             }
         )
         # median skips NaN: an energy is the median of the iterations that measured it
-        medians = frame.groupby(["op", "freq_mhz"]).median()
+        cells = frame.groupby(["op", "freq_mhz"])
+        medians = cells.median()
         op_ids = np.unique(rows["op"].to_numpy())
         freqs = np.unique(rows["freq_mhz"].to_numpy(dtype=float))
         full = pd.MultiIndex.from_product([op_ids, freqs], names=["op", "freq_mhz"])
@@ -131,22 +151,35 @@ class MeasuredTables:
         check_times(op_ids, names, freqs, np.where(np.isnan(time_us), np.inf, time_us))
         chip_j = table["chip_j"].to_numpy(dtype=float).reshape(shape)
         core_j = table["core_j"].to_numpy(dtype=float).reshape(shape)
-        if shrink:
-            # one BLAS thread: waking a pool for (ops x clocks) products costs more on a busy
-            # machine than it saves (GPT-3 at 119 clocks: 0.4 s on one, 1.3 s on two)
-            with threadpool_limits(limits=1, user_api="blas"):
-                time_us, chip_j, core_j = (
-                    shrink_across_clocks(freqs, t) for t in (time_us, chip_j, core_j)
-                )
-        return cls(
-            op_ids,
-            names,
-            freqs,
-            time_us,
-            chip_j,
-            core_j,
-            table["temp_c"].to_numpy(dtype=float).reshape(shape),
-        )
+        temp_c = table["temp_c"].to_numpy(dtype=float).reshape(shape)
+        raw = cls(op_ids, names, freqs, time_us, chip_j, core_j, temp_c)
+        if not shrink or len(freqs) < 4:  # three clocks or fewer: nothing to smooth
+            return raw
+        # each cell's noise: the standard error of its median, from its own iterations
+        spread = cells[["time_us", "chip_j", "core_j"]].std(ddof=1).reindex(full)
+        count = cells[["time_us", "chip_j", "core_j"]].count().reindex(full)
+        noise = {
+            c: median_noise(
+                spread[c].to_numpy(dtype=float).reshape(shape),
+                count[c].to_numpy(dtype=float).reshape(shape),
+            )
+            for c in ("time_us", "chip_j", "core_j")
+        }
+        # one BLAS thread: waking a pool for (ops x clocks) products costs more on a busy
+        # machine than it saves (GPT-3 at 119 clocks: 0.4 s on one, 1.3 s on two)
+        with threadpool_limits(limits=1, user_api="blas"):
+            time_s, chip_s, core_s = (
+                shrink_across_clocks(freqs, t, noise=noise[c])
+                for t, c in ((time_us, "time_us"), (chip_j, "chip_j"), (core_j, "core_j"))
+            )
+        return cls(op_ids, names, freqs, time_s, chip_s, core_s, temp_c, unsmoothed=raw)
+
+    def raw(self) -> MeasuredTables:
+        """Return the tables of the raw medians (these tables, where nothing was smoothed).
+
+        Every figure reported as measured is computed on them.
+        """
+        return self if self.unsmoothed is None else self.unsmoothed
 
     def columns(self, freqs_mhz: np.ndarray) -> np.ndarray:
         """Column of each clock of ``freqs_mhz`` in these tables, -1 where it was not profiled."""
@@ -193,6 +226,21 @@ class MeasuredTables:
         return np.where(cols[None, :] >= 0, self.temp_c[:, np.maximum(cols, 0)], np.nan)
 
 
+def median_noise(spread: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Return the standard error of each cell's median: ``sqrt(pi / 2) s / sqrt(n)``.
+
+    ``s`` is the standard deviation of the cell's ``n`` iterations (``ddof=1``); the factor is
+    the median's asymptotic efficiency against the mean for normal noise (for ``n = 2`` the
+    median is the mean, and the bound is loose by that factor: generous, never zero). 0 where
+    ``n < 2`` or ``s`` is unknown: a cell measured once carries no estimate of its noise, so
+    the smoothing leaves it alone (:func:`shrink_across_clocks`).
+    """
+    s, n = np.asarray(spread, dtype=float), np.asarray(count, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        se = _MEDIAN_EFFICIENCY * s / np.sqrt(n)
+    return np.where((n >= 2) & np.isfinite(se), se, 0.0)
+
+
 def _energy(rows: pd.DataFrame, power_column: str) -> pd.Series:
     """Energy of each row (J) from its time and a power column; NaN where there is no power."""
     if power_column not in rows:
@@ -218,7 +266,9 @@ def _curvature_penalty(x: np.ndarray) -> np.ndarray:
     return d.T @ d
 
 
-def shrink_across_clocks(freqs_mhz: np.ndarray, table: np.ndarray) -> np.ndarray:
+def shrink_across_clocks(
+    freqs_mhz: np.ndarray, table: np.ndarray, *, noise: np.ndarray | None = None
+) -> np.ndarray:
     """Return each op's row of positive measurements shrunk towards its curve across the clocks.
 
     Per op, the Whittaker smoother ``z = argmin |y - z|^2 + lambda |D z|^2`` of
@@ -243,6 +293,9 @@ def shrink_across_clocks(freqs_mhz: np.ndarray, table: np.ndarray) -> np.ndarray
         Clocks of the columns, ascending (MHz), shape (n_clocks,).
     table
         Values (time or energy, > 0), NaN where not measured, shape (n_ops, n_clocks).
+    noise
+        Each cell's noise (the standard error of its median, :func:`median_noise`; 0 where
+        unknown), same shape: no cell moves by more (measured means measured). None: unbounded.
 
     Returns
     -------
@@ -283,6 +336,9 @@ def shrink_across_clocks(freqs_mhz: np.ndarray, table: np.ndarray) -> np.ndarray
         patterns = _shared(resid[usable] / np.sqrt(sigma2[usable])[:, None], drop[usable] ** 2)
         shared = resid @ patterns
     out[rows] = np.exp((smooth + shared) @ u.T)
+    if noise is not None:
+        bound = np.nan_to_num(np.asarray(noise, dtype=float), nan=0.0)
+        out = np.clip(out, values - bound, values + bound)
     return out
 
 

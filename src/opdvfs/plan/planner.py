@@ -513,11 +513,13 @@ def _on_measurements(inputs: PlanInputs, freqs: np.ndarray, per_op: np.ndarray) 
     """Return the plan's and the top clock's time and energy on the profile's measurements.
 
     Only where the profile measured every op at its planned clock and at the top clock (the
-    ``measured_*`` fields of :class:`Schedule`); idle time counts as in the prediction.
+    ``measured_*`` fields of :class:`Schedule`); idle time counts as in the prediction. On the
+    raw medians (:meth:`~opdvfs.plan.measured.MeasuredTables.raw`), not on the cells smoothed
+    across clocks that the plan chose among: measured means measured.
     """
     if inputs.measured is None:
         return {}
-    time_us, chip_j, core_j = inputs.measured.at(freqs)
+    time_us, chip_j, core_j = inputs.measured.raw().at(freqs)
     ops, top = np.arange(len(per_op)), np.full(len(per_op), len(freqs) - 1)
     idle_s = float(inputs.idle_before_us.sum() * 1e-6)
     fields = {}
