@@ -14,7 +14,7 @@ import pytest
 
 from opdvfs.datasets import DATASETS, dataset_path
 from opdvfs.io import read_profile
-from opdvfs.plan import PlanInputs, plan_schedule
+from opdvfs.plan import PlanInputs, plan_profile, plan_schedule
 from opdvfs.plan.measured import MeasuredTables, median_noise, shrink_across_clocks
 from opdvfs.plan.pipeline import stage_chain
 from opdvfs.profile import Profile
@@ -200,3 +200,20 @@ def test_measured_figures_are_on_the_raw_medians():
     # the predictions are on the smoothed cells the plan chose among
     smoothed = inputs.measured.time_us[ops, cols].sum() * 1e-6 + idle_s
     assert plan.predicted_time_s == pytest.approx(smoothed)
+
+
+def test_the_over_budget_warning_is_on_the_raw_medians():
+    """plan_profile warns exactly when the plan is late on the raw medians, not the smoothed."""
+    profile = noisy_profile(np.random.default_rng(3), iterations=3, sigma=0.02)
+    late = []
+    # at 1% the plan is 0.991% slower on the smoothed cells, 1.011% on the raw medians
+    for target in (0.01, 0.02, 0.05):
+        result = plan_profile(profile, target, interval_ms=0.0, switch_latency_ms=0.0)
+        raw = result.fitted.inputs.measured.raw()
+        cols = raw.columns(result.schedule.freq_per_op_mhz())
+        planned = raw.time_us[np.arange(len(cols)), cols].sum()
+        slowdown = planned / raw.time_us[:, -1].sum() - 1
+        warned = any("over its" in w for w in result.warnings)
+        assert warned == (slowdown > target * (1 + 1e-9) + 1e-12), (target, slowdown)
+        late.append(warned)
+    assert late == [True, False, False]  # the smoothed cells hid the late plan at 1%
