@@ -155,6 +155,8 @@ class MeasuredTables:
         raw = cls(op_ids, names, freqs, time_us, chip_j, core_j, temp_c)
         if not shrink or len(freqs) < 4:  # three clocks or fewer: nothing to smooth
             return raw
+        if int(cells.size().max()) < 2:  # every cell measured once: none may move
+            return raw
         # each cell's noise: the standard error of its median, from its own iterations
         spread = cells[["time_us", "chip_j", "core_j"]].std(ddof=1).reindex(full)
         count = cells[["time_us", "chip_j", "core_j"]].count().reindex(full)
