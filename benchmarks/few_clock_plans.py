@@ -22,8 +22,9 @@ Each schedule is scored on the FULL measured table (raw medians, no smoothing) a
 Columns: ``slow %`` the plan's slowdown on the measured times (must be <= d), ``vs opt %`` its
 measured energy over the every-clock optimum's, ``vs prof %`` over the profiled-only optimum's
 (<= 0: the models add, not cost), ``filled %`` the share of kernels planned at a model-filled
-clock, and the plan's own ``model %`` / ``margin %`` (``Schedule.model_share`` /
-``Schedule.time_margin_pct``, where the schedule reports them).
+clock, and the plan's own ``model %`` (``Schedule.model_share``: its predicted time on
+model-filled cells) and ``margin pts`` (its conservative time less its predicted time, in points
+of slowdown: how much the planner held back for the models' and the measurements' error).
 
 Sets (``/work/shared/data/real`` or the directory given): every file with per-kernel time and
 power at several core clocks. NV-DVFS-Benchmark's current V100 profiles; its legacy GeForce /
@@ -52,6 +53,7 @@ from opdvfs.plan.measured import MeasuredTables
 from opdvfs.plan.milp import milp_solve
 from opdvfs.plan.on_profile import auto_clocks, plan_profile
 from opdvfs.profile import Profile
+from opdvfs.schedule import Schedule
 
 TARGETS = (0.02, 0.05, 0.10)
 DEFAULT_DATA = Path("/work/shared/data/real")
@@ -152,8 +154,8 @@ def rows_for(name: str, path: Path, workdir: Path) -> list[dict]:
                 "vs prof %": (plan_j / prof_j - 1) * 100,
                 "prof vs opt %": (prof_j / best_j - 1) * 100,
                 "filled %": float(np.mean(~np.isin(cols, prof_cols))) * 100,
-                "model %": _pct(getattr(schedule, "model_share", None)),
-                "margin %": getattr(schedule, "time_margin_pct", None),
+                "model %": _pct(schedule.model_share),
+                "margin pts": _margin_points(schedule),
                 "plan cpu s": cpu_s,
             }
         )
@@ -162,6 +164,14 @@ def rows_for(name: str, path: Path, workdir: Path) -> list[dict]:
 
 def _pct(share: float | None) -> float | None:
     return None if share is None else share * 100
+
+
+def _margin_points(schedule: Schedule) -> float | None:
+    """Return the slowdown (points) the plan holds back: conservative less predicted time."""
+    s = schedule
+    if s.conservative_time_s is None or s.predicted_time_s is None or not s.baseline_time_s:
+        return None
+    return (s.conservative_time_s - s.predicted_time_s) / s.baseline_time_s * 100
 
 
 def main() -> None:

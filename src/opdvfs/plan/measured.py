@@ -42,7 +42,7 @@ computed on them, not on the smoothed cells the planner chooses among.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -60,6 +60,7 @@ __all__ = [
     "median_noise",
     "missing_measurement",
     "shrink_across_clocks",
+    "time_uncertainty",
 ]
 
 #: Relative tolerance when matching a planned clock to a profiled one.
@@ -101,6 +102,10 @@ class MeasuredTables:
         Median die temperature the cell was measured at (C), shape (n_ops, n_clocks); NaN
         where the profile has none. A static-clock profile measures each clock at that
         clock's own steady temperature (:func:`at_die`).
+    time_noise_us
+        The standard error of each cell's median time (us, :func:`median_noise`), shape
+        (n_ops, n_clocks); 0 where the cell was measured once (no estimate), None where every
+        cell was. The planner's conservative time adds it (:func:`time_uncertainty`).
     unsmoothed
         The raw medians, where ``time_us`` and the energies are smoothed across clocks
         (:meth:`from_profile` with ``shrink``); None where they are the raw medians. Read them
@@ -115,6 +120,7 @@ class MeasuredTables:
     core_energy_j: np.ndarray
     temp_c: np.ndarray | None = None
     unsmoothed: MeasuredTables | None = None
+    time_noise_us: np.ndarray | None = None
 
     @classmethod
     def from_profile(cls, profile: Profile, *, shrink: bool = True) -> MeasuredTables:
@@ -153,9 +159,7 @@ class MeasuredTables:
         core_j = table["core_j"].to_numpy(dtype=float).reshape(shape)
         temp_c = table["temp_c"].to_numpy(dtype=float).reshape(shape)
         raw = cls(op_ids, names, freqs, time_us, chip_j, core_j, temp_c)
-        if not shrink or len(freqs) < 4:  # three clocks or fewer: nothing to smooth
-            return raw
-        if int(cells.size().max()) < 2:  # every cell measured once: none may move
+        if int(cells.size().max()) < 2:  # every cell measured once: none may move, no noise
             return raw
         # each cell's noise: the standard error of its median, from its own iterations
         spread = cells[["time_us", "chip_j", "core_j"]].std(ddof=1).reindex(full)
@@ -167,6 +171,9 @@ class MeasuredTables:
             )
             for c in ("time_us", "chip_j", "core_j")
         }
+        raw = replace(raw, time_noise_us=noise["time_us"])
+        if not shrink or len(freqs) < 4:  # three clocks or fewer: nothing to smooth
+            return raw
         # one BLAS thread: waking a pool for (ops x clocks) products costs more on a busy
         # machine than it saves (GPT-3 at 119 clocks: 0.4 s on one, 1.3 s on two)
         with threadpool_limits(limits=1, user_api="blas"):
@@ -174,7 +181,17 @@ class MeasuredTables:
                 shrink_across_clocks(freqs, t, noise=noise[c])
                 for t, c in ((time_us, "time_us"), (chip_j, "chip_j"), (core_j, "core_j"))
             )
-        return cls(op_ids, names, freqs, time_s, chip_s, core_s, temp_c, unsmoothed=raw)
+        return cls(
+            op_ids,
+            names,
+            freqs,
+            time_s,
+            chip_s,
+            core_s,
+            temp_c,
+            unsmoothed=raw,
+            time_noise_us=raw.time_noise_us,
+        )
 
     def raw(self) -> MeasuredTables:
         """Return the tables of the raw medians (these tables, where nothing was smoothed).
@@ -219,6 +236,13 @@ class MeasuredTables:
             return out
 
         return pick(self.time_us), pick(self.chip_energy_j), pick(self.core_energy_j)
+
+    def time_noise_at(self, freqs_mhz: np.ndarray) -> np.ndarray:
+        """Return each cell's median time's standard error (us) at ``freqs_mhz`` (0: unknown)."""
+        cols = self.columns(np.asarray(freqs_mhz, dtype=float))
+        if self.time_noise_us is None:
+            return np.zeros((len(self.op_ids), len(cols)))
+        return np.where(cols[None, :] >= 0, self.time_noise_us[:, np.maximum(cols, 0)], 0.0)
 
     def temp_at(self, freqs_mhz: np.ndarray) -> np.ndarray:
         """Die temperature (C) of each cell at ``freqs_mhz``; NaN where not measured or none."""
@@ -493,3 +517,123 @@ def at_die(
     """
     shift_w = power.temperature_shift_w(freqs_mhz, temp_c, die_temp_c)[f"{rail}_w"]
     return energy_j + shift_w * np.nan_to_num(time_us, nan=0.0) * 1e-6
+
+
+def _usable_neighbours(usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Nearest usable column at or left of each cell (-1: none), and at or right (n: none)."""
+    n_clocks = usable.shape[1]
+    cols = np.arange(n_clocks)
+    left = np.maximum.accumulate(np.where(usable, cols, -1), axis=1)
+    right = np.minimum.accumulate(np.where(usable, cols, n_clocks)[:, ::-1], axis=1)[:, ::-1]
+    return left, right
+
+
+def _interior_curvature(f: np.ndarray, ratio: np.ndarray, usable: np.ndarray) -> np.ndarray:
+    """Each op's largest leave-one-clock-out curvature of ``ratio`` (per MHz^2); NaN if none.
+
+    At every measured clock with a measured clock on both sides, the error of predicting its
+    log-ratio from its two neighbours by the straight line (what :func:`correct_to_measurements`
+    does where a clock was not measured) is ``e = r'' (f - f_L) (f_R - f) / 2`` for a
+    log-ratio of curvature ``r''``: each such clock gives ``|r''| = 2 |e| / ((f - f_L)
+    (f_R - f))``.
+    """
+    n_clocks = len(f)
+    left, right = _usable_neighbours(usable)
+    # strictly left / right of each column
+    left_s = np.concatenate([np.full((len(usable), 1), -1), left[:, :-1]], axis=1)
+    right_s = np.concatenate([right[:, 1:], np.full((len(usable), 1), n_clocks)], axis=1)
+    inner = usable & (left_s >= 0) & (right_s < n_clocks)
+    lc, rc = np.clip(left_s, 0, n_clocks - 1), np.clip(right_s, 0, n_clocks - 1)
+    r = np.where(usable, ratio, 0.0)
+    f_l, f_r = f[lc], f[rc]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = (f[None, :] - f_l) / (f_r - f_l)
+        line = (1 - share) * np.take_along_axis(r, lc, axis=1) + share * np.take_along_axis(
+            r, rc, axis=1
+        )
+        curv = 2.0 * np.abs(r - line) / ((f[None, :] - f_l) * (f_r - f[None, :]))
+    curv = np.where(inner, curv, -np.inf).max(axis=1)
+    return np.where(np.isfinite(curv), curv, np.nan)
+
+
+def time_uncertainty(
+    freqs_mhz: np.ndarray,
+    predicted_us: np.ndarray,
+    measured_us: np.ndarray,
+    noise_us: np.ndarray | None = None,
+) -> np.ndarray:
+    """Return each cell's time uncertainty as a standard deviation of its log (relative).
+
+    The estimate the data support for the tables :func:`correct_to_measurements` builds:
+
+    - a **measured** cell: its own noise, the standard error of its median (``noise_us``, from
+      its iterations; 0 for a cell measured once) over the median;
+    - a **model-filled** cell between measured clocks ``f_L < f < f_R``: the fitted curve,
+      corrected through the measurements, is off there by the curvature its log-ratio
+      ``ln(measured / predicted)`` has that the straight-line correction misses,
+      ``|r''| (f - f_L) (f_R - f) / 2``: zero at a measured clock, largest mid-gap, growing
+      with the gap's width squared. ``|r''|`` is estimated leave-one-clock-out from the op's
+      own measured clocks (each interior clock predicted from its two neighbours,
+      :func:`_interior_curvature`; the largest), and never below the median over the ops that
+      have an estimate (one op's two or three clocks may miss a bend its neighbours show; ops
+      with fewer than three measured clocks take that median). Beyond the measured range
+      (``--force``), the nearest measured clock at distance ``d`` and its gap ``h`` give
+      ``|r''| d (d + h) / 2``.
+
+    0 where nothing supports an estimate (no op measured at three clocks). Vectorised over ops
+    and clocks.
+
+    Parameters
+    ----------
+    freqs_mhz
+        Clocks of the columns, ascending (MHz), shape (n_clocks,).
+    predicted_us
+        The time models' values, shape (n_ops, n_clocks).
+    measured_us
+        The measured medians, NaN where not measured, same shape.
+    noise_us
+        The standard error of each measured median (us), same shape; None: unknown (0).
+
+    Returns
+    -------
+    ndarray, shape (n_ops, n_clocks)
+    """
+    f = np.asarray(freqs_mhz, dtype=float)
+    known = np.isfinite(measured_us)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.log(measured_us / predicted_us)
+    usable = known & np.isfinite(ratio)
+    curv = (
+        np.concatenate(
+            [
+                _interior_curvature(f, ratio[rows], usable[rows])
+                for rows in (
+                    slice(start, start + _ROW_BLOCK) for start in range(0, len(ratio), _ROW_BLOCK)
+                )
+            ]
+        )
+        if len(ratio)
+        else np.zeros(0)
+    )
+    has = np.isfinite(curv)
+    pooled = float(np.median(curv[has])) if has.any() else 0.0
+    curv = np.maximum(np.where(has, curv, pooled), pooled)
+    n_clocks = len(f)
+    left, right = _usable_neighbours(usable)
+    lc, rc = np.clip(left, 0, n_clocks - 1), np.clip(right, 0, n_clocks - 1)
+    has_l, has_r = left >= 0, right < n_clocks
+    # the gap beyond the last (first) measured clock: to its own neighbour inside the range
+    span_l = np.where(has_l & ~has_r, f[lc] - f[np.clip(lc - 1, 0, None)], 0.0)
+    span_r = np.where(has_r & ~has_l, f[np.clip(rc + 1, None, n_clocks - 1)] - f[rc], 0.0)
+    d_l, d_r = f[None, :] - f[lc], f[rc] - f[None, :]
+    reach = np.where(
+        has_l & has_r,
+        d_l * d_r,
+        np.where(has_l, d_l * (d_l + span_l), np.where(has_r, d_r * (d_r + span_r), 0.0)),
+    )
+    sigma = 0.5 * curv[:, None] * reach
+    own = 0.0
+    if noise_us is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            own = np.nan_to_num(np.asarray(noise_us, dtype=float) / measured_us, nan=0.0)
+    return np.where(known, own, sigma)

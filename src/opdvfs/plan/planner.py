@@ -61,6 +61,7 @@ from opdvfs.plan.measured import (
     at_die,
     correct_to_measurements,
     missing_measurement,
+    time_uncertainty,
 )
 from opdvfs.plan.segment import segment
 from opdvfs.profile import Profile
@@ -69,6 +70,7 @@ from opdvfs.sim.presets import preset_spec
 from opdvfs.workloads.workload import Workload
 
 __all__ = [
+    "TIME_QUANTILE_Z",
     "PlanInputs",
     "Predictions",
     "StageProblem",
@@ -79,6 +81,15 @@ __all__ = [
     "shortest_stage_ms",
     "stage_problem",
 ]
+
+#: The plan meets its budget on each cell's time at this many standard deviations of its
+#: uncertainty above the point value (:func:`~opdvfs.plan.measured.time_uncertainty`): 2, a
+#: one-sided 97.7% quantile for normal errors. Model errors at the clocks a plan picks are
+#: correlated across ops (one bend of the clock curve they all miss), so the quantile is taken
+#: per cell, not on the sum. On real kernels filled from the ``auto`` clocks (27 sets,
+#: ``benchmarks/few_clock_plans.py``), 2 sigma covered 63-100% of the cells' errors (median
+#: set 97%), 1 sigma 43-100%.
+TIME_QUANTILE_Z = 2.0
 
 
 @dataclass(frozen=True)
@@ -234,6 +245,14 @@ class StageProblem:
         ``core-energy``, chip energy otherwise); no reactive lag (``plan_schedule`` adds it).
     names
         Operator names, shape (n_ops,) (the schedule's ``op_signature``).
+    time_sigma
+        Each cell's time uncertainty (standard deviation of its log,
+        :func:`~opdvfs.plan.measured.time_uncertainty`), shape (n_ops, n_clocks), 0 at the top
+        clock (the baseline the budget is relative to); None where unknown. ``tables`` hold the
+        stages' conservative times, ``time_us * exp(TIME_QUANTILE_Z * time_sigma)``.
+    model_filled
+        Whether the models filled each cell (the profile did not measure it), shape
+        (n_ops, n_clocks); None where not planned on a profile.
     """
 
     freqs_mhz: np.ndarray
@@ -244,6 +263,8 @@ class StageProblem:
     stage_class: np.ndarray
     tables: StageTables
     names: np.ndarray
+    time_sigma: np.ndarray | None = None
+    model_filled: np.ndarray | None = None
 
     @property
     def op_tables(self) -> _OpTables:
@@ -253,6 +274,8 @@ class StageProblem:
 
 #: Clocks (ascending, MHz) and per-op time (us), chip and core energy (J) at each clock.
 _OpTables = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+#: Each cell's time uncertainty (log standard deviation) and whether the models filled it.
+_Uncertainty = tuple[np.ndarray | None, np.ndarray | None]
 
 
 @dataclass(frozen=True)
@@ -271,6 +294,9 @@ class Predictions:
     values
         What they were made from (``auto``, ``measured`` or ``model``, as in
         :func:`plan_schedule`); a planner asked for other values refuses them.
+    time_sigma, model_filled
+        Each cell's time uncertainty and whether the models filled it (as in
+        :class:`StageProblem`); None where unknown.
     """
 
     names: np.ndarray
@@ -279,6 +305,8 @@ class Predictions:
     chip_energy_j: np.ndarray
     core_energy_j: np.ndarray
     values: Values = "auto"
+    time_sigma: np.ndarray | None = None
+    model_filled: np.ndarray | None = None
 
 
 #: What the planners plan on: fitted models, their predictions, or nothing (all measured).
@@ -306,8 +334,8 @@ def predict(models: ModelBundle | None, inputs: PlanInputs, values: Values = "au
     ValidationError
         As :func:`plan_schedule` does for the same arguments.
     """
-    names, (freqs, time_us, chip_j, core_j) = _op_tables(models, inputs, values)
-    return Predictions(names, freqs, time_us, chip_j, core_j, values)
+    names, (freqs, time_us, chip_j, core_j), (sigma, filled) = _op_tables(models, inputs, values)
+    return Predictions(names, freqs, time_us, chip_j, core_j, values, sigma, filled)
 
 
 def shortest_stage_ms(interval_ms: float, switch_latency_ms: float) -> float:
@@ -427,6 +455,8 @@ def plan_schedule(
         clock, plan_time_s = result.clock, result.time_s
         lower_bound_j, lower_bound_w = result.lower_bound_j, result.lower_bound_power_w
         gap_pct = result.gap_pct
+    # the solvers met the budget on the conservative times: the prediction is the point one
+    margin_s = _margin_s(problem, clock)
     return _schedule(
         problem.names,
         problem.op_tables,
@@ -436,7 +466,7 @@ def plan_schedule(
         predictive=dispatch == "predictive",
         switch_latency_ms=switch_latency_ms,
         baseline_time_s=baseline_s,
-        predicted_time_s=plan_time_s + idle_s,
+        predicted_time_s=plan_time_s - margin_s + idle_s,
         started=started,
         target=target,
         objective=objective,
@@ -444,10 +474,44 @@ def plan_schedule(
         dispatch=dispatch,
         interval_ms=interval_ms,
         values=values,
+        conservative_time_s=None if problem.time_sigma is None else plan_time_s + idle_s,
+        model_share=_model_share(problem, clock),
         lower_bound_energy_j=lower_bound_j,
         lower_bound_power_w=lower_bound_w,
         gap_pct=gap_pct,
     )
+
+
+def _per_op(problem: StageProblem, stage_clock: np.ndarray) -> np.ndarray:
+    """Return each op's clock column from a plan's clock per stage."""
+    n_ops = len(problem.time_us)
+    return np.repeat(np.asarray(stage_clock), np.diff(np.r_[problem.starts, n_ops]))
+
+
+def _conservative_us(time_us: np.ndarray, sigma: np.ndarray | None) -> np.ndarray:
+    """Return each cell's conservative time (us): ``time_us exp(TIME_QUANTILE_Z sigma)``."""
+    if sigma is None:
+        return time_us
+    return time_us * np.exp(TIME_QUANTILE_Z * sigma)
+
+
+def _margin_s(problem: StageProblem, stage_clock: np.ndarray) -> float:
+    """Return how much longer (s) the plan is on the conservative times than on the point ones."""
+    if problem.time_sigma is None:
+        return 0.0
+    ops, per_op = np.arange(len(problem.time_us)), _per_op(problem, stage_clock)
+    point = problem.time_us[ops, per_op]
+    return float((_conservative_us(point, problem.time_sigma[ops, per_op]) - point).sum() * 1e-6)
+
+
+def _model_share(problem: StageProblem, stage_clock: np.ndarray) -> float | None:
+    """Return the share of the plan's predicted op time on model-filled cells (0-1)."""
+    if problem.model_filled is None:
+        return None
+    ops, per_op = np.arange(len(problem.time_us)), _per_op(problem, stage_clock)
+    point = problem.time_us[ops, per_op]
+    total = float(point.sum())
+    return float(point[problem.model_filled[ops, per_op]].sum()) / total if total > 0 else 0.0
 
 
 def _schedule(
@@ -537,7 +601,7 @@ def _on_measurements(inputs: PlanInputs, freqs: np.ndarray, per_op: np.ndarray) 
 
 def _op_tables(
     models: Planned, inputs: PlanInputs, values: Values = "auto"
-) -> tuple[np.ndarray, _OpTables]:
+) -> tuple[np.ndarray, _OpTables, _Uncertainty]:
     """Op names, and clocks (ascending) with per-op time (us), chip and core energy (J) at each.
 
     Measurements first (:mod:`opdvfs.plan.measured`): with ``auto`` the measured medians where
@@ -546,6 +610,10 @@ def _op_tables(
     only the models. With ``auto`` and a power model whose leakage slope was measured, all on
     the top clock's die (:func:`_die_mhz`; measured cells moved there by the model's temperature
     term, :func:`at_die`). Core energy is NaN where nothing gives it.
+
+    Also each cell's time uncertainty and whether the models filled it (:data:`_Uncertainty`):
+    a measured cell's own noise, a filled cell's from :func:`time_uncertainty`; (None, None)
+    without measurements.
     """
     if isinstance(models, Predictions):
         return _predicted(models, inputs, values)
@@ -592,7 +660,8 @@ def _op_tables(
                 temp_m = measured.temp_at(freqs)
                 chip_m = at_die(models.power, freqs, time_m, chip_m, temp_m, die_c, rail="chip")
                 core_m = at_die(models.power, freqs, time_m, core_m, temp_m, die_c, rail="core")
-            return names, (freqs, time_m, chip_m, core_m)
+            sigma = _measured_sigma(measured, freqs, time_m)
+            return names, (freqs, time_m, chip_m, core_m), (sigma, np.zeros(time_m.shape, bool))
         if no_power:
             gap = missing_measurement(measured, time_m, freqs, "time")
             gap = gap or missing_measurement(measured, chip_m, freqs, "energy")
@@ -631,13 +700,29 @@ def _op_tables(
             core_g = at_die(models.power, grid, time_g, core_g, temp_g, die_c, rail="core")
             del temp_g
         del die_c
+        sigma_g = time_uncertainty(grid, time_us, time_g, measured.time_noise_at(grid))
+        filled_g = ~np.isfinite(time_g)
         time_us = correct_to_measurements(grid, time_us, time_g, out=time_us)
         chip_j = correct_to_measurements(grid, chip_j, chip_g, out=chip_j)
         core_j = correct_to_measurements(grid, core_j, core_g, out=core_j)
         cols = np.searchsorted(grid, freqs)
         if not np.array_equal(cols, np.arange(len(grid))):  # else the grid is the clocks
             time_us, chip_j, core_j = time_us[:, cols], chip_j[:, cols], core_j[:, cols]
-    return names, (freqs, time_us, chip_j, core_j)
+            sigma_g, filled_g = sigma_g[:, cols], filled_g[:, cols]
+        sigma_g[:, -1] = 0.0  # the baseline: the budget is relative to it
+        return names, (freqs, time_us, chip_j, core_j), (sigma_g, filled_g)
+    return names, (freqs, time_us, chip_j, core_j), (None, None)
+
+
+def _measured_sigma(
+    measured: MeasuredTables, freqs: np.ndarray, time_us: np.ndarray
+) -> np.ndarray | None:
+    """Return each measured cell's relative noise (the top clock's 0); None if none is known."""
+    if measured.time_noise_us is None:
+        return None
+    sigma = measured.time_noise_at(freqs) / time_us
+    sigma[:, -1] = 0.0  # the baseline: the budget is relative to it
+    return sigma
 
 
 def _die_mhz(models: ModelBundle | None, freqs: np.ndarray) -> float | None:
@@ -655,7 +740,7 @@ def _die_mhz(models: ModelBundle | None, freqs: np.ndarray) -> float | None:
 
 def _predicted(
     predictions: Predictions, inputs: PlanInputs, values: Values
-) -> tuple[np.ndarray, _OpTables]:
+) -> tuple[np.ndarray, _OpTables, _Uncertainty]:
     """Return the tables of :func:`predict`, checked against the inputs and values asked for."""
     if predictions.values != values:
         raise ValidationError(
@@ -674,7 +759,8 @@ def _predicted(
             field="freqs_mhz",
         )
     p = predictions
-    return p.names, (p.freqs_mhz, p.time_us, p.chip_energy_j, p.core_energy_j)
+    tables = (p.freqs_mhz, p.time_us, p.chip_energy_j, p.core_energy_j)
+    return p.names, tables, (p.time_sigma, p.model_filled)
 
 
 def stage_problem(
@@ -718,7 +804,7 @@ def stage_problem(
         cell with ``values="measured"``), the core rail is unknown for ``core-energy``, or the
         inputs and the models count different ops.
     """
-    names, (freqs, time_us, chip_j, core_j) = _op_tables(models, inputs, values)
+    names, (freqs, time_us, chip_j, core_j), (sigma, filled) = _op_tables(models, inputs, values)
     if objective == "core-energy" and not np.isfinite(core_j).all():
         gap = None
         if inputs.measured is not None and np.isfinite(core_j).any():
@@ -740,8 +826,13 @@ def stage_problem(
         )
     else:
         starts, stage_class = np.arange(len(time_us)), np.asarray(classes)
-    tables = stage_tables(time_us, core_j if objective == "core-energy" else chip_j, starts)
-    return StageProblem(freqs, time_us, chip_j, core_j, starts, stage_class, tables, names)
+    # the budget is met on each cell's conservative time (TIME_QUANTILE_Z sigma above)
+    tables = stage_tables(
+        _conservative_us(time_us, sigma), core_j if objective == "core-energy" else chip_j, starts
+    )
+    return StageProblem(
+        freqs, time_us, chip_j, core_j, starts, stage_class, tables, names, sigma, filled
+    )
 
 
 def plan_frontier(
@@ -889,7 +980,7 @@ def plan_grouped(
         models count different ops.
     """
     started = _time.perf_counter()
-    names, op_tables = _op_tables(models, inputs, values)
+    names, op_tables, _ = _op_tables(models, inputs, values)
     _, time_us, chip_j, core_j = op_tables
     energy = core_j if objective == "core-energy" else chip_j
     n_ops, n_clocks = time_us.shape
