@@ -57,6 +57,8 @@ from opdvfs.schedule import Schedule
 
 TARGETS = (0.02, 0.05, 0.10)
 DEFAULT_DATA = Path("/work/shared/data/real")
+#: ``auto_clocks(max_gap=)``: None, the clocks ``--freqs auto`` picks; set by ``--max-gap``.
+MAX_GAP: float | None = None
 #: Fewer core clocks than this leave nothing for the models to fill.
 MIN_CLOCKS = 4
 
@@ -123,7 +125,7 @@ def rows_for(name: str, path: Path, workdir: Path) -> list[dict]:
     freqs = truth.freqs_mhz
     if len(freqs) < MIN_CLOCKS or not np.isfinite(truth.chip_energy_j).all():
         return []
-    profiled = auto_clocks(freqs)
+    profiled = auto_clocks(freqs, max_gap=MAX_GAP)
     spec = device_file(name, freqs, workdir)
     part = restrict(full, profiled)
     prof_cols = truth.columns(np.asarray(profiled))
@@ -178,7 +180,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("data", nargs="?", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--sets", default="", help="only the sets whose name holds this")
+    parser.add_argument(
+        "--max-gap", type=float, default=None, help="auto_clocks(max_gap=): widest gap / top"
+    )
     args = parser.parse_args()
+    global MAX_GAP
+    MAX_GAP = args.max_gap
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         sets = [s for s in find_sets(args.data, workdir) if args.sets in s[0]]

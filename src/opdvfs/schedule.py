@@ -145,7 +145,7 @@ class Schedule(FrozenModel):
         cell's time at its upper quantile (``predicted`` plus
         :data:`~opdvfs.plan.planner.TIME_QUANTILE_Z` of its uncertainty: a measured cell's
         standard error, a model-filled cell's leave-one-clock-out error,
-        :func:`~opdvfs.plan.measured.time_uncertainty`); None where no uncertainty is known.
+        :func:`~opdvfs.plan.measured.log_uncertainty`); None where no uncertainty is known.
     model_share
         Share of the plan's predicted time (0-1) on cells the models filled (clocks the profile
         did not measure for that op); None where not planned on a profile.

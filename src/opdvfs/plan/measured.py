@@ -57,10 +57,10 @@ __all__ = [
     "MeasuredTables",
     "at_die",
     "correct_to_measurements",
+    "log_uncertainty",
     "median_noise",
     "missing_measurement",
     "shrink_across_clocks",
-    "time_uncertainty",
 ]
 
 #: Relative tolerance when matching a planned clock to a profiled one.
@@ -105,7 +105,7 @@ class MeasuredTables:
     time_noise_us
         The standard error of each cell's median time (us, :func:`median_noise`), shape
         (n_ops, n_clocks); 0 where the cell was measured once (no estimate), None where every
-        cell was. The planner's conservative time adds it (:func:`time_uncertainty`).
+        cell was. The planner's conservative time adds it (:func:`log_uncertainty`).
     unsmoothed
         The raw medians, where ``time_us`` and the energies are smoothed across clocks
         (:meth:`from_profile` with ``shrink``); None where they are the raw medians. Read them
@@ -556,18 +556,19 @@ def _interior_curvature(f: np.ndarray, ratio: np.ndarray, usable: np.ndarray) ->
     return np.where(np.isfinite(curv), curv, np.nan)
 
 
-def time_uncertainty(
+def log_uncertainty(
     freqs_mhz: np.ndarray,
-    predicted_us: np.ndarray,
-    measured_us: np.ndarray,
-    noise_us: np.ndarray | None = None,
+    predicted: np.ndarray,
+    measured: np.ndarray,
+    noise: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Return each cell's time uncertainty as a standard deviation of its log (relative).
+    """Return each cell's uncertainty as a standard deviation of its log (relative).
 
-    The estimate the data support for the tables :func:`correct_to_measurements` builds:
+    For a time or an energy table: the estimate the data support for the tables
+    :func:`correct_to_measurements` builds:
 
-    - a **measured** cell: its own noise, the standard error of its median (``noise_us``, from
-      its iterations; 0 for a cell measured once) over the median;
+    - a **measured** cell: its own noise, the standard error of its median (``noise``, from
+      its iterations; 0 for a cell measured once, or without ``noise``) over the median;
     - a **model-filled** cell between measured clocks ``f_L < f < f_R``: the fitted curve,
       corrected through the measurements, is off there by the curvature its log-ratio
       ``ln(measured / predicted)`` has that the straight-line correction misses,
@@ -587,21 +588,21 @@ def time_uncertainty(
     ----------
     freqs_mhz
         Clocks of the columns, ascending (MHz), shape (n_clocks,).
-    predicted_us
-        The time models' values, shape (n_ops, n_clocks).
-    measured_us
+    predicted
+        The models' values (time or energy, > 0), shape (n_ops, n_clocks).
+    measured
         The measured medians, NaN where not measured, same shape.
-    noise_us
-        The standard error of each measured median (us), same shape; None: unknown (0).
+    noise
+        The standard error of each measured median (same unit), same shape; None: unknown (0).
 
     Returns
     -------
     ndarray, shape (n_ops, n_clocks)
     """
     f = np.asarray(freqs_mhz, dtype=float)
-    known = np.isfinite(measured_us)
+    known = np.isfinite(measured)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.log(measured_us / predicted_us)
+        ratio = np.log(measured / predicted)
     usable = known & np.isfinite(ratio)
     curv = (
         np.concatenate(
@@ -633,7 +634,7 @@ def time_uncertainty(
     )
     sigma = 0.5 * curv[:, None] * reach
     own = 0.0
-    if noise_us is not None:
+    if noise is not None:
         with np.errstate(divide="ignore", invalid="ignore"):
-            own = np.nan_to_num(np.asarray(noise_us, dtype=float) / measured_us, nan=0.0)
+            own = np.nan_to_num(np.asarray(noise, dtype=float) / measured, nan=0.0)
     return np.where(known, own, sigma)

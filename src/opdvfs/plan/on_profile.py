@@ -62,7 +62,10 @@ DEFAULT_INTERVAL_MS = 5.0
 
 
 def auto_clocks(
-    freqs_mhz: Sequence[float], *, below: Sequence[float] = (0.925, 0.85)
+    freqs_mhz: Sequence[float],
+    *,
+    below: Sequence[float] = (0.925, 0.85),
+    max_gap: float | None = None,
 ) -> tuple[float, ...]:
     """Return the clocks ``--clocks auto`` profiles: the top, two clocks below it, mid and min.
 
@@ -88,7 +91,31 @@ def auto_clocks(
     top = grid[-1]
     targets = [top, *(top * f for f in below), (grid[0] + grid[-1]) / 2, grid[0]]
     picks = {int(np.argmin(np.abs(grid - t))) for t in targets}
+    if max_gap is not None:
+        picks = _bridge(grid, picks, max_gap * float(top))
     return tuple(float(grid[i]) for i in sorted(picks, reverse=True))
+
+
+def _bridge(grid: np.ndarray, picks: set[int], widest_mhz: float) -> set[int]:
+    """Add the grid clock nearest each gap's middle until no gap is wider than ``widest_mhz``.
+
+    A gap with no grid clock inside is left as it is.
+    """
+    picks = set(picks)
+    while True:
+        chosen = np.array(sorted(picks))
+        gaps = np.diff(grid[chosen])
+        added = False
+        for k in np.flatnonzero(gaps > widest_mhz * (1 + 1e-9)):
+            lo, hi = int(chosen[k]), int(chosen[k + 1])
+            if hi - lo < 2:
+                continue
+            inner = np.arange(lo + 1, hi)
+            middle = (grid[lo] + grid[hi]) / 2
+            picks.add(int(inner[np.argmin(np.abs(grid[inner] - middle))]))
+            added = True
+        if not added:
+            return picks
 
 
 # ----------------------------------------------------------------------------- refusals

@@ -60,8 +60,8 @@ from opdvfs.plan.measured import (
     MeasuredTables,
     at_die,
     correct_to_measurements,
+    log_uncertainty,
     missing_measurement,
-    time_uncertainty,
 )
 from opdvfs.plan.segment import segment
 from opdvfs.profile import Profile
@@ -83,7 +83,7 @@ __all__ = [
 ]
 
 #: The plan meets its budget on each cell's time at this many standard deviations of its
-#: uncertainty above the point value (:func:`~opdvfs.plan.measured.time_uncertainty`): 2, a
+#: uncertainty above the point value (:func:`~opdvfs.plan.measured.log_uncertainty`): 2, a
 #: one-sided 97.7% quantile for normal errors. Model errors at the clocks a plan picks are
 #: correlated across ops (one bend of the clock curve they all miss), so the quantile is taken
 #: per cell, not on the sum. On real kernels filled from the ``auto`` clocks (27 sets,
@@ -247,9 +247,16 @@ class StageProblem:
         Operator names, shape (n_ops,) (the schedule's ``op_signature``).
     time_sigma
         Each cell's time uncertainty (standard deviation of its log,
-        :func:`~opdvfs.plan.measured.time_uncertainty`), shape (n_ops, n_clocks), 0 at the top
+        :func:`~opdvfs.plan.measured.log_uncertainty`), shape (n_ops, n_clocks), 0 at the top
         clock (the baseline the budget is relative to); None where unknown. ``tables`` hold the
         stages' conservative times, ``time_us * exp(TIME_QUANTILE_Z * time_sigma)``.
+    energy_sigma
+        Each model-filled cell's chip-energy uncertainty (the same estimate on the energy
+        table; 0 at measured cells), shape (n_ops, n_clocks); None where unknown. ``tables``
+        hold the stages' energies at ``exp(TIME_QUANTILE_Z * energy_sigma)`` over their point
+        values (either rail): a clock the models fill is chosen only where its saving holds at
+        its upper quantile, so the models add to the measurements, never cost (the solvers'
+        bound and gap are on these energies).
     model_filled
         Whether the models filled each cell (the profile did not measure it), shape
         (n_ops, n_clocks); None where not planned on a profile.
@@ -265,6 +272,7 @@ class StageProblem:
     names: np.ndarray
     time_sigma: np.ndarray | None = None
     model_filled: np.ndarray | None = None
+    energy_sigma: np.ndarray | None = None
 
     @property
     def op_tables(self) -> _OpTables:
@@ -274,8 +282,9 @@ class StageProblem:
 
 #: Clocks (ascending, MHz) and per-op time (us), chip and core energy (J) at each clock.
 _OpTables = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-#: Each cell's time uncertainty (log standard deviation) and whether the models filled it.
-_Uncertainty = tuple[np.ndarray | None, np.ndarray | None]
+#: Each cell's time uncertainty (log standard deviation), whether the models filled it, and
+#: its chip-energy uncertainty.
+_Uncertainty = tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]
 
 
 @dataclass(frozen=True)
@@ -294,9 +303,9 @@ class Predictions:
     values
         What they were made from (``auto``, ``measured`` or ``model``, as in
         :func:`plan_schedule`); a planner asked for other values refuses them.
-    time_sigma, model_filled
-        Each cell's time uncertainty and whether the models filled it (as in
-        :class:`StageProblem`); None where unknown.
+    time_sigma, model_filled, energy_sigma
+        Each cell's time uncertainty, whether the models filled it, and its energy
+        uncertainty (as in :class:`StageProblem`); None where unknown.
     """
 
     names: np.ndarray
@@ -307,6 +316,7 @@ class Predictions:
     values: Values = "auto"
     time_sigma: np.ndarray | None = None
     model_filled: np.ndarray | None = None
+    energy_sigma: np.ndarray | None = None
 
 
 #: What the planners plan on: fitted models, their predictions, or nothing (all measured).
@@ -334,8 +344,10 @@ def predict(models: ModelBundle | None, inputs: PlanInputs, values: Values = "au
     ValidationError
         As :func:`plan_schedule` does for the same arguments.
     """
-    names, (freqs, time_us, chip_j, core_j), (sigma, filled) = _op_tables(models, inputs, values)
-    return Predictions(names, freqs, time_us, chip_j, core_j, values, sigma, filled)
+    names, (freqs, time_us, chip_j, core_j), (sigma, filled, e_sigma) = _op_tables(
+        models, inputs, values
+    )
+    return Predictions(names, freqs, time_us, chip_j, core_j, values, sigma, filled, e_sigma)
 
 
 def shortest_stage_ms(interval_ms: float, switch_latency_ms: float) -> float:
@@ -488,11 +500,11 @@ def _per_op(problem: StageProblem, stage_clock: np.ndarray) -> np.ndarray:
     return np.repeat(np.asarray(stage_clock), np.diff(np.r_[problem.starts, n_ops]))
 
 
-def _conservative_us(time_us: np.ndarray, sigma: np.ndarray | None) -> np.ndarray:
-    """Return each cell's conservative time (us): ``time_us exp(TIME_QUANTILE_Z sigma)``."""
+def _upper_quantile(values: np.ndarray, sigma: np.ndarray | None) -> np.ndarray:
+    """Return each cell's upper quantile (time or energy): ``values exp(TIME_QUANTILE_Z sigma)``."""
     if sigma is None:
-        return time_us
-    return time_us * np.exp(TIME_QUANTILE_Z * sigma)
+        return values
+    return values * np.exp(TIME_QUANTILE_Z * sigma)
 
 
 def _margin_s(problem: StageProblem, stage_clock: np.ndarray) -> float:
@@ -501,7 +513,7 @@ def _margin_s(problem: StageProblem, stage_clock: np.ndarray) -> float:
         return 0.0
     ops, per_op = np.arange(len(problem.time_us)), _per_op(problem, stage_clock)
     point = problem.time_us[ops, per_op]
-    return float((_conservative_us(point, problem.time_sigma[ops, per_op]) - point).sum() * 1e-6)
+    return float((_upper_quantile(point, problem.time_sigma[ops, per_op]) - point).sum() * 1e-6)
 
 
 def _model_share(problem: StageProblem, stage_clock: np.ndarray) -> float | None:
@@ -612,7 +624,7 @@ def _op_tables(
     term, :func:`at_die`). Core energy is NaN where nothing gives it.
 
     Also each cell's time uncertainty and whether the models filled it (:data:`_Uncertainty`):
-    a measured cell's own noise, a filled cell's from :func:`time_uncertainty`; (None, None)
+    a measured cell's own noise, a filled cell's from :func:`log_uncertainty`; (None, None)
     without measurements.
     """
     if isinstance(models, Predictions):
@@ -661,7 +673,8 @@ def _op_tables(
                 chip_m = at_die(models.power, freqs, time_m, chip_m, temp_m, die_c, rail="chip")
                 core_m = at_die(models.power, freqs, time_m, core_m, temp_m, die_c, rail="core")
             sigma = _measured_sigma(measured, freqs, time_m)
-            return names, (freqs, time_m, chip_m, core_m), (sigma, np.zeros(time_m.shape, bool))
+            filled = np.zeros(time_m.shape, bool)
+            return names, (freqs, time_m, chip_m, core_m), (sigma, filled, None)
         if no_power:
             gap = missing_measurement(measured, time_m, freqs, "time")
             gap = gap or missing_measurement(measured, chip_m, freqs, "energy")
@@ -700,7 +713,8 @@ def _op_tables(
             core_g = at_die(models.power, grid, time_g, core_g, temp_g, die_c, rail="core")
             del temp_g
         del die_c
-        sigma_g = time_uncertainty(grid, time_us, time_g, measured.time_noise_at(grid))
+        sigma_g = log_uncertainty(grid, time_us, time_g, measured.time_noise_at(grid))
+        e_sigma_g = log_uncertainty(grid, chip_j, chip_g)  # 0 at the measured cells
         filled_g = ~np.isfinite(time_g)
         time_us = correct_to_measurements(grid, time_us, time_g, out=time_us)
         chip_j = correct_to_measurements(grid, chip_j, chip_g, out=chip_j)
@@ -708,10 +722,11 @@ def _op_tables(
         cols = np.searchsorted(grid, freqs)
         if not np.array_equal(cols, np.arange(len(grid))):  # else the grid is the clocks
             time_us, chip_j, core_j = time_us[:, cols], chip_j[:, cols], core_j[:, cols]
-            sigma_g, filled_g = sigma_g[:, cols], filled_g[:, cols]
+            sigma_g, filled_g, e_sigma_g = sigma_g[:, cols], filled_g[:, cols], e_sigma_g[:, cols]
         sigma_g[:, -1] = 0.0  # the baseline: the budget is relative to it
-        return names, (freqs, time_us, chip_j, core_j), (sigma_g, filled_g)
-    return names, (freqs, time_us, chip_j, core_j), (None, None)
+        e_sigma_g[:, -1] = 0.0
+        return names, (freqs, time_us, chip_j, core_j), (sigma_g, filled_g, e_sigma_g)
+    return names, (freqs, time_us, chip_j, core_j), (None, None, None)
 
 
 def _measured_sigma(
@@ -760,7 +775,7 @@ def _predicted(
         )
     p = predictions
     tables = (p.freqs_mhz, p.time_us, p.chip_energy_j, p.core_energy_j)
-    return p.names, tables, (p.time_sigma, p.model_filled)
+    return p.names, tables, (p.time_sigma, p.model_filled, p.energy_sigma)
 
 
 def stage_problem(
@@ -804,7 +819,9 @@ def stage_problem(
         cell with ``values="measured"``), the core rail is unknown for ``core-energy``, or the
         inputs and the models count different ops.
     """
-    names, (freqs, time_us, chip_j, core_j), (sigma, filled) = _op_tables(models, inputs, values)
+    names, (freqs, time_us, chip_j, core_j), (sigma, filled, e_sigma) = _op_tables(
+        models, inputs, values
+    )
     if objective == "core-energy" and not np.isfinite(core_j).all():
         gap = None
         if inputs.measured is not None and np.isfinite(core_j).any():
@@ -826,12 +843,12 @@ def stage_problem(
         )
     else:
         starts, stage_class = np.arange(len(time_us)), np.asarray(classes)
-    # the budget is met on each cell's conservative time (TIME_QUANTILE_Z sigma above)
-    tables = stage_tables(
-        _conservative_us(time_us, sigma), core_j if objective == "core-energy" else chip_j, starts
-    )
+    # the budget is met on each cell's conservative time (TIME_QUANTILE_Z sigma above), and
+    # a model-filled cell's energy is taken at its upper quantile too
+    energy = core_j if objective == "core-energy" else chip_j
+    tables = stage_tables(_upper_quantile(time_us, sigma), _upper_quantile(energy, e_sigma), starts)
     return StageProblem(
-        freqs, time_us, chip_j, core_j, starts, stage_class, tables, names, sigma, filled
+        freqs, time_us, chip_j, core_j, starts, stage_class, tables, names, sigma, filled, e_sigma
     )
 
 
