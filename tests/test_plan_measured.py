@@ -22,7 +22,7 @@ from opdvfs.plan.dp import StageTables
 from opdvfs.plan.measured import MeasuredTables, correct_to_measurements
 from opdvfs.plan.milp import milp_solve
 from opdvfs.plan.pipeline import one_f_one_b, stage_chain
-from opdvfs.plan.planner import TIME_QUANTILE_Z
+from opdvfs.plan.planner import MEASURED_NOISE_Z
 from opdvfs.profile import Profile
 from opdvfs.sim import SimulatedDevice
 from opdvfs.workloads import BUILDERS
@@ -146,9 +146,9 @@ def test_plans_on_random_measured_chains_are_the_milp_optimum(seed):
     target = float(rng.uniform(0.0, 0.15))
     plan = plan_schedule(None, inputs, target=target, interval_ms=0.0, switch_latency_ms=0.0)
     budget = (1 + target) * tables.time_s[:, -1].sum()
-    # the budget is met on each cell's conservative time: its median plus TIME_QUANTILE_Z
+    # the budget is met on each cell's conservative time: its median plus MEASURED_NOISE_Z
     # standard errors of it (from its 3 iterations), the top clock (the baseline) as measured
-    margin = TIME_QUANTILE_Z * table.time_noise_us
+    margin = MEASURED_NOISE_Z * table.time_noise_us
     margin[:, -1] = 0.0
     conservative = StageTables(tables.time_s * np.exp(margin / table.time_us), tables.energy_j)
     optimum = milp_solve(conservative, budget)

@@ -217,6 +217,7 @@ def test_the_over_budget_warning_is_on_the_raw_medians(monkeypatch):
     # slower on the smoothed cells, 1.011% on the raw medians
     with monkeypatch.context() as patch:
         patch.setattr("opdvfs.plan.planner.TIME_QUANTILE_Z", 0.0)
+        patch.setattr("opdvfs.plan.planner.MEASURED_NOISE_Z", 0.0)
         for target in (0.01, 0.02, 0.05):
             result = plan_profile(profile, target, interval_ms=0.0, switch_latency_ms=0.0)
             slowdown = _raw_slowdown(result)

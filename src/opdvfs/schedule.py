@@ -142,9 +142,9 @@ class Schedule(FrozenModel):
         The same on the core rail, where the profile measured core power.
     conservative_time_s
         Per iteration, the plan's time on the conservative values it met its budget on: each
-        cell's time at its upper quantile (``predicted`` plus
-        :data:`~opdvfs.plan.planner.TIME_QUANTILE_Z` of its uncertainty: a measured cell's
-        standard error, a model-filled cell's leave-one-clock-out error,
+        cell's time at its upper quantile (a model-filled cell's leave-one-clock-out error times
+        :data:`~opdvfs.plan.planner.TIME_QUANTILE_Z`, a measured cell's standard error times
+        :data:`~opdvfs.plan.planner.MEASURED_NOISE_Z` above ``predicted``;
         :func:`~opdvfs.plan.measured.log_uncertainty`); None where no uncertainty is known.
     model_share
         Share of the plan's predicted time (0-1) on cells the models filled (clocks the profile

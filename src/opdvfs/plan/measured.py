@@ -106,6 +106,8 @@ class MeasuredTables:
         The standard error of each cell's median time (us, :func:`median_noise`), shape
         (n_ops, n_clocks); 0 where the cell was measured once (no estimate), None where every
         cell was. The planner's conservative time adds it (:func:`log_uncertainty`).
+    chip_noise_j
+        The same for the chip energy (J).
     unsmoothed
         The raw medians, where ``time_us`` and the energies are smoothed across clocks
         (:meth:`from_profile` with ``shrink``); None where they are the raw medians. Read them
@@ -121,6 +123,7 @@ class MeasuredTables:
     temp_c: np.ndarray | None = None
     unsmoothed: MeasuredTables | None = None
     time_noise_us: np.ndarray | None = None
+    chip_noise_j: np.ndarray | None = None
 
     @classmethod
     def from_profile(cls, profile: Profile, *, shrink: bool = True) -> MeasuredTables:
@@ -171,7 +174,7 @@ class MeasuredTables:
             )
             for c in ("time_us", "chip_j", "core_j")
         }
-        raw = replace(raw, time_noise_us=noise["time_us"])
+        raw = replace(raw, time_noise_us=noise["time_us"], chip_noise_j=noise["chip_j"])
         if not shrink or len(freqs) < 4:  # three clocks or fewer: nothing to smooth
             return raw
         # one BLAS thread: waking a pool for (ops x clocks) products costs more on a busy
@@ -191,6 +194,7 @@ class MeasuredTables:
             temp_c,
             unsmoothed=raw,
             time_noise_us=raw.time_noise_us,
+            chip_noise_j=raw.chip_noise_j,
         )
 
     def raw(self) -> MeasuredTables:
@@ -237,12 +241,20 @@ class MeasuredTables:
 
         return pick(self.time_us), pick(self.chip_energy_j), pick(self.core_energy_j)
 
+    def noise_at(self, freqs_mhz: np.ndarray, *, rail: str = "time") -> np.ndarray:
+        """Return each cell's median's standard error at ``freqs_mhz`` (0: unknown).
+
+        ``rail``: ``time`` (us) or ``chip`` (J).
+        """
+        table = self.time_noise_us if rail == "time" else self.chip_noise_j
+        cols = self.columns(np.asarray(freqs_mhz, dtype=float))
+        if table is None:
+            return np.zeros((len(self.op_ids), len(cols)))
+        return np.where(cols[None, :] >= 0, table[:, np.maximum(cols, 0)], 0.0)
+
     def time_noise_at(self, freqs_mhz: np.ndarray) -> np.ndarray:
         """Return each cell's median time's standard error (us) at ``freqs_mhz`` (0: unknown)."""
-        cols = self.columns(np.asarray(freqs_mhz, dtype=float))
-        if self.time_noise_us is None:
-            return np.zeros((len(self.op_ids), len(cols)))
-        return np.where(cols[None, :] >= 0, self.time_noise_us[:, np.maximum(cols, 0)], 0.0)
+        return self.noise_at(freqs_mhz, rail="time")
 
     def temp_at(self, freqs_mhz: np.ndarray) -> np.ndarray:
         """Die temperature (C) of each cell at ``freqs_mhz``; NaN where not measured or none."""
@@ -528,14 +540,19 @@ def _usable_neighbours(usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return left, right
 
 
-def _interior_curvature(f: np.ndarray, ratio: np.ndarray, usable: np.ndarray) -> np.ndarray:
-    """Each op's largest leave-one-clock-out curvature of ``ratio`` (per MHz^2); NaN if none.
+def _interior_curvature(
+    f: np.ndarray, ratio: np.ndarray, usable: np.ndarray, rel_noise: np.ndarray
+) -> np.ndarray:
+    """Each op's leave-one-clock-out curvature of ``ratio`` (per MHz^2); NaN if none.
 
     At every measured clock with a measured clock on both sides, the error of predicting its
     log-ratio from its two neighbours by the straight line (what :func:`correct_to_measurements`
-    does where a clock was not measured) is ``e = r'' (f - f_L) (f_R - f) / 2`` for a
-    log-ratio of curvature ``r''``: each such clock gives ``|r''| = 2 |e| / ((f - f_L)
-    (f_R - f))``.
+    does where a clock was not measured) is ``e = r'' s / 2`` for a log-ratio of curvature
+    ``r''``, with ``s = (f - f_L) (f_R - f)``. Per op, ``|r''| = 2 sum |e| / sum s`` over those
+    clocks: each clock weighted by its span, so the noise of closely spaced clocks (whose
+    span is small) is not blown up into a steep bend. The three cells' own noise
+    (``rel_noise``, log units) explains part of ``e``: only what exceeds two of its standard
+    deviations counts.
     """
     n_clocks = len(f)
     left, right = _usable_neighbours(usable)
@@ -551,9 +568,18 @@ def _interior_curvature(f: np.ndarray, ratio: np.ndarray, usable: np.ndarray) ->
         line = (1 - share) * np.take_along_axis(r, lc, axis=1) + share * np.take_along_axis(
             r, rc, axis=1
         )
-        curv = 2.0 * np.abs(r - line) / ((f[None, :] - f_l) * (f_r - f[None, :]))
-    curv = np.where(inner, curv, -np.inf).max(axis=1)
-    return np.where(np.isfinite(curv), curv, np.nan)
+        n2 = rel_noise**2
+        noise_sd = np.sqrt(
+            n2
+            + (1 - share) ** 2 * np.take_along_axis(n2, lc, axis=1)
+            + share**2 * np.take_along_axis(n2, rc, axis=1)
+        )
+        excess = np.maximum(np.abs(r - line) - 2.0 * noise_sd, 0.0)
+        span = (f[None, :] - f_l) * (f_r - f[None, :])
+        curv = (
+            2.0 * np.where(inner, excess, 0.0).sum(axis=1) / np.where(inner, span, 0.0).sum(axis=1)
+        )
+    return np.where(inner.any(axis=1), curv, np.nan)
 
 
 def log_uncertainty(
@@ -575,7 +601,7 @@ def log_uncertainty(
       ``|r''| (f - f_L) (f_R - f) / 2``: zero at a measured clock, largest mid-gap, growing
       with the gap's width squared. ``|r''|`` is estimated leave-one-clock-out from the op's
       own measured clocks (each interior clock predicted from its two neighbours,
-      :func:`_interior_curvature`; the largest), and never below the median over the ops that
+      :func:`_interior_curvature`; weighted by span), and never below the median over the ops that
       have an estimate (one op's two or three clocks may miss a bend its neighbours show; ops
       with fewer than three measured clocks take that median). Beyond the measured range
       (``--force``), the nearest measured clock at distance ``d`` and its gap ``h`` give
@@ -604,10 +630,14 @@ def log_uncertainty(
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.log(measured / predicted)
     usable = known & np.isfinite(ratio)
+    rel_noise = np.zeros(np.shape(measured))
+    if noise is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel_noise = np.nan_to_num(np.asarray(noise, dtype=float) / measured, nan=0.0)
     curv = (
         np.concatenate(
             [
-                _interior_curvature(f, ratio[rows], usable[rows])
+                _interior_curvature(f, ratio[rows], usable[rows], rel_noise[rows])
                 for rows in (
                     slice(start, start + _ROW_BLOCK) for start in range(0, len(ratio), _ROW_BLOCK)
                 )
@@ -633,8 +663,4 @@ def log_uncertainty(
         np.where(has_l, d_l * (d_l + span_l), np.where(has_r, d_r * (d_r + span_r), 0.0)),
     )
     sigma = 0.5 * curv[:, None] * reach
-    own = 0.0
-    if noise is not None:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            own = np.nan_to_num(np.asarray(noise, dtype=float) / measured, nan=0.0)
-    return np.where(known, own, sigma)
+    return np.where(known, rel_noise, sigma)
