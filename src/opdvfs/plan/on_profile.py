@@ -94,8 +94,9 @@ def auto_clocks(
     6.9% (1.1% at 10.3%); the V100 kernels are not bridged at gaps of 20% (p90 13-16%, its
     lowest clock off the physics). The five clocks leave 19% (A100) and 25% (A40) between
     ``min`` and ``mid``. In ``benchmarks/few_clock_plans.py`` (27 real sets, 2/5/10%)
-    ``max_gap=0.08`` cuts the plans more than 0.5% above the every-clock optimum from 20 to 8
-    (worst 9.3% -> 3.8%) at 8-9 clocks on Perseus, and 0.03 to none (at 22-27 clocks).
+    ``max_gap=0.08`` cuts the plans more than 0.5% above the every-clock optimum from 18 to 9
+    (worst 9.3% -> 3.7%; no plan late, against one by 0.011 points) at 8-9 clocks on Perseus,
+    0.05 to 7 (1.5%, 13-17 clocks) and 0.03 to none (0.375%, 22-27 clocks).
     """
     grid = np.unique(np.asarray(freqs_mhz, dtype=float))
     if grid.size == 0:
