@@ -357,6 +357,7 @@ def plan_fitted(
     solver: Solver = "dp",
     values: Values = "auto",
     refuse_worse: bool = False,
+    conservative: bool = True,
 ) -> Schedule:
     """Plan at ``target`` on :func:`fit_profile`'s models, as ``opdvfs plan`` does; map to launches.
 
@@ -364,7 +365,9 @@ def plan_fitted(
     :func:`~opdvfs.plan.planner.plan_schedule` (shorter stages' switches would be superseded).
     ``refuse_worse``: raise :class:`InfeasibleError` when the plan is predicted, or measured on
     the profile, to be worse than the top clock on the objective (``opdvfs plan`` writes no
-    such plan).
+    such plan). ``conservative``: meet the budget on the cells' conservative times (``opdvfs
+    plan``), or plan on their point values (False: ``opdvfs tune``, whose A/B rounds measure
+    each plan and re-plan; :func:`~opdvfs.plan.planner.plan_schedule`).
     """
     schedule = plan_schedule(
         fitted.models,
@@ -376,6 +379,7 @@ def plan_fitted(
         dispatch=dispatch,
         solver=solver,
         values=values,
+        conservative=conservative,
     )
     if refuse_worse:
         _refuse_worse_than_top(schedule, objective, float(np.max(fitted.inputs.freqs_mhz)))

@@ -163,8 +163,13 @@ class PlanningThread:
 
             def plan_at(budget: float) -> Schedule:
                 t0 = time.perf_counter()
+                # point values: each round's A/B measures the plan and the next re-plans
                 schedule = plan_fitted(
-                    fitted, target=budget, objective=self.objective, interval_ms=self.interval_ms
+                    fitted,
+                    target=budget,
+                    objective=self.objective,
+                    interval_ms=self.interval_ms,
+                    conservative=False,
                 )
                 result.plan_seconds += time.perf_counter() - t0
                 return schedule
