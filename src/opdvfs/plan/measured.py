@@ -54,6 +54,7 @@ from opdvfs.models.power import PowerModel
 from opdvfs.profile import Profile
 
 __all__ = [
+    "POOL_MIN_CLOCKS",
     "MeasuredTables",
     "at_die",
     "correct_to_measurements",
@@ -77,6 +78,16 @@ _BACKFIT = 2
 
 #: Ops smoothed at a time: bounds the (ops x lambdas) GCV table of a million-op profile.
 _ROW_BLOCK = 32768
+
+#: Fewest measured clocks of an op whose residuals from its smooth curve count as noise
+#: (:func:`pooled_noise`). A curve across an op's clocks takes two to three degrees of freedom
+#: (a power law and its bend), so at four or five clocks what is left is as much the curve's
+#: misfit as noise; and a plan on so few, far-apart clocks picks little of their noise (the
+#: winner's curse needs close clocks whose order noise can change). On the 27 real sets of
+#: ``benchmarks/few_clock_plans.py`` (4-5 ``auto`` clocks) a noise estimate from the curves'
+#: residuals (0.01-0.2%) made the plans' slack cost up to 0.044% of energy on 8 plans, none of
+#: which was late without it.
+POOL_MIN_CLOCKS = 6
 
 #: Standard error of a normal sample's median over that of its mean, sqrt(pi / 2) (large n).
 _MEDIAN_EFFICIENCY = float(np.sqrt(np.pi / 2.0))
@@ -278,12 +289,12 @@ def pooled_noise(freqs_mhz: np.ndarray, table: np.ndarray) -> float:
     For a profile that measured each cell once, where no cell has its own noise estimate: the
     residuals of the log values from each op's smooth curve across its clocks
     (:func:`shrink_across_clocks`, unbounded: every pattern more ops share stays in the
-    curve), pooled over every cell and taken robustly, ``1.4826 MAD`` (a few cells off the
-    curve for a reason, a throttled clock, do not inflate it). Slightly low: the curve
-    follows each cell a little. 0 with three clocks or fewer (no curve to judge by) or no
-    finite residual. On ``sim:a100-like``'s tiny GPT at its 81 clocks 0.56% (the simulator's
-    per-op noise is about 0.6%); on Perseus's stage chains under 3e-6 (their tables are
-    smooth).
+    curve), pooled over the cells of every op measured at :data:`POOL_MIN_CLOCKS` clocks or
+    more and taken robustly, ``1.4826 MAD`` (a few cells off the curve for a reason, a
+    throttled clock, do not inflate it). Slightly low: the curve follows each cell a little.
+    0 where no op has that many clocks or no residual is finite. On ``sim:a100-like``'s tiny
+    GPT at its 81 clocks 0.56% (the simulator's per-op noise is about 0.6%); on Perseus's
+    stage chains (38 and 60 clocks) under 3e-6: their tables are smooth.
 
     Parameters
     ----------
@@ -293,10 +304,11 @@ def pooled_noise(freqs_mhz: np.ndarray, table: np.ndarray) -> float:
         Measured values (> 0), NaN where not measured, shape (n_ops, n_clocks).
     """
     values = np.asarray(table, dtype=float)
-    if values.shape[1] < 4 or not np.isfinite(values).any():
+    rows = np.isfinite(values).sum(axis=1) >= POOL_MIN_CLOCKS
+    if not rows.any():
         return 0.0
     with np.errstate(divide="ignore", invalid="ignore"):
-        resid = np.log(values / shrink_across_clocks(freqs_mhz, values))
+        resid = np.log(values[rows] / shrink_across_clocks(freqs_mhz, values[rows]))
     resid = resid[np.isfinite(resid)]
     if resid.size == 0:
         return 0.0
