@@ -91,8 +91,9 @@ __all__ = [
 #: heavier-tailed than normal. On real kernels filled from the ``auto`` clocks (27 sets,
 #: ``benchmarks/few_clock_plans.py``), 3 sigma covered 60-100% of a set's filled cells' errors
 #: (median set 97%), 2 sigma 50-100% (median 90%); at 2, 7 of 81 plans ran late (worst by 0.45
-#: points), at 3 one (by 0.011), at 4 none. On ``sim:a100-like`` (``tune_vs_offline.py``) the
-#: tuned saving is 16.9% at 2, 16.4% at 3 (17.9% without margins).
+#: points), at 3 one (by 0.011), at 4 none. ``opdvfs tune`` plans without margins
+#: (``conservative=False``: its A/B rounds measure each plan and re-plan); with them its saving
+#: on ``sim:a100-like`` (``tune_vs_offline.py``) was 16.9% at 2, 16.4% at 3, against 17.9%.
 TIME_QUANTILE_Z = 3.0
 #: A measured cell's time is taken this many standard errors of its median above it (the
 #: standard error from the cell's own iterations; a cell measured once has none and no margin:
