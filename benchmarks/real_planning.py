@@ -68,7 +68,7 @@ def rows_for(name: str, path: Path) -> list[dict]:
     rows = []
     for stage in range(n_stages):
         chain = stage_chain(whole, stage, MICROBATCHES)
-        table = MeasuredTables.from_profile(chain)
+        table = MeasuredTables.from_profile(chain, shrink=False)
         tables = StageTables(table.time_us * 1e-6, table.chip_energy_j)
         base_t, base_e = tables.time_s[:, -1].sum(), tables.energy_j[:, -1].sum()
         static_t, static_e = tables.time_s.sum(axis=0), tables.energy_j.sum(axis=0)

@@ -427,7 +427,9 @@ def _fixed_two_stage_plan(monkeypatch, fake_nvml) -> None:
         iteration_s.append(float(steps.median()))
         return SimpleNamespace(models=None, n_ops=int(ops.groupby("iteration").size().iloc[0]))
 
-    def plan(fitted, *, target, **_):
+    def plan(fitted, *, target, conservative=True, **_):
+        # tune's rounds measure each plan and re-plan: on point values, no margins
+        assert conservative is False, "tune plans on point values"
         t, n_ops = iteration_s[-1], fitted.n_ops
         return Schedule.from_stage_freqs(
             [0, n_ops // 2], [1005.0, 1410.0], n_ops=n_ops, start_s=[0.0, t / 2],

@@ -136,10 +136,19 @@ class Schedule(FrozenModel):
         for a schedule not from the planner.
     measured_baseline_time_s, measured_time_s, measured_baseline_energy_j, measured_energy_j
         Per iteration, at the maximum clock and under this schedule, on the profile's
-        measurements (medians over iterations), where the profile measured every op at the
-        top clock and at its planned clock; None otherwise.
+        measurements (raw medians over iterations, never smoothed across clocks), where the
+        profile measured every op at the top clock and at its planned clock; None otherwise.
     measured_baseline_core_energy_j, measured_core_energy_j
         The same on the core rail, where the profile measured core power.
+    conservative_time_s
+        Per iteration, the plan's time on the conservative values it met its budget on: each
+        cell's time at its upper quantile (a model-filled cell's leave-one-clock-out error times
+        :data:`~opdvfs.plan.planner.TIME_QUANTILE_Z`, a measured cell's standard error times
+        :data:`~opdvfs.plan.planner.MEASURED_NOISE_Z` above ``predicted``;
+        :func:`~opdvfs.plan.measured.log_uncertainty`); None where no uncertainty is known.
+    model_share
+        Share of the plan's predicted time (0-1) on cells the models filled (clocks the profile
+        did not measure for that op); None where not planned on a profile.
     lower_bound_energy_j, gap_pct
         Certified lower bound and optimality gap (exact solver) on the objective's rail; None
         for heuristics.
@@ -175,6 +184,8 @@ class Schedule(FrozenModel):
     measured_energy_j: NonNegativeFloat | None = None
     measured_baseline_core_energy_j: NonNegativeFloat | None = None
     measured_core_energy_j: NonNegativeFloat | None = None
+    conservative_time_s: NonNegativeFloat | None = None
+    model_share: NonNegativeFloat | None = None
     lower_bound_energy_j: NonNegativeFloat | None = None
     lower_bound_power_w: NonNegativeFloat | None = None
     gap_pct: NonNegativeFloat | None = None

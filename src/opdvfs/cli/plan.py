@@ -64,6 +64,8 @@ SUMMARY_FIELDS = (
     "measured_energy_j",
     "measured_baseline_core_energy_j",
     "measured_core_energy_j",
+    "conservative_time_s",
+    "model_share",
     "lower_bound_energy_j",
     "lower_bound_power_w",
     "gap_pct",
@@ -122,8 +124,19 @@ def _summary_line(out: Path, schedule: Schedule, objective: Objective) -> str:
     return (
         f"wrote {out}: {len(s.stages)} stages, {len(s.switches)} switches (the first sets the "
         f"starting clock); predicted {time} time, {energy} {certificate}{measured}; planned on "
-        f"{s.values or 'model'} values in {s.plan_seconds or 0:.2f} s"
+        f"{s.values or 'model'} values in {s.plan_seconds or 0:.2f} s{_trust(s)}"
     )
+
+
+def _trust(s: Schedule) -> str:
+    """Return how much of the plan rests on models and the time its budget was met on."""
+    if s.model_share is None:
+        return ""
+    sure = ""
+    if s.conservative_time_s is not None:
+        bound = _change(s.conservative_time_s, s.baseline_time_s)
+        sure = f"; budget met on the conservative time {bound} (each cell at its upper quantile)"
+    return f"\n{s.model_share:.1%} of the plan's time rests on model-filled clocks{sure}"
 
 
 #: ``--pipeline`` value that plans one profile per rank (:mod:`opdvfs.plan.ranks`).

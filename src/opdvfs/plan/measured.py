@@ -22,19 +22,27 @@ die they would pull the corrected tables back to the profile's bias.
 A profile of many clocks measures each cell once or a few times, with the timer's and the power
 sensor's noise (about 0.6% per op on the simulated GPUs). A planner choosing among them picks the
 cells where the noise happened to be low (the winner's curse): GPT-3 on a100-like profiled at all
-81 clocks and planned at 2% ran 2.24% slower (now 2.08%). :func:`shrink_across_clocks` pulls each
+81 clocks and planned at 2% ran 2.24% slower (2.08% smoothed, when a cell measured once was
+smoothed too). :func:`shrink_across_clocks` pulls each
 op's medians towards a penalised smoothing spline across its clocks (log value against log
 clock), whose smoothness generalised cross-validation chooses per op from the op's own scatter
 (the posterior mean under a smooth prior whose noise-to-signal ratio the data estimate: empirical
 Bayes, not a tuned constant), and keeps every residual pattern that more ops share at the same
 clocks than noise would explain (a throttled clock, a voltage step, one op's repeated copies):
-that is measured behaviour. Perseus's real stage chains move by at most 0.01%; a sparse profile (a
-few far-apart clocks) is barely moved, three clocks or fewer not at all.
+that is measured behaviour. Three clocks or fewer are not smoothed at all.
+
+Measured means measured (issue 31): the smoothing never moves a cell's median by more than that
+cell's own noise, the standard error of its median estimated from its iterations
+(:func:`median_noise`); a cell measured once has no noise estimate and is left alone. Unbounded,
+the smoothing moved real kernels' medians by up to 13.7% (the legacy V100 set at its ``auto``
+clocks, one sample per cell). The tables keep the raw medians too (:meth:`MeasuredTables.raw`):
+every figure called "measured" (a schedule's ``measured_*`` fields, the over-budget warning) is
+computed on them, not on the smoothed cells the planner chooses among.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -46,10 +54,14 @@ from opdvfs.models.power import PowerModel
 from opdvfs.profile import Profile
 
 __all__ = [
+    "POOL_MIN_CLOCKS",
     "MeasuredTables",
     "at_die",
     "correct_to_measurements",
+    "log_uncertainty",
+    "median_noise",
     "missing_measurement",
+    "pooled_noise",
     "shrink_across_clocks",
 ]
 
@@ -66,6 +78,19 @@ _BACKFIT = 2
 
 #: Ops smoothed at a time: bounds the (ops x lambdas) GCV table of a million-op profile.
 _ROW_BLOCK = 32768
+
+#: Fewest measured clocks of an op whose residuals from its smooth curve count as noise
+#: (:func:`pooled_noise`). A curve across an op's clocks takes two to three degrees of freedom
+#: (a power law and its bend), so at four or five clocks what is left is as much the curve's
+#: misfit as noise; and a plan on so few, far-apart clocks picks little of their noise (the
+#: winner's curse needs close clocks whose order noise can change). On the 27 real sets of
+#: ``benchmarks/few_clock_plans.py`` (4-5 ``auto`` clocks) a noise estimate from the curves'
+#: residuals (0.01-0.2%) made the plans' slack cost up to 0.044% of energy on 8 plans, none of
+#: which was late without it.
+POOL_MIN_CLOCKS = 6
+
+#: Standard error of a normal sample's median over that of its mean, sqrt(pi / 2) (large n).
+_MEDIAN_EFFICIENCY = float(np.sqrt(np.pi / 2.0))
 
 
 @dataclass(frozen=True)
@@ -89,6 +114,21 @@ class MeasuredTables:
         Median die temperature the cell was measured at (C), shape (n_ops, n_clocks); NaN
         where the profile has none. A static-clock profile measures each clock at that
         clock's own steady temperature (:func:`at_die`).
+    time_noise_us
+        The standard error of each cell's median time (us, :func:`median_noise`), shape
+        (n_ops, n_clocks); 0 where the cell was measured once (no estimate), None where every
+        cell was. The planner's conservative time adds it (:func:`log_uncertainty`).
+    chip_noise_j
+        The same for the chip energy (J).
+    pooled_time_noise
+        Where every cell was measured once (no cell has its own noise estimate): the noise of
+        one measurement of a time, a relative standard deviation pooled over the whole profile
+        (:func:`pooled_noise`); None otherwise. The planner leaves the plan that much slack
+        (:data:`~opdvfs.plan.planner.MEASURED_SUM_Z`), on the time only.
+    unsmoothed
+        The raw medians, where ``time_us`` and the energies are smoothed across clocks
+        (:meth:`from_profile` with ``shrink``); None where they are the raw medians. Read them
+        through :meth:`raw`.
     """
 
     op_ids: np.ndarray
@@ -98,6 +138,10 @@ class MeasuredTables:
     chip_energy_j: np.ndarray
     core_energy_j: np.ndarray
     temp_c: np.ndarray | None = None
+    unsmoothed: MeasuredTables | None = None
+    time_noise_us: np.ndarray | None = None
+    chip_noise_j: np.ndarray | None = None
+    pooled_time_noise: float | None = None
 
     @classmethod
     def from_profile(cls, profile: Profile, *, shrink: bool = True) -> MeasuredTables:
@@ -105,7 +149,9 @@ class MeasuredTables:
 
         With ``shrink`` (the default) each op's time and energies are then smoothed across its
         clocks (:func:`shrink_across_clocks`), so that a planner choosing among the cells does
-        not pick their noise; ``shrink=False`` keeps the raw medians.
+        not pick their noise, each cell by at most its median's noise (:func:`median_noise`;
+        a cell measured once is left alone); the raw medians stay in :meth:`raw`.
+        ``shrink=False`` keeps the raw medians only.
         """
         rows = profile.ops
         frame = pd.DataFrame(
@@ -119,7 +165,8 @@ class MeasuredTables:
             }
         )
         # median skips NaN: an energy is the median of the iterations that measured it
-        medians = frame.groupby(["op", "freq_mhz"]).median()
+        cells = frame.groupby(["op", "freq_mhz"])
+        medians = cells.median()
         op_ids = np.unique(rows["op"].to_numpy())
         freqs = np.unique(rows["freq_mhz"].to_numpy(dtype=float))
         full = pd.MultiIndex.from_product([op_ids, freqs], names=["op", "freq_mhz"])
@@ -131,22 +178,50 @@ class MeasuredTables:
         check_times(op_ids, names, freqs, np.where(np.isnan(time_us), np.inf, time_us))
         chip_j = table["chip_j"].to_numpy(dtype=float).reshape(shape)
         core_j = table["core_j"].to_numpy(dtype=float).reshape(shape)
-        if shrink:
-            # one BLAS thread: waking a pool for (ops x clocks) products costs more on a busy
-            # machine than it saves (GPT-3 at 119 clocks: 0.4 s on one, 1.3 s on two)
+        temp_c = table["temp_c"].to_numpy(dtype=float).reshape(shape)
+        raw = cls(op_ids, names, freqs, time_us, chip_j, core_j, temp_c)
+        if int(cells.size().max()) < 2:  # every cell measured once: none may move, no own noise
             with threadpool_limits(limits=1, user_api="blas"):
-                time_us, chip_j, core_j = (
-                    shrink_across_clocks(freqs, t) for t in (time_us, chip_j, core_j)
-                )
+                return replace(raw, pooled_time_noise=pooled_noise(freqs, time_us))
+        # each cell's noise: the standard error of its median, from its own iterations
+        spread = cells[["time_us", "chip_j", "core_j"]].std(ddof=1).reindex(full)
+        count = cells[["time_us", "chip_j", "core_j"]].count().reindex(full)
+        noise = {
+            c: median_noise(
+                spread[c].to_numpy(dtype=float).reshape(shape),
+                count[c].to_numpy(dtype=float).reshape(shape),
+            )
+            for c in ("time_us", "chip_j", "core_j")
+        }
+        raw = replace(raw, time_noise_us=noise["time_us"], chip_noise_j=noise["chip_j"])
+        if not shrink or len(freqs) < 4:  # three clocks or fewer: nothing to smooth
+            return raw
+        # one BLAS thread: waking a pool for (ops x clocks) products costs more on a busy
+        # machine than it saves (GPT-3 at 119 clocks: 0.4 s on one, 1.3 s on two)
+        with threadpool_limits(limits=1, user_api="blas"):
+            time_s, chip_s, core_s = (
+                shrink_across_clocks(freqs, t, noise=noise[c])
+                for t, c in ((time_us, "time_us"), (chip_j, "chip_j"), (core_j, "core_j"))
+            )
         return cls(
             op_ids,
             names,
             freqs,
-            time_us,
-            chip_j,
-            core_j,
-            table["temp_c"].to_numpy(dtype=float).reshape(shape),
+            time_s,
+            chip_s,
+            core_s,
+            temp_c,
+            unsmoothed=raw,
+            time_noise_us=raw.time_noise_us,
+            chip_noise_j=raw.chip_noise_j,
         )
+
+    def raw(self) -> MeasuredTables:
+        """Return the tables of the raw medians (these tables, where nothing was smoothed).
+
+        Every figure reported as measured is computed on them.
+        """
+        return self if self.unsmoothed is None else self.unsmoothed
 
     def columns(self, freqs_mhz: np.ndarray) -> np.ndarray:
         """Column of each clock of ``freqs_mhz`` in these tables, -1 where it was not profiled."""
@@ -185,12 +260,74 @@ class MeasuredTables:
 
         return pick(self.time_us), pick(self.chip_energy_j), pick(self.core_energy_j)
 
+    def noise_at(self, freqs_mhz: np.ndarray, *, rail: str = "time") -> np.ndarray:
+        """Return each cell's median's standard error at ``freqs_mhz`` (0: unknown).
+
+        ``rail``: ``time`` (us) or ``chip`` (J).
+        """
+        table = self.time_noise_us if rail == "time" else self.chip_noise_j
+        cols = self.columns(np.asarray(freqs_mhz, dtype=float))
+        if table is None:
+            return np.zeros((len(self.op_ids), len(cols)))
+        return np.where(cols[None, :] >= 0, table[:, np.maximum(cols, 0)], 0.0)
+
+    def time_noise_at(self, freqs_mhz: np.ndarray) -> np.ndarray:
+        """Return each cell's median time's standard error (us) at ``freqs_mhz`` (0: unknown)."""
+        return self.noise_at(freqs_mhz, rail="time")
+
     def temp_at(self, freqs_mhz: np.ndarray) -> np.ndarray:
         """Die temperature (C) of each cell at ``freqs_mhz``; NaN where not measured or none."""
         cols = self.columns(np.asarray(freqs_mhz, dtype=float))
         if self.temp_c is None:
             return np.full((len(self.op_ids), len(cols)), np.nan)
         return np.where(cols[None, :] >= 0, self.temp_c[:, np.maximum(cols, 0)], np.nan)
+
+
+def pooled_noise(freqs_mhz: np.ndarray, table: np.ndarray) -> float:
+    """Return one measurement's noise, a relative standard deviation pooled over a profile.
+
+    For a profile that measured each cell once, where no cell has its own noise estimate: the
+    residuals of the log values from each op's smooth curve across its clocks
+    (:func:`shrink_across_clocks`, unbounded: every pattern more ops share stays in the
+    curve), pooled over the cells of every op measured at :data:`POOL_MIN_CLOCKS` clocks or
+    more and taken robustly, ``1.4826 MAD`` (a few cells off the curve for a reason, a
+    throttled clock, do not inflate it). Slightly low: the curve follows each cell a little.
+    0 where no op has that many clocks or no residual is finite. On ``sim:a100-like``'s tiny
+    GPT at its 81 clocks 0.56% (the simulator's per-op noise is about 0.6%); on Perseus's
+    stage chains (38 and 60 clocks) under 3e-6: their tables are smooth.
+
+    Parameters
+    ----------
+    freqs_mhz
+        Clocks of the columns, ascending (MHz), shape (n_clocks,).
+    table
+        Measured values (> 0), NaN where not measured, shape (n_ops, n_clocks).
+    """
+    values = np.asarray(table, dtype=float)
+    rows = np.isfinite(values).sum(axis=1) >= POOL_MIN_CLOCKS
+    if not rows.any():
+        return 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        resid = np.log(values[rows] / shrink_across_clocks(freqs_mhz, values[rows]))
+    resid = resid[np.isfinite(resid)]
+    if resid.size == 0:
+        return 0.0
+    return float(1.4826 * np.median(np.abs(resid - np.median(resid))))
+
+
+def median_noise(spread: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Return the standard error of each cell's median: ``sqrt(pi / 2) s / sqrt(n)``.
+
+    ``s`` is the standard deviation of the cell's ``n`` iterations (``ddof=1``); the factor is
+    the median's asymptotic efficiency against the mean for normal noise (for ``n = 2`` the
+    median is the mean, and the bound is loose by that factor: generous, never zero). 0 where
+    ``n < 2`` or ``s`` is unknown: a cell measured once carries no estimate of its noise, so
+    the smoothing leaves it alone (:func:`shrink_across_clocks`).
+    """
+    s, n = np.asarray(spread, dtype=float), np.asarray(count, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        se = _MEDIAN_EFFICIENCY * s / np.sqrt(n)
+    return np.where((n >= 2) & np.isfinite(se), se, 0.0)
 
 
 def _energy(rows: pd.DataFrame, power_column: str) -> pd.Series:
@@ -218,7 +355,9 @@ def _curvature_penalty(x: np.ndarray) -> np.ndarray:
     return d.T @ d
 
 
-def shrink_across_clocks(freqs_mhz: np.ndarray, table: np.ndarray) -> np.ndarray:
+def shrink_across_clocks(
+    freqs_mhz: np.ndarray, table: np.ndarray, *, noise: np.ndarray | None = None
+) -> np.ndarray:
     """Return each op's row of positive measurements shrunk towards its curve across the clocks.
 
     Per op, the Whittaker smoother ``z = argmin |y - z|^2 + lambda |D z|^2`` of
@@ -243,6 +382,9 @@ def shrink_across_clocks(freqs_mhz: np.ndarray, table: np.ndarray) -> np.ndarray
         Clocks of the columns, ascending (MHz), shape (n_clocks,).
     table
         Values (time or energy, > 0), NaN where not measured, shape (n_ops, n_clocks).
+    noise
+        Each cell's noise (the standard error of its median, :func:`median_noise`; 0 where
+        unknown), same shape: no cell moves by more (measured means measured). None: unbounded.
 
     Returns
     -------
@@ -283,6 +425,9 @@ def shrink_across_clocks(freqs_mhz: np.ndarray, table: np.ndarray) -> np.ndarray
         patterns = _shared(resid[usable] / np.sqrt(sigma2[usable])[:, None], drop[usable] ** 2)
         shared = resid @ patterns
     out[rows] = np.exp((smooth + shared) @ u.T)
+    if noise is not None:
+        bound = np.nan_to_num(np.asarray(noise, dtype=float), nan=0.0)
+        out = np.clip(out, values - bound, values + bound)
     return out
 
 
@@ -435,3 +580,138 @@ def at_die(
     """
     shift_w = power.temperature_shift_w(freqs_mhz, temp_c, die_temp_c)[f"{rail}_w"]
     return energy_j + shift_w * np.nan_to_num(time_us, nan=0.0) * 1e-6
+
+
+def _usable_neighbours(usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Nearest usable column at or left of each cell (-1: none), and at or right (n: none)."""
+    n_clocks = usable.shape[1]
+    cols = np.arange(n_clocks)
+    left = np.maximum.accumulate(np.where(usable, cols, -1), axis=1)
+    right = np.minimum.accumulate(np.where(usable, cols, n_clocks)[:, ::-1], axis=1)[:, ::-1]
+    return left, right
+
+
+def _interior_curvature(
+    f: np.ndarray, ratio: np.ndarray, usable: np.ndarray, rel_noise: np.ndarray
+) -> np.ndarray:
+    """Each op's leave-one-clock-out curvature of ``ratio`` (per MHz^2); NaN if none.
+
+    At every measured clock with a measured clock on both sides, the error of predicting its
+    log-ratio from its two neighbours by the straight line (what :func:`correct_to_measurements`
+    does where a clock was not measured) is ``e = r'' s / 2`` for a log-ratio of curvature
+    ``r''``, with ``s = (f - f_L) (f_R - f)``. Per op, ``|r''| = 2 sum |e| / sum s`` over those
+    clocks: each clock weighted by its span, so the noise of closely spaced clocks (whose
+    span is small) is not blown up into a steep bend. The three cells' own noise
+    (``rel_noise``, log units) explains part of ``e``: only what exceeds two of its standard
+    deviations counts.
+    """
+    n_clocks = len(f)
+    left, right = _usable_neighbours(usable)
+    # strictly left / right of each column
+    left_s = np.concatenate([np.full((len(usable), 1), -1), left[:, :-1]], axis=1)
+    right_s = np.concatenate([right[:, 1:], np.full((len(usable), 1), n_clocks)], axis=1)
+    inner = usable & (left_s >= 0) & (right_s < n_clocks)
+    lc, rc = np.clip(left_s, 0, n_clocks - 1), np.clip(right_s, 0, n_clocks - 1)
+    r = np.where(usable, ratio, 0.0)
+    f_l, f_r = f[lc], f[rc]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = (f[None, :] - f_l) / (f_r - f_l)
+        line = (1 - share) * np.take_along_axis(r, lc, axis=1) + share * np.take_along_axis(
+            r, rc, axis=1
+        )
+        n2 = rel_noise**2
+        noise_sd = np.sqrt(
+            n2
+            + (1 - share) ** 2 * np.take_along_axis(n2, lc, axis=1)
+            + share**2 * np.take_along_axis(n2, rc, axis=1)
+        )
+        excess = np.maximum(np.abs(r - line) - 2.0 * noise_sd, 0.0)
+        span = (f[None, :] - f_l) * (f_r - f[None, :])
+        curv = (
+            2.0 * np.where(inner, excess, 0.0).sum(axis=1) / np.where(inner, span, 0.0).sum(axis=1)
+        )
+    return np.where(inner.any(axis=1), curv, np.nan)
+
+
+def log_uncertainty(
+    freqs_mhz: np.ndarray,
+    predicted: np.ndarray,
+    measured: np.ndarray,
+    noise: np.ndarray | None = None,
+) -> np.ndarray:
+    """Return each cell's uncertainty as a standard deviation of its log (relative).
+
+    For a time or an energy table: the estimate the data support for the tables
+    :func:`correct_to_measurements` builds:
+
+    - a **measured** cell: its own noise, the standard error of its median (``noise``, from
+      its iterations; 0 for a cell measured once, or without ``noise``) over the median;
+    - a **model-filled** cell between measured clocks ``f_L < f < f_R``: the fitted curve,
+      corrected through the measurements, is off there by the curvature its log-ratio
+      ``ln(measured / predicted)`` has that the straight-line correction misses,
+      ``|r''| (f - f_L) (f_R - f) / 2``: zero at a measured clock, largest mid-gap, growing
+      with the gap's width squared. ``|r''|`` is estimated leave-one-clock-out from the op's
+      own measured clocks (each interior clock predicted from its two neighbours,
+      :func:`_interior_curvature`; weighted by span), and never below the median over the ops that
+      have an estimate (one op's two or three clocks may miss a bend its neighbours show; ops
+      with fewer than three measured clocks take that median). Beyond the measured range
+      (``--force``), the nearest measured clock at distance ``d`` and its gap ``h`` give
+      ``|r''| d (d + h) / 2``.
+
+    0 where nothing supports an estimate (no op measured at three clocks). Vectorised over ops
+    and clocks.
+
+    Parameters
+    ----------
+    freqs_mhz
+        Clocks of the columns, ascending (MHz), shape (n_clocks,).
+    predicted
+        The models' values (time or energy, > 0), shape (n_ops, n_clocks).
+    measured
+        The measured medians, NaN where not measured, same shape.
+    noise
+        The standard error of each measured median (same unit), same shape; None: unknown (0).
+
+    Returns
+    -------
+    ndarray, shape (n_ops, n_clocks)
+    """
+    f = np.asarray(freqs_mhz, dtype=float)
+    known = np.isfinite(measured)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.log(measured / predicted)
+    usable = known & np.isfinite(ratio)
+    rel_noise = np.zeros(np.shape(measured))
+    if noise is not None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rel_noise = np.nan_to_num(np.asarray(noise, dtype=float) / measured, nan=0.0)
+    curv = (
+        np.concatenate(
+            [
+                _interior_curvature(f, ratio[rows], usable[rows], rel_noise[rows])
+                for rows in (
+                    slice(start, start + _ROW_BLOCK) for start in range(0, len(ratio), _ROW_BLOCK)
+                )
+            ]
+        )
+        if len(ratio)
+        else np.zeros(0)
+    )
+    has = np.isfinite(curv)
+    pooled = float(np.median(curv[has])) if has.any() else 0.0
+    curv = np.maximum(np.where(has, curv, pooled), pooled)
+    n_clocks = len(f)
+    left, right = _usable_neighbours(usable)
+    lc, rc = np.clip(left, 0, n_clocks - 1), np.clip(right, 0, n_clocks - 1)
+    has_l, has_r = left >= 0, right < n_clocks
+    # the gap beyond the last (first) measured clock: to its own neighbour inside the range
+    span_l = np.where(has_l & ~has_r, f[lc] - f[np.clip(lc - 1, 0, None)], 0.0)
+    span_r = np.where(has_r & ~has_l, f[np.clip(rc + 1, None, n_clocks - 1)] - f[rc], 0.0)
+    d_l, d_r = f[None, :] - f[lc], f[rc] - f[None, :]
+    reach = np.where(
+        has_l & has_r,
+        d_l * d_r,
+        np.where(has_l, d_l * (d_l + span_l), np.where(has_r, d_r * (d_r + span_r), 0.0)),
+    )
+    sigma = 0.5 * curv[:, None] * reach
+    return np.where(known, rel_noise, sigma)

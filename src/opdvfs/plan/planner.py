@@ -60,6 +60,7 @@ from opdvfs.plan.measured import (
     MeasuredTables,
     at_die,
     correct_to_measurements,
+    log_uncertainty,
     missing_measurement,
 )
 from opdvfs.plan.segment import segment
@@ -69,6 +70,9 @@ from opdvfs.sim.presets import preset_spec
 from opdvfs.workloads.workload import Workload
 
 __all__ = [
+    "MEASURED_NOISE_Z",
+    "MEASURED_SUM_Z",
+    "TIME_QUANTILE_Z",
     "PlanInputs",
     "Predictions",
     "StageProblem",
@@ -79,6 +83,35 @@ __all__ = [
     "shortest_stage_ms",
     "stage_problem",
 ]
+
+#: The plan meets its budget on each model-filled cell's time at this many standard deviations
+#: of its uncertainty above the point value (:func:`~opdvfs.plan.measured.log_uncertainty`).
+#: Model errors at the clocks a plan picks are correlated across ops (one bend of the clock
+#: curve they all miss), so the quantile is taken per cell, not on the sum; and they are
+#: heavier-tailed than normal. On real kernels filled from the ``auto`` clocks (27 sets,
+#: ``benchmarks/few_clock_plans.py``), 3 sigma covered 60-100% of a set's filled cells' errors
+#: (median set 97%), 2 sigma 50-100% (median 90%); at 2, 7 of 81 plans ran late (worst by 0.45
+#: points), at 3 one (by 0.011), at 4 none. ``opdvfs tune`` plans without margins
+#: (``conservative=False``: its A/B rounds measure each plan and re-plan); with them its saving
+#: on ``sim:a100-like`` (``tune_vs_offline.py``) was 16.9% at 2, 16.4% at 3, against 17.9%.
+TIME_QUANTILE_Z = 3.0
+#: A measured cell's time is taken this many standard errors of its median above it (the
+#: standard error from the cell's own iterations; a cell measured once has none and no margin:
+#: measured means measured). Its noise is independent across ops, so a plan's sum averages it
+#: out and what is left is the winner's curse (the plan picks the cells whose noise happened to
+#: be low), about one standard error per cell picked.
+MEASURED_NOISE_Z = 1.0
+#: Where every cell was measured once (no cell has its own noise), the plan leaves this many
+#: standard deviations of its sum's noise as slack in its budget: the standard deviation of one
+#: measurement pooled over the profile (:func:`~opdvfs.plan.measured.pooled_noise`) times
+#: ``sqrt(sum t_i^2)`` over the ops' top-clock times ``t_i`` (independent across ops). The
+#: noise of the cells a plan picks is not independent of the choice (the winner's curse picks
+#: the low ones), so the slack is on the sum, not a margin on each cell: a cell's margin of
+#: one measurement's noise (0.56% on ``sim:a100-like``) would take a quarter of a 2% budget.
+#: On ``sim:a100-like``'s every-clock profile (``tune_vs_offline.py``) the sum's standard
+#: deviation is 0.048 points; the plan at 2% ran +2.06% without slack, +2.00% at 1 and +1.94%
+#: at 2 (saving 18.10% either way). Perseus's tables are smooth (noise < 3e-6): no cost there.
+MEASURED_SUM_Z = 2.0
 
 
 @dataclass(frozen=True)
@@ -234,6 +267,24 @@ class StageProblem:
         ``core-energy``, chip energy otherwise); no reactive lag (``plan_schedule`` adds it).
     names
         Operator names, shape (n_ops,) (the schedule's ``op_signature``).
+    time_margin
+        Each cell's time margin in log units: :data:`TIME_QUANTILE_Z` standard deviations of a
+        model-filled cell's uncertainty, :data:`MEASURED_NOISE_Z` standard errors of a measured
+        cell's median (:func:`~opdvfs.plan.measured.log_uncertainty`), shape
+        (n_ops, n_clocks), 0 at the top clock (the baseline the budget is relative to); None
+        where unknown. ``tables`` hold the stages' conservative times,
+        ``time_us * exp(time_margin)``.
+    energy_margin
+        Each model-filled cell's chip-energy margin in log units (:data:`TIME_QUANTILE_Z`
+        standard deviations of the same estimate on the energy table; 0 at measured cells),
+        shape (n_ops, n_clocks); None where unknown. ``tables`` hold the stages' energies at
+        ``exp(energy_margin)`` over their point values (either rail): a clock the models fill
+        is chosen only where its saving holds at
+        its upper quantile, so the models add to the measurements, never cost (the solvers'
+        bound and gap are on these energies).
+    model_filled
+        Whether the models filled each cell (the profile did not measure it), shape
+        (n_ops, n_clocks); None where not planned on a profile.
     """
 
     freqs_mhz: np.ndarray
@@ -244,6 +295,9 @@ class StageProblem:
     stage_class: np.ndarray
     tables: StageTables
     names: np.ndarray
+    time_margin: np.ndarray | None = None
+    model_filled: np.ndarray | None = None
+    energy_margin: np.ndarray | None = None
 
     @property
     def op_tables(self) -> _OpTables:
@@ -253,6 +307,9 @@ class StageProblem:
 
 #: Clocks (ascending, MHz) and per-op time (us), chip and core energy (J) at each clock.
 _OpTables = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+#: Each cell's time uncertainty (log standard deviation), whether the models filled it, and
+#: its chip-energy uncertainty.
+_Uncertainty = tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]
 
 
 @dataclass(frozen=True)
@@ -271,6 +328,9 @@ class Predictions:
     values
         What they were made from (``auto``, ``measured`` or ``model``, as in
         :func:`plan_schedule`); a planner asked for other values refuses them.
+    time_margin, model_filled, energy_margin
+        Each cell's time margin, whether the models filled it, and its energy margin (as in
+        :class:`StageProblem`); None where unknown.
     """
 
     names: np.ndarray
@@ -279,6 +339,9 @@ class Predictions:
     chip_energy_j: np.ndarray
     core_energy_j: np.ndarray
     values: Values = "auto"
+    time_margin: np.ndarray | None = None
+    model_filled: np.ndarray | None = None
+    energy_margin: np.ndarray | None = None
 
 
 #: What the planners plan on: fitted models, their predictions, or nothing (all measured).
@@ -306,8 +369,10 @@ def predict(models: ModelBundle | None, inputs: PlanInputs, values: Values = "au
     ValidationError
         As :func:`plan_schedule` does for the same arguments.
     """
-    names, (freqs, time_us, chip_j, core_j) = _op_tables(models, inputs, values)
-    return Predictions(names, freqs, time_us, chip_j, core_j, values)
+    names, (freqs, time_us, chip_j, core_j), (sigma, filled, e_sigma) = _op_tables(
+        models, inputs, values
+    )
+    return Predictions(names, freqs, time_us, chip_j, core_j, values, sigma, filled, e_sigma)
 
 
 def shortest_stage_ms(interval_ms: float, switch_latency_ms: float) -> float:
@@ -337,6 +402,7 @@ def plan_schedule(
     solver: Solver = "dp",
     seed: int = 0,
     values: Values = "auto",
+    conservative: bool = True,
 ) -> Schedule:
     """Plan per-stage clocks that minimise the objective within ``(1 + target)`` x top-clock time.
 
@@ -369,6 +435,12 @@ def plan_schedule(
     values
         ``auto``: the profile's measurements where present, the models (corrected through
         them) elsewhere; ``measured``: the measurements only; ``model``: the models only.
+    conservative
+        Meet the budget on each cell's conservative time and take a model-filled cell's energy
+        at its upper quantile (:class:`StageProblem`'s margins; ``opdvfs plan``, which promises
+        the budget once). False plans on the point values: for a closed loop that measures
+        each plan's real slowdown and re-plans at another budget (``opdvfs tune``), where the
+        margins would only stack on the budget it corrects.
 
     Returns
     -------
@@ -391,7 +463,12 @@ def plan_schedule(
     started = _time.perf_counter()
     interval_ms = shortest_stage_ms(interval_ms, switch_latency_ms)
     problem = stage_problem(
-        models, inputs, objective=objective, interval_ms=interval_ms, values=values
+        models,
+        inputs,
+        objective=objective,
+        interval_ms=interval_ms,
+        values=values,
+        conservative=conservative,
     )
     tables = problem.tables
     if dispatch == "reactive":
@@ -402,7 +479,11 @@ def plan_schedule(
     # Idle time takes as long at every clock: it enters the budget, not the choice.
     idle_s = float(inputs.idle_before_us.sum() * 1e-6)
     baseline_s = float(tables.time_s[:, top].sum()) + idle_s
-    budget_s = (1.0 + target) * baseline_s - idle_s
+    # the models' values are smooth: no noise to pick from
+    slack_s = _noise_slack_s(problem, inputs) if conservative and values != "model" else 0.0
+    # the slack never takes the top clock's own time: all at the top clock always fits
+    slack_s = min(slack_s, max(target, 0.0) * baseline_s)
+    budget_s = (1.0 + target) * baseline_s - idle_s - slack_s
     lower_bound_j: float | None
     lower_bound_w: float | None = None
     gap_pct: float | None
@@ -427,6 +508,8 @@ def plan_schedule(
         clock, plan_time_s = result.clock, result.time_s
         lower_bound_j, lower_bound_w = result.lower_bound_j, result.lower_bound_power_w
         gap_pct = result.gap_pct
+    # the solvers met the budget on the conservative times: the prediction is the point one
+    margin_s = _margin_s(problem, clock)
     return _schedule(
         problem.names,
         problem.op_tables,
@@ -436,7 +519,7 @@ def plan_schedule(
         predictive=dispatch == "predictive",
         switch_latency_ms=switch_latency_ms,
         baseline_time_s=baseline_s,
-        predicted_time_s=plan_time_s + idle_s,
+        predicted_time_s=plan_time_s - margin_s + idle_s,
         started=started,
         target=target,
         objective=objective,
@@ -444,10 +527,60 @@ def plan_schedule(
         dispatch=dispatch,
         interval_ms=interval_ms,
         values=values,
+        conservative_time_s=(
+            None if problem.time_margin is None and slack_s == 0 else plan_time_s + slack_s + idle_s
+        ),
+        model_share=_model_share(problem, clock),
         lower_bound_energy_j=lower_bound_j,
         lower_bound_power_w=lower_bound_w,
         gap_pct=gap_pct,
     )
+
+
+def _noise_slack_s(problem: StageProblem, inputs: PlanInputs) -> float:
+    """Return the slack (s) a plan on cells each measured once leaves for its sum's noise.
+
+    :data:`MEASURED_SUM_Z` standard deviations of the noise of the ops' summed times, from the
+    noise of one measurement pooled over the profile
+    (:attr:`~opdvfs.plan.measured.MeasuredTables.pooled_time_noise`); 0 where unknown.
+    """
+    measured = inputs.measured
+    if measured is None or not measured.pooled_time_noise:
+        return 0.0
+    top_us = problem.time_us[:, -1]
+    return MEASURED_SUM_Z * measured.pooled_time_noise * float(np.sqrt(np.sum(top_us**2))) * 1e-6
+
+
+def _per_op(problem: StageProblem, stage_clock: np.ndarray) -> np.ndarray:
+    """Return each op's clock column from a plan's clock per stage."""
+    n_ops = len(problem.time_us)
+    return np.repeat(np.asarray(stage_clock), np.diff(np.r_[problem.starts, n_ops]))
+
+
+def _upper_quantile(values: np.ndarray, margin: np.ndarray | None) -> np.ndarray:
+    """Return each cell's upper quantile (time or energy): ``values exp(margin)``."""
+    if margin is None:
+        return values
+    return values * np.exp(margin)
+
+
+def _margin_s(problem: StageProblem, stage_clock: np.ndarray) -> float:
+    """Return how much longer (s) the plan is on the conservative times than on the point ones."""
+    if problem.time_margin is None:
+        return 0.0
+    ops, per_op = np.arange(len(problem.time_us)), _per_op(problem, stage_clock)
+    point = problem.time_us[ops, per_op]
+    return float((_upper_quantile(point, problem.time_margin[ops, per_op]) - point).sum() * 1e-6)
+
+
+def _model_share(problem: StageProblem, stage_clock: np.ndarray) -> float | None:
+    """Return the share of the plan's predicted op time on model-filled cells (0-1)."""
+    if problem.model_filled is None:
+        return None
+    ops, per_op = np.arange(len(problem.time_us)), _per_op(problem, stage_clock)
+    point = problem.time_us[ops, per_op]
+    total = float(point.sum())
+    return float(point[problem.model_filled[ops, per_op]].sum()) / total if total > 0 else 0.0
 
 
 def _schedule(
@@ -513,11 +646,13 @@ def _on_measurements(inputs: PlanInputs, freqs: np.ndarray, per_op: np.ndarray) 
     """Return the plan's and the top clock's time and energy on the profile's measurements.
 
     Only where the profile measured every op at its planned clock and at the top clock (the
-    ``measured_*`` fields of :class:`Schedule`); idle time counts as in the prediction.
+    ``measured_*`` fields of :class:`Schedule`); idle time counts as in the prediction. On the
+    raw medians (:meth:`~opdvfs.plan.measured.MeasuredTables.raw`), not on the cells smoothed
+    across clocks that the plan chose among: measured means measured.
     """
     if inputs.measured is None:
         return {}
-    time_us, chip_j, core_j = inputs.measured.at(freqs)
+    time_us, chip_j, core_j = inputs.measured.raw().at(freqs)
     ops, top = np.arange(len(per_op)), np.full(len(per_op), len(freqs) - 1)
     idle_s = float(inputs.idle_before_us.sum() * 1e-6)
     fields = {}
@@ -535,7 +670,7 @@ def _on_measurements(inputs: PlanInputs, freqs: np.ndarray, per_op: np.ndarray) 
 
 def _op_tables(
     models: Planned, inputs: PlanInputs, values: Values = "auto"
-) -> tuple[np.ndarray, _OpTables]:
+) -> tuple[np.ndarray, _OpTables, _Uncertainty]:
     """Op names, and clocks (ascending) with per-op time (us), chip and core energy (J) at each.
 
     Measurements first (:mod:`opdvfs.plan.measured`): with ``auto`` the measured medians where
@@ -544,6 +679,10 @@ def _op_tables(
     only the models. With ``auto`` and a power model whose leakage slope was measured, all on
     the top clock's die (:func:`_die_mhz`; measured cells moved there by the model's temperature
     term, :func:`at_die`). Core energy is NaN where nothing gives it.
+
+    Also each cell's time uncertainty and whether the models filled it (:data:`_Uncertainty`):
+    a measured cell's own noise, a filled cell's from :func:`log_uncertainty`; (None, None)
+    without measurements.
     """
     if isinstance(models, Predictions):
         return _predicted(models, inputs, values)
@@ -590,7 +729,9 @@ def _op_tables(
                 temp_m = measured.temp_at(freqs)
                 chip_m = at_die(models.power, freqs, time_m, chip_m, temp_m, die_c, rail="chip")
                 core_m = at_die(models.power, freqs, time_m, core_m, temp_m, die_c, rail="core")
-            return names, (freqs, time_m, chip_m, core_m)
+            sigma = _measured_margin(measured, freqs, time_m)
+            filled = np.zeros(time_m.shape, bool)
+            return names, (freqs, time_m, chip_m, core_m), (sigma, filled, None)
         if no_power:
             gap = missing_measurement(measured, time_m, freqs, "time")
             gap = gap or missing_measurement(measured, chip_m, freqs, "energy")
@@ -629,13 +770,34 @@ def _op_tables(
             core_g = at_die(models.power, grid, time_g, core_g, temp_g, die_c, rail="core")
             del temp_g
         del die_c
+        filled_g = ~np.isfinite(time_g)
+        sigma_g = log_uncertainty(grid, time_us, time_g, measured.time_noise_at(grid))
+        sigma_g *= np.where(filled_g, TIME_QUANTILE_Z, MEASURED_NOISE_Z)  # the margin
+        e_sigma_g = log_uncertainty(grid, chip_j, chip_g, measured.noise_at(grid, rail="chip"))
+        e_sigma_g[~filled_g] = 0.0  # measured energies: as measured
+        e_sigma_g *= TIME_QUANTILE_Z
         time_us = correct_to_measurements(grid, time_us, time_g, out=time_us)
         chip_j = correct_to_measurements(grid, chip_j, chip_g, out=chip_j)
         core_j = correct_to_measurements(grid, core_j, core_g, out=core_j)
         cols = np.searchsorted(grid, freqs)
         if not np.array_equal(cols, np.arange(len(grid))):  # else the grid is the clocks
             time_us, chip_j, core_j = time_us[:, cols], chip_j[:, cols], core_j[:, cols]
-    return names, (freqs, time_us, chip_j, core_j)
+            sigma_g, filled_g, e_sigma_g = sigma_g[:, cols], filled_g[:, cols], e_sigma_g[:, cols]
+        sigma_g[:, -1] = 0.0  # the baseline: the budget is relative to it
+        e_sigma_g[:, -1] = 0.0
+        return names, (freqs, time_us, chip_j, core_j), (sigma_g, filled_g, e_sigma_g)
+    return names, (freqs, time_us, chip_j, core_j), (None, None, None)
+
+
+def _measured_margin(
+    measured: MeasuredTables, freqs: np.ndarray, time_us: np.ndarray
+) -> np.ndarray | None:
+    """Return each measured cell's time margin (log; the top clock's 0); None if unknown."""
+    if measured.time_noise_us is None:
+        return None
+    margin = MEASURED_NOISE_Z * measured.time_noise_at(freqs) / time_us
+    margin[:, -1] = 0.0  # the baseline: the budget is relative to it
+    return margin
 
 
 def _die_mhz(models: ModelBundle | None, freqs: np.ndarray) -> float | None:
@@ -653,7 +815,7 @@ def _die_mhz(models: ModelBundle | None, freqs: np.ndarray) -> float | None:
 
 def _predicted(
     predictions: Predictions, inputs: PlanInputs, values: Values
-) -> tuple[np.ndarray, _OpTables]:
+) -> tuple[np.ndarray, _OpTables, _Uncertainty]:
     """Return the tables of :func:`predict`, checked against the inputs and values asked for."""
     if predictions.values != values:
         raise ValidationError(
@@ -672,7 +834,8 @@ def _predicted(
             field="freqs_mhz",
         )
     p = predictions
-    return p.names, (p.freqs_mhz, p.time_us, p.chip_energy_j, p.core_energy_j)
+    tables = (p.freqs_mhz, p.time_us, p.chip_energy_j, p.core_energy_j)
+    return p.names, tables, (p.time_margin, p.model_filled, p.energy_margin)
 
 
 def stage_problem(
@@ -682,6 +845,7 @@ def stage_problem(
     objective: Objective = "energy",
     interval_ms: float = 5.0,
     values: Values = "auto",
+    conservative: bool = True,
 ) -> StageProblem:
     """Build the planning problem: per-op tables, classes, stages and the stage tables.
 
@@ -708,6 +872,10 @@ def stage_problem(
         one stage per operator.
     values
         ``auto``, ``measured`` or ``model``: see :func:`plan_schedule`.
+    conservative
+        Whether the stage tables hold the cells' conservative times and energies (True) or
+        their point values (False; ``time_margin`` and ``energy_margin`` are then None): see
+        :func:`plan_schedule`.
 
     Raises
     ------
@@ -716,7 +884,11 @@ def stage_problem(
         cell with ``values="measured"``), the core rail is unknown for ``core-energy``, or the
         inputs and the models count different ops.
     """
-    names, (freqs, time_us, chip_j, core_j) = _op_tables(models, inputs, values)
+    names, (freqs, time_us, chip_j, core_j), (sigma, filled, e_sigma) = _op_tables(
+        models, inputs, values
+    )
+    if not conservative:  # the point values: whether the models filled a cell still counts
+        sigma = e_sigma = None
     if objective == "core-energy" and not np.isfinite(core_j).all():
         gap = None
         if inputs.measured is not None and np.isfinite(core_j).any():
@@ -738,8 +910,13 @@ def stage_problem(
         )
     else:
         starts, stage_class = np.arange(len(time_us)), np.asarray(classes)
-    tables = stage_tables(time_us, core_j if objective == "core-energy" else chip_j, starts)
-    return StageProblem(freqs, time_us, chip_j, core_j, starts, stage_class, tables, names)
+    # the budget is met on each cell's conservative time (its margin above), and
+    # a model-filled cell's energy is taken at its upper quantile too
+    energy = core_j if objective == "core-energy" else chip_j
+    tables = stage_tables(_upper_quantile(time_us, sigma), _upper_quantile(energy, e_sigma), starts)
+    return StageProblem(
+        freqs, time_us, chip_j, core_j, starts, stage_class, tables, names, sigma, filled, e_sigma
+    )
 
 
 def plan_frontier(
@@ -887,7 +1064,7 @@ def plan_grouped(
         models count different ops.
     """
     started = _time.perf_counter()
-    names, op_tables = _op_tables(models, inputs, values)
+    names, op_tables, _ = _op_tables(models, inputs, values)
     _, time_us, chip_j, core_j = op_tables
     energy = core_j if objective == "core-energy" else chip_j
     n_ops, n_clocks = time_us.shape

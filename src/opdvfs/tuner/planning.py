@@ -182,8 +182,13 @@ class PlanningThread:
 
             def plan_at(budget: float, interval_ms: float = self.interval_ms) -> Schedule:
                 t0 = time.perf_counter()
+                # point values: each round's A/B measures the plan and the next re-plans
                 schedule = plan_fitted(
-                    fitted, target=budget, objective=self.objective, interval_ms=interval_ms
+                    fitted,
+                    target=budget,
+                    objective=self.objective,
+                    interval_ms=interval_ms,
+                    conservative=False,  # (tune's A/B measures: it plans on point values)
                 )
                 result.plan_seconds += time.perf_counter() - t0
                 return schedule
