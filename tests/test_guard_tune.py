@@ -162,3 +162,54 @@ def test_relative_paths_stay_where_the_command_started_after_the_script_chdirs(t
     assert kinds[-1] == "restore" and kinds.count("set") >= 1
     assert not (tmp_path / "elsewhere" / "out").exists()
     assert not (tmp_path / "elsewhere" / "calls.jsonl").exists()
+
+
+def _preempted(tmp_path: Path, *command: str, signal_at: int) -> subprocess.CompletedProcess:
+    """Run ``opdvfs COMMAND -- python preemptible.py`` (preempted at ``signal_at``, then exit)."""
+    script = tmp_path / "preemptible.py"
+    script.write_text(PREEMPTIBLE.format(tests=TESTS))
+    argv = [
+        *(sys.executable, "-m", "opdvfs", *command),
+        *("--", "python", str(script), "40", str(signal_at), "exit", str(tmp_path / "ckpt.txt")),
+    ]
+    env = {**os.environ, "PYTHONPATH": SRC, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=600, env=env, check=False, cwd=tmp_path
+    )
+
+
+def test_a_clock_sweep_preempted_ends_with_the_scripts_status_and_writes_nothing(tmp_path):
+    done = _preempted(
+        tmp_path,
+        *("capture", "--out", "w.json", "--profile", "p.parquet", "--freqs", "1410,1380,210"),
+        *(*SIM, "--iterations-per-clock", "2", "--log", "calls.jsonl"),
+        signal_at=4,
+    )
+    assert done.returncode == 0, done.stderr  # the script's own status, not 2
+    assert (tmp_path / "ckpt.txt").read_text().split() == [str(i) for i in range(20)]
+    assert "opdvfs: SIGTERM received: " in done.stderr and "nothing was written" in done.stderr
+    assert "Traceback" not in done.stderr and "error" not in done.stderr
+    assert not (tmp_path / "p.parquet").exists() and not (tmp_path / "w.json").exists()
+    kinds = [c["kind"] for c in read_log(tmp_path / "calls.jsonl")]
+    assert "set" in kinds and kinds.count("restore") == 1 and kinds[-1] == "restore"
+
+
+def test_a_run_preempted_before_its_schedule_applied_ends_with_the_scripts_status(tmp_path):
+    import opdvfs
+
+    device = opdvfs.SimulatedDevice.from_preset("ascend-910b-like")  # (per-op power)
+    work = opdvfs.load_workload("vgg19")
+    profile = device.profile(work, [1000.0, 1400.0, 1800.0])
+    models = opdvfs.ModelBundle(
+        opdvfs.PerfModel().fit(profile), opdvfs.PowerModel().fit(profile, device=device.spec)
+    )
+    inputs = opdvfs.PlanInputs.from_workload(work, device.spec.freqs_mhz, device=device.spec.name)
+    opdvfs.plan_schedule(models, inputs, target=0.05).write(tmp_path / "s.json")
+    # preempted at step 0: no iteration ended, so the schedule never applied (else exit 2)
+    done = _preempted(tmp_path, "run", "s.json", "--actuator", "dry-run", signal_at=0)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "ckpt.txt").read_text().split() == [str(i) for i in range(20)]
+    assert "SIGTERM received and the program ended by itself: the schedule was never applied" in (
+        done.stdout + done.stderr
+    )
+    assert "Traceback" not in done.stderr and "opdvfs: error" not in done.stderr

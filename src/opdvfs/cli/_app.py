@@ -59,6 +59,11 @@ class UsageError(OpdvfsError, ValueError):
     """A command-line value is malformed (exit status 2)."""
 
 
+def note(text: str) -> None:
+    """Print ``opdvfs: TEXT`` as one line on stderr: what a run did not do, not an error."""
+    stderr.print(f"opdvfs: {text}", markup=False, highlight=False, soft_wrap=True)
+
+
 def fail(message: str) -> typer.Exit:
     """Print ``opdvfs: error: MESSAGE`` as one line on stderr; return the exit (status 2) to raise.
 

@@ -31,6 +31,7 @@ from opdvfs.cli._app import (
     WorkScaleOption,
     announce_gpu,
     app,
+    note,
     reports_errors,
     stderr,
     stdout,
@@ -399,6 +400,11 @@ def _capture_sweep(
             run_python(command)
 
     result = sweep_run(run, act, clocks, warmup=warmup, iterations_per_clock=iterations_per_clock)
+    if result.profile is None and result.signals:
+        # the script caught a signal and ended by itself (its own status stands): a note
+        name = signal.Signals(result.signals[0]).name
+        note(f"{name} received: {result.incomplete_message()}; nothing was written")
+        return
     if result.profile is None:
         hint = ""
         if actuator.startswith("sim:") and work_scale is None:

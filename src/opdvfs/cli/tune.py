@@ -35,6 +35,7 @@ from opdvfs.cli._app import (
     WorkScaleOption,
     announce_gpu,
     app,
+    note,
     reports_errors,
     stderr,
     stdout,
@@ -265,7 +266,7 @@ def tune(
     signalled = signal.Signals(tuner.guard.signals[0]).name if tuner.guard.signals else None
     if tuner.sweep_unfinished:
         if signalled:
-            _note(f"the script ended after {signalled} before tuning was done; nothing was written")
+            note(f"the script ended after {signalled} before tuning was done; nothing was written")
             return
         # bad input (a script too short): as capture --freqs, no files
         raise CaptureError(f"{result.error} (nothing was written)")
@@ -282,10 +283,6 @@ def tune(
         stdout.print(f"wrote {out}: {', '.join(written)}", highlight=False)
     if failed:
         if signalled:
-            _note(f"{signalled} received: {result.error}")
+            note(f"{signalled} received: {result.error}")
             return
         raise CaptureError(result.error)
-
-
-def _note(text: str) -> None:
-    stderr.print(f"opdvfs: {text}", markup=False, highlight=False, soft_wrap=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -148,6 +149,8 @@ class Session:
         self.marker = IterationMarker(iteration_at) if iteration_at else None
         optimizer_steps = self.marker is None
         self._stack = ExitStack()
+        #: The clock guard of a run (None for a capture): which signals it took.
+        self.guard: ClockGuard | None = None
         self.recorder: WorkloadRecorder | None = None
         self.executor: ScheduleApplier | None = None
         self.trigger_line: str | None = None
@@ -289,7 +292,8 @@ class Session:
                             self.executor, self.document, rank_map=self.rank_map
                         )
                     )
-                stack.enter_context(ClockGuard(self.actuator, before_restore=self.executor.halt))
+                self.guard = ClockGuard(self.actuator, before_restore=self.executor.halt)
+                stack.enter_context(self.guard)
             mode = self.mode_object
             stack.enter_context(mode)
             if self.marker is not None:
@@ -453,6 +457,12 @@ class Session:
                     f"the schedule was abandoned: none of the {executor.iteration} iterations "
                     f"matched it ({executor.first_divergence}); the clock stayed at the maximum"
                 )
+        if error is not None and self.guard is not None and self.guard.signals:
+            # the program caught a signal and ended by itself (a preemption handler): its
+            # own exit status stands, and a line says what the run did not do
+            name = signal.Signals(self.guard.signals[0]).name
+            lines.append(f"{name} received and the program ended by itself: {error}")
+            error = None
         return Outcome(tuple(lines), error, data=data)
 
     def write_report(self) -> None:

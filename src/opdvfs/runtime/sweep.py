@@ -487,6 +487,9 @@ class SweepResult:
         (a slower clock counts fewer of its longer iterations: :attr:`counted_per_clock`).
     warmup
         Iterations at the top clock before the sweep.
+    signals
+        The signals the clock guard took during the run (numbers, in order): a program that
+        caught one and ended by itself (a preemption handler) ended the sweep early.
     """
 
     profile: Profile | None
@@ -496,6 +499,7 @@ class SweepResult:
     needed_iterations: int
     iterations_per_clock: int
     warmup: int
+    signals: tuple[int, ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -749,6 +753,7 @@ def sweep_run(
         sweep.needed_iterations(),
         sweep.per_clock or sweep._default_per_clock(sweep.iteration_s or 0.0),
         sweep.warmup,
+        tuple(guard.signals),
     )
 
 
