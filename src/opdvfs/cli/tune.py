@@ -72,8 +72,13 @@ def _progress() -> tuple[Any, Any]:
 def tune(
     ctx: typer.Context,
     target: Annotated[
-        float, typer.Option("--target", help="Allowed measured slowdown (0.02 = 2%).")
-    ],
+        float | None,
+        typer.Option(
+            "--target",
+            help="Allowed measured slowdown (0.02 = 2%; required); --mode generate: of both "
+            "the time to first token and per output token unless given apart.",
+        ),
+    ] = None,
     actuator: Annotated[
         str,
         typer.Option(
@@ -148,6 +153,23 @@ def tune(
             "(its own --log-dir takes --log), one file per rank (calls.rank1.jsonl).",
         ),
     ] = None,
+    mode: Annotated[
+        str,
+        typer.Option(
+            "--mode",
+            help="train (iterations end at optimizer steps) or generate (a generation loop, "
+            "e.g. HF generate(): steps at model forwards, prefill and decode tuned apart; "
+            "sim:PRESET; docs/guide/generate.md).",
+        ),
+    ] = "train",
+    ttft_target: Annotated[
+        float | None,
+        typer.Option("--ttft-target", help="--mode generate: allowed slowdown of TTFT."),
+    ] = None,
+    tpot_target: Annotated[
+        float | None,
+        typer.Option("--tpot-target", help="--mode generate: allowed slowdown of TPOT."),
+    ] = None,
     no_cache: Annotated[
         bool,
         typer.Option(
@@ -175,6 +197,33 @@ def tune(
     from opdvfs.tuner import summary_lines, tune, write_tune
     from opdvfs.tuner.ranks import launched_as
 
+    if mode == "generate":
+        from opdvfs.cli.tune_generate import tune_generate
+
+        tune_generate(
+            ctx.args,
+            target=target,
+            ttft_target=ttft_target,
+            tpot_target=tpot_target,
+            actuator=actuator,
+            clocks=(
+                "auto"
+                if clocks.strip().lower() == "auto"
+                else lambda supported: parse_clocks(clocks, supported)
+            ),
+            out=out,
+            warmup=warmup,
+            iterations_per_clock=iterations_per_clock,
+            pairs=pairs,
+            rounds=rounds,
+            work_scale=work_scale,
+            as_json=as_json,
+        )
+        return
+    if mode != "train":
+        raise UsageError(f"--mode {mode}: expected train or generate")
+    if target is None:
+        raise UsageError("--target: required (the allowed slowdown, 0.02 = 2%)")
     if not target > 0:
         raise UsageError(f"--target {target:g}: expected a slowdown > 0 (0.02 = 2%)")
     if actuator in ("twin", "ascend"):

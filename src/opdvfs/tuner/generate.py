@@ -96,6 +96,8 @@ class _Candidate:
     phases: dict[str, PhasePlan]
     budgets: dict[str, float] = field(default_factory=dict)
     per_op: bool = False
+    #: A static candidate planned when its turn comes: ``"phase"`` or ``"single"``.
+    static: str | None = None
 
 
 @dataclass
@@ -225,9 +227,16 @@ class _GenerateCalls:
         self._request = request
         self._saved: Any = None
 
+    @property
+    def patched(self) -> bool:
+        """Whether ``generate()`` is patched (``transformers`` was imported)."""
+        return self._saved is not None
+
     def __enter__(self) -> _GenerateCalls:
         import functools
 
+        if self._saved is not None:
+            return self
         module = sys.modules.get("transformers.generation.utils")
         mixin = getattr(module, "GenerationMixin", None)
         if mixin is None:
@@ -363,6 +372,7 @@ class GenerateTuner:
         self._blocks: list[Any] = []  # the round's A/B blocks still to run (ABBA)
         self._block_requests = 0  # requests run in the current block
         self._requests = 0
+        self._calls: _GenerateCalls | None = None
         self._left: int | None = None  # decode steps left in the request (None: not known)
         self._pending_left: int | None = None  # the next request's (:meth:`request`)
         self._round_i = 0
@@ -382,7 +392,9 @@ class GenerateTuner:
             stack.enter_context(self.executor)
             self.actuator.set_freq_mhz(self.top_mhz)
             stack.enter_context(self.hooks)
-            stack.enter_context(_GenerateCalls(self.request))
+            self._calls = _GenerateCalls(self.request)
+            stack.callback(self._calls.__exit__)
+            self._calls.__enter__()  # (again at the first forward: a script imports it later)
             self._last_end_s = self.gpu.now_s()
             self._last_energy_j = float(self.actuator.read_energy_j() or 0.0)
         except BaseException:
@@ -421,6 +433,8 @@ class GenerateTuner:
     def _begin(self, tokens: ForwardTokens, first: bool) -> None:
         """Start a step at a model forward: end the one before, classify it, apply its plan."""
         try:
+            if self._calls is not None and not self._calls.patched:
+                self._calls.__enter__()
             if self._step is not None or self.executor.op_index > 0:
                 self._mark()
             else:
@@ -634,10 +648,9 @@ class GenerateTuner:
 
     def _plan(self) -> None:
         """Fit each phase's models on its profile; queue the candidates to measure."""
-        from opdvfs.plan.on_profile import fit_profile, plan_fitted
+        from opdvfs.plan.on_profile import fit_profile
 
         self.stage = "planning"
-        statics: dict[str, float] = {}
         per_op: dict[str, PhasePlan] = {}
         for phase in PHASES:
             counted, n = self._profiled(phase)
@@ -650,41 +663,57 @@ class GenerateTuner:
                 self._phase_profile(counted), objective=self.objective, n_launches=n
             )
             self._models[phase] = (fitted, n)
-            budget = self.targets[phase]
-            static = plan_fitted(
-                fitted,
-                target=budget,
+        statics = self._statics(self.targets)
+        for phase in PHASES:
+            n = self._models[phase][1]
+            plan = self._plan_phase(phase, self.targets[phase])
+            per_op[phase] = PhasePlan(statics[phase], {n: plan})
+        # the contenders: per-operator plans per phase (re-planned where they miss), then a
+        # static clock per phase and one static clock for both, planned when their turn comes
+        # at the budgets of the per-operator round that measured best within the targets
+        self._queue += [
+            _Candidate("per-op per-phase", per_op, dict(self.targets), per_op=True),
+            _Candidate("static per phase", {}, static="phase"),
+            _Candidate("best static clock", {}, static="single"),
+        ]
+        log.info(
+            "tune generate: planned; static clocks prefill %g, decode %g MHz",
+            statics["prefill"],
+            statics["decode"],
+        )
+        self._next_round()
+
+    def _statics(self, budgets: Mapping[str, float]) -> dict[str, float]:
+        """Return each phase's best static clock at its budget (one stage, its models)."""
+        from opdvfs.plan.on_profile import plan_fitted
+
+        out = {}
+        for phase in PHASES:
+            plan = plan_fitted(
+                self._models[phase][0],
+                target=budgets[phase],
                 objective=self.objective,
                 interval_ms=policy.STATIC_INTERVAL_MS,
             )
-            statics[phase] = float(static.stages[0].freq_mhz)
-            per_op[phase] = PhasePlan(statics[phase], {n: self._plan_phase(phase, budget)})
-        budgets = dict(self.targets)
-        # the contenders: per-operator plans per phase, a static clock per phase, and one
-        # static clock for both (the lowest both phases' models keep within their targets);
-        # a candidate that sets the same clocks as one before it is not measured twice
-        single = max(statics.values())
-        candidates = [
-            _Candidate("per-op per-phase", per_op, budgets, per_op=True),
-            _Candidate("static per phase", {p: PhasePlan(statics[p]) for p in PHASES}, budgets),
-            _Candidate("best static clock", {p: PhasePlan(single) for p in PHASES}, budgets),
-        ]
-        seen: list[list[list[float]]] = []
-        for cand in candidates:
-            clocks = [cand.phases[p].clocks() for p in PHASES]
-            if clocks in seen:
-                continue
-            if not cand.per_op and clocks == [[self.top_mhz], [self.top_mhz]]:
-                continue  # the top clock is the reference
-            seen.append(clocks)
-            self._queue.append(cand)
-        log.info(
-            "tune generate: static clocks prefill %g, decode %g MHz; %d candidates",
-            statics["prefill"],
-            statics["decode"],
-            len(self._queue),
+            out[phase] = float(plan.stages[0].freq_mhz)
+        return out
+
+    def _static_candidate(self, cand: _Candidate) -> _Candidate:
+        """Plan a static candidate at the budgets of the best per-operator round within target.
+
+        (Else at the targets.) ``single``: one clock for both phases, the lowest both phases'
+        models keep within their budgets (the higher of the two).
+        """
+        per_op = [(i, r) for i, r in enumerate(self.result.rounds) if self._run[i].per_op]
+        best, _ = choose([r for _, r in per_op], *self.targets.values())
+        budgets = (
+            dict(self._run[per_op[best][0]].budgets) if best is not None else dict(self.targets)
         )
-        self._next_round()
+        statics = self._statics(budgets)
+        if cand.static == "single":
+            single = max(statics.values())
+            statics = {p: single for p in PHASES}
+        return _Candidate(cand.name, {p: PhasePlan(statics[p]) for p in PHASES}, budgets)
 
     def _plan_phase(self, phase: str, budget: float) -> Schedule:
         from opdvfs.plan.on_profile import plan_fitted
@@ -697,15 +726,26 @@ class GenerateTuner:
         return plan
 
     def _next_round(self) -> None:
-        if not self._queue or len(self.result.rounds) >= self.max_rounds:
-            self._finish()
+        """Start measuring the next candidate (one that sets new clocks), or finish."""
+        while self._queue and len(self.result.rounds) < self.max_rounds:
+            cand = self._queue.pop(0)
+            if cand.static is not None:
+                cand = self._static_candidate(cand)
+            clocks = [cand.phases[p].clocks() for p in PHASES]
+            if not cand.per_op and (
+                clocks == [[self.top_mhz]] * 2
+                or any(clocks == [c.phases[p].clocks() for p in PHASES] for c in self._run)
+            ):
+                log.info("tune generate: %s sets clocks measured already: skipped", cand.name)
+                continue
+            self._candidate = cand
+            self._run.append(cand)
+            self._blocks = abba_blocks(self.pairs, self.block)
+            self._block_requests = 0
+            self._round_i = len(self.result.rounds)
+            self.stage = "ab"
             return
-        self._candidate = self._queue.pop(0)
-        self._run.append(self._candidate)
-        self._blocks = abba_blocks(self.pairs, self.block)
-        self._block_requests = 0
-        self._round_i = len(self.result.rounds)
-        self.stage = "ab"
+        self._finish()
 
     def _close_round(self) -> None:
         cand = self._candidate
@@ -741,6 +781,7 @@ class GenerateTuner:
                 missed = True
                 budgets[p] = cand.budgets[p] * max(0.1, 0.8 * self.targets[p] / max(high, 1e-9))
         if not missed or len(self.result.rounds) + len(self._queue) >= self.max_rounds:
+            # (the static candidates keep their rounds)
             return
         phases = {
             p: (

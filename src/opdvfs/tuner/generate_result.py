@@ -136,6 +136,19 @@ def _j_per_token(rows: Sequence[GenIteration]) -> float:
     return float(np.sum(energy)) / tokens if tokens else math.nan
 
 
+def _ratio(tuned: Sequence[GenIteration], ref: Sequence[GenIteration], what: str) -> float:
+    """Return the tuned over the reference mean of time or energy per unit (nan: a side empty)."""
+
+    def per_unit(rows: Sequence[GenIteration]) -> float:
+        if what == "time":
+            return _mean([r.time_s / _per_unit(r) for r in rows])
+        return _mean([r.energy_j / _per_unit(r) for r in rows if r.energy_j is not None])
+
+    if not tuned or not ref:
+        return math.nan
+    return per_unit(tuned) / per_unit(ref)
+
+
 def score_round(
     name: str,
     rows: Sequence[GenIteration],
@@ -148,29 +161,37 @@ def score_round(
     ``rows``: the round's steps in reference and tuned blocks (not the switch requests),
     each with its pair; ``buckets``: each phase's planned operator count. The times are
     those of the steps of the planned bucket (a request's last step carries the host's work
-    up to the next request); the energy per token is every step's.
+    up to the next request); the energies are every step's. The energy per token saved
+    weights the phases' energy ratios (per prompt token, per decode row) by the prefill share
+    ``w`` of the reference's energy: ``1 - (w r_prefill + (1 - w) r_decode)``, the saving at
+    the requests' mix of prompt and output lengths, whatever lengths each block drew.
     """
     ttft: list[float] = []
     tpot: list[float] = []
     saving: list[float] = []
+    ref_all = [r for r in rows if r.stage == "reference" and r.energy_j is not None]
+    e_prefill = sum(r.energy_j or 0.0 for r in ref_all if r.phase == "prefill")
+    e_total = sum(r.energy_j or 0.0 for r in ref_all)
+    w = e_prefill / e_total if e_total > 0 else 0.5
     for pair in sorted({r.pair for r in rows if r.pair is not None}):
-        mine = [r for r in rows if r.pair == pair]
-        side = {k: [r for r in mine if r.stage == k] for k in ("reference", "tuned")}
+        side = {
+            k: {
+                p: [r for r in rows if r.pair == pair and r.stage == k and r.phase == p]
+                for p in PHASES
+            }
+            for k in ("reference", "tuned")
+        }
         timed = {
-            k: {p: [r for r in v if r.phase == p and r.n_launches == buckets[p]] for p in PHASES}
+            k: {p: [r for r in v[p] if r.n_launches == buckets[p]] for p in PHASES}
             for k, v in side.items()
         }
-        if all(timed[k]["prefill"] for k in side):
-            ttft.append(
-                _unit_time(timed["tuned"]["prefill"]) / _unit_time(timed["reference"]["prefill"])
-                - 1
-            )
-        if all(timed[k]["decode"] for k in side):
-            tpot.append(
-                _unit_time(timed["tuned"]["decode"]) / _unit_time(timed["reference"]["decode"]) - 1
-            )
-        if side["reference"] and side["tuned"]:
-            saving.append(1 - _j_per_token(side["tuned"]) / _j_per_token(side["reference"]))
+        t_p = _ratio(timed["tuned"]["prefill"], timed["reference"]["prefill"], "time")
+        t_d = _ratio(timed["tuned"]["decode"], timed["reference"]["decode"], "time")
+        e_p = _ratio(side["tuned"]["prefill"], side["reference"]["prefill"], "energy")
+        e_d = _ratio(side["tuned"]["decode"], side["reference"]["decode"], "energy")
+        ttft.append(t_p - 1)
+        tpot.append(t_d - 1)
+        saving.append(1 - (w * e_p + (1 - w) * e_d))
 
     def mean_time(kind: str, phase: str) -> float:
         return _mean(
