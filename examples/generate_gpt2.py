@@ -3,10 +3,8 @@
 ``python examples/generate_gpt2.py [REQUESTS] [--vary]`` runs REQUESTS (default 80) requests
 through Hugging Face ``generate()`` with a KV cache: each a prompt of 256 tokens and 10 new
 tokens, or with ``--vary`` a prompt of 192 to 256 tokens and 6 to 14 new ones. Tuned as it
-stands (docs/guide/generate.md)::
-
-    opdvfs tune --mode generate --target 0.05 --actuator sim:a100-like --work-scale 800 \\
-        -- python examples/generate_gpt2.py 80
+stands (docs/guide/generate.md): ``opdvfs tune --mode generate --target 0.05 --actuator
+sim:a100-like --work-scale 800 -- python examples/generate_gpt2.py 80``.
 
 The model (512 wide, 2 layers, bfloat16) is small enough for a CPU and, with the work scaled,
 does the work of a served model on the simulated GPU: its prefill is compute-bound, its decode
