@@ -732,11 +732,17 @@ class GenerateTuner:
             if cand.static is not None:
                 cand = self._static_candidate(cand)
             clocks = [cand.phases[p].clocks() for p in PHASES]
-            if not cand.per_op and (
-                clocks == [[self.top_mhz]] * 2
-                or any(clocks == [c.phases[p].clocks() for p in PHASES] for c in self._run)
-            ):
+            same = [
+                i
+                for i, c in enumerate(self._run)
+                if clocks == [c.phases[p].clocks() for p in PHASES]
+            ]
+            if not cand.per_op and (clocks == [[self.top_mhz]] * 2 or same):
                 log.info("tune generate: %s sets clocks measured already: skipped", cand.name)
+                self.result.skipped[cand.name] = (
+                    dict(zip(PHASES, clocks, strict=True)),
+                    same[0] if same else None,
+                )
                 continue
             self._candidate = cand
             self._run.append(cand)

@@ -101,6 +101,9 @@ class GenerateResult:
     #: Per-operator plans kept: ``"phase/n_launches"`` -> stages.
     buckets: dict[str, int] = field(default_factory=dict)
     fallbacks: int = 0
+    #: Candidates not measured because they set the clocks of a round measured before:
+    #: name -> (their clocks per phase, that round's index; None: the top clock).
+    skipped: dict[str, tuple[dict[str, list[float]], int | None]] = field(default_factory=dict)
     command: list[str] = field(default_factory=list)
 
     def phase_counts(self) -> dict[str, int]:
@@ -309,7 +312,13 @@ def headline_lines(result: GenerateResult) -> list[str]:
             f"{result.fallbacks} steps ran other operators than their phase's plan and ran "
             "at the phase's static clock"
         )
-    return [*head, "rounds (* applied):", *round_lines(result)]
+    same = [
+        f"  {name}: {_clocks(clocks)}, "
+        + ("the top clock" if index is None else f"the clocks of round {index + 1}")
+        + ": not measured twice"
+        for name, (clocks, index) in result.skipped.items()
+    ]
+    return [*head, "rounds (* applied):", *round_lines(result), *same]
 
 
 def write_generate(result: GenerateResult, out: str | os.PathLike[str]) -> list[Path]:
