@@ -151,7 +151,9 @@ def _phase_executor(actuator: Actuator) -> Any:
                 self.actuator.at(self.iteration, 0)
                 self.actuator.set_freq_mhz(freq_mhz)
 
-    return PhaseExecutor(None, actuator, max_diverged=None, optimizer_steps=False)
+    # a step whose operators are not its plan's runs at the top clock for that step only: the
+    # plan is never abandoned (lengths vary per request; one warning, not one per step)
+    return PhaseExecutor(None, actuator, max_diverged=1 << 30, optimizer_steps=False)
 
 
 class _ForwardHooks:
@@ -687,7 +689,7 @@ class GenerateTuner:
         """Return each phase's best static clock at its budget (one stage, its models)."""
         from opdvfs.plan.on_profile import plan_fitted
 
-        out = {}
+        out: dict[str, float] = {}
         for phase in PHASES:
             plan = plan_fitted(
                 self._models[phase][0],
@@ -713,7 +715,8 @@ class GenerateTuner:
         if cand.static == "single":
             single = max(statics.values())
             statics = {p: single for p in PHASES}
-        return _Candidate(cand.name, {p: PhasePlan(statics[p]) for p in PHASES}, budgets)
+        phases: dict[str, PhasePlan] = {p: PhasePlan(statics[p]) for p in PHASES}
+        return _Candidate(cand.name, phases, budgets)
 
     def _plan_phase(self, phase: str, budget: float) -> Schedule:
         from opdvfs.plan.on_profile import plan_fitted
@@ -758,7 +761,7 @@ class GenerateTuner:
         assert cand is not None
         # the steps of each phase's planned bucket: a request's last step carries the host's
         # work up to the next request (other operators, another time) and is not paired
-        buckets = {p: self._models[p][1] for p in PHASES}
+        buckets: dict[str, int] = {p: self._models[p][1] for p in PHASES}
         rows = [r for r in self.result.iterations if r.round == self._round_i]
         measured = score_round(
             cand.name,
@@ -789,7 +792,7 @@ class GenerateTuner:
         if not missed or len(self.result.rounds) + len(self._queue) >= self.max_rounds:
             # (the static candidates keep their rounds)
             return
-        phases = {
+        phases: dict[str, PhasePlan] = {
             p: (
                 PhasePlan(
                     cand.phases[p].static_mhz, {self._models[p][1]: self._plan_phase(p, budgets[p])}

@@ -84,7 +84,7 @@ def forward_tokens(args: Sequence[Any], kwargs: Mapping[str, Any]) -> ForwardTok
     first: int | None = None
     position = kwargs.get("cache_position")
     pos_dims = _tensor_dims(position) if position is not None else None
-    if pos_dims and pos_dims[-1] > 0:
+    if position is not None and pos_dims and pos_dims[-1] > 0:
         try:
             first = int(position.reshape(-1)[0])
         except (TypeError, ValueError, RuntimeError):
