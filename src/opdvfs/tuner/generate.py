@@ -119,8 +119,12 @@ def _phase_executor(actuator: Actuator) -> Any:
     """Return the operator-counting executor, with per-step plans or a clock set directly."""
     from opdvfs.runtime.dispatch import ScheduleExecutor
 
+    from opdvfs.tuner.drive import SIM_COMPILED_HINT
+
     class PhaseExecutor(ScheduleExecutor):
         """:class:`ScheduleExecutor` whose plan changes at each step's start (its phase's)."""
+
+        compiled_hint = SIM_COMPILED_HINT
 
         def use_clock(self, freq_mhz: float) -> None:
             """Apply no plan; run the step that starts now at ``freq_mhz``."""
