@@ -118,7 +118,6 @@ class _Step:
 def _phase_executor(actuator: Actuator) -> Any:
     """Return the operator-counting executor, with per-step plans or a clock set directly."""
     from opdvfs.runtime.dispatch import ScheduleExecutor
-
     from opdvfs.tuner.drive import SIM_COMPILED_HINT
 
     class PhaseExecutor(ScheduleExecutor):
