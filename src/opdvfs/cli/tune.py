@@ -197,6 +197,11 @@ def tune(
     from opdvfs.tuner import summary_lines, tune, write_tune
     from opdvfs.tuner.ranks import launched_as
 
+    clock_choice: Any = (
+        "auto"
+        if clocks.strip().lower() == "auto"
+        else lambda supported: parse_clocks(clocks, supported)
+    )
     if mode == "generate":
         from opdvfs.cli.tune_generate import tune_generate
 
@@ -206,11 +211,7 @@ def tune(
             ttft_target=ttft_target,
             tpot_target=tpot_target,
             actuator=actuator,
-            clocks=(
-                "auto"
-                if clocks.strip().lower() == "auto"
-                else lambda supported: parse_clocks(clocks, supported)
-            ),
+            clocks=clock_choice,
             out=out,
             warmup=warmup,
             iterations_per_clock=iterations_per_clock,
@@ -244,11 +245,7 @@ def tune(
         context = tune(
             target,
             actuator=actuator,
-            clocks=(
-                "auto"
-                if clocks.strip().lower() == "auto"
-                else lambda supported: parse_clocks(clocks, supported)
-            ),
+            clocks=clock_choice,
             warmup=warmup,
             iterations_per_clock=iterations_per_clock,
             work_scale=work_scale,
