@@ -215,3 +215,20 @@ def test_bad_generate_options_exit_2_with_one_line(args, needle, tmp_path):
     assert res.exit_code == 2, res.output
     assert needle in res.output
     assert "Traceback" not in res.output
+
+
+@pytest.mark.slow  # a few requests through the command line
+def test_a_loop_too_short_to_profile_exits_2_and_writes_nothing(tmp_path):
+    from opdvfs.cli import app
+
+    _example()
+    out = tmp_path / "out"
+    argv = [
+        "tune", "--mode", "generate", "--target", "0.05", *SIM, "--out", str(out),
+        "--", "python", str(EXAMPLES / "generate_gpt2.py"), "3",
+    ]  # fmt: skip
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 2, res.output
+    assert "run more requests" in res.output and "nothing was written" in res.output
+    assert "Traceback" not in res.output
+    assert not out.exists()
