@@ -385,7 +385,6 @@ class GenerateTuner:
         self._chosen: _Candidate | None = None
         self._last_end_s = 0.0
         self._last_energy_j = 0.0
-        self._kernels_upto = 0
 
     # ------------------------------------------------------------------------- entering
     def __enter__(self) -> GenerateTuner:
@@ -440,10 +439,7 @@ class GenerateTuner:
         try:
             if self._calls is not None and not self._calls.patched:
                 self._calls.__enter__()
-            if self._step is not None or self.executor.op_index > 0:
-                self._mark()
-            else:
-                self._mark(record=False)
+            self._mark()  # (the operators before the first forward: no step recorded)
             phase = classify_phase(
                 tokens.seq_len, first_of_request=first, first_position=tokens.first_position
             )
