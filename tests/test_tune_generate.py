@@ -232,3 +232,35 @@ def test_a_loop_too_short_to_profile_exits_2_and_writes_nothing(tmp_path):
     assert "run more requests" in res.output and "nothing was written" in res.output
     assert "Traceback" not in res.output
     assert not out.exists()
+
+
+@pytest.mark.slow  # 8 requests through HF generate() on the simulated GPU
+def test_with_model_only_its_forwards_are_steps():
+    import torch
+
+    import opdvfs
+
+    example = _example()
+    model = example.tiny_gpt2()
+    other = torch.nn.Linear(4, 4)
+    with (
+        opdvfs.tune(
+            0.05, actuator="sim:a100-like", work_scale=400, mode="generate", model=model
+        ) as t,
+        torch.no_grad(),
+    ):
+        for _ in range(8):
+            other(torch.ones(1, 4))  # another module's forward: not a step
+            ids = torch.randint(1, 256, (2, 64))
+            model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
+                min_new_tokens=4, do_sample=False, pad_token_id=0,
+            )  # fmt: skip
+    steps = t.result.iterations
+    assert len(steps) == 8 * 4
+    assert [it.phase for it in steps[:4]] == ["prefill", "decode", "decode", "decode"]
+    assert {(it.phase, it.batch, it.seq_len) for it in steps} == {
+        ("prefill", 2, 64),
+        ("decode", 2, 1),
+    }
+    assert "run more requests" in (t.result.error or "")
