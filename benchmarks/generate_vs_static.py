@@ -104,6 +104,15 @@ def main() -> None:
             f"{name:<28} {_mhz(clocks['prefill']):>11} {_mhz(clocks['decode']):>10}  "
             f"= {same}: not measured twice"
         )
+    check = res.length_check
+    if check.get("checked"):
+        print(
+            f"decode steps before / from position {check['split_at']} plan "
+            f"{check['short_mhz']} / {check['long_mhz']} MHz: "
+            + ("one plan for every length" if check["shared"] else "two length buckets")
+        )
+    else:
+        print(f"decode lengths not checked: {check.get('why')}")
     print("* applied for the rest of the run; time-weighted mean clock of its tuned steps:")
     if res.chosen is not None:
         mean = res.rounds[res.chosen].mean_mhz

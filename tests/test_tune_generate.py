@@ -48,6 +48,8 @@ class _Shape:
 def test_forward_tokens_reads_ids_embeddings_or_the_first_tensor():
     t = forward_tokens((), {"input_ids": _Shape(4, 1), "cache_position": _Shape(1, first=57)})
     assert (t.batch, t.seq_len, t.first_position) == (4, 1, 57)
+    t = forward_tokens((), {"input_ids": _Shape(1, 1), "position_ids": _Shape(1, 1, first=9)})
+    assert (t.seq_len, t.first_position) == (1, 9)
     t = forward_tokens((), {"inputs_embeds": _Shape(2, 9, 64)})
     assert (t.batch, t.seq_len, t.first_position) == (2, 9, None)
     t = forward_tokens(("not a tensor", _Shape(3, 5)), {})
@@ -186,10 +188,16 @@ def test_tune_generate_command_handles_lengths_varying_per_request(tmp_path):
     assert res.exit_code == 0, res.output
     assert "energy per token saved" in res.output
     doc = json.loads((out / "generate.json").read_text())
-    # one plan per phase, whatever the lengths; no fallback to a plan per length
-    assert sorted(k.split("/")[0] for k in doc["buckets"]) == ["decode", "prefill"]
+    # no plan per length: one per phase and operator count, decode split in two by length
+    # only where the two halves of its profiled steps plan other clocks
+    phases = [k.split("/")[0] for k in doc["buckets"]]
+    check = doc["length_check"]
+    assert check["checked"] and phases.count("prefill") == 1
+    assert phases.count("decode") == (1 if check["shared"] else 2)
+    assert check["shared"] == (check["short_mhz"] == check["long_mhz"])
     lengths = {it["seq_len"] for it in doc["iterations"] if it["phase"] == "prefill"}
-    assert len(lengths) > 20
+    positions = {it["position"] for it in doc["iterations"] if it["phase"] == "decode"}
+    assert len(lengths) > 20 and len(positions) > 20
     assert "falling back" not in res.output
     assert doc["chosen"] is not None and doc["met"]
     chosen = doc["rounds"][doc["chosen"]]

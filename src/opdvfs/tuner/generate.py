@@ -82,12 +82,23 @@ class PhasePlan:
 
     static_mhz: float
     plans: dict[int, Schedule] = field(default_factory=dict)
+    #: Decode only, where the sequence length changes the plan: the position (tokens in the
+    #: KV cache) from which ``long_plans`` apply (None: one plan for every length).
+    split_at: int | None = None
+    long_plans: dict[int, Schedule] = field(default_factory=dict)
 
     def clocks(self) -> list[float]:
         """Return the clocks this plan sets (MHz), lowest first."""
         if not self.plans:
             return [self.static_mhz]
-        return sorted({st.freq_mhz for s in self.plans.values() for st in s.stages})
+        every = [*self.plans.values(), *self.long_plans.values()]
+        return sorted({st.freq_mhz for s in every for st in s.stages})
+
+    def for_position(self, position: int | None) -> dict[int, Schedule]:
+        """Return the plans (by operator count) for a step at ``position`` in its sequence."""
+        if self.split_at is not None and position is not None and position >= self.split_at:
+            return self.long_plans
+        return self.plans
 
 
 @dataclass
@@ -382,6 +393,7 @@ class GenerateTuner:
         self._pending_left: int | None = None  # the next request's (:meth:`request`)
         self._round_i = 0
         self._models: dict[str, Any] = {}
+        self._long: tuple[int, Any] | None = None  # decode's long steps: (split, models)
         self._chosen: _Candidate | None = None
         self._last_end_s = 0.0
         self._last_energy_j = 0.0
@@ -478,6 +490,7 @@ class GenerateTuner:
             used_j,
             int(n_ops),
             step.lead,
+            step.tokens.first_position,
         )
         if step.plan_n is not None and step.plan_n != row.n_launches:
             self.result.fallbacks += 1
@@ -592,7 +605,8 @@ class GenerateTuner:
 
     def _run_plan(self, step: _Step, plan: PhasePlan) -> _Step:
         n = self._last_n.get(step.phase)
-        schedule = plan.plans.get(n) if n is not None else None
+        plans = plan.for_position(step.tokens.first_position)
+        schedule = plans.get(n) if n is not None else None
         if schedule is None:
             self.executor.use_clock(plan.static_mhz)
             step.freq_mhz = plan.static_mhz
@@ -664,11 +678,10 @@ class GenerateTuner:
                 self._phase_profile(counted), objective=self.objective, n_launches=n
             )
             self._models[phase] = (fitted, n)
+        self._check_lengths()
         statics = self._statics(self.targets)
         for phase in PHASES:
-            n = self._models[phase][1]
-            plan = self._plan_phase(phase, self.targets[phase])
-            per_op[phase] = PhasePlan(statics[phase], {n: plan})
+            per_op[phase] = self._phase_plan(phase, self.targets[phase], statics[phase])
         # the contenders: per-operator plans per phase (re-planned where they miss), then a
         # static clock per phase and one static clock for both, planned when their turn comes
         # at the budgets of the per-operator round that measured best within the targets
@@ -717,14 +730,87 @@ class GenerateTuner:
         phases: dict[str, PhasePlan] = {p: PhasePlan(statics[p]) for p in PHASES}
         return _Candidate(cand.name, phases, budgets)
 
-    def _plan_phase(self, phase: str, budget: float) -> Schedule:
+    def _phase_plan(self, phase: str, budget: float, static_mhz: float) -> PhasePlan:
+        """Return a phase's per-operator plans at ``budget`` (decode: by length, if apart)."""
+        n = self._models[phase][1]
+        plan = PhasePlan(static_mhz, {n: self._plan_phase(phase, budget)})
+        if phase == "decode" and self._long is not None:
+            split, fitted = self._long
+            plan.split_at = split
+            plan.long_plans = {n: self._plan_phase(phase, budget, fitted, suffix="/long")}
+        return plan
+
+    def _check_lengths(self) -> None:
+        """Plan decode's short and long steps apart; keep two buckets only if they differ.
+
+        The profiled decode steps are split at their median position (tokens in the KV
+        cache); each half gets its own models and plan at the TPOT target. The same clocks:
+        one plan for every length (``length_check["shared"]``); other clocks: steps from the
+        split on apply the long half's plan. Not checked when the positions are unknown or
+        a half lacks a clock.
+        """
+        from opdvfs.plan.on_profile import fit_profile, plan_fitted
+
+        self._long = None
+        counted, n = self._profiled("decode")
+        position = {
+            r.iteration: r.position
+            for r in self.result.iterations
+            if r.iteration in counted and r.position is not None
+        }
+        if len(set(position.values())) < 4:
+            self.result.length_check = {"checked": False, "why": "too few positions profiled"}
+            return
+        split = int(np.median(list(position.values())))
+        halves = [
+            {i: f for i, f in counted.items() if i in position and (position[i] >= split) == long}
+            for long in (False, True)
+        ]
+        if any(set(h.values()) != set(self.clocks) for h in halves):
+            self.result.length_check = {"checked": False, "why": "a half lacks a clock"}
+            return
+        fits = [
+            fit_profile(self._phase_profile(h), objective=self.objective, n_launches=n)
+            for h in halves
+        ]
+        clocks = [
+            sorted(
+                {
+                    st.freq_mhz
+                    for st in plan_fitted(
+                        f,
+                        target=self.targets["decode"],
+                        objective=self.objective,
+                        interval_ms=self.interval_ms,
+                    ).stages
+                }
+            )
+            for f in fits
+        ]
+        shared = clocks[0] == clocks[1]
+        self.result.length_check = {
+            "checked": True,
+            "split_at": split,
+            "short_mhz": clocks[0],
+            "long_mhz": clocks[1],
+            "shared": shared,
+        }
+        if not shared:
+            self._long = (split, fits[1])
+
+    def _plan_phase(
+        self, phase: str, budget: float, fitted: Any = None, *, suffix: str = ""
+    ) -> Schedule:
         from opdvfs.plan.on_profile import plan_fitted
 
-        fitted, n = self._models[phase]
+        own, n = self._models[phase]
         plan = plan_fitted(
-            fitted, target=budget, objective=self.objective, interval_ms=self.interval_ms
+            own if fitted is None else fitted,
+            target=budget,
+            objective=self.objective,
+            interval_ms=self.interval_ms,
         )
-        self.result.buckets[f"{phase}/{n}"] = len(plan.stages)
+        self.result.buckets[f"{phase}/{n}{suffix}"] = len(plan.stages)
         return plan
 
     def _next_round(self) -> None:
@@ -793,9 +879,7 @@ class GenerateTuner:
             return
         phases: dict[str, PhasePlan] = {
             p: (
-                PhasePlan(
-                    cand.phases[p].static_mhz, {self._models[p][1]: self._plan_phase(p, budgets[p])}
-                )
+                self._phase_plan(p, budgets[p], cand.phases[p].static_mhz)
                 if budgets[p] != cand.budgets[p]
                 else cand.phases[p]
             )

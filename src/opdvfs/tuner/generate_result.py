@@ -61,6 +61,8 @@ class GenIteration:
     n_launches: int = 0
     #: Whether it ran at the next prefill's clock (set ahead: :meth:`GenerateTuner.request`).
     lead: bool = False
+    #: Where its new tokens start in the sequence (``cache_position``; None: not given).
+    position: int | None = None
 
 
 @dataclass
@@ -101,6 +103,8 @@ class GenerateResult:
     #: Per-operator plans kept: ``"phase/n_launches"`` -> stages.
     buckets: dict[str, int] = field(default_factory=dict)
     fallbacks: int = 0
+    #: Whether decode's short and long steps plan the same clocks (``GenerateTuner``).
+    length_check: dict[str, Any] = field(default_factory=dict)
     #: Candidates not measured because they set the clocks of a round measured before:
     #: name -> (their clocks per phase, that round's index; None: the top clock).
     skipped: dict[str, tuple[dict[str, list[float]], int | None]] = field(default_factory=dict)
@@ -306,6 +310,17 @@ def headline_lines(result: GenerateResult) -> list[str]:
             f"{_pct(r.saving)} ({r.ref_j_per_token:.4g} -> {r.j_per_token:.4g} J/token), "
             f"TTFT {_pct(r.ttft)} ({r.ref_ttft_s * 1e3:.2f} -> {r.ttft_s * 1e3:.2f} ms), "
             f"TPOT {_pct(r.tpot)} ({r.ref_tpot_s * 1e3:.2f} -> {r.tpot_s * 1e3:.2f} ms)"
+        )
+    check = result.length_check
+    if check.get("checked"):
+        how = (
+            "one plan for every length"
+            if check["shared"]
+            else f"planned apart from position {check['split_at']}"
+        )
+        head.append(
+            f"decode lengths: steps before and after position {check['split_at']} plan "
+            f"{check['short_mhz']} and {check['long_mhz']} MHz: {how}"
         )
     if result.fallbacks:
         head.append(

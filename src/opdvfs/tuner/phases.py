@@ -5,9 +5,10 @@ per step. The first call of a request runs the whole prompt through the model (*
 many tokens, compute-bound); every later call feeds the one token just sampled, reading the
 KV cache (**decode**: memory-bound). :func:`classify_phase` tells them apart from what the
 forward is given; :func:`forward_tokens` reads that from the forward's arguments as
-``transformers`` models take them (``input_ids`` or ``inputs_embeds``, ``cache_position``).
-:func:`bucket_key` says which plan a step shares: decode steps whose operators are the same
-(only the sequence length differs) share one.
+``transformers`` models take them (``input_ids`` or ``inputs_embeds``, ``cache_position``
+or ``position_ids``). :func:`bucket_key` says which plan a step shares: decode steps whose
+operators are the same (only the sequence length differs) share one, unless their length
+changes the plan (:meth:`~opdvfs.tuner.generate.GenerateTuner._check_lengths`).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ def classify_phase(
 ) -> Phase:
     """Return the phase of one forward: ``prefill`` or ``decode``.
 
-    Prefill: the first forward of a request (``first_of_request``, or a ``cache_position``
-    starting at 0), or more than one new token per row (``seq_len > 1``; a forward whose
+    Prefill: the first forward of a request (``first_of_request``, or a position starting at
+    0), or more than one new token per row (``seq_len > 1``; a forward whose
     tokens are unknown counts as prefill, the safe side: it keeps the top clock's plan).
     Decode: one new token per row over the KV cache.
     """
@@ -69,8 +70,9 @@ def forward_tokens(args: Sequence[Any], kwargs: Mapping[str, Any]) -> ForwardTok
 
     The token tensor is ``input_ids``, else ``inputs_embeds``, else the first positional
     argument with a shape: ``[batch, seq]`` (ids) or ``[batch, seq, hidden]`` (embeddings); a
-    1-d tensor is one row. ``cache_position``'s first element, where given, is where the new
-    tokens start in the sequence (0: the request's first forward).
+    1-d tensor is one row. The first element of ``cache_position`` (else ``position_ids``),
+    where given, is where the new tokens start in the sequence (0: the request's first
+    forward).
     """
     tokens = kwargs.get("input_ids")
     if tokens is None:
@@ -83,6 +85,8 @@ def forward_tokens(args: Sequence[Any], kwargs: Mapping[str, Any]) -> ForwardTok
         batch, seq_len = (dims[0], dims[1]) if len(dims) >= 2 else (1, dims[0])
     first: int | None = None
     position = kwargs.get("cache_position")
+    if position is None:
+        position = kwargs.get("position_ids")
     pos_dims = _tensor_dims(position) if position is not None else None
     if position is not None and pos_dims and pos_dims[-1] > 0:
         try:
