@@ -13,22 +13,32 @@ user's unchanged loop (``model.generate(...)``, a serving loop) on a simulated G
    time is the time to the first token (**TTFT**) and a decode step's the time per output
    token (**TPOT**);
 2. **warms up** at the top clock, then **profiles** both phases at a few clocks
-   (:func:`~opdvfs.tuner.policy.profile_clocks`), the first step after each clock change
-   left out;
-3. **plans per phase**, on each phase's own profile (:func:`~opdvfs.runtime.sweep.sim_profile`
-   of its steps; the models and the planner ``opdvfs plan`` uses): a per-operator plan per
-   phase at the phase's target, each phase's best static clock, and the best *single* static
-   clock for both (the lowest clock both phases' models keep within their targets). Decode
-   steps whose operators are the same share one plan whatever their sequence length
-   (:func:`~opdvfs.tuner.phases.bucket_key`); a step whose operators differ runs at its
-   phase's static clock, with no warning per step;
-4. **measures** each candidate in A/B blocks alternating with the top clock (ABBA) within
-   each phase, switched at each phase boundary; scored by
+   (:func:`~opdvfs.tuner.policy.profile_clocks`); every change happens at a request's start
+   (its prefill), and the first request at a clock is its switch, left out;
+3. **plans per phase**, on each phase's own profile (:meth:`GenerateTuner._phase_profile`:
+   its kernels, at its steps' power from the exact energy counter; the models and the
+   planner ``opdvfs plan`` uses): a per-operator plan per phase at the phase's target, each
+   phase's best static clock, and the best *single* static clock for both (the lowest clock
+   both phases' models keep within their budgets). Decode steps whose operators are the same
+   share one plan whatever their sequence length (:func:`~opdvfs.tuner.phases.bucket_key`),
+   unless the short and the long half of them plan other clocks
+   (:meth:`GenerateTuner._check_lengths`: then two buckets, split by position); a step whose
+   operators differ runs at its phase's static clock, with no warning per step;
+4. **measures** each candidate in A/B blocks of whole requests alternating with top-clock
+   blocks (ABBA; a block's first request is its switch, left out), so a tuned request pays
+   its phase switches as in steady state; scored by
    :func:`~opdvfs.tuner.generate_result.score_round` (TTFT and TPOT slowdowns, energy per
    token saved, each with its 95% interval). A per-operator round whose slowdown's upper
-   bound misses a target is planned again at a tighter budget for that phase;
+   bound misses a target is planned again at a tighter budget for that phase; the static
+   candidates are planned, when their turn comes, at the budgets of the best per-operator
+   round within the targets;
 5. applies the **chosen** candidate (:func:`~opdvfs.tuner.generate_result.choose`) for the
    rest of the run.
+
+A clock switch takes the device's latency (15 ms on ``a100-like``, more than a decode step):
+where a request's length is known (:meth:`GenerateTuner.request`, which Hugging Face
+``generate()`` calls by itself while tuning), the next prefill's clock is set during the
+request's last decode steps (:meth:`GenerateTuner._lead`).
 
 The clock is restored on every exit (:class:`~opdvfs.runtime.actuators.ClockGuard`); a failure
 of the tuner's own becomes the result's error and the loop runs on at the top clock.
