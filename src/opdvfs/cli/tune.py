@@ -77,8 +77,13 @@ def _progress() -> tuple[Any, Any]:
 def tune(
     ctx: typer.Context,
     target: Annotated[
-        float, typer.Option("--target", help="Allowed measured slowdown (0.02 = 2%).")
-    ],
+        float | None,
+        typer.Option(
+            "--target",
+            help="Allowed measured slowdown (0.02 = 2%; required); --mode generate: of both "
+            "the time to first token and per output token unless given apart.",
+        ),
+    ] = None,
     actuator: Annotated[
         str,
         typer.Option(
@@ -153,6 +158,23 @@ def tune(
             "(its own --log-dir takes --log), one file per rank (calls.rank1.jsonl).",
         ),
     ] = None,
+    mode: Annotated[
+        str,
+        typer.Option(
+            "--mode",
+            help="train (iterations end at optimizer steps) or generate (a generation loop, "
+            "e.g. HF generate(): steps at model forwards, prefill and decode tuned apart; "
+            "sim:PRESET; docs/guide/generate.md).",
+        ),
+    ] = "train",
+    ttft_target: Annotated[
+        float | None,
+        typer.Option("--ttft-target", help="--mode generate: allowed slowdown of TTFT."),
+    ] = None,
+    tpot_target: Annotated[
+        float | None,
+        typer.Option("--tpot-target", help="--mode generate: allowed slowdown of TPOT."),
+    ] = None,
     no_cache: Annotated[
         bool,
         typer.Option(
@@ -181,6 +203,34 @@ def tune(
     from opdvfs.tuner import summary_lines, tune, write_tune
     from opdvfs.tuner.ranks import launched_as
 
+    clock_choice: Any = (
+        "auto"
+        if clocks.strip().lower() == "auto"
+        else lambda supported: parse_clocks(clocks, supported)
+    )
+    if mode == "generate":
+        from opdvfs.cli.tune_generate import tune_generate
+
+        tune_generate(
+            ctx.args,
+            target=target,
+            ttft_target=ttft_target,
+            tpot_target=tpot_target,
+            actuator=actuator,
+            clocks=clock_choice,
+            out=out,
+            warmup=warmup,
+            iterations_per_clock=iterations_per_clock,
+            pairs=pairs,
+            rounds=rounds,
+            work_scale=work_scale,
+            as_json=as_json,
+        )
+        return
+    if mode != "train":
+        raise UsageError(f"--mode {mode}: expected train or generate")
+    if target is None:
+        raise UsageError("--target: required (the allowed slowdown, 0.02 = 2%)")
     if not 0 < target <= 1:
         raise UsageError(
             f"--target {target:g}: expected a slowdown budget as a fraction in (0, 1] (0.02 = 2%)"
@@ -206,11 +256,7 @@ def tune(
         context = tune(
             target,
             actuator=actuator,
-            clocks=(
-                "auto"
-                if clocks.strip().lower() == "auto"
-                else lambda supported: parse_clocks(clocks, supported)
-            ),
+            clocks=clock_choice,
             warmup=warmup,
             iterations_per_clock=iterations_per_clock,
             work_scale=work_scale,

@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -61,6 +61,7 @@ __all__ = [
     "SweepIteration",
     "SweepResult",
     "device_meter",
+    "sim_profile",
     "sweep_profile",
     "sweep_run",
 ]
@@ -556,7 +557,20 @@ def _counted_clocks(records: Sequence[SweepIteration]) -> dict[int, float]:
 
 def _sim_profile(gpu: SimulatedGpu, sweep: ClockSweep) -> Profile:
     """Build the sweep's profile from a simulated GPU's kernel records and power samples."""
-    counted = _counted_clocks(sweep.records)
+    return sim_profile(gpu, _counted_clocks(sweep.records))
+
+
+def sim_profile(gpu: SimulatedGpu, counted: Mapping[int, float]) -> Profile:
+    """Return a simulated GPU's profile of the iterations ``counted`` (iteration -> MHz set).
+
+    Every kernel of those iterations, at the clock its iteration was counted at, with the
+    device's power samples. (``opdvfs tune --mode generate`` profiles each phase's iterations.)
+
+    Raises
+    ------
+    CaptureError
+        If a counted iteration ran (in part) at another clock.
+    """
     kernels = gpu.kernels()
     rows = kernels[kernels["iteration"].isin(list(counted))].copy()
     set_mhz = rows["iteration"].map(counted).to_numpy(dtype=float)

@@ -76,6 +76,9 @@ Where each part lives:
   device);
 - :mod:`~opdvfs.tuner.ranks`: torchrun, rank 0 leading;
 - :mod:`~opdvfs.tuner.ab`: the A/B blocks and their intervals;
+- :mod:`~opdvfs.tuner.generate`, :mod:`~opdvfs.tuner.phases`,
+  :mod:`~opdvfs.tuner.generate_result`: ``mode="generate"``, a generation loop tuned per
+  phase (prefill, decode), held to TTFT and TPOT targets;
 - :mod:`~opdvfs.tuner.result`, :mod:`~opdvfs.tuner.report`, :mod:`~opdvfs.tuner.cache`: what a
   run measured (the whole run against the top clock and its break-even:
   :class:`~opdvfs.tuner.result.WholeRun`), the files it writes (the report leads with

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import opdvfs.tuner.policy as policy
+from opdvfs.exceptions import ValidationError
 from opdvfs.schedule import Objective
 from opdvfs.tuner.cache import TuneCache
 from opdvfs.tuner.loop import Tuner
@@ -81,6 +82,13 @@ class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
         (:func:`~opdvfs.runtime.actuators.make_actuator`).
     on_iteration
         Called after each iteration with :meth:`Tuner.status` (a progress display).
+    mode
+        ``"train"`` (iterations end at optimizer steps) or ``"generate"``: a generation loop
+        tuned per phase, prefill and decode (:class:`~opdvfs.tuner.generate.GenerateTuner`,
+        a simulated GPU; ``options`` go to it).
+    ttft_target, tpot_target
+        With ``mode="generate"``: the allowed slowdowns of the time to first token and per
+        output token (default: ``target`` for both).
     """
 
     def __init__(
@@ -99,6 +107,9 @@ class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
         log: str | os.PathLike[str] | None = None,
         gpu: str | None = None,
         on_iteration: Callable[[dict[str, Any]], None] | None = None,
+        mode: str = "train",
+        ttft_target: float | None = None,
+        tpot_target: float | None = None,
         **options: Any,
     ) -> None:
         from opdvfs._files import check_writable_folder
@@ -118,6 +129,26 @@ class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
                 chosen = list(clocks(act.supported_freqs_mhz()))
             elif not isinstance(clocks, str):
                 chosen = [float(f) for f in clocks]
+            if mode not in ("train", "generate"):
+                raise ValidationError(
+                    f"mode {mode!r}: expected 'train' or 'generate'", field="mode"
+                )
+            if mode == "generate":
+                from opdvfs.tuner.generate import GenerateTuner
+
+                self.tuner: Any = GenerateTuner(
+                    act,
+                    ttft_target=target if ttft_target is None else ttft_target,
+                    tpot_target=target if tpot_target is None else tpot_target,
+                    clocks=chosen,
+                    warmup=warmup,
+                    per_clock=iterations_per_clock or 2,
+                    objective=objective,
+                    label=actuator,
+                    **options,
+                )
+                self.out = out
+                return
             self.tuner = Tuner(
                 act,
                 target=target,
@@ -136,7 +167,10 @@ class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
 
     @property
     def result(self) -> TuneResult:
-        """What the run measured (complete after the block)."""
+        """What the run measured (complete after the block).
+
+        With ``mode="generate"`` a :class:`~opdvfs.tuner.generate_result.GenerateResult`.
+        """
         return self.tuner.result
 
     def __enter__(self) -> tune:
@@ -155,7 +189,11 @@ class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
         raised = exc[0] is not None
         try:
             self.tuner.__exit__(*exc)
-            if self.out is not None and self.tuner.rank == 0 and not self.tuner.sweep_unfinished:
+            if self.out is not None and not isinstance(self.tuner, Tuner):
+                from opdvfs.tuner.generate_result import write_generate
+
+                write_generate(self.tuner.result, self.out)
+            elif self.out is not None and self.tuner.rank == 0 and not self.tuner.sweep_unfinished:
                 write_tune(self.tuner.result, self.out)
         except Exception as own:
             if not raised:
