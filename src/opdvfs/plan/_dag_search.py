@@ -39,9 +39,16 @@ _HOOD_TIME_S = 0.1
 
 
 def _greedy_fill(
-    problem: DagProblem, options: _Options, slot: np.ndarray, deadline_s: float
+    problem: DagProblem,
+    options: _Options,
+    slot: np.ndarray,
+    deadline_s: float,
+    until: float = np.inf,
 ) -> np.ndarray:
     """Move nodes to slower, cheaper options while the deadline holds; best saving rate first.
+
+    Every move keeps the deadline, so past ``until`` (``time.perf_counter``) the plan so far
+    is returned.
 
     A node may take ``float = deadline - (head + duration + tail)`` more time without
     lengthening any path past the deadline (its longest path through it is head + d + tail).
@@ -66,7 +73,7 @@ def _greedy_fill(
         with np.errstate(invalid="ignore"):  # padding: inf - inf
             saving = options.cost_j[rows, slot][:, None] - options.cost_j - per_makespan * extra
         good = fits & (saving > 1e-12)
-        if not good.any():
+        if not good.any() or _time.perf_counter() >= until:
             return slot
         with np.errstate(invalid="ignore"):
             rate = np.where(good, saving / np.where(good, longer, 1.0), -np.inf)
@@ -189,7 +196,7 @@ def _search(
             )
             if got is None:
                 continue
-            got = _greedy_fill(problem, options, got, deadline_s)
+            got = _greedy_fill(problem, options, got, deadline_s, until)
             makespan, energy, _ = problem.evaluate(options.clock[rows, got])
             if energy < best_e * (1 - 1e-12) and makespan <= deadline_s * (1 + 1e-6):
                 best, best_e = got, float(energy)
