@@ -258,7 +258,7 @@ def _bound_worker(enough_j=np.inf):
     from opdvfs.plan.dag import _prepare
 
     problem = pipeline_dag(read_profile([dataset_path("perseus-gpt3-175b-a40")]), 8)
-    options, programme = _prepare(problem)
+    options, programme, _ = _prepare(problem)
     deadline_s, top = _deadline(problem, 0.0)
     programme.set_deadline(deadline_s)
     lower_j, _ = programme.relax()
@@ -426,7 +426,7 @@ def test_the_dive_rounds_the_relaxation_to_a_plan_within_the_deadline(seed):
 
     rng = np.random.default_rng(seed)
     problem = random_dag(rng, 30, 5, n_ranks=4)
-    options, programme = _prepare(problem)
+    options, programme, _ = _prepare(problem)
     rows = np.arange(problem.n_nodes)
     for target in (0.0, 0.05, 0.2):
         deadline, _ = _deadline(problem, target)

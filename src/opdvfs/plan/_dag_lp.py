@@ -98,16 +98,26 @@ class _Programme:
     gap markedly faster on it. Times are in ms: HiGHS's tolerances are absolute.
 
     ``nested`` False leaves the nesting rows out: for a relaxation on convex-hull options
-    (:meth:`_Options.hull`), where no optimum breaks them. Every solve stops at its time limit
+    (:meth:`_Options.hull`), where no optimum breaks them; ``round_to`` is then the options
+    its durations round to (the full ones). Every solve stops at its time limit
     through HiGHS's simplex and MIP interrupt callbacks (:meth:`_on_interrupt`), and at once
     when :meth:`halt` is called from another thread.
     """
 
-    def __init__(self, problem: DagProblem, options: _Options, *, nested: bool = True) -> None:
+    def __init__(
+        self,
+        problem: DagProblem,
+        options: _Options,
+        *,
+        nested: bool = True,
+        round_to: _Options | None = None,
+    ) -> None:
         import highspy
 
         self.highspy = highspy
         self.problem, self.options = problem, options
+        #: The options :meth:`round_down` (and so :meth:`dive`) returns slots of.
+        self.round_to = options if round_to is None else round_to
         n = problem.n_nodes
         above = options.valid & (np.arange(options.valid.shape[1]) >= 1)
         node_of, slot = np.nonzero(above)
@@ -186,8 +196,9 @@ class _Programme:
         # HiGHS's MIP interrupt callback, at every node and between the root's cut rounds: the
         # live bound, the stop test, the time limit and Ctrl-C; its simplex interrupt callback,
         # every few simplex iterations (the relaxation, and the LPs within branch and bound):
-        # the time limit and Ctrl-C. HiGHS's own time_limit is kept as well, but it is not
-        # asked within a long LP. The callback holds the programme weakly: HiGHS keeps it
+        # the time limit and Ctrl-C. HiGHS's own time_limit is set as well on branch and bound
+        # (not on an LP: there it counts from the model's first run), but it is not asked
+        # within a long LP. The callback holds the programme weakly: HiGHS keeps it
         # where Python's collector cannot see it, so a bound method would keep every
         # programme (and its HiGHS model, ~1 MB) alive for good. (Not as HiGHS's user data:
         # highspy does not keep that object alive.)
@@ -217,14 +228,16 @@ class _Programme:
             stop = stop or (
                 stop_when is not None and stop_when(float(out.mip_primal_bound), self.live_bound_j)
             )
-        if stop:
-            into.user_interrupt = True
+        # HiGHS keeps the flag between callbacks and runs: a run stopped for its time would
+        # stop every later one at its first callback
+        into.user_interrupt = bool(stop)
 
     def _run(self, time_limit_s: float | None = None) -> None:
         """Run HiGHS within ``time_limit_s`` (None: none); raise KeyboardInterrupt on Ctrl-C."""
         limit = self.highspy.kHighsInf if time_limit_s is None else max(time_limit_s, 1e-3)
         self._until = _time.perf_counter() + (np.inf if time_limit_s is None else time_limit_s)
-        self.h.setOptionValue("time_limit", limit)
+        if self._is_integer:  # on an LP HiGHS counts its limit from the model's first run
+            self.h.setOptionValue("time_limit", limit)
         try:
             self.h.run()
         finally:
@@ -320,7 +333,7 @@ class _Programme:
         """Each node's slowest option not slower than its duration under thresholds ``y``."""
         step = np.bincount(self.node_of, weights=y * self.step_ms, minlength=self.n)
         duration_ms = self.fastest_ms + step
-        at_or_below = self.options.time_s * 1e3 <= duration_ms[:, None] * (1 + _TIME_RTOL) + 1e-12
+        at_or_below = self.round_to.time_s * 1e3 <= duration_ms[:, None] * (1 + _TIME_RTOL) + 1e-12
         return np.maximum(at_or_below.sum(axis=1) - 1, 0)
 
     def exact(

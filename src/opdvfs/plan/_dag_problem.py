@@ -289,7 +289,6 @@ class _Options:
             valid,
         )
 
-
     def hull(self) -> _Options:
         """Return the options on each node's lower convex hull in (time, cost), packed.
 

@@ -256,12 +256,15 @@ def _solve(
         # ... then from a second start, the relaxation rounded by diving
         energy = float(problem.evaluate(options.clock[rows, slot])[1])
         dive_until = _time.perf_counter() + _DIVE_SHARE * search_s
+        # on the whole programme where its relaxation is expected within the search's time
+        # (as measured, its dive finds better plans), else on the hull's (solved already)
+        diver = programme if root_s < search_s else relaxation
         if (
             not certified(energy)
             and dive_until < started + search_s
-            and _relaxed_by(programme, dive_until)
+            and _relaxed_by(diver, dive_until)
         ):
-            dived = _greedy_fill(problem, options, programme.dive(dive_until), deadline, until)
+            dived = _greedy_fill(problem, options, diver.dive(dive_until), deadline, until)
             makespan, dived_e, _ = problem.evaluate(options.clock[rows, dived])
             if makespan <= deadline * (1 + 1e-6) and dived_e < energy * (1 + _DIVE_ROOM):
                 dived = _search(
@@ -319,7 +322,7 @@ def _relaxed_by(programme: _Programme, until: float) -> bool:
 def _first_plan(
     problem: DagProblem, options: _Options, top: np.ndarray, deadline_s: float, started: float
 ) -> DagPlan:
-    """The plan when the budget ends before the relaxation: the all-max plan stretched.
+    """Return the plan when the budget ends before the relaxation: all-max, stretched.
 
     Every node takes its cheapest option no slower than its top clock's time times the
     deadline over the all-max makespan: every path stretches by at most that factor, so the
@@ -344,9 +347,9 @@ def _first_plan(
 
 
 def _prepare(problem: DagProblem) -> tuple[_Options, _Programme, _Programme]:
-    """The options, the 0/1 programme on them, and the relaxation on their convex hulls."""
+    """Return the options, the 0/1 programme on them, and the relaxation on their hulls."""
     options = _Options.build(problem)
-    relaxation = _Programme(problem, options.hull(), nested=False)
+    relaxation = _Programme(problem, options.hull(), nested=False, round_to=options)
     # its LP is solved as stated (measured: presolve took 0.86 s to 0.52 s at 128 x 16 off)
     relaxation.h.setOptionValue("presolve", "off")
     return options, _Programme(problem, options), relaxation
