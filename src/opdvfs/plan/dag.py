@@ -49,6 +49,16 @@ The code, by concern: the problem and plan types in :mod:`opdvfs.plan._dag_probl
 here), the programme on HiGHS, its bound worker and Ctrl-C in :mod:`opdvfs.plan._dag_lp`, the
 greedy pass and the neighbourhood search in :mod:`opdvfs.plan._dag_search`; this module states
 the budget and runs them.
+
+**Anytime.** Every phase runs within ``time_limit_s``: the relaxation is stated on each node's
+convex-hull options alone (the same optimum, a third of the columns, no nesting rows:
+:meth:`~opdvfs.plan._dag_problem._Options.hull`; 0.3-1.1 s at 128 microbatches x 16 stages,
+where the whole programme's took 4-10 s), and every HiGHS solve stops at its limit through
+HiGHS's simplex and MIP interrupt callbacks. A relaxation that does not finish in time leaves
+the all-max plan stretched to the deadline (method ``stretched``). HiGHS's branch and bound
+solves its root LP out of the callbacks' reach, so the bound worker and the final branch and
+bound start only where that root is expected within half the seconds left
+(:func:`_root_seconds`); on larger graphs the neighbourhood search takes their time.
 """
 
 from __future__ import annotations
@@ -100,14 +110,26 @@ _DIVE_ROOM = 0.01
 _SEARCH_SHARE, _SEARCH_SHARE_LATER = 1.0, 0.1
 #: Seconds kept back from branch and bound for what follows it (HiGHS stops a little late).
 _WRAP_UP_S = 0.03
-#: The bound worker, and branch and bound on the whole programme, start only if its root
-#: relaxation is expected within this share of the seconds left. Expected: the hull
-#: relaxation's seconds times the square of the ratio of the two programmes' columns (as
-#: measured on the Perseus graphs at 128 microbatches: 0.41 s and 3.9 s, 1.3 s and 9.9 s).
-#: HiGHS's branch and bound solves its root on an LP solver of its own, which neither its
-#: time limit nor the interrupt callbacks reach: started on a root it cannot finish, it ran
-#: 10-40 s past a limit of 5 s.
+#: The bound worker, and branch and bound on the whole programme, start only if HiGHS is
+#: expected to finish their root within this share of the seconds left. Its branch and bound
+#: solves the root on an LP solver of its own, which neither its time limit nor the
+#: interrupt callbacks reach: started on a root it could not finish, it ran 10-40 s past a
+#: limit of 5 s, and a worker told to stop 0.3 s into it stopped 18 s (CPU) later.
 _ROOT_ROOM = 0.5
+#: Seconds from the start of branch and bound to its first interrupt past the root, on a
+#: programme of _ROOT_COLUMNS threshold columns, and their growth with the columns: measured
+#: (CPU, the bound worker's settings) 0.12, 0.39, 1.2 and 5.4 s on the GPT-3 A40 graphs of 8,
+#: 16, 32 and 64 microbatches (2824 to 22592 columns), 0.11, 0.33 and 1.3 s on BLOOM A100.
+_ROOT_S, _ROOT_COLUMNS, _ROOT_GROWTH = 0.12, 2824, 1.8
+
+
+def _root_seconds(columns: int, load: float) -> float:
+    """Return the expected wall seconds of branch and bound's root on ``columns`` columns.
+
+    ``load`` is the wall time over the CPU time the relaxation just took (>= 1 where other
+    work shares the cores).
+    """
+    return _ROOT_S * (columns / _ROOT_COLUMNS) ** _ROOT_GROWTH * load
 
 
 #: The default budget of one deadline (s): under a second with the wrap-up, on a loaded machine.
@@ -187,12 +209,14 @@ def _solve(
         """Seconds of the budget left for branch and bound (the wrap-up kept back)."""
         return time_limit_s - _WRAP_UP_S - (_time.perf_counter() - started)
 
-    relax_started = _time.perf_counter()
+    relax_started, relax_cpu = _time.perf_counter(), _time.thread_time()
     try:
         relaxed = relaxation.relax(None if time_limit_s <= 0 else max(left_s(), 0.0))
     except _OutOfTime:
         return _first_plan(problem, options, top, deadline, started)
     relax_s = _time.perf_counter() - relax_started
+    relax_cpu = _time.thread_time() - relax_cpu
+    load = min(max(relax_s / relax_cpu, 1.0), 4.0) if relax_cpu > 0.01 else 1.0
     if relaxed is None:
         return _infeasible(problem, deadline, started)
     bound, duration = relaxed
@@ -226,7 +250,10 @@ def _solve(
     if budget_s <= 0:
         return replace(plan, method="search")
     search_s = _search_seconds(time_limit_s)
-    root_s = relax_s * (programme.nx / max(relaxation.nx, 1)) ** 2  # the whole programme's root
+    root_s = _root_seconds(programme.nx, load)
+    # the whole programme's relaxation: about the square of the ratio of the columns (0.41 s
+    # and 3.9 s, 1.3 s and 9.9 s at 128 microbatches, 8 and 16 stages)
+    lp_s = relax_s * (programme.nx / max(relaxation.nx, 1)) ** 2
     best_energy = [plan.energy_j]  # the best plan's energy so far (J), read by the worker
 
     def certified(energy_j: float) -> bool:
@@ -258,7 +285,7 @@ def _solve(
         dive_until = _time.perf_counter() + _DIVE_SHARE * search_s
         # on the whole programme where its relaxation is expected within the search's time
         # (as measured, its dive finds better plans), else on the hull's (solved already)
-        diver = programme if root_s < search_s else relaxation
+        diver = programme if lp_s < search_s else relaxation
         if (
             not certified(energy)
             and dive_until < started + search_s
