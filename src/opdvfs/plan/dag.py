@@ -63,6 +63,7 @@ bound start only where that root is expected within half the seconds left
 
 from __future__ import annotations
 
+import os
 import time as _time
 from dataclasses import replace
 from typing import Any
@@ -121,6 +122,21 @@ _ROOT_ROOM = 0.5
 #: (CPU, the bound worker's settings) 0.12, 0.39, 1.2 and 5.4 s on the GPT-3 A40 graphs of 8,
 #: 16, 32 and 64 microbatches (2824 to 22592 columns), 0.11, 0.33 and 1.3 s on BLOOM A100.
 _ROOT_S, _ROOT_COLUMNS, _ROOT_GROWTH = 0.12, 2824, 1.8
+
+
+def _load(wall_s: float, cpu_s: float) -> float:
+    """Return how many times slower than its CPU time work runs now (1 to 4).
+
+    The larger of the relaxation's wall over CPU time (where it took long enough to tell) and
+    the load average per core: on the shared 2-core machine, at load 5-6, a root of 0.4 s
+    (CPU) took 2 s of wall time, past a budget of 0.85 s.
+    """
+    measured = wall_s / cpu_s if cpu_s > 0.01 else 1.0
+    try:
+        queued = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:  # no load average on this platform
+        queued = 1.0
+    return min(max(measured, queued, 1.0), 4.0)
 
 
 def _root_seconds(columns: int, load: float) -> float:
@@ -216,7 +232,7 @@ def _solve(
         return _first_plan(problem, options, top, deadline, started)
     relax_s = _time.perf_counter() - relax_started
     relax_cpu = _time.thread_time() - relax_cpu
-    load = min(max(relax_s / relax_cpu, 1.0), 4.0) if relax_cpu > 0.01 else 1.0
+    load = _load(relax_s, relax_cpu)
     if relaxed is None:
         return _infeasible(problem, deadline, started)
     bound, duration = relaxed
