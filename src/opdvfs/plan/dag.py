@@ -122,9 +122,10 @@ _ROOT_ROOM = 0.5
 #: (CPU, the bound worker's settings) 0.12, 0.39, 1.2 and 5.4 s on the GPT-3 A40 graphs of 8,
 #: 16, 32 and 64 microbatches (2824 to 22592 columns), 0.11, 0.33 and 1.3 s on BLOOM A100.
 _ROOT_S, _ROOT_COLUMNS, _ROOT_GROWTH = 0.12, 2824, 1.8
-#: Share of its seconds a branch and bound (the bound worker's, the final one) is given: past
-#: the root HiGHS still runs out of the callbacks' reach for a while (a node's LP, a cut
-#: round): at 16 microbatches, 2 s, they ran 0.07-0.6 s past their limits.
+#: Share of its seconds a branch and bound (the bound worker's, the final one) is given, over
+#: the load (:func:`_load`): past the root HiGHS still runs out of the callbacks' reach for a
+#: while (a node's LP, a cut round): at 16 microbatches, 2 s, they ran 0.07-0.6 s past their
+#: limits, and 0.23 s past 0.75 of them at load 5 on 2 cores.
 _MIP_SHARE = 0.75
 
 
@@ -288,7 +289,7 @@ def _solve(
             deadline * (1 + _TIME_RTOL),
             slot,
             rel_gap=rel_gap,
-            time_limit_s=_MIP_SHARE * budget_s,
+            time_limit_s=_MIP_SHARE * budget_s / load,
             stop_when=lambda bound_j: best_energy[0] * (1 - rel_gap) <= bound_j,
         )
         if bound_worker and root_s < _ROOT_ROOM * budget_s
@@ -333,7 +334,7 @@ def _solve(
             programme.watch(lambda incumbent_j, _bound_j: certified(incumbent_j))
             try:
                 best, mip_bound, _ = programme.exact(
-                    slot, rel_gap=rel_gap, time_limit_s=_MIP_SHARE * remaining
+                    slot, rel_gap=rel_gap, time_limit_s=_MIP_SHARE * remaining / load
                 )
             finally:
                 programme.watch(None)
