@@ -57,7 +57,7 @@ where the whole programme's took 4-10 s), and every HiGHS solve stops at its lim
 HiGHS's simplex and MIP interrupt callbacks. A relaxation that does not finish in time leaves
 the all-max plan stretched to the deadline (method ``stretched``). HiGHS's branch and bound
 solves its root LP out of the callbacks' reach, so the bound worker and the final branch and
-bound start only where that root is expected within half the seconds left
+bound start only where that root is expected within 30% of the seconds left
 (:func:`_root_seconds`); on larger graphs the neighbourhood search takes their time.
 """
 
@@ -116,7 +116,7 @@ _WRAP_UP_S = 0.03
 #: solves the root on an LP solver of its own, which neither its time limit nor the
 #: interrupt callbacks reach: started on a root it could not finish, it ran 10-40 s past a
 #: limit of 5 s, and a worker told to stop 0.3 s into it stopped 18 s (CPU) later.
-_ROOT_ROOM = 0.5
+_ROOT_ROOM = 0.3
 #: Seconds from the start of branch and bound to its first interrupt past the root, on a
 #: programme of _ROOT_COLUMNS threshold columns, and their growth with the columns: measured
 #: (CPU, the bound worker's settings) 0.12, 0.39, 1.2 and 5.4 s on the GPT-3 A40 graphs of 8,
@@ -274,7 +274,7 @@ def _solve(
     root_s = _root_seconds(programme.nx, load)
     # the whole programme's relaxation: about the square of the ratio of the columns (0.41 s
     # and 3.9 s, 1.3 s and 9.9 s at 128 microbatches, 8 and 16 stages)
-    lp_s = relax_s * (programme.nx / max(relaxation.nx, 1)) ** 2
+    lp_s = relax_cpu * (programme.nx / max(relaxation.nx, 1)) ** 2  # CPU: not the load
     best_energy = [plan.energy_j]  # the best plan's energy so far (J), read by the worker
 
     def certified(energy_j: float) -> bool:
