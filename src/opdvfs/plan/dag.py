@@ -183,12 +183,15 @@ def solve_dag(
     rel_gap
         Stop once the plan is certified within this fraction of the optimum (1e-3 = 0.1%).
     time_limit_s
-        Wall-time budget: the rounded relaxation, then a neighbourhood search (up to all of
-        the first second and 10% of the rest), then HiGHS's branch and bound from the best
-        plan (the rest), with the bound worker beside them all the while, until the certified
-        gap is within ``rel_gap``. The best plan found is returned with its certified gap;
-        status ``feasible`` when that gap is above ``rel_gap``. 0 (or less than the wrap-up)
-        returns the rounded relaxation.
+        Wall-time budget, every phase within it: the rounded relaxation, then a neighbourhood
+        search (up to all of the first second and 10% of the rest), then HiGHS's branch and
+        bound from the best plan (the rest; on graphs whose root would not fit, the search),
+        with the bound worker beside them where its root fits, until the certified gap is
+        within ``rel_gap``. The best plan found is returned with its certified gap; status
+        ``feasible`` when that gap is above ``rel_gap``. A budget that ends before the
+        relaxation is solved returns the all-max plan stretched to the deadline (method
+        ``stretched``). 0 returns the rounded relaxation, solved with no limit
+        (deterministic).
     deadline_s
         An absolute makespan limit (s) instead of ``target``.
 
