@@ -29,13 +29,26 @@ above lowtime's best plan within the same deadline (< 0: below it at every deadl
 ``--held-out 4,16`` repeats the lowtime comparison on graphs of other microbatch counts;
 ``--held-out-exact-seconds`` adds each held-out deadline's distance to the best plan known.
 
+``--scale 4,8,16,32,64,128`` adds the planner at scale (issue 35): every Perseus file as 8
+stages and as 16 (a synthetic profile: each Perseus stage split into two of 48% and 52% of its
+time and energy), at each microbatch count and d, planned with the default budget and with
+each ``--scale-limits`` time limit, each case in a process of its own (``--repeats`` times):
+the median CPU seconds (the process's, both threads), the peak resident memory of the
+process, the certified gap to the plan's own bound, and whether the time limit held
+(``limit held``: every run of every limit within 1.1 T + 0.2 s of wall time). ``--scale-only``
+prints only that table.
+
     .venv/bin/python benchmarks/pipeline_planning.py [--exact-seconds 60] [--blocking-power-w 0]
         [--lowtime-python /tmp/lt/bin/python] [--held-out 4,16] [--held-out-exact-seconds 30]
+        [--scale 4,8,16,32,64,128 [--scale-limits 2,5] [--repeats 3] [--scale-only]]
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
+import resource
 import subprocess
 import tempfile
 import time
@@ -46,8 +59,8 @@ import pandas as pd
 
 from opdvfs.datasets import DATASETS, dataset_path
 from opdvfs.io import read_profile
-from opdvfs.plan.dag import DagProblem, dag_frontier, solve_dag
-from opdvfs.plan.pipeline import pipeline_dag
+from opdvfs.plan.dag import TIME_LIMIT_S, DagProblem, dag_frontier, solve_dag
+from opdvfs.plan.pipeline import pipeline_dag, pipeline_graph
 
 TARGETS = (0.0, 0.02, 0.05, 0.10)
 STAGES_MICROBATCHES = 8
@@ -195,6 +208,102 @@ def held_out(
     return row
 
 
+def scale_problem(name: str, n_stages: int, microbatches: int) -> DagProblem:
+    """Return a Perseus file's 1F1B graph with its 8 stages, or 16 (each split 48% / 52%)."""
+    profile = read_profile([dataset_path(name)])
+    if n_stages == 8:
+        return pipeline_dag(profile, microbatches)
+    one = pipeline_dag(profile, 1)  # each stage's forward0 and backward0
+    forward = np.char.startswith(one.names.astype(str), "forward")
+    order = np.argsort(one.rank[forward], kind="stable")
+    fwd_t, fwd_e = one.time_s[forward][order], one.energy_j[forward][order]
+    order = np.argsort(one.rank[~forward], kind="stable")
+    bwd_t, bwd_e = one.time_s[~forward][order], one.energy_j[~forward][order]
+    if n_stages != 2 * len(fwd_t):
+        raise ValueError(f"{name}: {n_stages} stages must be twice its {len(fwd_t)}")
+    half = np.repeat(np.arange(len(fwd_t)), 2)
+    share = np.tile([0.48, 0.52], len(fwd_t))[:, None]
+    return pipeline_graph(
+        fwd_t[half] * share,
+        fwd_e[half] * share,
+        bwd_t[half] * share,
+        bwd_e[half] * share,
+        one.freqs_mhz,
+        microbatches,
+    )
+
+
+def scale_case(
+    name: str, n_stages: int, microbatches: int, d: float, limits_s: list[float], repeats: int
+) -> dict[float, list[dict]]:
+    """Plan one case ``repeats`` times per time limit in this (fresh) process.
+
+    Each run: CPU and wall seconds, the plan's energy, gap and method, and the process's
+    peak resident memory so far.
+    """
+    problem = scale_problem(name, n_stages, microbatches)
+    runs: dict[float, list[dict]] = {}
+    for limit in limits_s:
+        runs[limit] = []
+        for _ in range(repeats):
+            cpu, wall = time.process_time(), time.perf_counter()
+            plan = solve_dag(problem, d, time_limit_s=limit)
+            runs[limit].append(
+                {
+                    "cpu s": time.process_time() - cpu,
+                    "wall s": time.perf_counter() - wall,
+                    "peak MiB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                    "energy": plan.energy_j,
+                    "gap %": plan.gap_pct,
+                    "method": plan.method,
+                    "late": plan.makespan_s > plan.deadline_s * (1 + 1e-6),
+                }
+            )
+    return runs
+
+
+def scale_rows(microbatches: list[int], limits_s: list[float], repeats: int) -> list[dict]:
+    """Plan every Perseus file x {8, 16} stages x microbatch count x d at scale.
+
+    Each row: the default budget's median CPU seconds, peak memory, gap and method, and
+    whether every time limit held (the default budget's included).
+    """
+    spawn = multiprocessing.get_context("spawn")
+    rows = []
+    names = [name for name in DATASETS if name.startswith("perseus-")]
+    limits = [TIME_LIMIT_S, *limits_s]
+    for n_stages in (8, 16):
+        for m in microbatches:
+            for name in names:
+                for d in TARGETS:
+                    with spawn.Pool(1, maxtasksperchild=1) as pool:
+                        runs = pool.apply(scale_case, (name, n_stages, m, d, limits, repeats))
+                    default = pd.DataFrame(runs[TIME_LIMIT_S])
+                    row = {
+                        "data": name.removeprefix("perseus-"),
+                        "stages": n_stages,
+                        "microbatches": m,
+                        "d %": d * 100,
+                        "cpu s": float(default["cpu s"].median()),
+                        "wall s": float(default["wall s"].median()),
+                        "gap %": float(default["gap %"].median()),
+                        "method": default["method"].mode()[0],
+                    }
+                    for limit in limits_s:
+                        got = pd.DataFrame(runs[limit])
+                        row[f"T={limit:g}: cpu s"] = float(got["cpu s"].median())
+                        row[f"T={limit:g}: wall max s"] = float(got["wall s"].max())
+                        row[f"T={limit:g}: gap %"] = float(got["gap %"].median())
+                    row["peak MiB"] = max(run["peak MiB"] for got in runs.values() for run in got)
+                    row["limit held"] = all(
+                        run["wall s"] <= 1.1 * limit + 0.2 for limit in runs for run in runs[limit]
+                    )
+                    row["late"] = sum(run["late"] for got in runs.values() for run in got)
+                    rows.append(row)
+                    print(show(pd.DataFrame([row])), flush=True)
+    return rows
+
+
 def show(table: pd.DataFrame) -> str:
     """Return the table as text, 3 decimals."""
     return table.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-")
@@ -216,7 +325,37 @@ def main() -> None:
         default=0.0,
         help="also solve each held-out deadline this long (gap to the best plan known)",
     )
+    parser.add_argument(
+        "--scale", default="", help="microbatch counts to plan at scale, e.g. 4,8,16,32,64,128"
+    )
+    parser.add_argument(
+        "--scale-limits",
+        default="2",
+        help="time limits (s) to check at scale, beside the default budget, e.g. 2,5",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="runs per case at scale")
+    parser.add_argument("--scale-only", action="store_true", help="only the scale table")
     args = parser.parse_args()
+    pd.set_option("display.width", 250)
+    pd.set_option("display.max_columns", 40)
+    if args.scale:
+        print(
+            f"at scale: load average {os.getloadavg()[0]:.2f}; default budget "
+            f"{TIME_LIMIT_S:g} s; median of {args.repeats}; CPU s of the planning process"
+        )
+        limits = [float(v) for v in args.scale_limits.split(",") if v]
+        scaled = pd.DataFrame(
+            scale_rows([int(m) for m in args.scale.split(",")], limits, args.repeats)
+        )
+        print(show(scaled))
+        print(
+            f"at scale: cpu s worst {scaled['cpu s'].max():.3f} (median "
+            f"{scaled['cpu s'].median():.3f}); gap % worst {scaled['gap %'].max():.3f}; "
+            f"limit held in {int(scaled['limit held'].sum())} of {len(scaled)}; late "
+            f"{int(scaled['late'].sum())}; load average now {os.getloadavg()[0]:.2f}"
+        )
+        if args.scale_only:
+            return
     names = [name for name in DATASETS if name.startswith("perseus-")]
     rows, fronts = [], []
     for name in names:
@@ -224,8 +363,6 @@ def main() -> None:
         rows += got
         fronts.append(front)
     table = pd.DataFrame(rows)
-    pd.set_option("display.width", 250)
-    pd.set_option("display.max_columns", 40)
     print(
         f"1F1B, {STAGES_MICROBATCHES} stages x {STAGES_MICROBATCHES} microbatches, every "
         f"measured clock; energy = computation + {args.blocking_power_w:g} W x waiting; "

@@ -258,7 +258,7 @@ def _bound_worker(enough_j=np.inf):
     from opdvfs.plan.dag import _prepare
 
     problem = pipeline_dag(read_profile([dataset_path("perseus-gpt3-175b-a40")]), 8)
-    options, programme = _prepare(problem)
+    options, programme, _ = _prepare(problem)
     deadline_s, top = _deadline(problem, 0.0)
     programme.set_deadline(deadline_s)
     lower_j, _ = programme.relax()
@@ -426,7 +426,7 @@ def test_the_dive_rounds_the_relaxation_to_a_plan_within_the_deadline(seed):
 
     rng = np.random.default_rng(seed)
     problem = random_dag(rng, 30, 5, n_ranks=4)
-    options, programme = _prepare(problem)
+    options, programme, _ = _prepare(problem)
     rows = np.arange(problem.n_nodes)
     for target in (0.0, 0.05, 0.2):
         deadline, _ = _deadline(problem, target)
@@ -443,3 +443,95 @@ def test_the_dive_rounds_the_relaxation_to_a_plan_within_the_deadline(seed):
         makespan, energy, _ = problem.evaluate(options.clock[rows, dived])
         assert makespan <= deadline * (1 + 1e-6)
         assert energy >= bound * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("blocking_power_w", [0.0, 70.0])
+def test_the_relaxation_on_hull_options_has_the_whole_programmes_optimum(seed, blocking_power_w):
+    from opdvfs.plan._dag_lp import _Programme
+    from opdvfs.plan._dag_problem import _deadline, _Options
+
+    rng = np.random.default_rng(seed)
+    problem = random_dag(rng, 40, 8, n_ranks=4, blocking_power_w=blocking_power_w)
+    options = _Options.build(problem)
+    hull = options.hull()
+    assert hull.valid.sum() < options.valid.sum()  # random tables are not convex
+    # every hull option is one of the node's options, in time order, the fastest kept
+    for i in range(problem.n_nodes):
+        kept = hull.clock[i][hull.valid[i]]
+        assert set(kept) <= set(options.clock[i][options.valid[i]])
+        assert kept[0] == options.clock[i, 0]
+        assert (np.diff(hull.time_s[i][hull.valid[i]]) > 0).all()
+    whole, on_hull = _Programme(problem, options), _Programme(problem, hull, nested=False)
+    for target in (0.0, 0.05, 0.3):
+        deadline, _ = _deadline(problem, target)
+        whole.set_deadline(deadline)
+        on_hull.set_deadline(deadline)
+        (bound_j, _), (hull_j, _) = whole.relax(), on_hull.relax()
+        assert hull_j == pytest.approx(bound_j, rel=1e-9)
+
+
+def _large_pipeline():
+    """GPT-3 on A40 at 128 microbatches x 8 stages (2048 nodes, 45184 threshold columns)."""
+    return pipeline_dag(read_profile([dataset_path("perseus-gpt3-175b-a40")]), 128)
+
+
+def test_the_time_limit_holds_on_a_large_pipeline():
+    # before: the relaxation of the whole programme took 3.9 s (CPU) here with no limit, and
+    # branch and bound ran 10-40 s past a limit of 5 s (on 16 stages). The process's CPU time,
+    # not the wall's (a busy machine stretches that): at most two threads for 1.1 T + 0.2 s
+    problem = _large_pipeline()
+    base_s = float(problem.evaluate(problem.top_clock())[0])
+    started = time.process_time()
+    plan = solve_dag(problem, 0.02, time_limit_s=1.0)
+    assert time.process_time() - started < 2 * (1.1 * 1.0 + 0.2) + 0.4
+    assert plan.status in ("optimal", "feasible")
+    assert plan.makespan_s <= 1.02 * base_s * (1 + 1e-6)
+    assert plan.lower_bound_j <= plan.energy_j
+
+
+def test_a_tiny_budget_still_returns_a_plan_within_the_deadline():
+    # 10 ms: the relaxation (0.25-0.5 s here) does not finish; the all-max plan stretched to
+    # the deadline comes back, with the bound of every node at its cheapest option
+    problem = _large_pipeline()
+    base_s, base_j, _ = (float(v) for v in problem.evaluate(problem.top_clock()))
+    energies = []
+    for target in (0.0, 0.05):
+        started = time.process_time()
+        plan = solve_dag(problem, target, time_limit_s=0.01)
+        assert time.process_time() - started < 1.0
+        assert (plan.method, plan.status) == ("stretched", "feasible")
+        assert plan.makespan_s <= (1 + target) * base_s * (1 + 1e-6)
+        assert plan.energy_j <= base_j * (1 + 1e-12)
+        assert plan.lower_bound_j <= plan.energy_j and np.isfinite(plan.gap_pct)
+        energies.append(plan.energy_j)
+    assert energies[1] < energies[0] * 0.99  # 5% more time: slower, cheaper clocks
+
+
+def test_a_halted_relaxation_stops_within_its_lp():
+    # the bound worker's finish() halts its programme; a long LP (the whole programme's
+    # relaxation here: ~4 s of CPU) stops at the next simplex interrupt callback
+    import threading
+
+    from opdvfs.plan._dag_lp import _OutOfTime
+    from opdvfs.plan._dag_problem import _deadline
+    from opdvfs.plan.dag import _prepare
+
+    problem = _large_pipeline()
+    _, programme, _ = _prepare(problem)
+    programme.set_deadline(_deadline(problem, 0.0)[0])
+    timer = threading.Timer(0.1, programme.halt)
+    timer.start()
+    started = time.process_time()
+    with pytest.raises(_OutOfTime):
+        programme.relax()
+    timer.join()
+    assert time.process_time() - started < 1.0
+    # and a time limit stops it the same way, run after run (HiGHS keeps the interrupt flag)
+    _, programme, _ = _prepare(problem)
+    programme.set_deadline(_deadline(problem, 0.0)[0])
+    for _ in range(2):
+        started = time.process_time()
+        with pytest.raises(_OutOfTime):
+            programme.relax(0.1)
+        assert time.process_time() - started < 1.0

@@ -72,11 +72,15 @@ def _ctrl_c_stops_highs() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def _on_mip_interrupt(programme: weakref.ref[_Programme], out: Any, into: Any) -> None:
-    """HiGHS's MIP interrupt callback, handed on to its programme while that is alive."""
+class _OutOfTime(Exception):
+    """A relaxation stopped at its time limit before it was solved."""
+
+
+def _on_interrupt(programme: weakref.ref[_Programme], kind: Any, out: Any, into: Any) -> None:
+    """HiGHS's interrupt callbacks, handed on to their programme while that is alive."""
     alive = programme()
     if alive is not None:
-        alive._on_interrupt(out, into)
+        alive._on_interrupt(kind, out, into)
 
 
 class _Programme:
@@ -93,9 +97,22 @@ class _Programme:
     durations into "faster than slot k" and "slot k or slower" (a balanced dichotomy, as SOS
     branching), where a branch on a one-hot variable only forbids one option; HiGHS closes the
     gap markedly faster on it. Times are in ms: HiGHS's tolerances are absolute.
+
+    ``nested`` False leaves the nesting rows out: for a relaxation on convex-hull options
+    (:meth:`_Options.hull`), where no optimum breaks them; ``round_to`` is then the options
+    its durations round to (the full ones). Every solve stops at its time limit
+    through HiGHS's simplex and MIP interrupt callbacks (:meth:`_on_interrupt`), and at once
+    when :meth:`halt` is called from another thread.
     """
 
-    def __init__(self, problem: DagProblem, options: _Options) -> None:
+    def __init__(
+        self,
+        problem: DagProblem,
+        options: _Options,
+        *,
+        nested: bool = True,
+        round_to: _Options | None = None,
+    ) -> None:
         try:
             import highspy
         except ImportError as e:
@@ -103,6 +120,8 @@ class _Programme:
 
         self.highspy = highspy
         self.problem, self.options = problem, options
+        #: The options :meth:`round_down` (and so :meth:`dive`) returns slots of.
+        self.round_to = options if round_to is None else round_to
         n = problem.n_nodes
         above = options.valid & (np.arange(options.valid.shape[1]) >= 1)
         node_of, slot = np.nonzero(above)
@@ -130,6 +149,8 @@ class _Programme:
         h.changeObjectiveOffset(float(options.cost_j[:, 0].sum()))
         # thresholds nest: y[i, k + 1] - y[i, k] <= 0
         pair = np.flatnonzero(node_of[1:] == node_of[:-1])
+        if not nested:
+            pair = pair[:0]
         m = len(pair)
         h.addRows(
             m,
@@ -173,14 +194,24 @@ class _Programme:
         #: (J), and a test of (its incumbent's energy, that bound) that stops it (:meth:`watch`).
         self.live_bound_j = -np.inf
         self._stop_when: Callable[[float, float], bool] | None = None
+        #: ``time.perf_counter`` past which the current solve stops; set by :meth:`halt`.
+        self._until = np.inf
+        self._halted = False
         # HiGHS's MIP interrupt callback, at every node and between the root's cut rounds: the
-        # live bound, the stop test and Ctrl-C. It holds the programme weakly: HiGHS keeps its
-        # callback where Python's collector cannot see it, so a bound method would keep every
+        # live bound, the stop test, the time limit and Ctrl-C; its simplex interrupt callback,
+        # every few simplex iterations (the relaxation, and the LPs within branch and bound):
+        # the time limit and Ctrl-C. HiGHS's own time_limit is set as well on branch and bound
+        # (not on an LP: there it counts from the model's first run), but it is not asked
+        # within a long LP. The callback holds the programme weakly: HiGHS keeps it
+        # where Python's collector cannot see it, so a bound method would keep every
         # programme (and its HiGHS model, ~1 MB) alive for good. (Not as HiGHS's user data:
         # highspy does not keep that object alive.)
         programme = weakref.ref(self)
-        h.setCallback(lambda _k, _m, out, into, _u: _on_mip_interrupt(programme, out, into), None)
-        h.startCallback(highspy.cb.HighsCallbackType.kCallbackMipInterrupt)
+        kinds = highspy.cb.HighsCallbackType
+        self._mip_kind = kinds.kCallbackMipInterrupt
+        h.setCallback(lambda k, _m, out, into, _u: _on_interrupt(programme, k, out, into), None)
+        for kind in (kinds.kCallbackMipInterrupt, kinds.kCallbackSimplexInterrupt):
+            h.startCallback(kind)
 
     def watch(self, stop_when: Callable[[float, float], bool] | None) -> None:
         """Stop branch and bound once ``stop_when(incumbent_j, bound_j)`` holds (None: never).
@@ -189,17 +220,33 @@ class _Programme:
         """
         self._stop_when = stop_when
 
-    def _on_interrupt(self, out: Any, into: Any) -> None:
-        self.live_bound_j = max(self.live_bound_j, float(out.mip_dual_bound))
-        stop_when = self._stop_when
-        if _CTRL_C.is_set() or (
-            stop_when is not None and stop_when(float(out.mip_primal_bound), self.live_bound_j)
-        ):
-            into.user_interrupt = True
+    def halt(self) -> None:
+        """Stop the solve under way (from another thread) and every later one."""
+        self._halted = True
 
-    def _run(self) -> None:
-        """Run HiGHS; raise KeyboardInterrupt if Ctrl-C came meanwhile."""
-        self.h.run()
+    def _on_interrupt(self, kind: Any, out: Any, into: Any) -> None:
+        stop = _CTRL_C.is_set() or self._halted or _time.perf_counter() >= self._until
+        if kind == self._mip_kind:
+            self.live_bound_j = max(self.live_bound_j, float(out.mip_dual_bound))
+            stop_when = self._stop_when
+            stop = stop or (
+                stop_when is not None and stop_when(float(out.mip_primal_bound), self.live_bound_j)
+            )
+        # HiGHS keeps the flag between callbacks and runs: a run stopped for its time would
+        # stop every later one at its first callback
+        into.user_interrupt = bool(stop)
+
+    def _run(self, time_limit_s: float | None = None) -> None:
+        """Run HiGHS within ``time_limit_s`` (None: none); raise KeyboardInterrupt on Ctrl-C."""
+        limit = self.highspy.kHighsInf if time_limit_s is None else max(time_limit_s, 1e-3)
+        self._until = _time.perf_counter() + (np.inf if time_limit_s is None else time_limit_s)
+        if self._is_integer:  # on an LP HiGHS counts its limit from the model's first run
+            self.h.setOptionValue("time_limit", limit)
+        try:
+            self.h.run()
+        finally:
+            self._until = np.inf
+            self.h.setOptionValue("time_limit", self.highspy.kHighsInf)
         if _CTRL_C.is_set():
             raise KeyboardInterrupt
 
@@ -225,11 +272,23 @@ class _Programme:
         """Option slots of an integral ``y``."""
         return np.bincount(self.node_of, weights=y > 0.5, minlength=self.n).astype(np.int64)
 
-    def relax(self) -> tuple[float, np.ndarray] | None:
-        """Solve the relaxation: optimal cost, relaxed durations (s); None if infeasible."""
+    def relax(self, time_limit_s: float | None = None) -> tuple[float, np.ndarray] | None:
+        """Solve the relaxation: optimal cost, relaxed durations (s); None if infeasible.
+
+        Raises
+        ------
+        _OutOfTime
+            If ``time_limit_s`` (None: no limit) passed before it was solved.
+        """
         self._integrality(False)
-        self._run()
-        if self.h.getModelStatus() != self.highspy.HighsModelStatus.kOptimal:
+        self._run(time_limit_s)
+        status = self.h.getModelStatus()
+        if status in (
+            self.highspy.HighsModelStatus.kTimeLimit,
+            self.highspy.HighsModelStatus.kInterrupt,
+        ):
+            raise _OutOfTime
+        if status != self.highspy.HighsModelStatus.kOptimal:
             return None
         y = np.asarray(self.h.getSolution().col_value[: self.nx])
         step = np.bincount(self.node_of, weights=y * self.step_ms, minlength=self.n)
@@ -260,12 +319,12 @@ class _Programme:
                 lo, hi = lower.copy(), upper.copy()
                 lo[pick[up]], hi[pick[~up]] = 1.0, 0.0
                 h.changeColsBounds(nx, cols, lo, hi)
-                self._run()
+                self._run(until - _time.perf_counter())
                 if h.getModelStatus() != self.highspy.HighsModelStatus.kOptimal:
                     lo, hi = lower.copy(), upper.copy()
                     hi[pick] = 0.0
                     h.changeColsBounds(nx, cols, lo, hi)
-                    self._run()
+                    self._run(until - _time.perf_counter())
                     if h.getModelStatus() != self.highspy.HighsModelStatus.kOptimal:
                         break  # numerically lost: keep the last relaxed solution
                 lower, upper = lo, hi
@@ -278,7 +337,7 @@ class _Programme:
         """Each node's slowest option not slower than its duration under thresholds ``y``."""
         step = np.bincount(self.node_of, weights=y * self.step_ms, minlength=self.n)
         duration_ms = self.fastest_ms + step
-        at_or_below = self.options.time_s * 1e3 <= duration_ms[:, None] * (1 + _TIME_RTOL) + 1e-12
+        at_or_below = self.round_to.time_s * 1e3 <= duration_ms[:, None] * (1 + _TIME_RTOL) + 1e-12
         return np.maximum(at_or_below.sum(axis=1) - 1, 0)
 
     def exact(
@@ -317,7 +376,6 @@ class _Programme:
     ) -> tuple[np.ndarray | None, float, bool]:
         h = self.h
         h.setOptionValue("mip_rel_gap", rel_gap)
-        h.setOptionValue("time_limit", max(time_limit_s, 1e-3))
         self.live_bound_j = -np.inf
         if slot is not None:
             dur = self.options.time_s[np.arange(self.n), slot]
@@ -327,10 +385,7 @@ class _Programme:
             sol.col_value = list(col)
             sol.value_valid = True
             h.setSolution(sol)
-        try:
-            self._run()
-        finally:  # the relaxation that follows (a frontier's next deadline) runs unlimited
-            h.setOptionValue("time_limit", self.highspy.kHighsInf)
+        self._run(time_limit_s)
         status = h.getModelStatus()
         info = h.getInfo()
         bound = float(info.mip_dual_bound)
@@ -366,8 +421,7 @@ class _BoundWorker:
         self.programme.set_deadline(deadline_s)
         for name, value in _BOUND_ONLY.items():
             self.programme.h.setOptionValue(name, value)
-        self._finished = False
-        self.programme.watch(lambda _incumbent, bound: self._finished or stop_when(bound))
+        self.programme.watch(lambda _incumbent, bound: stop_when(bound))
         self._result: tuple[np.ndarray | None, float, bool] | BaseException | None = None
         self._thread = threading.Thread(
             target=self._run, args=(slot, rel_gap, time_limit_s), daemon=True
@@ -391,7 +445,7 @@ class _BoundWorker:
         An error in the worker (Ctrl-C included) is raised here unless ``reraise`` is False
         (the caller is already unwinding from its own).
         """
-        self._finished = True
+        self.programme.halt()
         self._thread.join()
         if isinstance(self._result, BaseException):
             if reraise:

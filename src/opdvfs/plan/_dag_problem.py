@@ -235,7 +235,9 @@ class DagPlan:
         plan's distance above it (% of the plan's energy).
     method
         What found the plan: ``relaxation`` (the rounded relaxation, certified alone),
-        ``search`` (the neighbourhood search) or ``milp`` (HiGHS's branch and bound).
+        ``search`` (the neighbourhood search), ``milp`` (HiGHS's branch and bound) or
+        ``stretched`` (the budget ended before the relaxation was solved: the all-max plan
+        stretched to the deadline, with a weak bound or none).
     status
         ``optimal`` (within the gap asked), ``feasible`` (time ran out first) or ``infeasible``.
     plan_seconds
@@ -284,6 +286,51 @@ class _Options:
             np.where(valid, np.take_along_axis(order, pos, axis=1), -1),
             np.where(valid, np.take_along_axis(t, pos, axis=1), np.inf),
             np.where(valid, np.take_along_axis(c, pos, axis=1), np.inf),
+            valid,
+        )
+
+    def hull(self) -> _Options:
+        """Return the options on each node's lower convex hull in (time, cost), packed.
+
+        The programme's linear relaxation relaxes every node to this hull, so a relaxation
+        stated on these options alone has the same optimum with fewer columns (on the
+        Perseus tables about a third: 8 of 23 options), and needs no nesting rows (along a
+        convex hull a cheaper step never waits for a dearer one). Points on a hull edge are
+        dropped with the points above it: an option is removed while it lies on or above
+        the segment joining its kept neighbours (all such at once: a point above the chord of
+        two options is off the hull of any set holding them), until none does.
+        """
+        keep = self.valid.copy()
+        t, c = self.time_s, self.cost_j
+        n, k = t.shape
+        rows = np.arange(n)[:, None]
+        cols = np.arange(k)
+        while True:
+            before = np.maximum.accumulate(
+                np.c_[np.full(n, -1), np.where(keep, cols, -1)[:, :-1]], axis=1
+            )
+            after = np.minimum.accumulate(
+                np.c_[np.where(keep, cols, k)[:, 1:], np.full(n, k)][:, ::-1], axis=1
+            )[:, ::-1]
+            inner = keep & (before >= 0) & (after < k)
+            b, a = np.where(inner, before, 0), np.where(inner, after, 0)
+            with np.errstate(invalid="ignore"):  # padding: inf - inf, outside ``inner``
+                above = (c - c[rows, b]) * (t[rows, a] - t) >= (c[rows, a] - c) * (t - t[rows, b])
+            off = inner & above
+            if not off.any():
+                break
+            keep &= ~off
+        width = int(keep.sum(axis=1).max())
+        pos = np.argsort(~keep, axis=1, kind="stable")[:, :width]
+        valid = np.take_along_axis(keep, pos, axis=1)
+
+        def packed(values: np.ndarray, fill: float) -> np.ndarray:
+            return np.where(valid, np.take_along_axis(values, pos, axis=1), fill)
+
+        return _Options(
+            packed(self.clock, -1).astype(self.clock.dtype),
+            packed(self.time_s, np.inf),
+            packed(self.cost_j, np.inf),
             valid,
         )
 

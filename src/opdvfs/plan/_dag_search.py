@@ -39,9 +39,16 @@ _HOOD_TIME_S = 0.1
 
 
 def _greedy_fill(
-    problem: DagProblem, options: _Options, slot: np.ndarray, deadline_s: float
+    problem: DagProblem,
+    options: _Options,
+    slot: np.ndarray,
+    deadline_s: float,
+    until: float = np.inf,
 ) -> np.ndarray:
     """Move nodes to slower, cheaper options while the deadline holds; best saving rate first.
+
+    Every move keeps the deadline, so past ``until`` (``time.perf_counter``) the plan so far
+    is returned.
 
     A node may take ``float = deadline - (head + duration + tail)`` more time without
     lengthening any path past the deadline (its longest path through it is head + d + tail).
@@ -66,7 +73,7 @@ def _greedy_fill(
         with np.errstate(invalid="ignore"):  # padding: inf - inf
             saving = options.cost_j[rows, slot][:, None] - options.cost_j - per_makespan * extra
         good = fits & (saving > 1e-12)
-        if not good.any():
+        if not good.any() or _time.perf_counter() >= until:
             return slot
         with np.errstate(invalid="ignore"):
             rate = np.where(good, saving / np.where(good, longer, 1.0), -np.inf)
@@ -172,24 +179,29 @@ def _search(
     best = slot
     best_e = float(problem.evaluate(options.clock[rows, best])[1])
     level = 0
+    # the most a neighbourhood's solve has run past its limit (HiGHS's presolve is out of the
+    # callbacks' reach: ~0.1 s on 16 stages x 128 microbatches): no solve starts with less left
+    overrun_s = 0.0
     while level < len(_LEVELS) and not certified(best_e):
         band, window = _LEVELS[level]
         pass_start_e = best_e
         starts = problem.start_times(options.clock[rows, best])
         for hood, hood_band in _neighbourhoods(problem, starts, fractional, window, band):
             left = until - _time.perf_counter()
-            if left <= 0 or certified(best_e):
+            if left <= overrun_s or certified(best_e):
                 return best
+            limit_s, solve_started = min(left - overrun_s, _HOOD_TIME_S), _time.perf_counter()
             got, _, _ = programme.exact(
                 best,
                 rel_gap=_HOOD_GAP,
-                time_limit_s=min(left, _HOOD_TIME_S),
+                time_limit_s=limit_s,
                 free=hood,
                 band=hood_band,
             )
+            overrun_s = max(overrun_s, _time.perf_counter() - solve_started - limit_s)
             if got is None:
                 continue
-            got = _greedy_fill(problem, options, got, deadline_s)
+            got = _greedy_fill(problem, options, got, deadline_s, until)
             makespan, energy, _ = problem.evaluate(options.clock[rows, got])
             if energy < best_e * (1 - 1e-12) and makespan <= deadline_s * (1 + 1e-6):
                 best, best_e = got, float(energy)

@@ -49,10 +49,21 @@ The code, by concern: the problem and plan types in :mod:`opdvfs.plan._dag_probl
 here), the programme on HiGHS, its bound worker and Ctrl-C in :mod:`opdvfs.plan._dag_lp`, the
 greedy pass and the neighbourhood search in :mod:`opdvfs.plan._dag_search`; this module states
 the budget and runs them.
+
+**Anytime.** Every phase runs within ``time_limit_s``: the relaxation is stated on each node's
+convex-hull options alone (the same optimum, a third of the columns, no nesting rows:
+:meth:`~opdvfs.plan._dag_problem._Options.hull`; 0.3-1.1 s at 128 microbatches x 16 stages,
+where the whole programme's took 4-10 s), and every HiGHS solve stops at its limit through
+HiGHS's simplex and MIP interrupt callbacks. A relaxation that does not finish in time leaves
+the all-max plan stretched to the deadline (method ``stretched``). HiGHS's branch and bound
+solves its root LP out of the callbacks' reach, so the bound worker and the final branch and
+bound start only where that root is expected within 30% of the seconds left
+(:func:`_root_seconds`); on larger graphs the neighbourhood search takes their time.
 """
 
 from __future__ import annotations
 
+import os
 import time as _time
 from dataclasses import replace
 from typing import Any
@@ -60,7 +71,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from opdvfs.plan._dag_lp import _NO_WORKER, _BoundWorker, _ctrl_c_stops_highs, _Programme
+from opdvfs.plan._dag_lp import (
+    _NO_WORKER,
+    _BoundWorker,
+    _ctrl_c_stops_highs,
+    _OutOfTime,
+    _Programme,
+)
 from opdvfs.plan._dag_problem import (
     _TIME_RTOL,
     DagPlan,
@@ -94,6 +111,46 @@ _DIVE_ROOM = 0.01
 _SEARCH_SHARE, _SEARCH_SHARE_LATER = 1.0, 0.1
 #: Seconds kept back from branch and bound for what follows it (HiGHS stops a little late).
 _WRAP_UP_S = 0.03
+#: The bound worker, and branch and bound on the whole programme, start only if HiGHS is
+#: expected to finish their root within this share of the seconds left. Its branch and bound
+#: solves the root on an LP solver of its own, which neither its time limit nor the
+#: interrupt callbacks reach: started on a root it could not finish, it ran 10-40 s past a
+#: limit of 5 s, and a worker told to stop 0.3 s into it stopped 18 s (CPU) later.
+_ROOT_ROOM = 0.3
+#: Seconds from the start of branch and bound to its first interrupt past the root, on a
+#: programme of _ROOT_COLUMNS threshold columns, and their growth with the columns: measured
+#: (CPU, the bound worker's settings) 0.12, 0.39, 1.2 and 5.4 s on the GPT-3 A40 graphs of 8,
+#: 16, 32 and 64 microbatches (2824 to 22592 columns), 0.11, 0.33 and 1.3 s on BLOOM A100.
+_ROOT_S, _ROOT_COLUMNS, _ROOT_GROWTH = 0.12, 2824, 1.8
+#: Share of its seconds a branch and bound (the bound worker's, the final one) is given, over
+#: the load (:func:`_load`): past the root HiGHS still runs out of the callbacks' reach for a
+#: while (a node's LP, a cut round): at 16 microbatches, 2 s, they ran 0.07-0.6 s past their
+#: limits, and 0.23 s past 0.75 of them at load 5 on 2 cores.
+_MIP_SHARE = 0.75
+
+
+def _load(wall_s: float, cpu_s: float) -> float:
+    """Return how many times slower than its CPU time work runs now (1 to 4).
+
+    The larger of the relaxation's wall over CPU time (where it took long enough to tell) and
+    the load average per core: on the shared 2-core machine, at load 5-6, a root of 0.4 s
+    (CPU) took 2 s of wall time, past a budget of 0.85 s.
+    """
+    measured = wall_s / cpu_s if cpu_s > 0.01 else 1.0
+    try:
+        queued = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:  # no load average on this platform
+        queued = 1.0
+    return min(max(measured, queued, 1.0), 4.0)
+
+
+def _root_seconds(columns: int, load: float) -> float:
+    """Return the expected wall seconds of branch and bound's root on ``columns`` columns.
+
+    ``load`` is the wall time over the CPU time the relaxation just took (>= 1 where other
+    work shares the cores).
+    """
+    return _ROOT_S * (columns / _ROOT_COLUMNS) ** _ROOT_GROWTH * load
 
 
 #: The default budget of one deadline (s): under a second with the wrap-up, on a loaded machine.
@@ -126,12 +183,15 @@ def solve_dag(
     rel_gap
         Stop once the plan is certified within this fraction of the optimum (1e-3 = 0.1%).
     time_limit_s
-        Wall-time budget: the rounded relaxation, then a neighbourhood search (up to all of
-        the first second and 10% of the rest), then HiGHS's branch and bound from the best
-        plan (the rest), with the bound worker beside them all the while, until the certified
-        gap is within ``rel_gap``. The best plan found is returned with its certified gap;
-        status ``feasible`` when that gap is above ``rel_gap``. 0 (or less than the wrap-up)
-        returns the rounded relaxation.
+        Wall-time budget, every phase within it: the rounded relaxation, then a neighbourhood
+        search (up to all of the first second and 10% of the rest), then HiGHS's branch and
+        bound from the best plan (the rest; on graphs whose root would not fit, the search),
+        with the bound worker beside them where its root fits, until the certified gap is
+        within ``rel_gap``. The best plan found is returned with its certified gap; status
+        ``feasible`` when that gap is above ``rel_gap``. A budget that ends before the
+        relaxation is solved returns the all-max plan stretched to the deadline (method
+        ``stretched``). 0 returns the rounded relaxation, solved with no limit
+        (deterministic).
     deadline_s
         An absolute makespan limit (s) instead of ``target``.
 
@@ -152,22 +212,35 @@ def _solve(
     rel_gap: float,
     time_limit_s: float,
     deadline_s: float | None,
-    state: tuple[_Options, _Programme] | None = None,
+    state: tuple[_Options, _Programme, _Programme] | None = None,
     warm_start: np.ndarray | None = None,
     bound_worker: bool = True,
 ) -> DagPlan:
     """:func:`solve_dag`, with what a frontier (:func:`dag_frontier`) sets besides.
 
-    ``state`` is the prepared options and programme (:func:`_prepare`) to reuse, ``warm_start``
+    ``state`` is the prepared options and programmes (:func:`_prepare`) to reuse, ``warm_start``
     a neighbouring deadline's plan as option slots (taken if better than the rounded
     relaxation), and ``bound_worker`` False plans without the bound worker.
     """
     started = _time.perf_counter()
-    base_deadline, _ = _deadline(problem, target)
+    base_deadline, top = _deadline(problem, target)
     deadline = base_deadline if deadline_s is None else float(deadline_s)
-    options, programme = state or _prepare(problem)
+    options, programme, relaxation = state or _prepare(problem)
     programme.set_deadline(deadline * (1 + _TIME_RTOL))
-    relaxed = programme.relax()
+    relaxation.set_deadline(deadline * (1 + _TIME_RTOL))
+
+    def left_s() -> float:
+        """Seconds of the budget left for branch and bound (the wrap-up kept back)."""
+        return time_limit_s - _WRAP_UP_S - (_time.perf_counter() - started)
+
+    relax_started, relax_cpu = _time.perf_counter(), _time.thread_time()
+    try:
+        relaxed = relaxation.relax(None if time_limit_s <= 0 else max(left_s(), 0.0))
+    except _OutOfTime:
+        return _first_plan(problem, options, top, deadline, started)
+    relax_s = _time.perf_counter() - relax_started
+    relax_cpu = _time.thread_time() - relax_cpu
+    load = _load(relax_s, relax_cpu)
     if relaxed is None:
         return _infeasible(problem, deadline, started)
     bound, duration = relaxed
@@ -175,9 +248,10 @@ def _solve(
     at_or_below = options.time_s <= duration[:, None] * (1 + _TIME_RTOL) + 1e-15
     slot = np.maximum(at_or_below.sum(axis=1) - 1, 0)
     fractional = ~np.isclose(options.time_s, duration[:, None], rtol=1e-7, atol=0.0).any(axis=1)
-    slot = _greedy_fill(problem, options, slot, deadline)
+    until = np.inf if time_limit_s <= 0 else started + time_limit_s - _WRAP_UP_S
+    slot = _greedy_fill(problem, options, slot, deadline, until)
     if warm_start is not None:  # a neighbouring deadline's plan (a frontier's warm start)
-        start = _greedy_fill(problem, options, warm_start, deadline)
+        start = _greedy_fill(problem, options, warm_start, deadline, until)
         rows = np.arange(problem.n_nodes)
         (mk_s, mk_r), (e_s, e_r) = problem.evaluate(options.clock[rows, np.stack([start, slot])])[
             :2
@@ -196,15 +270,14 @@ def _solve(
         return _infeasible(problem, deadline, started)
     if plan.status == "optimal":
         return plan
-
-    def left_s() -> float:
-        """Seconds of the budget left for branch and bound (the wrap-up kept back)."""
-        return time_limit_s - _WRAP_UP_S - (_time.perf_counter() - started)
-
     budget_s = left_s()
     if budget_s <= 0:
         return replace(plan, method="search")
     search_s = _search_seconds(time_limit_s)
+    root_s = _root_seconds(programme.nx, load)
+    # the whole programme's relaxation: about the square of the ratio of the columns (0.41 s
+    # and 3.9 s, 1.3 s and 9.9 s at 128 microbatches, 8 and 16 stages)
+    lp_s = relax_cpu * (programme.nx / max(relaxation.nx, 1)) ** 2  # CPU: not the load
     best_energy = [plan.energy_j]  # the best plan's energy so far (J), read by the worker
 
     def certified(energy_j: float) -> bool:
@@ -219,10 +292,10 @@ def _solve(
             deadline * (1 + _TIME_RTOL),
             slot,
             rel_gap=rel_gap,
-            time_limit_s=budget_s,
+            time_limit_s=_MIP_SHARE * budget_s / load,
             stop_when=lambda bound_j: best_energy[0] * (1 - rel_gap) <= bound_j,
         )
-        if bound_worker
+        if bound_worker and root_s < _ROOT_ROOM * budget_s
         else _NO_WORKER
     )
     rows = np.arange(problem.n_nodes)
@@ -234,12 +307,15 @@ def _solve(
         # ... then from a second start, the relaxation rounded by diving
         energy = float(problem.evaluate(options.clock[rows, slot])[1])
         dive_until = _time.perf_counter() + _DIVE_SHARE * search_s
+        # on the whole programme where its relaxation is expected within the search's time
+        # (as measured, its dive finds better plans), else on the hull's (solved already)
+        diver = programme if lp_s < search_s else relaxation
         if (
             not certified(energy)
             and dive_until < started + search_s
-            and programme.relax() is not None
+            and _relaxed_by(diver, dive_until)
         ):
-            dived = _greedy_fill(problem, options, programme.dive(dive_until), deadline)
+            dived = _greedy_fill(problem, options, diver.dive(dive_until), deadline, until)
             makespan, dived_e, _ = problem.evaluate(options.clock[rows, dived])
             if makespan <= deadline * (1 + 1e-6) and dived_e < energy * (1 + _DIVE_ROOM):
                 dived = _search(
@@ -256,16 +332,23 @@ def _solve(
                 if makespan <= deadline * (1 + 1e-6) and dived_e < energy:
                     slot, energy = dived, float(dived_e)
         remaining = left_s()
-        if not certified(energy) and remaining > 0:
+        if not certified(energy) and remaining > 0 and root_s < _ROOT_ROOM * remaining:
             # the rest: HiGHS with its heuristics for plans, beside the worker for the bound
             programme.watch(lambda incumbent_j, _bound_j: certified(incumbent_j))
             try:
-                best, mip_bound, _ = programme.exact(slot, rel_gap=rel_gap, time_limit_s=remaining)
+                best, mip_bound, _ = programme.exact(
+                    slot, rel_gap=rel_gap, time_limit_s=_MIP_SHARE * remaining / load
+                )
             finally:
                 programme.watch(None)
             bound = max(bound, mip_bound)
             if best is not None:
                 found.append(best)
+        elif not certified(energy) and remaining > 0:
+            # too large for branch and bound in the time left: the search goes on instead
+            slot = _search(
+                problem, options, programme, slot, fractional, deadline, until, certified
+            )
     except BaseException:  # stop the worker; the error in hand (Ctrl-C, say) is the one raised
         worker.finish(reraise=False)
         raise
@@ -275,15 +358,54 @@ def _solve(
         found.append(worker_best)
     plan = done(slot, "search", bound)
     for best in found:
-        exact = done(_greedy_fill(problem, options, best, deadline), "milp", bound)
+        exact = done(_greedy_fill(problem, options, best, deadline, until), "milp", bound)
         if exact.energy_j < plan.energy_j and exact.makespan_s <= deadline * (1 + 1e-6):
             plan = exact
     return plan
 
 
-def _prepare(problem: DagProblem) -> tuple[_Options, _Programme]:
+def _relaxed_by(programme: _Programme, until: float) -> bool:
+    """Solve ``programme``'s relaxation by ``until`` (``time.perf_counter``): whether it was."""
+    try:
+        return programme.relax(max(until - _time.perf_counter(), 0.0)) is not None
+    except _OutOfTime:
+        return False
+
+
+def _first_plan(
+    problem: DagProblem, options: _Options, top: np.ndarray, deadline_s: float, started: float
+) -> DagPlan:
+    """Return the plan when the budget ends before the relaxation: all-max, stretched.
+
+    Every node takes its cheapest option no slower than its top clock's time times the
+    deadline over the all-max makespan: every path stretches by at most that factor, so the
+    deadline holds. Where that misses (a deadline under the all-max makespan), every node at
+    its fastest option; if that misses too, no plan meets the deadline. Its bound, without
+    the relaxation, is every node at its cheapest option where a longer makespan costs
+    nothing (``blocking_power_w`` 0); none otherwise.
+    """
+    rows = np.arange(problem.n_nodes)
+    top_s = problem.time_s[rows, top]
+    stretch = deadline_s / float(problem.evaluate(top)[0])
+    at_or_below = options.time_s <= (stretch * top_s)[:, None] * (1 + _TIME_RTOL) + 1e-15
+    free_makespan = problem.n_ranks * problem.blocking_power_w == 0
+    bound = float(np.nanmin(options.cost_j, axis=1).sum()) if free_makespan else -np.inf
+    for slot in (np.maximum(at_or_below.sum(axis=1) - 1, 0), np.zeros(problem.n_nodes, int)):
+        plan = _slot_plan(
+            problem, options, slot, deadline_s, bound, "stretched", "feasible", started
+        )
+        if plan.makespan_s <= deadline_s * (1 + 1e-6):
+            return plan
+    return _infeasible(problem, deadline_s, started)
+
+
+def _prepare(problem: DagProblem) -> tuple[_Options, _Programme, _Programme]:
+    """Return the options, the 0/1 programme on them, and the relaxation on their hulls."""
     options = _Options.build(problem)
-    return options, _Programme(problem, options)
+    relaxation = _Programme(problem, options.hull(), nested=False, round_to=options)
+    # its LP is solved as stated (measured: presolve took 0.86 s to 0.52 s at 128 x 16 off)
+    relaxation.h.setOptionValue("presolve", "off")
+    return options, _Programme(problem, options), relaxation
 
 
 @_ctrl_c_stops_highs()
@@ -303,7 +425,7 @@ def solve_dag_milp(
     """
     started = _time.perf_counter()
     deadline, _ = _deadline(problem, target)
-    options, programme = _prepare(problem)
+    options, programme, _ = _prepare(problem)
     programme.set_deadline(deadline * (1 + _TIME_RTOL))
     best, bound, optimal = programme.exact(None, rel_gap=rel_gap, time_limit_s=time_limit_s)
     if best is None:
