@@ -147,7 +147,6 @@ class tune:  # lower case: used as ``with opdvfs.tune(target=0.02): train()``
                     label=actuator,
                     **options,
                 )
-                self.out = out
                 return
             self.tuner = Tuner(
                 act,
