@@ -677,41 +677,44 @@ def log_uncertainty(
     ndarray, shape (n_ops, n_clocks)
     """
     f = np.asarray(freqs_mhz, dtype=float)
-    known = np.isfinite(measured)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.log(measured / predicted)
-    usable = known & np.isfinite(ratio)
-    rel_noise = np.zeros(np.shape(measured))
-    if noise is not None:
+    shape = np.shape(measured)
+    # rows are independent but for the pooled curvature: two passes over row blocks, so the
+    # temporaries are a block's, not the table's. The first writes each measured cell's noise
+    # and each op's curvature, the second each filled cell's sigma.
+    out = np.empty(shape)
+    known = np.empty(shape, dtype=bool)
+    usable = np.empty(shape, dtype=bool)
+    curv = np.empty(shape[0])
+    blocks = [slice(start, start + _ROW_BLOCK) for start in range(0, shape[0], _ROW_BLOCK)]
+    for rows in blocks:
+        m = measured[rows]
+        known[rows] = np.isfinite(m)
         with np.errstate(divide="ignore", invalid="ignore"):
-            rel_noise = np.nan_to_num(np.asarray(noise, dtype=float) / measured, nan=0.0)
-    curv = (
-        np.concatenate(
-            [
-                _interior_curvature(f, ratio[rows], usable[rows], rel_noise[rows])
-                for rows in (
-                    slice(start, start + _ROW_BLOCK) for start in range(0, len(ratio), _ROW_BLOCK)
-                )
-            ]
-        )
-        if len(ratio)
-        else np.zeros(0)
-    )
+            ratio = np.log(m / predicted[rows])
+        usable[rows] = known[rows] & np.isfinite(ratio)
+        if noise is None:
+            out[rows] = 0.0
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out[rows] = np.nan_to_num(np.asarray(noise[rows], dtype=float) / m, nan=0.0)
+        curv[rows] = _interior_curvature(f, ratio, usable[rows], out[rows])
     has = np.isfinite(curv)
     pooled = float(np.median(curv[has])) if has.any() else 0.0
     curv = np.maximum(np.where(has, curv, pooled), pooled)
     n_clocks = len(f)
-    left, right = _usable_neighbours(usable)
-    lc, rc = np.clip(left, 0, n_clocks - 1), np.clip(right, 0, n_clocks - 1)
-    has_l, has_r = left >= 0, right < n_clocks
-    # the gap beyond the last (first) measured clock: to its own neighbour inside the range
-    span_l = np.where(has_l & ~has_r, f[lc] - f[np.clip(lc - 1, 0, None)], 0.0)
-    span_r = np.where(has_r & ~has_l, f[np.clip(rc + 1, None, n_clocks - 1)] - f[rc], 0.0)
-    d_l, d_r = f[None, :] - f[lc], f[rc] - f[None, :]
-    reach = np.where(
-        has_l & has_r,
-        d_l * d_r,
-        np.where(has_l, d_l * (d_l + span_l), np.where(has_r, d_r * (d_r + span_r), 0.0)),
-    )
-    sigma = 0.5 * curv[:, None] * reach
-    return np.where(known, rel_noise, sigma)
+    for rows in blocks:
+        left, right = _usable_neighbours(usable[rows])
+        lc, rc = np.clip(left, 0, n_clocks - 1), np.clip(right, 0, n_clocks - 1)
+        has_l, has_r = left >= 0, right < n_clocks
+        # the gap beyond the last (first) measured clock: to its own neighbour inside the range
+        span_l = np.where(has_l & ~has_r, f[lc] - f[np.clip(lc - 1, 0, None)], 0.0)
+        span_r = np.where(has_r & ~has_l, f[np.clip(rc + 1, None, n_clocks - 1)] - f[rc], 0.0)
+        d_l, d_r = f[None, :] - f[lc], f[rc] - f[None, :]
+        reach = np.where(
+            has_l & has_r,
+            d_l * d_r,
+            np.where(has_l, d_l * (d_l + span_l), np.where(has_r, d_r * (d_r + span_r), 0.0)),
+        )
+        sigma = 0.5 * curv[rows, None] * reach
+        out[rows] = np.where(known[rows], out[rows], sigma)
+    return out
