@@ -574,13 +574,12 @@ def _correct_rows(freqs_mhz: np.ndarray, predicted: np.ndarray, measured: np.nda
         ratio = np.log(measured / predicted)
     usable = known & np.isfinite(ratio)
     n_clocks = len(f)
-    cols = np.arange(n_clocks)
-    left = np.maximum.accumulate(np.where(usable, cols, -1), axis=1)
-    right = np.minimum.accumulate(np.where(usable, cols, n_clocks)[:, ::-1], axis=1)[:, ::-1]
+    left, right = _usable_neighbours(_shared_pattern(usable))
     has_left, has_right = left >= 0, right < n_clocks
     left_c, right_c = np.clip(left, 0, n_clocks - 1), np.clip(right, 0, n_clocks - 1)
-    r_left = np.take_along_axis(np.where(usable, ratio, 0.0), left_c, axis=1)
-    r_right = np.take_along_axis(np.where(usable, ratio, 0.0), right_c, axis=1)
+    r = np.where(usable, ratio, 0.0)
+    r_left = np.take_along_axis(r, left_c, axis=1)
+    r_right = np.take_along_axis(r, right_c, axis=1)
     f_left, f_right = f[left_c], f[right_c]
     with np.errstate(divide="ignore", invalid="ignore"):
         share = np.where(f_right > f_left, (f[None, :] - f_left) / (f_right - f_left), 0.0)
@@ -627,6 +626,15 @@ def at_die(
     return energy_j + shift_w * np.nan_to_num(time_us, nan=0.0) * 1e-6
 
 
+def _shared_pattern(usable: np.ndarray) -> np.ndarray:
+    """``usable``'s first row, shape (1, n_clocks), if every row has its pattern; else ``usable``.
+
+    Ops measured at the same clocks (every profile swept over one clock list) share their
+    neighbours, spans and shares: computed once and broadcast over the rows, the same values.
+    """
+    return usable[:1] if (usable == usable[:1]).all() else usable
+
+
 def _usable_neighbours(usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Nearest usable column at or left of each cell (-1: none), and at or right (n: none)."""
     n_clocks = usable.shape[1]
@@ -637,7 +645,7 @@ def _usable_neighbours(usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _interior_curvature(
-    f: np.ndarray, ratio: np.ndarray, usable: np.ndarray, rel_noise: np.ndarray
+    f: np.ndarray, ratio: np.ndarray, usable: np.ndarray, rel_noise: np.ndarray | None
 ) -> np.ndarray:
     """Each op's leave-one-clock-out curvature of ``ratio`` (per MHz^2); NaN if none.
 
@@ -647,15 +655,16 @@ def _interior_curvature(
     ``r''``, with ``s = (f - f_L) (f_R - f)``. Per op, ``|r''| = 2 sum |e| / sum s`` over those
     clocks: each clock weighted by its span, so the noise of closely spaced clocks (whose
     span is small) is not blown up into a steep bend. The three cells' own noise
-    (``rel_noise``, log units) explains part of ``e``: only what exceeds two of its standard
-    deviations counts.
+    (``rel_noise``, log units; None: unknown, 0) explains part of ``e``: only what exceeds two
+    of its standard deviations counts.
     """
     n_clocks = len(f)
-    left, right = _usable_neighbours(usable)
+    pattern = _shared_pattern(usable)
+    left, right = _usable_neighbours(pattern)
     # strictly left / right of each column
-    left_s = np.concatenate([np.full((len(usable), 1), -1), left[:, :-1]], axis=1)
-    right_s = np.concatenate([right[:, 1:], np.full((len(usable), 1), n_clocks)], axis=1)
-    inner = usable & (left_s >= 0) & (right_s < n_clocks)
+    left_s = np.concatenate([np.full((len(pattern), 1), -1), left[:, :-1]], axis=1)
+    right_s = np.concatenate([right[:, 1:], np.full((len(pattern), 1), n_clocks)], axis=1)
+    inner = pattern & (left_s >= 0) & (right_s < n_clocks)
     lc, rc = np.clip(left_s, 0, n_clocks - 1), np.clip(right_s, 0, n_clocks - 1)
     r = np.where(usable, ratio, 0.0)
     f_l, f_r = f[lc], f[rc]
@@ -664,13 +673,16 @@ def _interior_curvature(
         line = (1 - share) * np.take_along_axis(r, lc, axis=1) + share * np.take_along_axis(
             r, rc, axis=1
         )
-        n2 = rel_noise**2
-        noise_sd = np.sqrt(
-            n2
-            + (1 - share) ** 2 * np.take_along_axis(n2, lc, axis=1)
-            + share**2 * np.take_along_axis(n2, rc, axis=1)
-        )
-        excess = np.maximum(np.abs(r - line) - 2.0 * noise_sd, 0.0)
+        excess = np.abs(r - line)
+        if rel_noise is not None:  # None: no noise known (0), nothing to take off
+            n2 = rel_noise**2
+            noise_sd = np.sqrt(
+                n2
+                + (1 - share) ** 2 * np.take_along_axis(n2, lc, axis=1)
+                + share**2 * np.take_along_axis(n2, rc, axis=1)
+            )
+            excess -= 2.0 * noise_sd
+        excess = np.maximum(excess, 0.0)
         span = (f[None, :] - f_l) * (f_r - f[None, :])
         curv = (
             2.0 * np.where(inner, excess, 0.0).sum(axis=1) / np.where(inner, span, 0.0).sum(axis=1)
@@ -742,13 +754,13 @@ def log_uncertainty(
         else:
             with np.errstate(divide="ignore", invalid="ignore"):
                 out[rows] = np.nan_to_num(np.asarray(noise[rows], dtype=float) / m, nan=0.0)
-        curv[rows] = _interior_curvature(f, ratio, usable[rows], out[rows])
+        curv[rows] = _interior_curvature(f, ratio, usable[rows], None if noise is None else out[rows])
     has = np.isfinite(curv)
     pooled = float(np.median(curv[has])) if has.any() else 0.0
     curv = np.maximum(np.where(has, curv, pooled), pooled)
     n_clocks = len(f)
     for rows in blocks:
-        left, right = _usable_neighbours(usable[rows])
+        left, right = _usable_neighbours(_shared_pattern(usable[rows]))
         lc, rc = np.clip(left, 0, n_clocks - 1), np.clip(right, 0, n_clocks - 1)
         has_l, has_r = left >= 0, right < n_clocks
         # the gap beyond the last (first) measured clock: to its own neighbour inside the range
