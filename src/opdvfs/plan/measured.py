@@ -257,9 +257,9 @@ class MeasuredTables:
         def pick(table: np.ndarray) -> np.ndarray:
             if (cols >= 0).all():
                 return table[:, cols]
-            out = np.full((len(table), len(cols)), np.nan)
-            for j in np.flatnonzero(cols >= 0):  # column by column: no full-size temporary
-                out[:, j] = table[:, cols[j]]
+            out = np.empty((len(table), len(cols)))
+            for j, col in enumerate(cols.tolist()):  # column by column: no full-size temporary
+                out[:, j] = table[:, col] if col >= 0 else np.nan
             return out
 
         return pick(self.time_us), pick(self.chip_energy_j), pick(self.core_energy_j)
