@@ -335,7 +335,7 @@ def median_noise(spread: np.ndarray, count: np.ndarray) -> np.ndarray:
 
 
 def _measured_once(rows: pd.DataFrame) -> MeasuredTables | None:
-    """The raw tables of a profile that measured every (op, clock) cell once; None if not.
+    """Return the raw tables of a profile that measured every (op, clock) cell once, else None.
 
     The values :meth:`MeasuredTables.from_profile`'s median over each cell's iterations gives
     (a cell's one value, NaN where not measured), scattered into the tables by each row's
@@ -754,7 +754,8 @@ def log_uncertainty(
         else:
             with np.errstate(divide="ignore", invalid="ignore"):
                 out[rows] = np.nan_to_num(np.asarray(noise[rows], dtype=float) / m, nan=0.0)
-        curv[rows] = _interior_curvature(f, ratio, usable[rows], None if noise is None else out[rows])
+        own = None if noise is None else out[rows]
+        curv[rows] = _interior_curvature(f, ratio, usable[rows], own)
     has = np.isfinite(curv)
     pooled = float(np.median(curv[has])) if has.any() else 0.0
     curv = np.maximum(np.where(has, curv, pooled), pooled)
