@@ -652,16 +652,24 @@ def _on_measurements(inputs: PlanInputs, freqs: np.ndarray, per_op: np.ndarray) 
     """
     if inputs.measured is None:
         return {}
-    time_us, chip_j, core_j = inputs.measured.raw().at(freqs)
+    raw = inputs.measured.raw()
+    cols = raw.columns(freqs)  # each clock's column in the measured tables, -1: not profiled
     ops, top = np.arange(len(per_op)), np.full(len(per_op), len(freqs) - 1)
+
+    def cells(table: np.ndarray, clock: np.ndarray) -> np.ndarray:
+        """Each op's measured cell at its clock (an index into ``freqs``); NaN: not profiled."""
+        col = cols[clock]
+        return np.where(col >= 0, table[ops, np.maximum(col, 0)], np.nan)
+
     idle_s = float(inputs.idle_before_us.sum() * 1e-6)
     fields = {}
     for name, table, unit, extra in (
-        ("time_s", time_us, 1e-6, idle_s),
-        ("energy_j", chip_j, 1.0, 0.0),
-        ("core_energy_j", core_j, 1.0, 0.0),
+        ("time_s", raw.time_us, 1e-6, idle_s),
+        ("energy_j", raw.chip_energy_j, 1.0, 0.0),
+        ("core_energy_j", raw.core_energy_j, 1.0, 0.0),
     ):
-        base, plan = _finite_sum(table[ops, top]), _finite_sum(table[ops, per_op])
+        # the op's cells only, not the (ops x clocks) tables at every clock
+        base, plan = _finite_sum(cells(table, top)), _finite_sum(cells(table, per_op))
         if base is not None and plan is not None:
             fields[f"measured_baseline_{name}"] = base * unit + extra
             fields[f"measured_{name}"] = plan * unit + extra
