@@ -412,3 +412,26 @@ def test_cli_plans_a_models_file_for_its_own_device_only(tmp_path, bert_profile)
         "plan", models, "--target", 0.02, "--device", "a100-like", "--out", tmp_path / "x.json"
     )
     one_line_error(res, "MODELS file", "'ascend-910b-like'", "--force")
+
+
+def test_a_profile_measured_once_gives_the_grouped_medians(monkeypatch):
+    """Every cell measured once: the tables scattered from the rows are the grouped medians."""
+    from opdvfs.plan import measured
+
+    rng = np.random.default_rng(7)
+    time_us, power_w, freqs = random_chain(rng, 6, 4)
+    rows = chain_profile(time_us, power_w, freqs).ops
+    rows["op"] = (7 * rows["op"] + 3) % 6 * 10  # ids not in row order, with gaps
+    rows["name"] = "op" + rows["op"].astype(str)
+    rows["temp_c"] = rng.uniform(40, 80, len(rows))
+    rows.loc[3, "chip_power_w"] = np.nan  # measured without power
+    rows = rows.drop(index=[5, 10]).sample(frac=1.0, random_state=3)  # two cells missing
+    profile = Profile(rows.reset_index(drop=True))
+    once = MeasuredTables.from_profile(profile)
+    monkeypatch.setattr(measured, "_measured_once", lambda rows: None)
+    grouped = MeasuredTables.from_profile(profile)
+    assert list(once.op_ids) == list(grouped.op_ids) and list(once.names) == list(grouped.names)
+    for field in ("freqs_mhz", "time_us", "chip_energy_j", "core_energy_j", "temp_c"):
+        np.testing.assert_array_equal(getattr(once, field), getattr(grouped, field))
+    assert np.isnan(once.time_us).sum() == 2
+    assert once.pooled_time_noise == grouped.pooled_time_noise

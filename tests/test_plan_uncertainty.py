@@ -260,3 +260,28 @@ def test_a_plan_on_cells_measured_once_leaves_its_sums_noise_as_slack(monkeypatc
         slack_s = schedule.conservative_time_s - schedule.predicted_time_s
         assert slack_s == pytest.approx(expected_s, rel=1e-6)
         assert schedule.conservative_time_s <= schedule.baseline_time_s * (1 + d) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("with_noise", [False, True])
+def test_a_shared_clock_pattern_gives_the_per_row_values(monkeypatch, with_noise):
+    """Ops measured at the same clocks share neighbours computed once: the same values."""
+    from opdvfs.plan import measured
+
+    rng = np.random.default_rng(11)
+    freqs = np.array([900.0, 1000, 1100, 1250, 1400, 1500, 1650, 1800])
+    predicted = rng.uniform(1.0, 50.0, (500, len(freqs)))
+    observed = predicted * rng.normal(1.0, 0.05, predicted.shape)
+    observed[:, [1, 2, 5]] = np.nan  # every op at the same five clocks
+    noise = np.abs(rng.normal(0.0, 0.3, predicted.shape)) if with_noise else None
+    shared = (
+        measured.log_uncertainty(freqs, predicted, observed, noise),
+        measured.correct_to_measurements(freqs, predicted, observed),
+    )
+    monkeypatch.setattr(measured, "_shared_pattern", lambda usable: usable)  # per row
+    per_row = (
+        measured.log_uncertainty(freqs, predicted, observed, noise),
+        measured.correct_to_measurements(freqs, predicted, observed),
+    )
+    for a, b in zip(shared, per_row, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert (shared[0][:, [1, 2, 5]] > 0).all()  # the filled cells carry an uncertainty

@@ -101,6 +101,15 @@ def test_parquet_round_trip_is_lossless(tmp_path):
     assert len(pd.read_parquet(path)) == len(p)
 
 
+def test_without_samples_keeps_the_rows_and_metadata():
+    samples = pd.DataFrame({"t_s": np.arange(10) * 0.1, "power_w": np.linspace(90, 110, 10)})
+    p = Profile(make_ops(n_ops=3), samples, meta={"format": "csv", "device": "d"})
+    bare = p.without_samples()
+    assert bare.samples is None and p.samples is not None and len(p.samples) == 10
+    assert bare.equals(Profile(p.ops, meta=p.meta))
+    assert not bare.equals(p)
+
+
 def test_samples_must_be_time_ordered():
     samples = pd.DataFrame({"t_s": [0.0, 0.2, 0.1], "power_w": [1.0, 2.0, 3.0]})
     with pytest.raises(ValidationError, match="non-decreasing") as err:

@@ -68,6 +68,31 @@ def test_fit_profile_then_plan_fitted_is_plan_profile(partial):
     assert without_timing(schedule) == without_timing(plan_profile(partial, 0.02).schedule)
 
 
+def test_plan_profile_frees_a_handed_over_profile_before_planning(monkeypatch, twin):
+    """A caller's only reference (as ``opdvfs plan`` hands it) is gone by the time it plans."""
+    import gc
+    import weakref
+
+    from opdvfs.plan import on_profile
+
+    profile = twin.profile(BUILDERS["vgg19"](), [1000, 1400, 1800])
+    assert profile.samples is not None  # the samples go too (power per op)
+    alive = (weakref.ref(profile), weakref.ref(profile._ops))  # the profile and its rows
+    seen = []
+
+    def spy(*args, **kwargs):
+        gc.collect()
+        seen.append(any(ref() is not None for ref in alive))
+        return plan_fitted(*args, **kwargs)
+
+    monkeypatch.setattr(on_profile, "plan_fitted", spy)
+    handed = [profile]
+    del profile
+    planned = plan_profile(handed.pop(), 0.02)
+    assert seen == [False]
+    assert planned.schedule.predicted_time_s is not None
+
+
 def test_a_profile_of_every_clock_fits_no_models(twin):
     full = twin.profile(BUILDERS["vgg19"](), twin.spec.freqs_mhz)
     planned = plan_profile(full, 0.05)

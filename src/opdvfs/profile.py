@@ -21,6 +21,7 @@ classifier, where float32 rounding could flip an operator's class.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
 import os
@@ -261,6 +262,15 @@ class Profile:
     def samples(self) -> pd.DataFrame | None:
         """The power-sensor samples (a copy), or None."""
         return None if self._samples is None else self._samples.copy(deep=False)
+
+    def without_samples(self) -> Profile:
+        """Return this profile without its sensor samples (the same rows and metadata).
+
+        Not validated again: the rows are this profile's, shared (they are never written to).
+        """
+        bare = copy.copy(self)
+        bare._samples = None
+        return bare
 
     @property
     def meta(self) -> dict[str, Any]:

@@ -154,6 +154,10 @@ class MeasuredTables:
         ``shrink=False`` keeps the raw medians only.
         """
         rows = profile.ops
+        once = _measured_once(rows)
+        if once is not None:  # every cell measured once: its median is its value
+            with threadpool_limits(limits=1, user_api="blas"):
+                return replace(once, pooled_time_noise=pooled_noise(once.freqs_mhz, once.time_us))
         frame = pd.DataFrame(
             {
                 "op": rows["op"],
@@ -253,9 +257,9 @@ class MeasuredTables:
         def pick(table: np.ndarray) -> np.ndarray:
             if (cols >= 0).all():
                 return table[:, cols]
-            out = np.full((len(table), len(cols)), np.nan)
-            for j in np.flatnonzero(cols >= 0):  # column by column: no full-size temporary
-                out[:, j] = table[:, cols[j]]
+            out = np.empty((len(table), len(cols)))
+            for j, col in enumerate(cols.tolist()):  # column by column: no full-size temporary
+                out[:, j] = table[:, col] if col >= 0 else np.nan
             return out
 
         return pick(self.time_us), pick(self.chip_energy_j), pick(self.core_energy_j)
@@ -328,6 +332,47 @@ def median_noise(spread: np.ndarray, count: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         se = _MEDIAN_EFFICIENCY * s / np.sqrt(n)
     return np.where((n >= 2) & np.isfinite(se), se, 0.0)
+
+
+def _measured_once(rows: pd.DataFrame) -> MeasuredTables | None:
+    """Return the raw tables of a profile that measured every (op, clock) cell once, else None.
+
+    The values :meth:`MeasuredTables.from_profile`'s median over each cell's iterations gives
+    (a cell's one value, NaN where not measured), scattered into the tables by each row's
+    cell without grouping the rows: at 1M ops x 3 clocks the grouping takes seconds.
+    """
+    op_codes, op_uniques = pd.factorize(rows["op"], sort=True)
+    freq_codes, freq_uniques = pd.factorize(rows["freq_mhz"].to_numpy(dtype=float), sort=True)
+    if len(op_codes) == 0 or op_codes.min() < 0 or freq_codes.min() < 0:
+        return None  # a missing key: the grouping drops its rows
+    n_ops, n_freqs = len(op_uniques), len(freq_uniques)
+    cell = op_codes.astype(np.int64) * n_freqs + freq_codes
+    if np.bincount(cell, minlength=n_ops * n_freqs).max() > 1:
+        return None
+    shape = (n_ops, n_freqs)
+
+    def table(values: pd.Series | float) -> np.ndarray:
+        out = np.full(n_ops * n_freqs, np.nan)
+        if isinstance(values, pd.Series):
+            out[cell] = values.to_numpy(dtype=float)
+        return out.reshape(shape)
+
+    op_ids = np.asarray(op_uniques)
+    first = np.full(n_ops, len(cell))
+    np.minimum.at(first, op_codes, np.arange(len(cell)))  # each op's first row
+    names = rows["name"].to_numpy()[first]
+    freqs = np.asarray(freq_uniques, dtype=float)
+    time_us = table(rows["time_us"])
+    check_times(op_ids, names, freqs, np.where(np.isnan(time_us), np.inf, time_us))
+    return MeasuredTables(
+        op_ids,
+        names,
+        freqs,
+        time_us,
+        table(_energy(rows, "chip_power_w")),
+        table(_energy(rows, "core_power_w")),
+        table(rows.get("temp_c", np.nan)),
+    )
 
 
 def _energy(rows: pd.DataFrame, power_column: str) -> pd.Series:
@@ -529,13 +574,12 @@ def _correct_rows(freqs_mhz: np.ndarray, predicted: np.ndarray, measured: np.nda
         ratio = np.log(measured / predicted)
     usable = known & np.isfinite(ratio)
     n_clocks = len(f)
-    cols = np.arange(n_clocks)
-    left = np.maximum.accumulate(np.where(usable, cols, -1), axis=1)
-    right = np.minimum.accumulate(np.where(usable, cols, n_clocks)[:, ::-1], axis=1)[:, ::-1]
+    left, right = _usable_neighbours(_shared_pattern(usable))
     has_left, has_right = left >= 0, right < n_clocks
     left_c, right_c = np.clip(left, 0, n_clocks - 1), np.clip(right, 0, n_clocks - 1)
-    r_left = np.take_along_axis(np.where(usable, ratio, 0.0), left_c, axis=1)
-    r_right = np.take_along_axis(np.where(usable, ratio, 0.0), right_c, axis=1)
+    r = np.where(usable, ratio, 0.0)
+    r_left = np.take_along_axis(r, left_c, axis=1)
+    r_right = np.take_along_axis(r, right_c, axis=1)
     f_left, f_right = f[left_c], f[right_c]
     with np.errstate(divide="ignore", invalid="ignore"):
         share = np.where(f_right > f_left, (f[None, :] - f_left) / (f_right - f_left), 0.0)
@@ -582,6 +626,15 @@ def at_die(
     return energy_j + shift_w * np.nan_to_num(time_us, nan=0.0) * 1e-6
 
 
+def _shared_pattern(usable: np.ndarray) -> np.ndarray:
+    """``usable``'s first row, shape (1, n_clocks), if every row has its pattern; else ``usable``.
+
+    Ops measured at the same clocks (every profile swept over one clock list) share their
+    neighbours, spans and shares: computed once and broadcast over the rows, the same values.
+    """
+    return usable[:1] if (usable == usable[:1]).all() else usable
+
+
 def _usable_neighbours(usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Nearest usable column at or left of each cell (-1: none), and at or right (n: none)."""
     n_clocks = usable.shape[1]
@@ -592,7 +645,7 @@ def _usable_neighbours(usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _interior_curvature(
-    f: np.ndarray, ratio: np.ndarray, usable: np.ndarray, rel_noise: np.ndarray
+    f: np.ndarray, ratio: np.ndarray, usable: np.ndarray, rel_noise: np.ndarray | None
 ) -> np.ndarray:
     """Each op's leave-one-clock-out curvature of ``ratio`` (per MHz^2); NaN if none.
 
@@ -602,15 +655,16 @@ def _interior_curvature(
     ``r''``, with ``s = (f - f_L) (f_R - f)``. Per op, ``|r''| = 2 sum |e| / sum s`` over those
     clocks: each clock weighted by its span, so the noise of closely spaced clocks (whose
     span is small) is not blown up into a steep bend. The three cells' own noise
-    (``rel_noise``, log units) explains part of ``e``: only what exceeds two of its standard
-    deviations counts.
+    (``rel_noise``, log units; None: unknown, 0) explains part of ``e``: only what exceeds two
+    of its standard deviations counts.
     """
     n_clocks = len(f)
-    left, right = _usable_neighbours(usable)
+    pattern = _shared_pattern(usable)
+    left, right = _usable_neighbours(pattern)
     # strictly left / right of each column
-    left_s = np.concatenate([np.full((len(usable), 1), -1), left[:, :-1]], axis=1)
-    right_s = np.concatenate([right[:, 1:], np.full((len(usable), 1), n_clocks)], axis=1)
-    inner = usable & (left_s >= 0) & (right_s < n_clocks)
+    left_s = np.concatenate([np.full((len(pattern), 1), -1), left[:, :-1]], axis=1)
+    right_s = np.concatenate([right[:, 1:], np.full((len(pattern), 1), n_clocks)], axis=1)
+    inner = pattern & (left_s >= 0) & (right_s < n_clocks)
     lc, rc = np.clip(left_s, 0, n_clocks - 1), np.clip(right_s, 0, n_clocks - 1)
     r = np.where(usable, ratio, 0.0)
     f_l, f_r = f[lc], f[rc]
@@ -619,13 +673,16 @@ def _interior_curvature(
         line = (1 - share) * np.take_along_axis(r, lc, axis=1) + share * np.take_along_axis(
             r, rc, axis=1
         )
-        n2 = rel_noise**2
-        noise_sd = np.sqrt(
-            n2
-            + (1 - share) ** 2 * np.take_along_axis(n2, lc, axis=1)
-            + share**2 * np.take_along_axis(n2, rc, axis=1)
-        )
-        excess = np.maximum(np.abs(r - line) - 2.0 * noise_sd, 0.0)
+        excess = np.abs(r - line)
+        if rel_noise is not None:  # None: no noise known (0), nothing to take off
+            n2 = rel_noise**2
+            noise_sd = np.sqrt(
+                n2
+                + (1 - share) ** 2 * np.take_along_axis(n2, lc, axis=1)
+                + share**2 * np.take_along_axis(n2, rc, axis=1)
+            )
+            excess -= 2.0 * noise_sd
+        excess = np.maximum(excess, 0.0)
         span = (f[None, :] - f_l) * (f_r - f[None, :])
         curv = (
             2.0 * np.where(inner, excess, 0.0).sum(axis=1) / np.where(inner, span, 0.0).sum(axis=1)
@@ -677,41 +734,45 @@ def log_uncertainty(
     ndarray, shape (n_ops, n_clocks)
     """
     f = np.asarray(freqs_mhz, dtype=float)
-    known = np.isfinite(measured)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.log(measured / predicted)
-    usable = known & np.isfinite(ratio)
-    rel_noise = np.zeros(np.shape(measured))
-    if noise is not None:
+    shape = np.shape(measured)
+    # rows are independent but for the pooled curvature: two passes over row blocks, so the
+    # temporaries are a block's, not the table's. The first writes each measured cell's noise
+    # and each op's curvature, the second each filled cell's sigma.
+    out = np.empty(shape)
+    known = np.empty(shape, dtype=bool)
+    usable = np.empty(shape, dtype=bool)
+    curv = np.empty(shape[0])
+    blocks = [slice(start, start + _ROW_BLOCK) for start in range(0, shape[0], _ROW_BLOCK)]
+    for rows in blocks:
+        m = measured[rows]
+        known[rows] = np.isfinite(m)
         with np.errstate(divide="ignore", invalid="ignore"):
-            rel_noise = np.nan_to_num(np.asarray(noise, dtype=float) / measured, nan=0.0)
-    curv = (
-        np.concatenate(
-            [
-                _interior_curvature(f, ratio[rows], usable[rows], rel_noise[rows])
-                for rows in (
-                    slice(start, start + _ROW_BLOCK) for start in range(0, len(ratio), _ROW_BLOCK)
-                )
-            ]
-        )
-        if len(ratio)
-        else np.zeros(0)
-    )
+            ratio = np.log(m / predicted[rows])
+        usable[rows] = known[rows] & np.isfinite(ratio)
+        if noise is None:
+            out[rows] = 0.0
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                out[rows] = np.nan_to_num(np.asarray(noise[rows], dtype=float) / m, nan=0.0)
+        own = None if noise is None else out[rows]
+        curv[rows] = _interior_curvature(f, ratio, usable[rows], own)
     has = np.isfinite(curv)
     pooled = float(np.median(curv[has])) if has.any() else 0.0
     curv = np.maximum(np.where(has, curv, pooled), pooled)
     n_clocks = len(f)
-    left, right = _usable_neighbours(usable)
-    lc, rc = np.clip(left, 0, n_clocks - 1), np.clip(right, 0, n_clocks - 1)
-    has_l, has_r = left >= 0, right < n_clocks
-    # the gap beyond the last (first) measured clock: to its own neighbour inside the range
-    span_l = np.where(has_l & ~has_r, f[lc] - f[np.clip(lc - 1, 0, None)], 0.0)
-    span_r = np.where(has_r & ~has_l, f[np.clip(rc + 1, None, n_clocks - 1)] - f[rc], 0.0)
-    d_l, d_r = f[None, :] - f[lc], f[rc] - f[None, :]
-    reach = np.where(
-        has_l & has_r,
-        d_l * d_r,
-        np.where(has_l, d_l * (d_l + span_l), np.where(has_r, d_r * (d_r + span_r), 0.0)),
-    )
-    sigma = 0.5 * curv[:, None] * reach
-    return np.where(known, rel_noise, sigma)
+    for rows in blocks:
+        left, right = _usable_neighbours(_shared_pattern(usable[rows]))
+        lc, rc = np.clip(left, 0, n_clocks - 1), np.clip(right, 0, n_clocks - 1)
+        has_l, has_r = left >= 0, right < n_clocks
+        # the gap beyond the last (first) measured clock: to its own neighbour inside the range
+        span_l = np.where(has_l & ~has_r, f[lc] - f[np.clip(lc - 1, 0, None)], 0.0)
+        span_r = np.where(has_r & ~has_l, f[np.clip(rc + 1, None, n_clocks - 1)] - f[rc], 0.0)
+        d_l, d_r = f[None, :] - f[lc], f[rc] - f[None, :]
+        reach = np.where(
+            has_l & has_r,
+            d_l * d_r,
+            np.where(has_l, d_l * (d_l + span_l), np.where(has_r, d_r * (d_r + span_r), 0.0)),
+        )
+        sigma = 0.5 * curv[rows, None] * reach
+        out[rows] = np.where(known[rows], out[rows], sigma)
+    return out

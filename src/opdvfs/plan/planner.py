@@ -652,16 +652,24 @@ def _on_measurements(inputs: PlanInputs, freqs: np.ndarray, per_op: np.ndarray) 
     """
     if inputs.measured is None:
         return {}
-    time_us, chip_j, core_j = inputs.measured.raw().at(freqs)
+    raw = inputs.measured.raw()
+    cols = raw.columns(freqs)  # each clock's column in the measured tables, -1: not profiled
     ops, top = np.arange(len(per_op)), np.full(len(per_op), len(freqs) - 1)
+
+    def cells(table: np.ndarray, clock: np.ndarray) -> np.ndarray:
+        """Each op's measured cell at its clock (an index into ``freqs``); NaN: not profiled."""
+        col = cols[clock]
+        return np.where(col >= 0, table[ops, np.maximum(col, 0)], np.nan)
+
     idle_s = float(inputs.idle_before_us.sum() * 1e-6)
     fields = {}
     for name, table, unit, extra in (
-        ("time_s", time_us, 1e-6, idle_s),
-        ("energy_j", chip_j, 1.0, 0.0),
-        ("core_energy_j", core_j, 1.0, 0.0),
+        ("time_s", raw.time_us, 1e-6, idle_s),
+        ("energy_j", raw.chip_energy_j, 1.0, 0.0),
+        ("core_energy_j", raw.core_energy_j, 1.0, 0.0),
     ):
-        base, plan = _finite_sum(table[ops, top]), _finite_sum(table[ops, per_op])
+        # the op's cells only, not the (ops x clocks) tables at every clock
+        base, plan = _finite_sum(cells(table, top)), _finite_sum(cells(table, per_op))
         if base is not None and plan is not None:
             fields[f"measured_baseline_{name}"] = base * unit + extra
             fields[f"measured_{name}"] = plan * unit + extra
@@ -737,6 +745,7 @@ def _op_tables(
             gap = gap or missing_measurement(measured, chip_m, freqs, "energy")
             if gap is not None and models is None:
                 raise gap
+        del time_m, chip_m, core_m  # the model path takes the grid's own (~210 MB at 1M ops)
     if models is None or models.power is None:
         raise ValidationError(
             "the models hold no power model: profile with power to plan energy", field="power"
@@ -771,9 +780,16 @@ def _op_tables(
             del temp_g
         del die_c
         filled_g = ~np.isfinite(time_g)
-        sigma_g = log_uncertainty(grid, time_us, time_g, measured.time_noise_at(grid))
-        sigma_g *= np.where(filled_g, TIME_QUANTILE_Z, MEASURED_NOISE_Z)  # the margin
-        e_sigma_g = log_uncertainty(grid, chip_j, chip_g, measured.noise_at(grid, rail="chip"))
+        # no noise measured: None, not a table of zeros (72 MB at 1M ops x 9 clocks)
+        time_noise = None if measured.time_noise_us is None else measured.time_noise_at(grid)
+        sigma_g = log_uncertainty(grid, time_us, time_g, time_noise)
+        del time_noise
+        # the margin, in place
+        np.multiply(sigma_g, TIME_QUANTILE_Z, out=sigma_g, where=filled_g)
+        np.multiply(sigma_g, MEASURED_NOISE_Z, out=sigma_g, where=~filled_g)
+        chip_noise = None if measured.chip_noise_j is None else measured.noise_at(grid, rail="chip")
+        e_sigma_g = log_uncertainty(grid, chip_j, chip_g, chip_noise)
+        del chip_noise
         e_sigma_g[~filled_g] = 0.0  # measured energies: as measured
         e_sigma_g *= TIME_QUANTILE_Z
         time_us = correct_to_measurements(grid, time_us, time_g, out=time_us)
