@@ -168,6 +168,13 @@ def _check_tuned_together(tmp_path: Path, results: list[dict], stages: int, repl
         assert mine.n_ops == r["n_launches"] and not r["abandoned"]
         assert r["rounds"] == r0["rounds"] or rank > 0
     assert len({s.n_ops for s in pipeline.stages}) == stages  # the stages' operators differ
+    # the simulated GPUs wait for each other at each receive, as the planner's graph has it:
+    # the ranks' reference iterations last as long, and as long as the planned top-clock makespan
+    refs = [i for i in r0["per_iteration"] if i["phase"] == "reference"]
+    assert refs
+    for it in refs:
+        assert min(it["ranks_time_s"]) > 0.97 * max(it["ranks_time_s"])
+        assert it["time_s"] == pytest.approx(pipeline.baseline_makespan_s, rel=0.03)
     # every rank swept the clocks, then set its own stage's plan; restored once, last
     for rank in range(world):
         calls = read_log(tmp_path / f"calls.rank{rank}.jsonl")
@@ -184,6 +191,28 @@ def test_job_view_numbers_the_stages_by_their_first_rank():
     assert view.rank_map == [0, 0, 1, 1] and view.stage_leads == [0, 2]
     view = JobView(1, 4, ("a", "b", "a", "b"))  # stages interleaved
     assert view.rank_map == [0, 1, 0, 1] and view.stage_leads == [0, 1]
+
+
+def test_a_simulated_gpu_idles_until_a_senders_time():
+    from opdvfs.runtime.actuators import make_actuator
+
+    gpu = make_actuator("sim:a100-like").timeline
+    assert gpu is not None
+    gpu.launch(
+        {
+            "name": "aten::mm",
+            "type": "mm",
+            "stream": "compute",
+            "flops": 1e9,
+            "bytes_loaded": 1e6,
+            "bytes_stored": 1e6,
+        }
+    )
+    busy_s, energy_j = gpu.now_s(), gpu.energy_j()
+    gpu.idle_until(busy_s + 0.5)
+    assert gpu.now_s() == pytest.approx(busy_s + 0.5) and gpu.energy_j() == energy_j
+    gpu.idle_until(busy_s)  # an earlier time changes nothing
+    assert gpu.now_s() == pytest.approx(busy_s + 0.5)
 
 
 def test_a_stage_profile_travels_as_bytes_with_its_launches(tmp_path):
@@ -211,17 +240,24 @@ def test_a_stage_profile_travels_as_bytes_with_its_launches(tmp_path):
 def test_pipeline_stages_tuned_together_save_as_the_offline_plan_run(tmp_path, stages, replicas):
     results = _tune(tmp_path, stages, replicas)
     _check_tuned_together(tmp_path, results, stages, replicas)
-    first = results[0]["rounds"][0]  # planned at the target itself
-    assert first["budget"] == TARGET
-    # the same profiles planned offline at that budget (plan --pipeline ranks), run on fresh
-    # simulated GPUs: tune's A/B of the job measured what running that plan measures
+    r0 = results[0]
+    first, chosen = r0["rounds"][0], r0["rounds"][r0["best_round"]]
+    assert first["budget"] == TARGET  # round 1 plans at the target itself
+    # the same profiles planned offline at the target (plan --pipeline ranks), run on fresh
+    # simulated GPUs: tune's round 1 measured what running that plan measures
     offline = _offline(tmp_path, stages, replicas, results, TARGET)
     print(
         f"stages {stages} x replicas {replicas}: tune round 1 (budget {TARGET:.0%}) measured "
         f"slowdown {first['slowdown']['mean']:+.2%}, saving {first['saving']['mean']:.2%}; "
+        f"chosen round {r0['best_round'] + 1} (budget {chosen['budget']:.2%}) slowdown "
+        f"{chosen['slowdown']['mean']:+.2%}, saving {chosen['saving']['mean']:.2%}; "
         f"plan_ranks offline at {TARGET:.0%}, run: slowdown {offline['slowdown']:+.2%}, "
         f"saving {offline['saving']:.2%}"
     )
-    assert offline["saving"] > 0.02
-    assert first["saving"]["mean"] >= 0.9 * offline["saving"]
     assert first["slowdown"]["mean"] == pytest.approx(offline["slowdown"], abs=0.01)
+    assert first["saving"]["mean"] == pytest.approx(offline["saving"], abs=0.01)
+    # the job-wide measured slowdown within the target (the budget rounds re-planned to it),
+    # and at least 90% of the offline plan's saving
+    assert r0["met"] is True and chosen["slowdown"]["mean"] <= TARGET
+    assert offline["saving"] > 0.02
+    assert chosen["saving"]["mean"] >= 0.9 * offline["saving"]

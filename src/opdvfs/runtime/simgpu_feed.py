@@ -50,6 +50,57 @@ class _Launcher(list[dict[str, Any]]):
         self._feed.launch(row)
 
 
+#: Point-to-point operators whose peer is their third argument (``dstRank``/``srcRank``).
+_MESSAGES = frozenset({"c10d::send", "c10d::recv_"})
+
+
+class _Messages:
+    """The simulated GPUs of a job's ranks wait for each other at point-to-point messages.
+
+    Each rank's simulated GPU keeps its own virtual time. A send posts its sender's time (the
+    end of the operators before it) through the process group's key-value store, and the
+    matching receive (the k-th from that sender: gloo and NCCL match in order per pair) lets
+    the receiver's device idle until then before the receive runs, as a pipeline stage waits
+    for its neighbour. Off a process group (or in a group of one) nothing is exchanged.
+    """
+
+    def __init__(self, gpu: SimulatedGpu) -> None:
+        self.gpu = gpu
+        self._sent: dict[int, int] = {}  # messages sent to each peer
+        self._received: dict[int, int] = {}  # messages received from each peer
+        self._store: Any = None
+
+    def _job(self) -> tuple[Any, int] | None:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return None
+        if self._store is None:
+            from torch.distributed.distributed_c10d import _get_default_store
+
+            self._store = dist.PrefixStore("opdvfs-sim-messages/", _get_default_store())
+        return self._store, dist.get_rank()
+
+    def at(self, name: str, peer: int) -> None:
+        """Before ``name`` (a send or a receive) with ``peer`` runs: post, or wait, the time."""
+        job = self._job()
+        if job is None:
+            return
+        store, rank = job
+        if name == "c10d::send":
+            k = self._sent.get(peer, 0)
+            self._sent[peer] = k + 1
+            store.set(f"{rank}-{peer}/{k}", repr(self.gpu.now_s()))
+            return
+        k = self._received.get(peer, 0)
+        self._received[peer] = k + 1
+        key = f"{peer}-{rank}/{k}"
+        store.wait([key])  # (posted before the sender's send: no later than the message)
+        sent_s = float(bytes(store.get(key)).decode())
+        store.delete_key(key)
+        self.gpu.idle_until(sent_s)
+
+
 class SimGpuFeed(WorkloadRecorder):
     """A dispatch mode that launches every aten operator on ``gpu``; iterations end there too.
 
@@ -68,10 +119,13 @@ class SimGpuFeed(WorkloadRecorder):
         self._current = _Launcher(self)
         self._views: set[str] = set()
         self._local = threading.local()
+        self._messages = _Messages(gpu)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = func._schema.name
         self._local.kernel = not (func.is_view or name in _NO_KERNEL)
+        if name in _MESSAGES:
+            self._messages.at(name, int(args[2]))
         return super().__torch_dispatch__(func, types, args, kwargs)
 
     def launch(self, row: dict[str, Any]) -> None:
