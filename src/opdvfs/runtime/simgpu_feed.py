@@ -15,6 +15,7 @@ that switch leaves in effect.
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from typing import Any
 
 from opdvfs.runtime.recorder import WorkloadRecorder
@@ -50,8 +51,8 @@ class _Launcher(list[dict[str, Any]]):
         self._feed.launch(row)
 
 
-#: Point-to-point operators whose peer is their third argument (``dstRank``/``srcRank``).
-_MESSAGES = frozenset({"c10d::send", "c10d::recv_"})
+#: Seconds a receive, already done, looks for its sender's time before it stops modelling waits.
+_SENT_WAIT_S = 5.0
 
 
 class _Messages:
@@ -61,7 +62,10 @@ class _Messages:
     end of the operators before it) through the process group's key-value store, and the
     matching receive (the k-th from that sender: gloo and NCCL match in order per pair) lets
     the receiver's device idle until then before the receive runs, as a pipeline stage waits
-    for its neighbour. Off a process group (or in a group of one) nothing is exchanged.
+    for its neighbour. Off a process group (or in a group of one) nothing is exchanged. The
+    peers are read as ranks of the default group; a message in another group whose ranks
+    differ finds no time within :data:`_SENT_WAIT_S` of its receive (which is done by then),
+    and waits are no longer modelled in that process (nothing hangs).
     """
 
     def __init__(self, gpu: SimulatedGpu) -> None:
@@ -69,11 +73,14 @@ class _Messages:
         self._sent: dict[int, int] = {}  # messages sent to each peer
         self._received: dict[int, int] = {}  # messages received from each peer
         self._store: Any = None
+        self._off = False  # a receive found no sender's time: waits are not modelled
 
     def _job(self) -> tuple[Any, int] | None:
         import torch.distributed as dist
 
-        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        if self._off or not (
+            dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        ):
             return None
         if self._store is None:
             from torch.distributed.distributed_c10d import _get_default_store
@@ -81,21 +88,32 @@ class _Messages:
             self._store = dist.PrefixStore("opdvfs-sim-messages/", _get_default_store())
         return self._store, dist.get_rank()
 
-    def at(self, name: str, peer: int) -> None:
-        """Before ``name`` (a send or a receive) with ``peer`` runs: post, or wait, the time."""
+    def sent(self, peer: int) -> None:
+        """Before a send to ``peer`` runs: post the sender's time (its operators before it)."""
         job = self._job()
         if job is None:
             return
         store, rank = job
-        if name == "c10d::send":
-            k = self._sent.get(peer, 0)
-            self._sent[peer] = k + 1
-            store.set(f"{rank}-{peer}/{k}", repr(self.gpu.now_s()))
+        k = self._sent.get(peer, 0)
+        self._sent[peer] = k + 1
+        store.set(f"{rank}-{peer}/{k}", repr(self.gpu.now_s()))
+
+    def received(self, peer: int) -> None:
+        """Once a receive from ``peer`` is done, before it runs on the device: idle until sent."""
+        job = self._job()
+        if job is None:
             return
+        import torch.distributed as dist
+
+        store, rank = job
         k = self._received.get(peer, 0)
         self._received[peer] = k + 1
         key = f"{peer}-{rank}/{k}"
-        store.wait([key])  # (posted before the sender's send: no later than the message)
+        try:
+            store.wait([key], timedelta(seconds=_SENT_WAIT_S))  # (posted before the send)
+        except dist.DistStoreError:
+            self._off = True
+            return
         sent_s = float(bytes(store.get(key)).decode())
         store.delete_key(key)
         self.gpu.idle_until(sent_s)
@@ -124,12 +142,19 @@ class SimGpuFeed(WorkloadRecorder):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = func._schema.name
         self._local.kernel = not (func.is_view or name in _NO_KERNEL)
-        if name in _MESSAGES:
-            self._messages.at(name, int(args[2]))
+        self._local.receive = None
+        if name == "c10d::send":
+            self._messages.sent(int(args[2]))
+        elif name == "c10d::recv_":
+            self._local.receive = int(args[2])  # waited for once it is done, before its launch
         return super().__torch_dispatch__(func, types, args, kwargs)
 
     def launch(self, row: dict[str, Any]) -> None:
         """Launch the recorder's ``row`` for the operator being dispatched."""
+        peer = getattr(self._local, "receive", None)
+        if peer is not None:
+            self._local.receive = None
+            self._messages.received(peer)
         self.gpu.launch(row, kernel=getattr(self._local, "kernel", True))
 
     def end_iteration(self, n_ops: int) -> None:
