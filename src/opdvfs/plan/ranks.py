@@ -598,11 +598,16 @@ def plan_ranks(
                 field="freq_mhz",
             )
     layout = rank_layout([r.ops for r in ranks], barrier=barrier)
+    # the idle time a profile shows before a receive or a barrier is the wait for the other
+    # ranks, which the graph's own edges give: not fixed idle time on top of them
+    waits = [np.isin(op_kinds(r.ops, barrier), (RECV, BARRIER)) for r in ranks]
     problem = layout.problem(
         [r.time_s for r in ranks],
         [r.energy_j for r in ranks],
         freqs,
-        idle_before_s=[r.idle_before_s for r in ranks],
+        idle_before_s=[
+            np.where(w, 0.0, r.idle_before_s) for w, r in zip(waits, ranks, strict=True)
+        ],
         blocking_power_w=blocking_power_w,
     )
     plan = solve_dag(problem, target, time_limit_s=time_limit_s or TIME_LIMIT_S)

@@ -166,6 +166,17 @@ class JobView:
             out.setdefault(key, []).append(rank)
         return out
 
+    @property
+    def rank_map(self) -> list[int]:
+        """The stage of each rank: its sequence's place among the groups, by their first rank."""
+        order = {key: stage for stage, key in enumerate(self.groups)}
+        return [order[key] for key in self.keys]
+
+    @property
+    def stage_leads(self) -> list[int]:
+        """The first rank of each stage (the one whose sweep profiles it), stage 0 first."""
+        return [ranks[0] for ranks in self.groups.values()]
+
 
 def group_ready() -> bool:
     """Whether a process group of more than one rank exists (torchrun, after the script's init)."""
@@ -237,6 +248,8 @@ class StoreJob:
         #: The last :meth:`iteration`'s time (s) and energy (J) of every rank, by rank.
         self.ranks_time_s: list[float] = []
         self.ranks_energy_j: list[float | None] = []
+        #: How the ranks' operator sequences compare (set by :meth:`same_sequence`).
+        self.view: JobView | None = None
 
     @property
     def leader(self) -> bool:
@@ -280,6 +293,7 @@ class StoreJob:
         """Compare every rank's operator sequence; set :attr:`follows_plan`; return the groups."""
         key = hashlib.sha256("\n".join(op_names).encode()).hexdigest()
         view = JobView(self.rank, self.world_size, tuple(self._all(key)))
+        self.view = view
         self.follows_plan = view.keys[self.rank] == view.keys[0]
         return view.same_sequence, view.groups
 
@@ -294,8 +308,30 @@ class StoreJob:
         doc: dict[str, Any] = json.loads(self._get(f"{n}/0"))
         return doc
 
+    def put_bytes(self, name: str, data: bytes) -> None:
+        """Post ``data`` under ``name`` (``NAME/RANK``) for one other rank to take once."""
+        self.store.set(f"{name}/{self.rank}", data)  # type: ignore[arg-type]  # (bytes: as get)
+
+    def take_bytes(self, name: str, rank: int) -> bytes:
+        """Return what ``rank`` posted under ``name`` (waiting as an exchange does); delete it.
+
+        Raises
+        ------
+        DistributedError
+            As an exchange's read: a rank left, or nothing came within :attr:`timeout_s`.
+        """
+        key = f"{name}/{rank}"
+        data = self._get_bytes(key)
+        with contextlib.suppress(Exception):
+            self.store.delete_key(key)
+        return data
+
     def _get(self, key: str) -> str:
-        """Return what a rank posted at ``key`` (``EXCHANGE/RANK``) once it is there.
+        """Return what a rank posted at ``key`` (``EXCHANGE/RANK``) once it is there."""
+        return self._get_bytes(key).decode()
+
+    def _get_bytes(self, key: str) -> bytes:
+        """Return what a rank posted at ``key`` (``.../RANK``) once it is there.
 
         Raises
         ------
@@ -308,7 +344,7 @@ class StoreJob:
             try:
                 if wait_s > 0:
                     self.store.wait([key], timedelta(seconds=wait_s))
-                    return bytes(self.store.get(key)).decode()
+                    return bytes(self.store.get(key))
             except dist.DistStoreError:  # not there yet (a dead store raises another error)
                 pass
             gone = int(self.store.add("left", 0))

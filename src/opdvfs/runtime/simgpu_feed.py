@@ -15,6 +15,7 @@ that switch leaves in effect.
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from typing import Any
 
 from opdvfs.runtime.recorder import WorkloadRecorder
@@ -50,6 +51,74 @@ class _Launcher(list[dict[str, Any]]):
         self._feed.launch(row)
 
 
+#: Seconds a receive, already done, looks for its sender's time before it stops modelling waits.
+_SENT_WAIT_S = 5.0
+
+
+class _Messages:
+    """The simulated GPUs of a job's ranks wait for each other at point-to-point messages.
+
+    Each rank's simulated GPU keeps its own virtual time. A send posts its sender's time (the
+    end of the operators before it) through the process group's key-value store, and the
+    matching receive (the k-th from that sender: gloo and NCCL match in order per pair) lets
+    the receiver's device idle until then before the receive runs, as a pipeline stage waits
+    for its neighbour. Off a process group (or in a group of one) nothing is exchanged. The
+    peers are read as ranks of the default group; a message in another group whose ranks
+    differ finds no time within :data:`_SENT_WAIT_S` of its receive (which is done by then),
+    and waits are no longer modelled in that process (nothing hangs).
+    """
+
+    def __init__(self, gpu: SimulatedGpu) -> None:
+        self.gpu = gpu
+        self._sent: dict[int, int] = {}  # messages sent to each peer
+        self._received: dict[int, int] = {}  # messages received from each peer
+        self._store: Any = None
+        self._off = False  # a receive found no sender's time: waits are not modelled
+
+    def _job(self) -> tuple[Any, int] | None:
+        import torch.distributed as dist
+
+        if self._off or not (
+            dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        ):
+            return None
+        if self._store is None:
+            from torch.distributed.distributed_c10d import _get_default_store
+
+            self._store = dist.PrefixStore("opdvfs-sim-messages/", _get_default_store())
+        return self._store, dist.get_rank()
+
+    def sent(self, peer: int) -> None:
+        """Before a send to ``peer`` runs: post the sender's time (its operators before it)."""
+        job = self._job()
+        if job is None:
+            return
+        store, rank = job
+        k = self._sent.get(peer, 0)
+        self._sent[peer] = k + 1
+        store.set(f"{rank}-{peer}/{k}", repr(self.gpu.now_s()))
+
+    def received(self, peer: int) -> None:
+        """Once a receive from ``peer`` is done, before it runs on the device: idle until sent."""
+        job = self._job()
+        if job is None:
+            return
+        import torch.distributed as dist
+
+        store, rank = job
+        k = self._received.get(peer, 0)
+        self._received[peer] = k + 1
+        key = f"{peer}-{rank}/{k}"
+        try:
+            store.wait([key], timedelta(seconds=_SENT_WAIT_S))  # (posted before the send)
+        except dist.DistStoreError:
+            self._off = True
+            return
+        sent_s = float(bytes(store.get(key)).decode())
+        store.delete_key(key)
+        self.gpu.idle_until(sent_s)
+
+
 class SimGpuFeed(WorkloadRecorder):
     """A dispatch mode that launches every aten operator on ``gpu``; iterations end there too.
 
@@ -68,14 +137,24 @@ class SimGpuFeed(WorkloadRecorder):
         self._current = _Launcher(self)
         self._views: set[str] = set()
         self._local = threading.local()
+        self._messages = _Messages(gpu)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = func._schema.name
         self._local.kernel = not (func.is_view or name in _NO_KERNEL)
+        self._local.receive = None
+        if name == "c10d::send":
+            self._messages.sent(int(args[2]))
+        elif name == "c10d::recv_":
+            self._local.receive = int(args[2])  # waited for once it is done, before its launch
         return super().__torch_dispatch__(func, types, args, kwargs)
 
     def launch(self, row: dict[str, Any]) -> None:
         """Launch the recorder's ``row`` for the operator being dispatched."""
+        peer = getattr(self._local, "receive", None)
+        if peer is not None:
+            self._local.receive = None
+            self._messages.received(peer)
         self.gpu.launch(row, kernel=getattr(self._local, "kernel", True))
 
     def end_iteration(self, n_ops: int) -> None:

@@ -233,6 +233,18 @@ class SimulatedGpu:
             self._flush()
             return self._end_us * 1e-6
 
+    def idle_until(self, t_s: float) -> None:
+        """Let the device idle until virtual time ``t_s`` (a receive waiting for its sender).
+
+        The next launch starts no earlier than ``t_s``; the idle span runs no kernel (no
+        energy), and the clock events due in it happen. Earlier times change nothing.
+        """
+        with self._lock:
+            self._flush()
+            if t_s * 1e6 > self._end_us:
+                self._end_us = t_s * 1e6
+                self._advance(self._end_us)
+
     def energy_j(self) -> float:
         """Return the total-energy counter (J since the device was created)."""
         with self._lock:

@@ -34,6 +34,7 @@ from opdvfs.runtime.sweep import ClockSweep, device_meter
 from opdvfs.schedule import Schedule
 
 if TYPE_CHECKING:
+    from opdvfs.profile import Profile
     from opdvfs.runtime.actuators.base import Meter
     from opdvfs.runtime.profiling import Traced
     from opdvfs.sim.gpu import SimulatedGpu
@@ -100,6 +101,9 @@ class Drive(ABC):
     exact_counter: bool = False
     #: Whether plans apply by time (True) or by operator.
     by_time: bool = False
+    #: Whether a pipeline job's stages are profiled and planned together here
+    #: (:meth:`stage_profile`; :mod:`opdvfs.tuner.stages`).
+    plans_stages: bool = False
 
     def __init__(self, actuator: Actuator, executor: Any) -> None:
         self.actuator = actuator
@@ -176,6 +180,13 @@ class Drive(ABC):
         """Return the operators a plan maps onto (None: the profile's own operators)."""
         return None
 
+    def stage_profile(self, counted: dict[int, float]) -> Profile:
+        """Return this rank's profile of the swept iterations ``counted`` (iteration -> MHz).
+
+        Only where :attr:`plans_stages`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not profile pipeline stages")
+
     def planning_began(self) -> None:  # noqa: B027 (a hook: nothing to do by default)
         """Note that a planning phase began (for :meth:`pace_planning`)."""
 
@@ -195,6 +206,7 @@ class SimulatedGpuDrive(Drive):
     """A program running on a simulated GPU: operator-counting, plans applied by operator."""
 
     exact_counter = True
+    plans_stages = True
 
     def __init__(self, actuator: Actuator, gpu: SimulatedGpu, sink: IterationSink) -> None:
         super().__init__(actuator, _operator_executor(actuator, sink))
@@ -249,6 +261,12 @@ class SimulatedGpuDrive(Drive):
     def plan_launches(self) -> int | None:
         """Return the operators counted: the sweep's rows are kernels, plans map back onto them."""
         return self.n_launches
+
+    def stage_profile(self, counted: dict[int, float]) -> Profile:
+        """Return the simulated GPU's kernels of the swept iterations, with its power samples."""
+        from opdvfs.runtime.sweep import sim_profile
+
+        return sim_profile(self.gpu, counted)
 
     def planning_began(self) -> None:
         """Note the simulated GPU's time and the host's when planning began."""

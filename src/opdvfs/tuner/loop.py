@@ -196,6 +196,12 @@ class Tuner:
         self._measurement: RoundToMeasure | None = None
         self._cache_check: RoundToMeasure | None = None  # the round re-measuring a cached plan
         self._followed: Schedule | None = None
+        #: A pipeline job whose stages are planned together (:mod:`opdvfs.tuner.stages`).
+        self.stages = False
+        #: Rank 0, once its sweep is done: the swept iterations' clocks, sent once to the others.
+        self._counted_to_send: dict[int, float] | None = None
+        #: Rank 0: the stages' profiles are to be gathered at the next iteration end.
+        self._gather_stages = False
 
     @property
     def rank(self) -> int:
@@ -331,9 +337,14 @@ class Tuner:
                     abandoned=self.executor.abandoned,
                     op_names=self.op_names,
                     compare_at=self.warmup - 1,
+                    stages=self.drive.plans_stages,
                 )
                 if same is not None:
                     self.result.same_sequence = same
+                    if not same and self.drive.plans_stages:
+                        # pipeline stages: every rank follows the sweep, applies its stage's plan
+                        self.stages = job.follows_plan = True
+                        self.cache = None  # (keyed on rank 0's operators alone)
             except Exception as exc:
                 self._lost_job(exc)
                 job = None
@@ -350,6 +361,8 @@ class Tuner:
             )
             return
         try:
+            if self._gather_stages and job is not None:
+                self._plan_stages(job)
             self._iteration_ended(iteration, n_ops, measured)
         except Exception as exc:
             self._fail(exc)
@@ -374,6 +387,35 @@ class Tuner:
         return time_s, used_j, None, None
 
     # ------------------------------------------------------------------------- torchrun
+    def _plan_stages(self, job: Any) -> None:
+        """Rank 0: gather every stage's profile and start planning the stages together.
+
+        The other stages' first ranks posted theirs before this iteration's exchange.
+        """
+        from opdvfs.tuner.stages import gather_stage_profiles
+
+        self._gather_stages = False
+        counted = {r.iteration: r.freq_mhz for r in self.sweep.records if r.phase == "counted"}
+        own = self.drive.stage_profile(counted)
+        profiles, launches = gather_stage_profiles(job, own, int(self.n_launches or 0))
+        self.planning.start_stages(profiles, launches, job.view.rank_map)
+
+    def _send_stage_profile(self, job: Any, counted: dict[int, float]) -> None:
+        """Post this stage's profile of the sweep for rank 0 (a stage's first rank, not 0).
+
+        One that cannot be built is posted as its error line: rank 0's planning fails with
+        it, and every rank goes on at the top clock.
+        """
+        from opdvfs.tuner.stages import send_stage_failure, send_stage_profile
+
+        try:
+            profile = self.drive.stage_profile(counted)
+        except Exception as exc:
+            send_stage_failure(job, f"rank {self.rank}: {type(exc).__name__}: {exc}")
+            return
+        self.result.profile = profile
+        send_stage_profile(job, profile, int(self.n_launches or 0))
+
     def _lost_job(self, exc: BaseException) -> None:
         self.result.error = self.ranks.lose(exc)
         self._stop_tuning()
@@ -395,10 +437,13 @@ class Tuner:
                 error=self.result.error,
                 cache_key=self.result.cache_key,
                 cache_hit=self.result.cache_hit,
+                counted=self._counted_to_send,
             ),
             top_mhz=self.top_mhz,
             sweeping_mhz=self.sweep.set_mhz if sweeping else None,
+            pipeline=self.planning.pipeline_of(self.drive.applied_schedule()),
         )
+        self._counted_to_send = None
 
     def _follow(self, job: Any, iteration: int, n_ops: int, measured: Measurement) -> None:
         """Take rank 0's decision for this iteration end, and apply it (the other ranks)."""
@@ -417,7 +462,11 @@ class Tuner:
                 *self._ranks_figures(job),
             )
         )
-        if job.follows_plan:
+        if self.stages and d.counted is not None and job.rank in job.view.stage_leads:
+            self._send_stage_profile(job, d.counted)
+        if self.stages and d.schedule is not None and not d.staged:
+            self.drive.apply_top()  # rank 0's reference block: the top clock on this stage's ops
+        elif job.follows_plan:
             if d.schedule is not None:
                 self._followed = d.schedule
                 self.drive.apply(d.schedule)
@@ -599,6 +648,13 @@ class Tuner:
             len(self.result.iterations),
         )
         self.drive.planning_began()
+        if self.stages:
+            # every stage's profile first: its first rank builds it from these iterations
+            self._counted_to_send = {
+                r.iteration: r.freq_mhz for r in self.sweep.records if r.phase == "counted"
+            }
+            self._gather_stages = True
+            return
 
         def start(trace: Any) -> None:
             self.planning.start(self.sweep, trace, self.drive.plan_launches())

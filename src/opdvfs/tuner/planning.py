@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from opdvfs.exceptions import OpdvfsError
 from opdvfs.plan.on_profile import fit_profile, plan_fitted
-from opdvfs.schedule import Objective, Schedule
+from opdvfs.schedule import Objective, PipelineSchedule, Schedule
 from opdvfs.tuner.ab import Block
 from opdvfs.tuner.cache import TuneCache
 from opdvfs.tuner.policy import (
@@ -39,12 +39,14 @@ from opdvfs.tuner.policy import (
     applies,
     choose_round,
     fit_budget,
+    same_plan,
     split_rounds,
     static_budget,
 )
 from opdvfs.tuner.result import TuneResult
 
 if TYPE_CHECKING:
+    from opdvfs.profile import Profile
     from opdvfs.runtime.profiling import Traced
     from opdvfs.runtime.sweep import ClockSweep
 
@@ -56,6 +58,15 @@ log = logging.getLogger("opdvfs")
 # ----------------------------------------------------------------------------- the thread
 class Aborted(Exception):
     """The run ended before a measurement the planning thread waits for."""
+
+
+#: What a planning thread plans with: the planner at a budget, the top clock (None: no static
+#: round).
+_Prepared = tuple[Callable[..., Schedule], float | None]
+
+
+class _NoProfile(Exception):
+    """The sweep's profile could not be had (the message is the result's error)."""
 
 
 @dataclass
@@ -106,6 +117,8 @@ class PlanningThread:
         self.result = result
         self.target = target
         self.rounds, self.static = split_rounds(rounds, static)
+        #: Plans measured in all (a pipeline job's budget rounds: it has no static round).
+        self.rounds_in_all = rounds
         self.objective: Objective = objective
         self.interval_ms = interval_ms
         self._blocks = blocks
@@ -116,6 +129,8 @@ class PlanningThread:
         self._pending: RoundToMeasure | None = None
         self._rounds_started = 0
         self._steady: Schedule | None = None
+        #: A pipeline job's planned schedules, by the id of their rank-0 stage's.
+        self._pipelines: dict[int, PipelineSchedule] = {}
         #: Set when the run ended: a waiting ``measure`` gives up.
         self.aborted = threading.Event()
         #: Set once the thread has ended (planned, failed or aborted).
@@ -126,11 +141,28 @@ class PlanningThread:
     # ------------------------------------------------------------------------- the training thread
     def start(self, sweep: ClockSweep, trace: Traced | None, n_launches: int | None) -> None:
         """Start planning on ``sweep``'s profile (``trace``: a real device's, loaded here)."""
+        self._spawn(lambda: self._one_sequence(sweep, trace, n_launches))
+
+    def start_stages(
+        self, profiles: list[Profile], n_launches: list[int], rank_map: list[int]
+    ) -> None:
+        """Start planning a pipeline job's stages together (:mod:`opdvfs.tuner.stages`).
+
+        ``profiles``/``n_launches``: each stage's, stage 0 (this rank's) first; ``rank_map``:
+        the stage of each rank. Each round's schedule is this rank's stage's; the whole job's
+        is :meth:`pipeline_of` it. No static-clock round: all ``rounds`` are budgets' (one
+        clock for every stage is a plan the budget rounds can choose too).
+        """
+        self._spawn(lambda: self._stages(profiles, n_launches, rank_map))
+
+    def pipeline_of(self, schedule: Schedule | None) -> PipelineSchedule | None:
+        """Return the pipeline schedule whose rank-0 stage ``schedule`` is (None: not one)."""
+        with self._lock:
+            return self._pipelines.get(id(schedule)) if schedule is not None else None
+
+    def _spawn(self, prepare: Callable[[], _Prepared]) -> None:
         self._thread = threading.Thread(
-            target=self._run,
-            args=(sweep, trace, n_launches),
-            name="opdvfs-tune-plan",
-            daemon=True,
+            target=self._run, args=(prepare,), name="opdvfs-tune-plan", daemon=True
         )
         self._thread.start()
 
@@ -159,8 +191,10 @@ class PlanningThread:
             self._thread.join(timeout=30.0)
 
     # ------------------------------------------------------------------------- the thread
-    def _run(self, sweep: ClockSweep, trace: Traced | None, n_launches: int | None) -> None:
-        """Profile, fit, then :func:`fit_budget` over measured rounds.
+    def _one_sequence(
+        self, sweep: ClockSweep, trace: Traced | None, n_launches: int | None
+    ) -> _Prepared:
+        """Profile and fit this rank's sweep; return the planner at a budget and the top clock.
 
         A real device's sweep trace is imported here (:meth:`Traced.load`), while the program
         trains on at the top clock.
@@ -168,36 +202,71 @@ class PlanningThread:
         from opdvfs.runtime.sweep import sweep_profile
 
         result = self.result
+        try:
+            measured = trace.load() if trace is not None else None
+        except Exception as exc:
+            raise _NoProfile(f"the sweep's trace could not be read: {exc}") from exc
+        profile = sweep_profile(sweep, measured)
+        result.profile = profile
+        fitted = fit_profile(profile, objective=self.objective, n_launches=n_launches)
+        result.models = fitted.models
+
+        def plan_at(budget: float, interval_ms: float = self.interval_ms) -> Schedule:
+            t0 = time.perf_counter()
+            # point values: each round's A/B measures the plan and the next re-plans
+            schedule = plan_fitted(
+                fitted,
+                target=budget,
+                objective=self.objective,
+                interval_ms=interval_ms,
+                conservative=False,  # (tune's A/B measures: it plans on point values)
+            )
+            result.plan_seconds += time.perf_counter() - t0
+            return schedule
+
+        return plan_at, float(max(fitted.inputs.freqs_mhz))
+
+    def _stages(
+        self, profiles: list[Profile], n_launches: list[int], rank_map: list[int]
+    ) -> _Prepared:
+        """Return the planner of every stage together at a budget (no static round)."""
+        from opdvfs.tuner.stages import plan_stages
+
+        result = self.result
+        result.profile = profiles[0]
+        self.rounds = self.rounds_in_all  # every round a budget's (no static-clock round)
+
+        def plan_at(budget: float) -> Schedule:
+            t0 = time.perf_counter()
+            pipeline = plan_stages(profiles, n_launches, budget, rank_map=rank_map)
+            lead = pipeline.for_rank(0, len(rank_map), rank_map)
+            with self._lock:
+                self._pipelines[id(lead)] = pipeline
+            result.plan_seconds += time.perf_counter() - t0
+            return lead
+
+        return plan_at, None
+
+    def _run(self, prepare: Callable[[], _Prepared]) -> None:
+        """Prepare the planner (``prepare``), then :func:`fit_budget` over measured rounds.
+
+        ``prepare`` returns the planner at a budget and, for the best static clock's round,
+        the top clock (None: no static round).
+        """
+        result = self.result
         start = time.perf_counter()
         try:
             try:
-                measured = trace.load() if trace is not None else None
-            except Exception as exc:
-                result.error = f"the sweep's trace could not be read: {exc}"
+                plan_at, top_mhz = prepare()
+            except _NoProfile as exc:
+                result.error = str(exc)
                 return
-            profile = sweep_profile(sweep, measured)
-            result.profile = profile
-            fitted = fit_profile(profile, objective=self.objective, n_launches=n_launches)
-            result.models = fitted.models
-
-            def plan_at(budget: float, interval_ms: float = self.interval_ms) -> Schedule:
-                t0 = time.perf_counter()
-                # point values: each round's A/B measures the plan and the next re-plans
-                schedule = plan_fitted(
-                    fitted,
-                    target=budget,
-                    objective=self.objective,
-                    interval_ms=interval_ms,
-                    conservative=False,  # (tune's A/B measures: it plans on point values)
-                )
-                result.plan_seconds += time.perf_counter() - t0
-                return schedule
-
             result.plan_seconds += time.perf_counter() - start
-            fit = fit_budget(plan_at, self._measure, target=self.target, rounds=self.rounds)
+            fit = fit_budget(
+                plan_at, self._measure, target=self.target, rounds=self.rounds, same=self._same
+            )
             schedules = [r.schedule for r in fit.rounds]
-            if self.static:
-                top_mhz = float(max(fitted.inputs.freqs_mhz))
+            if self.static and top_mhz is not None:
                 plan = plan_at(static_budget(fit), STATIC_INTERVAL_MS)
                 clock = plan.stages[0].freq_mhz
                 same = [
@@ -229,6 +298,15 @@ class PlanningThread:
         finally:
             self.finished.set()
             self.ready.set()
+
+    def _same(self, a: Schedule, b: Schedule) -> bool:
+        """Whether two plans are the same: every stage's, for a pipeline job's."""
+        pa, pb = self.pipeline_of(a), self.pipeline_of(b)
+        if pa is None or pb is None:
+            return same_plan(a, b)
+        return len(pa.stages) == len(pb.stages) and all(
+            same_plan(x, y) for x, y in zip(pa.stages, pb.stages, strict=True)
+        )
 
     def _measure(self, schedule: Schedule, static_mhz: float | None = None) -> Measured:
         """:func:`fit_budget`'s ``measure``: wait for the training thread's A/B blocks."""

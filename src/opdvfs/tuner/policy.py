@@ -61,6 +61,7 @@ __all__ = [
     "choose_round",
     "fit_budget",
     "profile_clocks",
+    "same_plan",
     "split_rounds",
     "static_budget",
 ]
@@ -194,6 +195,7 @@ def fit_budget(
     rounds: int = 6,
     slack: float = 0.1,
     start: float | None = None,
+    same: Callable[[Schedule, Schedule], bool] | None = None,
 ) -> BudgetFit:
     """Find the planning budget whose plan measures within ``target``: a small closed loop.
 
@@ -227,6 +229,9 @@ def fit_budget(
     start
         The budget of round 1, when a cheaper measurement (the twin) has already found
         one near the answer and the rounds now measure the real program.
+    same
+        Whether two plans are the same plan (default: the same stages at the same clocks; a
+        pipeline job's compares every stage's, not only the one ``plan_at`` returns).
 
     Raises
     ------
@@ -243,7 +248,7 @@ def fit_budget(
     budget = target if start is None else start
     for _ in range(rounds):
         schedule = plan_at(budget)
-        if any(_same_plan(schedule, r.schedule) for r in done):
+        if any((same or same_plan)(schedule, r.schedule) for r in done):
             break  # measuring it again tells nothing new
         done.append(BudgetRound(budget, schedule, measure(schedule)))
         slowdown = done[-1].measured.slowdown
@@ -261,7 +266,7 @@ def fit_budget(
     return BudgetFit(target, tuple(done), best, bool(within))
 
 
-def _same_plan(a: Schedule, b: Schedule) -> bool:
+def same_plan(a: Schedule, b: Schedule) -> bool:
     """Whether two schedules run the same stages at the same clocks."""
     return [(s.first_op, s.last_op, s.freq_mhz) for s in a.stages] == [
         (s.first_op, s.last_op, s.freq_mhz) for s in b.stages

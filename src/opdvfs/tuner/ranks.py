@@ -8,10 +8,13 @@ thread, its A/B blocks) and broadcasts what it decided (:class:`Decision`: the p
 it set, the schedule it applies), so every rank moves through the same phases at the same
 iterations, the A/B blocks start and end together, and data-parallel ranks share rank 0's plan.
 
-Rank 0's operator sequence is the one profiled and planned: when the ranks' sequences differ
-(pipeline stages; :class:`~opdvfs.runtime.distributed.JobView`) rank 0 warns in one line that
-the job is planned as data-parallel on its sequence, and the ranks whose sequence differs stay
-at the top clock (still measured). Only rank 0 reads and writes the cache.
+When the ranks' sequences differ (pipeline stages; :class:`~opdvfs.runtime.distributed.JobView`)
+on simulated GPUs, every stage is profiled and the stages are planned together
+(:mod:`opdvfs.tuner.stages`): rank 0 sends the whole :class:`~opdvfs.schedule.PipelineSchedule`
+and each rank applies its own stage's. Elsewhere rank 0's operator sequence is the one profiled
+and planned: rank 0 warns in one line that the job is planned as data-parallel on its sequence,
+and the ranks whose sequence differs stay at the top clock (still measured). Only rank 0 reads
+and writes the cache (none for a pipeline job).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opdvfs.exceptions import OpdvfsError, ValidationError
-from opdvfs.schedule import Schedule
+from opdvfs.schedule import PipelineSchedule, Schedule
 
 if TYPE_CHECKING:
     from opdvfs.runtime.distributed import StoreJob
@@ -75,6 +78,9 @@ class Decision:
         A schedule rank 0 applies from the next iteration (None: none new).
     error, cache_key, cache_hit
         As the result's.
+    counted
+        Pipeline stages, once the sweep is done: each swept iteration and its clock (MHz), for
+        every stage's first rank to build its profile (None: not now).
     """
 
     iteration: int
@@ -86,6 +92,9 @@ class Decision:
     error: str | None
     cache_key: str | None
     cache_hit: bool
+    counted: dict[int, float] | None = None
+    #: Whether ``schedule`` is this rank's stage of a pipeline schedule rank 0 sent.
+    staged: bool = False
 
 
 class Ranks:
@@ -145,12 +154,14 @@ class Ranks:
         abandoned: bool,
         op_names: Sequence[str],
         compare_at: int,
+        stages: bool = False,
     ) -> tuple[Measurement, bool | None]:
         """Return the job's iteration (slowest rank's time, all ranks' energy) and this rank's.
 
         At iteration ``compare_at`` (the last warm-up one) the ranks' operator sequences are
         compared, and whether they are the same is returned (None at other iterations); rank
-        0 warns in one line when they differ.
+        0 warns in one line when they differ and the stages cannot be planned together
+        (``stages`` False: off the simulated GPU).
         """
         time_s, energy_j = measured[0], measured[1]
         job_s, job_j, any_abandoned = job.iteration(time_s, energy_j, abandoned)
@@ -158,7 +169,7 @@ class Ranks:
         same: bool | None = None
         if iteration == compare_at:
             same, groups = job.same_sequence(op_names)
-            if job.leader and not same:
+            if job.leader and not same and not stages:
                 ranks = "; ".join(", ".join(map(str, g)) for g in groups.values())
                 warnings.warn(
                     f"opdvfs: the ranks run {len(groups)} different operator sequences (ranks "
@@ -175,16 +186,19 @@ class Ranks:
         *,
         top_mhz: float,
         sweeping_mhz: float | None,
+        pipeline: PipelineSchedule | None = None,
     ) -> None:
         """Rank 0: send what this iteration end decided to the others.
 
-        A schedule is sent once (the others keep applying it); with no schedule applied, the
-        clock: the sweep's (``sweeping_mhz``, while it runs), else the top, each once.
+        A schedule is sent once (the others keep applying it): the whole ``pipeline`` whose
+        rank-0 stage it is, when it is one; with no schedule applied, the clock: the sweep's
+        (``sweeping_mhz``, while it runs), else the top, each once.
         """
         schedule = decision.schedule
         payload = None
         if schedule is not job.sent:
-            payload = schedule.to_json() if schedule is not None else None
+            whole: Schedule | PipelineSchedule | None = pipeline or schedule
+            payload = whole.to_json() if whole is not None else None
             job.sent, job.sent_mhz = schedule, None  # a clock after a schedule is sent anew
         freq: float | None = None
         if schedule is None:
@@ -203,12 +217,16 @@ class Ranks:
             "error": decision.error,
             "cache_key": decision.cache_key,
             "cache_hit": decision.cache_hit,
+            "counted": None if decision.counted is None else sorted(decision.counted.items()),
         }
         job.exchange(doc)
 
     @staticmethod
     def follow(job: StoreJob, iteration: int) -> Decision:
         """Another rank: take rank 0's decision for this iteration end.
+
+        A pipeline schedule gives this rank its own stage's (the job's stage of each rank:
+        :attr:`~opdvfs.runtime.distributed.JobView.rank_map`).
 
         Raises
         ------
@@ -218,9 +236,16 @@ class Ranks:
         d = job.exchange(None)
         if d["iteration"] != iteration:
             raise OpdvfsError(f"rank 0 ended iteration {d['iteration']}, this rank {iteration}")
-        schedule = None
-        if d["schedule"] is not None:
-            schedule = Schedule.from_json(d["schedule"], source="rank 0")
+        schedule, staged = None, False
+        text = d["schedule"]
+        if text is not None and '"format": "opdvfs.pipeline-schedule"' in text:
+            pipeline = PipelineSchedule.from_json(text, source="rank 0")
+            rank_map = job.view.rank_map if job.view is not None else None
+            schedule = pipeline.for_rank(job.rank, job.world_size, rank_map)
+            staged = True
+        elif text is not None:
+            schedule = Schedule.from_json(text, source="rank 0")
+        counted = d.get("counted")
         return Decision(
             iteration=d["iteration"],
             phase=d["phase"],
@@ -231,4 +256,6 @@ class Ranks:
             error=d["error"],
             cache_key=d["cache_key"],
             cache_hit=d["cache_hit"],
+            counted=None if counted is None else {int(i): float(f) for i, f in counted},
+            staged=staged,
         )

@@ -1,0 +1,106 @@
+"""A toy pipeline-parallel job on gloo: ``STAGES`` stages, 1F1B, data-parallel replicas.
+
+``train(steps, stages, replicas)`` runs in a process of a made process group of ``stages *
+replicas`` ranks: rank ``r`` runs stage ``r // replicas`` (contiguous blocks, as
+``stage_of_rank``). Each stage is a small MLP chunk of its own width; activations go forward and
+gradients back by ``dist.isend``/``dist.recv`` (the recorder sees ``c10d::send`` and
+``c10d::recv_``; gloo's blocking send would deadlock 1F1B), microbatches in the 1F1B order; a
+stage's replicas all-reduce their gradients. As a script under torchrun: ``STEPS STAGES
+[REPLICAS]``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+#: Microbatches per iteration.
+MICROBATCHES = 4
+
+
+def one_f_one_b(stage: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
+    """Return a stage's 1F1B order: ``("f", mb)`` and ``("b", mb)`` steps."""
+    warm = min(stages - 1 - stage, microbatches)
+    order = [("f", m) for m in range(warm)]
+    f, b = warm, 0
+    while b < microbatches:
+        if f < microbatches:
+            order.append(("f", f))
+            f += 1
+        order.append(("b", b))
+        b += 1
+    return order
+
+
+def train(
+    steps: int,
+    stages: int,
+    replicas: int = 1,
+    *,
+    before_step: Callable[[int], bool] | None = None,
+) -> None:
+    """Train the toy pipeline ``steps`` iterations (``before_step(i)`` True: stop before it)."""
+    rank = dist.get_rank()
+    stage, replica = divmod(rank, replicas)
+    torch.manual_seed(stage)
+    width = 48 + 16 * stage  # each stage its own operators' sizes
+    layers = torch.nn.Sequential(
+        torch.nn.Linear(32, width), torch.nn.GELU(), torch.nn.Linear(width, 32)
+    )
+    opt = torch.optim.SGD(layers.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(100 + replica)
+    prev, nxt = rank - replicas, rank + replicas
+    # each stage's replicas all-reduce among themselves (every rank makes every group)
+    groups = [dist.new_group([s * replicas + r for r in range(replicas)]) for s in range(stages)]
+    for i in range(steps):
+        if before_step is not None and before_step(i):
+            break
+        opt.zero_grad(set_to_none=True)
+        inputs: dict[int, torch.Tensor] = {}
+        outputs: dict[int, torch.Tensor] = {}
+        sent: list[tuple[torch.Tensor, dist.Work]] = []  # eager sends (gloo's send blocks)
+        for kind, mb in one_f_one_b(stage, stages, MICROBATCHES):
+            if kind == "f":
+                x = torch.empty(8, 32)
+                if stage == 0:
+                    x = torch.randn(8, 32, generator=gen)
+                else:
+                    dist.recv(x, prev)
+                x.requires_grad_(stage > 0)
+                y = layers(x)
+                inputs[mb], outputs[mb] = x, y
+                if stage < stages - 1:
+                    act = y.detach()
+                    sent.append((act, dist.isend(act, nxt)))
+            else:
+                x, y = inputs.pop(mb), outputs.pop(mb)
+                if stage == stages - 1:
+                    (y.square().mean() / MICROBATCHES).backward()
+                else:
+                    grad = torch.empty_like(y)
+                    dist.recv(grad, nxt)
+                    y.backward(grad)
+                if stage > 0:
+                    assert x.grad is not None
+                    sent.append((x.grad, dist.isend(x.grad, prev)))
+        for _, work in sent:
+            work.wait()
+        if replicas > 1:
+            for p in layers.parameters():
+                assert p.grad is not None
+                dist.all_reduce(p.grad, group=groups[stage])
+        opt.step()
+
+
+if __name__ == "__main__":
+    n_steps, n_stages = int(sys.argv[1]), int(sys.argv[2])
+    n_replicas = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        train(n_steps, n_stages, n_replicas)
+    finally:
+        dist.destroy_process_group()
