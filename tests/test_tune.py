@@ -425,7 +425,11 @@ def _fixed_two_stage_plan(monkeypatch, fake_nvml) -> None:
         first = ops.groupby("iteration")["wall_s"].min()
         steps = first.diff()[np.diff(first.index, prepend=-1) == 1]
         iteration_s.append(float(steps.median()))
-        return SimpleNamespace(models=None, n_ops=int(ops.groupby("iteration").size().iloc[0]))
+        return SimpleNamespace(
+            models=None,
+            n_ops=int(ops.groupby("iteration").size().iloc[0]),
+            inputs=SimpleNamespace(freqs_mhz=(1005.0, 1410.0)),  # (the static round's top)
+        )
 
     def plan(fitted, *, target, conservative=True, **_):
         # tune's rounds measure each plan and re-plan: on point values, no margins
