@@ -94,9 +94,7 @@ class _Messages:
         if job is None:
             return
         store, rank = job
-        k = self._sent.get(peer, 0)
-        self._sent[peer] = k + 1
-        store.set(f"{rank}-{peer}/{k}", repr(self.gpu.now_s()))
+        store.set(_message_key(self._sent, peer, rank, peer), repr(self.gpu.now_s()))
 
     def received(self, peer: int) -> None:
         """Once a receive from ``peer`` is done, before it runs on the device: idle until sent."""
@@ -106,9 +104,7 @@ class _Messages:
         import torch.distributed as dist
 
         store, rank = job
-        k = self._received.get(peer, 0)
-        self._received[peer] = k + 1
-        key = f"{peer}-{rank}/{k}"
+        key = _message_key(self._received, peer, peer, rank)
         try:
             store.wait([key], timedelta(seconds=_SENT_WAIT_S))  # (posted before the send)
         except dist.DistStoreError:
@@ -117,6 +113,17 @@ class _Messages:
         sent_s = float(bytes(store.get(key)).decode())
         store.delete_key(key)
         self.gpu.idle_until(sent_s)
+
+
+def _message_key(counts: dict[int, int], peer: int, sender: int, receiver: int) -> str:
+    """Return the store key of the next message from ``sender`` to ``receiver``, and count it.
+
+    ``counts``: this rank's messages so far per ``peer`` (the pair's other rank); the k-th
+    message of a pair is matched to the k-th at the other end (gloo and NCCL keep that order).
+    """
+    k = counts.get(peer, 0)
+    counts[peer] = k + 1
+    return f"{sender}-{receiver}/{k}"
 
 
 class SimGpuFeed(WorkloadRecorder):

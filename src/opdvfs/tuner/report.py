@@ -592,6 +592,10 @@ def _markdown(result: TuneResult, figures: list[str]) -> str:
 
 
 #: Every file :func:`write_tune` may write; those a run does not write are removed from ``out``.
+#: The figures ``write_tune`` draws: file name, drawer (False: nothing to draw).
+_FIGURES = (("run.png", _plot_run), ("clock.png", _plot_clock), ("phases.png", _plot_phases))
+
+#: Every file ``write_tune`` may write (the rest of an earlier run's are removed).
 TUNE_FILES = (
     "profile.parquet",
     "models.json",
@@ -599,9 +603,7 @@ TUNE_FILES = (
     "tune.json",
     "trace.json",
     "report.md",
-    "run.png",
-    "clock.png",
-    "phases.png",
+    *(name for name, _ in _FIGURES),
 )
 
 
@@ -637,9 +639,8 @@ def _write_tune(result: TuneResult, folder: Path) -> list[str]:
     if result.iterations:
         write_text_atomic(folder / "trace.json", json.dumps(_trace(result)))
         written.append("trace.json")
-    drawn = (("run.png", _plot_run), ("clock.png", _plot_clock), ("phases.png", _plot_phases))
     try:
-        figures = [name for name, draw in drawn if draw(result, folder / name)]
+        figures = [name for name, draw in _FIGURES if draw(result, folder / name)]
     except MissingExtraError as e:  # the run's files stand without their figures
         warnings.warn(f"figures skipped: {e}", stacklevel=2)
         figures = []
