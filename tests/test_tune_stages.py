@@ -167,7 +167,10 @@ def _check_tuned_together(tmp_path: Path, results: list[dict], stages: int, repl
         assert mine == pipeline.stages[rank // replicas]
         assert mine.n_ops == r["n_launches"] and not r["abandoned"]
         assert r["rounds"] == r0["rounds"] or rank > 0
-    assert len({s.n_ops for s in pipeline.stages}) == stages  # the stages' operators differ
+    # the stages' operators differ (a 4-stage pipeline's middle stages count as many, of
+    # other sizes): each its own plan
+    assert len({s.n_ops for s in pipeline.stages}) >= min(stages, 3)
+    assert len({s.to_json() for s in pipeline.stages}) == stages
     # the simulated GPUs wait for each other at each receive, as the planner's graph has it:
     # the ranks' reference iterations last as long, and as long as the planned top-clock makespan
     refs = [i for i in r0["per_iteration"] if i["phase"] == "reference"]
@@ -236,7 +239,7 @@ def test_a_stage_profile_travels_as_bytes_with_its_launches(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("stages", "replicas"), [(2, 1), (2, 2)])
+@pytest.mark.parametrize(("stages", "replicas"), [(2, 1), (2, 2), (4, 1)])
 def test_pipeline_stages_tuned_together_save_as_the_offline_plan_run(tmp_path, stages, replicas):
     results = _tune(tmp_path, stages, replicas)
     _check_tuned_together(tmp_path, results, stages, replicas)

@@ -63,6 +63,14 @@ OPERATOR_COLUMNS = (
         choices=STREAMS,
         description="compute, comm (collectives) or host",
     ),
+    Column(
+        "peer",
+        "int",
+        required=False,
+        min_value=-1,
+        description="the other rank of a point-to-point send or receive (its torch.distributed "
+        "rank), -1 for other operators",
+    ),
 )
 
 
