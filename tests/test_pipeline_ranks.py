@@ -406,12 +406,8 @@ def with_peers(ranks: list[list[str]]) -> list[RankOps]:
         # an activation comes from s - 1 and goes to s + 1, a gradient the other way
         step = {"send_act": 1, "recv_act": -1, "send_grad": -1, "recv_grad": 1}
         peers = np.array([s + step[n] if n in step else -1 for n in ops])
-        torch_names = np.array(
-            [
-                "nccl:send" if n.startswith("send") else "c10d::recv_" if n.startswith("recv") else n
-                for n in ops
-            ]
-        )
+        rename = {"send": "nccl:send", "recv": "c10d::recv_"}
+        torch_names = np.array([rename.get(n[:4], n) for n in ops])
         out.append(RankOps(torch_names, torch_names, None, f"rank{s}.csv", peers))
     return out
 

@@ -49,9 +49,10 @@ def _join(rank: int, port: int, world: int) -> None:
 def _tune_rank(rank: int, port: int, out: str, stages: int, replicas: int) -> None:
     """One rank of the toy pipeline under a Tuner on its own simulated GPU."""
     _join(rank, port, stages * replicas)
+    from pipeline_toy import train
+
     from opdvfs.runtime.actuators import make_actuator
     from opdvfs.tuner.loop import Tuner
-    from pipeline_toy import train
 
     log = Path(out) / f"calls.rank{rank}.jsonl"
     act = make_actuator("sim:a100-like", work_scale=WORK_SCALE, log=str(log))
@@ -85,10 +86,11 @@ def _tune_rank(rank: int, port: int, out: str, stages: int, replicas: int) -> No
 def _offline_rank(rank: int, port: int, out: str, stages: int, replicas: int) -> None:
     """One rank running its stage's offline schedule (or none: the top clock) on a fresh GPU."""
     _join(rank, port, stages * replicas)
+    from pipeline_toy import train
+
     from opdvfs.runtime.actuators import make_actuator
     from opdvfs.runtime.dispatch import ScheduleExecutor
     from opdvfs.schedule import PipelineSchedule
-    from pipeline_toy import train
 
     figures = {}
     dist.init_process_group("gloo", rank=rank, world_size=stages * replicas)

@@ -359,8 +359,8 @@ class SimulatedGpu:
         """Launch one operator (it runs once the launches before it have).
 
         ``op`` has a workload row's fields (``name``, ``type``, ``stream``, ``flops``,
-        ``bytes_loaded``, ``bytes_stored``, and optionally ``peer``); ``kernel=False``: it starts no kernel (a view, an
-        allocation) but keeps its place in the iteration's count.
+        ``bytes_loaded``, ``bytes_stored``, and optionally ``peer``); ``kernel=False``: it
+        starts no kernel (a view, an allocation) but keeps its place in the iteration's count.
         """
         kind = self._kind(op) if kernel else NO_KERNEL
         with self._lock:
