@@ -378,3 +378,52 @@ def test_rank_tables_take_the_measurements_and_fill_the_other_clocks_with_models
     busy = full.time_s[:, -1] > 1e-4
     err = tables.time_s[busy][:, other].sum(0) / full.time_s[busy][:, other].sum(0) - 1
     assert np.abs(err).max() < 0.05
+
+
+def test_a_model_cell_with_a_negative_energy_is_not_planned_on(monkeypatch):
+    import opdvfs.plan.planner as planner
+
+    stage = small_pipeline(2, 2)[1]
+    dev = exact_twin()
+    profile = dev.profile(stage, [1000.0, 1400.0, 1800.0])
+    real_predict = planner.predict
+
+    def predict(*args, **kwargs):  # a power fit gone below zero at the lowest clock of op 0
+        tables = real_predict(*args, **kwargs)
+        tables.chip_energy_j[0, 0] = -1.0
+        return tables
+
+    monkeypatch.setattr(planner, "predict", predict)
+    tables = rank_tables(profile, source="rank1.parquet")
+    assert np.isnan(tables.energy_j[0, 0]) and np.isnan(tables.time_s[0, 0])
+    assert np.isfinite(tables.energy_j[1:]).all() and np.isfinite(tables.energy_j[0, 1:]).all()
+
+
+def with_peers(ranks: list[list[str]]) -> list[RankOps]:
+    """The direction-named toy ranks as torch records them: no direction, each op's peer."""
+    out = []
+    for s, ops in enumerate(ranks):
+        # an activation comes from s - 1 and goes to s + 1, a gradient the other way
+        step = {"send_act": 1, "recv_act": -1, "send_grad": -1, "recv_grad": 1}
+        peers = np.array([s + step[n] if n in step else -1 for n in ops])
+        rename = {"send": "nccl:send", "recv": "c10d::recv_"}
+        torch_names = np.array([rename.get(n[:4], n) for n in ops])
+        out.append(RankOps(torch_names, torch_names, None, f"rank{s}.csv", peers))
+    return out
+
+
+def test_recorded_peers_give_a_middle_ranks_messages_their_direction():
+    ranks = toy_ranks(4, 6, torch_names=False)
+    named = rank_layout(as_rank_ops(ranks))
+    recorded = with_peers(ranks)
+    # without the peers, a middle rank's torch send has no direction
+    bare = [replace(r, peers=None) for r in recorded]
+    with pytest.raises(ValidationError, match=r"rank1\.csv: op \d+ \(.*\): cannot tell the peer"):
+        rank_layout(bare)
+    layout = rank_layout(recorded)
+    assert layout.n_messages == named.n_messages == 2 * 3 * 6
+    assert np.array_equal(layout.edges, named.edges)
+    # a rank cannot message itself
+    wrong = recorded[1]
+    with pytest.raises(ValidationError, match=r"rank1\.csv: op 0 .* has itself"):
+        rank_layout([recorded[0], replace(wrong, peers=np.r_[1, wrong.peers[1:]]), *recorded[2:]])

@@ -63,6 +63,14 @@ OPERATOR_COLUMNS = (
         choices=STREAMS,
         description="compute, comm (collectives) or host",
     ),
+    Column(
+        "peer",
+        "int",
+        required=False,
+        min_value=-1,
+        description="the other rank of a point-to-point send or receive (its torch.distributed "
+        "rank), -1 for other operators",
+    ),
 )
 
 
@@ -178,7 +186,7 @@ _ROW_GROUP = 1 << 20
 #: Text columns held as categoricals: a few hundred distinct names over a million rows.
 _CATEGORICAL = ("name", "type", "stream", "task_type")
 #: Integer columns held as int32 when their values fit.
-_INT32 = ("iteration", "op", "kernels")
+_INT32 = ("iteration", "op", "kernels", "peer")
 
 
 def samples_path(path: str | os.PathLike[str]) -> Path:

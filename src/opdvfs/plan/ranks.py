@@ -11,7 +11,10 @@ first, in pipeline order), the point-to-point operators give the cross-rank edge
   regular expression) is a barrier across every rank; other collectives (tensor- or
   data-parallel all-reduces, whose peers are outside this pipeline and run the same schedule)
   stay rank-local operators.
-- **Peers.** The ranks are a linear pipeline: activations go from rank ``r`` to ``r + 1``,
+- **Peers.** Where the sequence recorded each message's other rank (the ``peer`` column: the
+  recorder and a simulated GPU's profile keep the ``torch.distributed`` rank a send or receive
+  names), that rank is the peer. Otherwise the ranks are a linear pipeline: activations go
+  from rank ``r`` to ``r + 1``,
   gradients from ``r + 1`` back to ``r``. A message is a gradient when its op is in the
   ``backward`` phase (workloads) or its name says ``grad``/``backward``/``bwd``, an activation
   when its phase is ``forward`` or its name says ``activation``/``act``/``forward``/``fwd``; on the
@@ -88,20 +91,25 @@ class RankOps:
         (profiles): then names give the messages' direction.
     source
         Where the sequence came from (a file name), named in error messages.
+    peers
+        Each op's recorded other rank (a send's destination, a receive's source; -1 for other
+        ops or where not recorded), or None: then names and phases give the direction.
     """
 
     names: np.ndarray
     types: np.ndarray
     phases: np.ndarray | None = None
     source: str = "rank"
+    peers: np.ndarray | None = None
 
     @classmethod
     def from_frame(cls, ops: pd.DataFrame, source: str) -> RankOps:
-        """Read names, types and (when present) phases from an op table."""
+        """Read names, types and (when present) phases and peers from an op table."""
         names = ops["name"].astype(str).to_numpy()
         types = ops["type"].astype(str).to_numpy() if "type" in ops else names
         phases = ops["phase"].astype(str).to_numpy() if "phase" in ops else None
-        return cls(names, types, phases, source)
+        peers = ops["peer"].to_numpy(dtype=np.int64) if "peer" in ops else None
+        return cls(names, types, phases, source, peers)
 
 
 def op_kinds(ops: RankOps, barrier: str | None = None) -> np.ndarray:
@@ -142,11 +150,24 @@ def _peers(ops: RankOps, kind: np.ndarray, rank: int, n_ranks: int) -> np.ndarra
         activation = np.where(ops.phases == "forward", ~gradient, activation)
     # +1: the message flows down the pipeline (activations), -1: back up (gradients)
     flow = np.where(gradient, -1, np.where(activation, 1, 0))
+    recorded = p2p & (ops.peers >= 0) if ops.peers is not None else np.zeros_like(p2p)
+    if recorded.any():
+        assert ops.peers is not None
+        # a recorded peer is the direction itself: (peer - rank) for a send, against it for a
+        # receive, so that ``rank +/- flow`` below gives the peer back
+        flow = np.where(recorded, np.where(kind == SEND, 1, -1) * (ops.peers - rank), flow)
     if rank == 0:
         # rank 0 receives gradients from rank 1 and sends activations to it
-        flow = np.where(flow == 0, np.where(kind == SEND, 1, -1), flow)
+        flow = np.where((flow == 0) & ~recorded, np.where(kind == SEND, 1, -1), flow)
     elif rank == n_ranks - 1:
-        flow = np.where(flow == 0, np.where(kind == SEND, -1, 1), flow)
+        flow = np.where((flow == 0) & ~recorded, np.where(kind == SEND, -1, 1), flow)
+    own = p2p & recorded & (flow == 0)
+    if own.any():
+        i = int(np.flatnonzero(own)[0])
+        raise ValidationError(
+            f"{ops.source}: op {i} ({ops.names[i]}) has itself (rank {rank}) as its peer",
+            field="peer",
+        )
     unknown = p2p & (flow == 0)
     if unknown.any():
         i = int(np.flatnonzero(unknown)[0])
@@ -486,6 +507,7 @@ def rank_tables(profile: Profile, spec: DeviceSpec | None = None, *, source: str
     Where the profile measured an op at a clock its median is used; models fitted on the
     profile fill only the clocks it did not measure, corrected through the measured points
     (:mod:`opdvfs.plan.measured`, as :func:`~opdvfs.plan.planner.predict` does for one rank).
+    A cell the models fill with a negative time or energy is NaN (not planned on).
 
     Parameters
     ----------
@@ -514,11 +536,14 @@ def rank_tables(profile: Profile, spec: DeviceSpec | None = None, *, source: str
         values = "auto"
     tables = predict(models, inputs, "auto")
     first = profile.ops.drop_duplicates("op").sort_values("op")
+    # a model's negative energy (a power fit on few, noisy sensor windows, off its data) is
+    # no figure to plan on: that clock is unavailable to the op, as an unsupported one is
+    unusable = (tables.chip_energy_j < 0) | (tables.time_us < 0)
     return RankTables(
         ops=RankOps.from_frame(first, source),
         freqs_mhz=tables.freqs_mhz,
-        time_s=tables.time_us * 1e-6,
-        energy_j=tables.chip_energy_j,
+        time_s=np.where(unusable, np.nan, tables.time_us * 1e-6),
+        energy_j=np.where(unusable, np.nan, tables.chip_energy_j),
         idle_before_s=np.asarray(inputs.idle_before_us, dtype=float) * 1e-6,
         values=values,
         device=inputs.device,

@@ -26,7 +26,7 @@ from opdvfs.runtime.clock import SYSTEM_CLOCK, Clock
 from opdvfs.schedule import op_signature
 from opdvfs.workloads.workload import Workload
 
-__all__ = ["IterationCounter", "WorkloadRecorder", "compile_in_use"]
+__all__ = ["IterationCounter", "WorkloadRecorder", "compile_in_use", "message_peer"]
 
 
 class IterationCounter:
@@ -81,6 +81,29 @@ _COMM = ("c10d", "all_reduce", "allreduce", "all_gather", "reduce_scatter", "bro
 #: record_function markers, which straddle the optimizer step hook) are not operators of the
 #: sequence and would shift it between the first and later iterations.
 _COUNTED = ("aten::", "c10d::", "_c10d_functional::")
+
+
+#: Point-to-point operators: ``(tensors, process group, peer's rank in the group, tag)``.
+_P2P = frozenset({"c10d::send", "c10d::recv_"})
+
+
+def message_peer(name: str, args: Any) -> int:
+    """Return the other rank of a ``c10d::send`` / ``c10d::recv_`` (-1 for other operators).
+
+    The operator carries the peer's rank in its process group; the job's (global) rank is
+    returned, so messages in a sub-group (a pipeline group beside data-parallel ones) name the
+    rank a planner and the other end know. A group torch cannot map keeps the group's rank.
+    """
+    if name not in _P2P:
+        return -1
+    peer = int(args[2])
+    try:
+        import torch.distributed as dist
+
+        group = torch._C._distributed_c10d.ProcessGroup.unbox(args[1])
+        return int(dist.get_global_rank(group, peer))
+    except Exception:  # not a registered group (a bare ProcessGroup): its own numbering
+        return peer
 
 
 def _nbytes(value: Any) -> int:
@@ -176,6 +199,7 @@ class WorkloadRecorder(_IterationMode):
                     "bytes_loaded": float(_nbytes(args) + _nbytes(list(kwargs.values()))),
                     "bytes_stored": float(_nbytes(out)),
                     "shapes": str(_shapes(args)),
+                    "peer": message_peer(name, args),
                 }
             )
             self.op_index += 1

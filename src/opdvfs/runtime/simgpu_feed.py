@@ -18,7 +18,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from opdvfs.runtime.recorder import WorkloadRecorder
+from opdvfs.runtime.recorder import WorkloadRecorder, message_peer
 from opdvfs.sim.gpu import SimulatedGpu
 
 __all__ = ["SimGpuFeed"]
@@ -63,9 +63,9 @@ class _Messages:
     matching receive (the k-th from that sender: gloo and NCCL match in order per pair) lets
     the receiver's device idle until then before the receive runs, as a pipeline stage waits
     for its neighbour. Off a process group (or in a group of one) nothing is exchanged. The
-    peers are read as ranks of the default group; a message in another group whose ranks
-    differ finds no time within :data:`_SENT_WAIT_S` of its receive (which is done by then),
-    and waits are no longer modelled in that process (nothing hangs).
+    peers are the job's ranks (:func:`~opdvfs.runtime.recorder.message_peer`); a message whose
+    group torch cannot map finds no time within :data:`_SENT_WAIT_S` of its receive (which is
+    done by then), and waits are no longer modelled in that process (nothing hangs).
     """
 
     def __init__(self, gpu: SimulatedGpu) -> None:
@@ -151,9 +151,10 @@ class SimGpuFeed(WorkloadRecorder):
         self._local.kernel = not (func.is_view or name in _NO_KERNEL)
         self._local.receive = None
         if name == "c10d::send":
-            self._messages.sent(int(args[2]))
+            self._messages.sent(message_peer(name, args))
         elif name == "c10d::recv_":
-            self._local.receive = int(args[2])  # waited for once it is done, before its launch
+            # waited for once it is done, before its launch
+            self._local.receive = message_peer(name, args)
         return super().__torch_dispatch__(func, types, args, kwargs)
 
     def launch(self, row: dict[str, Any]) -> None:

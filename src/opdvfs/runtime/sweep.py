@@ -588,6 +588,7 @@ def sim_profile(gpu: SimulatedGpu, counted: Mapping[int, float]) -> Profile:
             "name": rows["name"].to_numpy(),
             "type": rows["type"].to_numpy(),
             "stream": rows["stream"].to_numpy(),
+            "peer": rows["peer"].to_numpy(),
             "freq_mhz": set_mhz,
             "time_us": rows["time_us"].to_numpy(),
             "start_us": (rows["start_us"] - first).to_numpy(),

@@ -50,7 +50,9 @@ NO_KERNEL = -1
 #: Launches buffered before they are placed on the timeline in one vectorised step.
 _BATCH = 4096
 #: The launch fields that make a kind: what the twin's physics reads, and the name.
-_KIND_FIELDS = ("name", "type", "stream", "flops", "bytes_loaded", "bytes_stored")
+_KIND_FIELDS = ("name", "type", "stream", "flops", "bytes_loaded", "bytes_stored", "peer")
+#: A kind field a launch may leave out, and the value it then takes.
+_KIND_DEFAULTS = {"peer": -1}
 #: The largest ``work_scale`` (an H100's day of work per CPU operator is ~1e9; beyond 1e12 the
 #: simulated times of a large model lose their precision and then overflow).
 MAX_WORK_SCALE = 1e12
@@ -313,7 +315,8 @@ class SimulatedGpu:
 
         Columns ``iteration``, ``op`` (the launch's position in its iteration, views and
         allocations counted), ``name``, ``type`` and ``stream`` (the launch's, as a trace's
-        operator carries them), ``start_us`` (virtual), ``time_us``, ``freq_mhz``. Launches
+        operator carries them), ``peer`` (a send's or receive's other rank, else -1),
+        ``start_us`` (virtual), ``time_us``, ``freq_mhz``. Launches
         that start no kernel are left out.
         """
         with self._lock:
@@ -329,6 +332,7 @@ class SimulatedGpu:
                 "name": np.asarray([r["name"] for r in rows], dtype=object)[which],
                 "type": np.asarray([r["type"] for r in rows], dtype=object)[which],
                 "stream": np.asarray([r["stream"] for r in rows], dtype=object)[which],
+                "peer": np.asarray([r["peer"] for r in rows], dtype=np.int64)[which],
                 "start_us": start[keep],
                 "time_us": dur[keep],
                 "freq_mhz": self._clocks_mhz[clock[keep]],
@@ -355,8 +359,8 @@ class SimulatedGpu:
         """Launch one operator (it runs once the launches before it have).
 
         ``op`` has a workload row's fields (``name``, ``type``, ``stream``, ``flops``,
-        ``bytes_loaded``, ``bytes_stored``); ``kernel=False``: it starts no kernel (a view, an
-        allocation) but keeps its place in the iteration's count.
+        ``bytes_loaded``, ``bytes_stored``, and optionally ``peer``); ``kernel=False``: it
+        starts no kernel (a view, an allocation) but keeps its place in the iteration's count.
         """
         kind = self._kind(op) if kernel else NO_KERNEL
         with self._lock:
@@ -387,7 +391,7 @@ class SimulatedGpu:
 
     # ---------------------------------------------------------------------------- internals
     def _kind(self, op: Mapping[str, Any]) -> int:
-        key = tuple(op[f] for f in _KIND_FIELDS)
+        key = tuple(op[f] if f in op else _KIND_DEFAULTS[f] for f in _KIND_FIELDS)
         kind = self._kinds.get(key)
         if kind is None:
             with self._lock:

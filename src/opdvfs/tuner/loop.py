@@ -344,6 +344,8 @@ class Tuner:
                     if not same and self.drive.plans_stages:
                         # pipeline stages: every rank follows the sweep, applies its stage's plan
                         self.stages = job.follows_plan = True
+                        view = job.view
+                        self.result.pipeline_stages = len(view.stage_leads) if view else None
                         self.cache = None  # (keyed on rank 0's operators alone)
             except Exception as exc:
                 self._lost_job(exc)

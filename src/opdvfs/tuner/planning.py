@@ -337,6 +337,7 @@ class PlanningThread:
         chosen = result.rounds[index]
         if applies(chosen, met):
             result.schedule = schedule
+            result.pipeline = self.pipeline_of(schedule)
             with self._lock:
                 self._steady = schedule
         cache = self._cache()

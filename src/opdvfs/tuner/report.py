@@ -299,6 +299,9 @@ def summary_lines(result: TuneResult) -> list[str]:
             + (
                 "every rank applies rank 0's plan (data-parallel)"
                 if r.same_sequence is not False
+                else f"the ranks run {r.pipeline_stages} pipeline stages: planned together on "
+                "the job's dependency graph, each rank applies its own stage's plan"
+                if r.pipeline_stages
                 else "the ranks' operators differ: planned as data-parallel on rank 0's "
                 "sequence, the ranks whose sequence differs stayed at the top clock"
             )
@@ -600,6 +603,7 @@ TUNE_FILES = (
     "profile.parquet",
     "models.json",
     "schedule.json",
+    "pipeline.json",
     "tune.json",
     "trace.json",
     "report.md",
@@ -634,6 +638,9 @@ def _write_tune(result: TuneResult, folder: Path) -> list[str]:
     if result.schedule is not None:
         result.schedule.write(folder / "schedule.json")
         written.append("schedule.json")
+    if result.pipeline is not None:
+        result.pipeline.write(folder / "pipeline.json")
+        written.append("pipeline.json")
     write_text_atomic(folder / "tune.json", json.dumps(result.to_dict(), indent=1))
     written.append("tune.json")
     if result.iterations:

@@ -16,7 +16,7 @@ import numpy as np
 
 from opdvfs.models.bundle import ModelBundle
 from opdvfs.profile import Profile
-from opdvfs.schedule import Schedule
+from opdvfs.schedule import PipelineSchedule, Schedule
 
 __all__ = [
     "PHASES",
@@ -251,6 +251,11 @@ class TuneResult:
     world_size: int = 1
     #: Under torchrun: whether every rank ran rank 0's operator sequence (None: not compared).
     same_sequence: bool | None = None
+    #: Pipeline stages planned together (the ranks' distinct sequences; None: not so planned).
+    pipeline_stages: int | None = None
+    #: The applied plan of every stage, when they were planned together (``schedule`` is
+    #: this rank's stage's).
+    pipeline: PipelineSchedule | None = None
     #: How the applied round was chosen (:func:`~opdvfs.tuner.policy.choose_round`; None: no
     #: round measured).
     chosen_by: str | None = None
@@ -366,6 +371,7 @@ class TuneResult:
             "cached": self.cached,
             "world_size": self.world_size,
             "same_sequence": self.same_sequence,
+            "pipeline_stages": self.pipeline_stages,
             "plan_seconds": self.plan_seconds,
             "error": self.error,
             "per_iteration": [asdict(it) for it in self.iterations],

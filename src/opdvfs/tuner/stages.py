@@ -114,12 +114,13 @@ def plan_stages(
 
     Each stage's schedule, planned on its profile's kernels, is re-indexed onto the operators
     its ranks count per iteration (``n_launches``); ``rank_map`` (the stage of every rank) goes
-    into the file, so each rank finds its own.
+    into the file, so each rank finds its own. The messages' recorded peers (job ranks) are
+    planned as the stages those ranks run.
     """
     from opdvfs.plan.ranks import plan_ranks
 
     plan = plan_ranks(
-        profiles,
+        [_peers_as_stages(p, rank_map) for p in profiles],
         budget,
         sources=[f"stage{s}" for s in range(len(profiles))],
         time_limit_s=time_limit_s,
@@ -129,3 +130,17 @@ def plan_stages(
         for schedule, profile, n in zip(plan.schedule.stages, profiles, n_launches, strict=True)
     )
     return plan.schedule.model_copy(update={"stages": stages, "rank_map": tuple(rank_map)})
+
+
+def _peers_as_stages(profile: Profile, rank_map: Sequence[int]) -> Profile:
+    """Return ``profile`` with its messages' peers (job ranks) as the stages they run."""
+    ops = profile.ops
+    if "peer" not in ops:
+        return profile
+    peer = ops["peer"].to_numpy(dtype=np.int64)
+    stage_of = np.asarray(rank_map, dtype=np.int64)
+    known = (peer >= 0) & (peer < len(stage_of))
+    if not known.any():
+        return profile
+    ops = ops.assign(peer=np.where(known, stage_of[np.where(known, peer, 0)], peer))
+    return Profile(ops, profile.samples, meta=profile.meta)

@@ -1,17 +1,20 @@
-"""A toy pipeline-parallel job on gloo: ``STAGES`` stages, 1F1B, data-parallel replicas.
+"""A toy pipeline-parallel training job on gloo: 1F1B over send/recv, data-parallel replicas.
 
-``train(steps, stages, replicas)`` runs in a process of a made process group of ``stages *
-replicas`` ranks: rank ``r`` runs stage ``r // replicas`` (contiguous blocks, as
-``stage_of_rank``). Each stage is a small MLP chunk of its own width; activations go forward and
-gradients back by ``dist.isend``/``dist.recv`` (the recorder sees ``c10d::send`` and
-``c10d::recv_``; gloo's blocking send would deadlock 1F1B), microbatches in the 1F1B order; a
-stage's replicas all-reduce their gradients. As a script under torchrun: ``STEPS STAGES
-[REPLICAS]``.
+    torchrun --nproc-per-node 4 examples/pipeline_toy.py STEPS [--replicas R]
+
+The job's ``world_size / R`` stages each hold a small MLP chunk of its own width; rank ``r``
+runs stage ``r // R`` (contiguous blocks). Activations go forward and gradients back between
+neighbouring stages by ``dist.isend`` / ``dist.recv`` (``c10d::send`` and ``c10d::recv_`` to a
+dispatch mode; gloo's blocking send would deadlock 1F1B), microbatches in the 1F1B order; a
+stage's replicas all-reduce their gradients. Runs on the CPU. Nothing in it knows about opdvfs:
+``torchrun --nproc-per-node 4 -m opdvfs tune ... -- python examples/pipeline_toy.py 60``
+tunes it unchanged (docs/guide/multi-gpu.md). ``train(steps, stages, replicas)`` is what the
+tests call in a process group they made.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 from collections.abc import Callable
 
 import torch
@@ -95,12 +98,22 @@ def train(
         opt.step()
 
 
-if __name__ == "__main__":
-    n_steps, n_stages = int(sys.argv[1]), int(sys.argv[2])
-    n_replicas = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+def main() -> None:
+    """Train ``STEPS`` iterations in the process group torchrun's environment describes."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("steps", type=int, help="iterations (optimizer steps) to train")
+    parser.add_argument("--replicas", type=int, default=1, help="data-parallel replicas")
+    args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     try:
-        train(n_steps, n_stages, n_replicas)
+        stages, left = divmod(dist.get_world_size(), args.replicas)
+        if left or stages < 1:
+            parser.error(f"--replicas {args.replicas} does not divide {dist.get_world_size()}")
+        train(args.steps, stages, args.replicas)
     finally:
         dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
