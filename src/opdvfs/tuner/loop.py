@@ -584,9 +584,10 @@ class Tuner:
         ranks: dict[str, Any] = (
             {"world_size": self.result.world_size} if self.result.world_size > 1 else {}
         )
-        job = self.ranks.job
-        if self.stages and job is not None and job.view is not None:
-            ranks["stages"] = list(job.view.keys)  # every rank's sequence: the whole job
+        store = self.ranks.job
+        view = store.view if store is not None else None
+        if self.stages and view is not None:
+            ranks["stages"] = list(view.keys)  # every rank's sequence: the whole job
         key = cache_key(
             self.op_names,
             target=self.target,
@@ -600,10 +601,10 @@ class Tuner:
             return False
         schedule, measured = hit
         if isinstance(schedule, PipelineSchedule):
-            if not self.stages or job is None or job.view is None:
+            if not self.stages or view is None:
                 return False
             # this rank's stage's; the whole pipeline goes to the others (planning.pipeline_of)
-            schedule = self.planning.adopt(schedule, job.view.rank_map)
+            schedule = self.planning.adopt(schedule, view.rank_map)
         elif self.stages:
             return False
         if not policy.cached_applies(
