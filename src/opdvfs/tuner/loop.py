@@ -345,7 +345,7 @@ class Tuner:
                     if not same and self.drive.plans_stages:
                         # pipeline stages: every rank follows the sweep, applies its stage's plan
                         # (the cache keys every stage's sequence: _from_cache)
-                        self.stages = job.follows_plan = True
+                        self.stages = job.follows_plan = self.result.stages_together = True
             except Exception as exc:
                 self._lost_job(exc)
                 job = None

@@ -299,6 +299,9 @@ def summary_lines(result: TuneResult) -> list[str]:
             + (
                 "every rank applies rank 0's plan (data-parallel)"
                 if r.same_sequence is not False
+                else "the ranks' operators or their work differ: every group planned together "
+                "on its own profile, each rank applies its own group's plan"
+                if r.stages_together
                 else "the ranks' operators differ: planned as data-parallel on rank 0's "
                 "sequence, the ranks whose sequence differs stayed at the top clock"
             )

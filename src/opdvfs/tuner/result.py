@@ -251,6 +251,9 @@ class TuneResult:
     world_size: int = 1
     #: Under torchrun: whether every rank ran rank 0's operator sequence (None: not compared).
     same_sequence: bool | None = None
+    #: Under torchrun: whether the ranks' groups (pipeline stages, or data-parallel ranks whose
+    #: work differs) were planned together, each on its own profile (simulated GPUs).
+    stages_together: bool = False
     #: How the applied round was chosen (:func:`~opdvfs.tuner.policy.choose_round`; None: no
     #: round measured).
     chosen_by: str | None = None
@@ -366,6 +369,7 @@ class TuneResult:
             "cached": self.cached,
             "world_size": self.world_size,
             "same_sequence": self.same_sequence,
+            "stages_together": self.stages_together,
             "plan_seconds": self.plan_seconds,
             "error": self.error,
             "per_iteration": [asdict(it) for it in self.iterations],
