@@ -155,7 +155,7 @@ def test_over_the_target_the_loop_goes_down_to_budget_0_before_it_stops():
     same_above = 0.005
 
     def saturated(budget: float) -> Schedule:
-        return plan_at(max(budget, same_above))  # every budget above 0.5% plans alike
+        return plan_at(TARGET if budget >= same_above else budget)  # from 0.5% up: alike
 
     seen, measure = responding(lambda b: 0.03 if b >= same_above else 0.01)
     fit = fit_budget(saturated, measure, target=TARGET)
