@@ -44,8 +44,13 @@ def train(
     replicas: int = 1,
     *,
     before_step: Callable[[int], bool] | None = None,
+    uneven: bool = False,
 ) -> None:
-    """Train the toy pipeline ``steps`` iterations (``before_step(i)`` True: stop before it)."""
+    """Train the toy pipeline ``steps`` iterations (``before_step(i)`` True: stop before it).
+
+    ``uneven``: replica ``r`` trains on ``r + 1`` times the microbatch rows (data-parallel
+    ranks of different batch sizes: the same operators, different times).
+    """
     rank = dist.get_rank()
     stage, replica = divmod(rank, replicas)
     torch.manual_seed(stage)
@@ -69,7 +74,7 @@ def train(
             if kind == "f":
                 x = torch.empty(8, 32)
                 if stage == 0:
-                    x = torch.randn(8, 32, generator=gen)
+                    x = torch.randn(8 * (1 + replica * uneven), 32, generator=gen)
                 else:
                     dist.recv(x, prev)
                 x.requires_grad_(stage > 0)

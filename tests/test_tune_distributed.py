@@ -87,7 +87,9 @@ def _run(tmp_path: Path, steps: int, *, diverge: bool = False) -> list[dict]:
 
 def test_two_ranks_tune_together_on_the_jobs_time_and_energy(tmp_path):
     r0, r1 = _run(tmp_path, STEPS)
-    assert r0["world_size"] == r1["world_size"] == 2 and r0["same_sequence"] is True
+    assert r0["world_size"] == r1["world_size"] == 2
+    # rank 1 does twice rank 0's work: the same operators, each rank planned on its own profile
+    assert r0["same_sequence"] is False and r1["same_sequence"] is False
     assert r0["error"] is None and r1["error"] is None, (r0["error"], r1["error"])
     it0, it1 = r0["per_iteration"], r1["per_iteration"]
     # the same phases at the same iterations on both ranks, A/B blocks included
@@ -106,10 +108,14 @@ def test_two_ranks_tune_together_on_the_jobs_time_and_energy(tmp_path):
     assert it1[0]["rank_time_s"] > it0[0]["rank_time_s"] * 1.5
     ab = [i for i in it0 if i["phase"] in ("reference", "tuned")]
     assert all(i["energy_j"] > 1.5 * i["rank_energy_j"] for i in ab)
-    # the round was measured on those job-wide figures, and both ranks apply one plan
+    # the round was measured on those job-wide figures, and each rank applies its own plan
     (rnd,) = r0["rounds"]
+    print(
+        f"rank 1 twice rank 0's work: {rnd['slowdown']['mean']:+.2%}, {rnd['saving']['mean']:.2%}"
+    )
     assert rnd["saving"]["mean"] > 0.03 and r0["met"] is True
-    assert r0["schedule_json"] is not None and r0["schedule_json"] == r1["schedule_json"]
+    assert None not in (r0["schedule_json"], r1["schedule_json"])
+    assert r0["schedule_json"] != r1["schedule_json"]
     # each rank set the sweep's clocks itself, and restored its clock exactly once, last
     for rank in (0, 1):
         calls = read_log(tmp_path / f"calls.rank{rank}.jsonl")

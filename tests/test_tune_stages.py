@@ -46,18 +46,34 @@ def _join(rank: int, port: int, world: int) -> None:
     sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
 
 
-def _tune_rank(rank: int, port: int, out: str, stages: int, replicas: int) -> None:
+def _tune_rank(
+    rank: int,
+    port: int,
+    out: str,
+    stages: int,
+    replicas: int,
+    uneven: bool = False,
+    cache: str | None = None,
+) -> None:
     """One rank of the toy pipeline under a Tuner on its own simulated GPU."""
     _join(rank, port, stages * replicas)
     from pipeline_toy import train
 
     from opdvfs.runtime.actuators import make_actuator
+    from opdvfs.tuner.cache import TuneCache
     from opdvfs.tuner.loop import Tuner
 
     log = Path(out) / f"calls.rank{rank}.jsonl"
     act = make_actuator("sim:a100-like", work_scale=WORK_SCALE, log=str(log))
     tuner = Tuner(
-        act, target=TARGET, clocks=CLOCKS, iterations_per_clock=1, block=2, pairs=2, rounds=3
+        act,
+        target=TARGET,
+        clocks=CLOCKS,
+        iterations_per_clock=1,
+        block=2,
+        pairs=2,
+        rounds=3,
+        cache=TuneCache(cache) if cache else None,
     )
     steady = []
 
@@ -68,7 +84,7 @@ def _tune_rank(rank: int, port: int, out: str, stages: int, replicas: int) -> No
     with tuner:
         dist.init_process_group("gloo", rank=rank, world_size=stages * replicas)
         try:
-            train(STEPS, stages, replicas, before_step=stop)
+            train(STEPS, stages, replicas, before_step=stop, uneven=uneven)
         finally:
             dist.destroy_process_group()
     result = tuner.result.to_dict()
@@ -112,10 +128,15 @@ def _offline_rank(rank: int, port: int, out: str, stages: int, replicas: int) ->
     (Path(out) / f"offline.rank{rank}.json").write_text(json.dumps(figures))
 
 
-def _tune(tmp_path: Path, stages: int, replicas: int = 1) -> list[dict]:
+def _tune(
+    tmp_path: Path, stages: int, replicas: int = 1, uneven: bool = False, cache: str | None = None
+) -> list[dict]:
     world = stages * replicas
     mp.spawn(
-        _tune_rank, args=(_free_port(), str(tmp_path), stages, replicas), nprocs=world, join=True
+        _tune_rank,
+        args=(_free_port(), str(tmp_path), stages, replicas, uneven, cache),
+        nprocs=world,
+        join=True,
     )
     return [json.loads((tmp_path / f"result.rank{r}.json").read_text()) for r in range(world)]
 
@@ -198,6 +219,16 @@ def test_job_view_numbers_the_stages_by_their_first_rank():
     assert view.rank_map == [0, 1, 0, 1] and view.stage_leads == [0, 1]
 
 
+def test_ranks_of_one_sequence_whose_work_differs_are_stages_of_their_own():
+    from opdvfs.runtime.distributed import JobView, work_keys
+
+    # ranks 0 and 1 alike (0.4%: noise), rank 2 twice the batch, rank 3 another sequence
+    view = JobView(0, 4, work_keys(["a 1.0", "a 1.004", "a 2.0", "b 1.0"]))
+    assert view.rank_map == [0, 0, 1, 2] and view.stage_leads == [0, 2, 3]
+    assert work_keys(["a None", "a None"]) == ("a", "a")  # unknown work (a real GPU): one
+    assert JobView(1, 2, work_keys(["a 2.0", "a 1.0"])).rank_map == [0, 1]  # rank 0 first
+
+
 def test_a_simulated_gpu_idles_until_a_senders_time():
     from opdvfs.runtime.actuators import make_actuator
 
@@ -243,7 +274,8 @@ def test_a_stage_profile_travels_as_bytes_with_its_launches(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize(("stages", "replicas"), [(2, 1), (2, 2), (4, 1)])
 def test_pipeline_stages_tuned_together_save_as_the_offline_plan_run(tmp_path, stages, replicas):
-    results = _tune(tmp_path, stages, replicas)
+    cache = str(tmp_path / "cache") if (stages, replicas) == (2, 1) else None
+    results = _tune(tmp_path, stages, replicas, cache=cache)
     _check_tuned_together(tmp_path, results, stages, replicas)
     r0 = results[0]
     first, chosen = r0["rounds"][0], r0["rounds"][r0["best_round"]]
@@ -266,6 +298,68 @@ def test_pipeline_stages_tuned_together_save_as_the_offline_plan_run(tmp_path, s
     assert r0["met"] is True and chosen["slowdown"]["mean"] <= TARGET
     assert offline["saving"] > 0.02
     assert chosen["saving"]["mean"] >= 0.9 * offline["saving"]
+    if cache is not None:
+        _check_rerun_from_cache(tmp_path / "rerun", cache, results)
+
+
+def _check_rerun_from_cache(out: Path, cache: str, tuned: list[dict]) -> None:
+    """The same job again: every rank applies its stage's schedule from the cache, no sweep."""
+    from opdvfs.schedule import PipelineSchedule, Schedule
+
+    out.mkdir()
+    again = _tune(out, 2, 1, cache=cache)
+    pipeline = PipelineSchedule.from_json(tuned[0]["pipeline_json"], source="rank 0")
+    assert all(r["cache_hit"] is True and r["error"] is None for r in again), again[0]["error"]
+    assert again[0]["cache_key"] == tuned[0]["cache_key"] == again[1]["cache_key"]
+    for rank, r in enumerate(again):
+        assert Schedule.from_json(r["schedule_json"], source="rerun") == pipeline.stages[rank]
+        assert not {"counted", "planning"} & {i["phase"] for i in r["per_iteration"]}
+
+
+def test_a_pipeline_jobs_cache_key_covers_every_stage():
+    from opdvfs.runtime.distributed import JobView, work_keys
+    from opdvfs.tuner.cache import cache_key
+
+    def key(*stage_keys: str) -> str:
+        view = JobView(0, len(stage_keys), work_keys([f"{k} 1.0" for k in stage_keys]))
+        return cache_key(["aten::mm"], device="d", target=0.05, stages=list(view.keys))
+
+    assert key("a", "b") == key("a", "b")
+    assert key("a", "b") != key("a", "c")  # stage 1 changed: another job
+    assert key("a", "b") != key("a", "b", "b")  # another layout of ranks
+
+
+@pytest.mark.slow
+def test_data_parallel_ranks_of_different_batch_sizes_are_planned_each_on_its_own_profile(
+    tmp_path,
+):
+    """Rank 1 trains on twice rank 0's batch: the same operators, longer. Planned on rank 0's
+    profile, the job (as slow as rank 1) ran rank 0's plan; each rank's own plan instead."""
+    from opdvfs.schedule import PipelineSchedule, Schedule
+
+    results = _tune(tmp_path, 1, 2, uneven=True)
+    r0 = results[0]
+    chosen = r0["rounds"][r0["best_round"]]
+    print(
+        f"data-parallel, batch 8 and 16: same_sequence {r0['same_sequence']}, rounds "
+        + ", ".join(
+            f"{r['budget']:.2%}: {r['slowdown']['mean']:+.2%} / {r['saving']['mean']:.2%}"
+            for r in r0["rounds"]
+        )
+        + f"; chosen round {r0['best_round'] + 1}, met {r0['met']}"
+    )
+    assert all(r["error"] is None for r in results), [r["error"] for r in results]
+    assert all(r["same_sequence"] is False and r["stages_together"] for r in results)
+    pipeline = PipelineSchedule.from_json(r0["pipeline_json"], source="rank 0")
+    assert len(pipeline.stages) == 2 and pipeline.stages[0] != pipeline.stages[1]
+    for rank, r in enumerate(results):
+        assert (
+            Schedule.from_json(r["schedule_json"], source=f"rank {rank}") == pipeline.stages[rank]
+        )
+        assert not r["abandoned"]
+    # the job's time is the slower rank's: within the target, and energy saved
+    assert r0["met"] is True and chosen["slowdown"]["mean"] <= TARGET
+    assert chosen["saving"]["mean"] > 0.02
 
 
 @pytest.mark.slow
@@ -293,7 +387,7 @@ def test_torchrun_tune_on_the_example_pipeline_plans_its_stages_together(tmp_pat
         cwd=tmp_path,
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "the ranks run 2 pipeline stages: planned together" in run.stdout, run.stdout
+    assert "the ranks run 2 pipeline stages (or data-parallel groups whose work differs): planned" in run.stdout, run.stdout
     result = json.loads((tmp_path / "out" / "tune.json").read_text())
     assert result["error"] is None and result["pipeline_stages"] == 2
     assert result["same_sequence"] is False and result["met"] is True

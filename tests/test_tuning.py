@@ -143,3 +143,24 @@ def test_on_the_twin_the_closed_loop_brings_both_modes_within_the_target():
     planned = twin_measure(device, work, trigger="time", offsets="planned")
     learned = twin_measure(device, work, trigger="time")
     assert planned(plan(TARGET)).slowdown > learned(plan(TARGET)).slowdown
+
+
+def test_over_the_target_the_loop_goes_down_to_budget_0_before_it_stops():
+    # round 1 (2%) measures 4.5%: the one-for-one step (to -0.6%) reached below 0 and the loop
+    # stopped over the target; budget 0 measures within it (then interpolated up)
+    seen, measure = responding(lambda b: 1.5 * b + 0.015)
+    fit = fit_budget(plan_at, measure, target=TARGET)
+    assert seen[:2] == [TARGET, 0.0] and fit.met
+    # a lower budget that plans a plan already measured is not the end: lower still
+    same_above = 0.005
+
+    def saturated(budget: float) -> Schedule:
+        return plan_at(TARGET if budget >= same_above else budget)  # from 0.5% up: alike
+
+    seen, measure = responding(lambda b: 0.03 if b >= same_above else 0.01)
+    fit = fit_budget(saturated, measure, target=TARGET)
+    assert seen[0] == TARGET and seen[-1] < same_above and fit.met
+    # nothing within the target at any budget: measured down to 0, then the least slow
+    seen, measure = responding(lambda b: 0.03 + b)
+    fit = fit_budget(plan_at, measure, target=TARGET)
+    assert not fit.met and seen[-1] == 0.0 and fit.best.budget == 0.0

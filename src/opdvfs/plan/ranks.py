@@ -58,6 +58,7 @@ from opdvfs.schedule import PipelineSchedule, Schedule, Values
 __all__ = [
     "BARRIER",
     "COMPUTE",
+    "LAND_EARLY",
     "RECV",
     "SEND",
     "RankLayout",
@@ -70,6 +71,12 @@ __all__ = [
     "rank_schedule",
     "rank_tables",
 ]
+
+#: How much earlier than its switch latency a switch up is issued, as a fraction of it
+#: (:func:`rank_schedule`): the stretch before the stage runs with its kernels' noise (0.6% of
+#: a 50 ms message is 0.3 ms; a tenth of a 15 ms latency is 1.5 ms), and a switch a little early
+#: costs a little energy where one a little late runs a whole kernel at the lower clock.
+LAND_EARLY = 0.1
 
 #: Op kinds (:func:`op_kinds`).
 COMPUTE, SEND, RECV, BARRIER = 0, 1, 2, 3
@@ -679,13 +686,20 @@ def rank_schedule(
 
     The graph's plan switches clocks instantly. A switch *up* that landed
     ``switch_latency_s`` late would run the start of its stage at the lower clock, on the
-    critical path as likely as not; so it is issued that much ahead of the stage's planned
-    start: triggered at the first op of the last node that starts by then, delayed by the
-    rest (further back than one node when the nodes before are short messages). What runs in
-    that last stretch before the stage runs at the higher clock (faster, a little more
-    energy). A switch down is issued at its stage: its start runs at the old, higher clock
-    (faster again). A stage shorter than the latency before a higher clock takes that clock
-    (:func:`_without_short_dips`); the predictions are the adjusted plan's.
+    critical path as likely as not; so it is issued that much ahead of the stage's start, and
+    :data:`LAND_EARLY` of the latency more: triggered at the first op of the last node that
+    starts by then, delayed by the rest (further back than one node when the nodes before are
+    short messages). What runs in that last stretch before the stage runs at the higher clock
+    (faster, a little more energy). A switch down is issued at its stage: its start runs at the
+    old, higher clock (faster again), so the stage ends before its planned end; the switches up
+    are timed on the timeline as run (:func:`_as_applied`), not the planned one: timed on the
+    planned one, a switch up after a dip (a message at the lowest clock, planned 55 ms, run in
+    51 ms at the clock before) landed after its stage began, and the stage's first kernel ran
+    at the dip's clock (on the simulated GPU a kernel runs wholly at the clock it starts at: an
+    optimizer step's 100 ms at 900 MHz took 455 ms at 210 MHz: the toy 1F1B pipeline's plan at
+    5% measured +8.4%, +6.7% timed as run; the rest is the models' error at clocks the sweep did
+    not measure). A stage shorter than the latency before a higher clock takes that
+    clock (:func:`_without_short_dips`); the predictions are the adjusted plan's.
     """
     top = problem.top_clock()
     base_makespan = problem.evaluate(top)[0]
@@ -693,6 +707,8 @@ def rank_schedule(
     makespan_s = float(problem.evaluate(clock)[0])
     start_s = problem.start_times(clock)
     freq_mhz = problem.freqs_mhz[clock]
+    # the switches are timed on the timeline the schedule runs, not the planned one
+    run_s = layout.start_times(_as_applied(layout, problem, clock, start_s, switch_latency_s))
 
     schedules = []
     for rank in range(layout.n_ranks):
@@ -700,13 +716,14 @@ def rank_schedule(
         freqs = freq_mhz[mine]
         change = np.flatnonzero(np.r_[True, freqs[1:] != freqs[:-1]])
         first_op = layout.node_first_op[mine]
-        starts = start_s[mine]
+        starts = run_s[mine]
         up = np.r_[False, freqs[change[1:]] > freqs[change[1:] - 1]]
-        # issue at (stage start - latency) on the planned timeline: triggered by the last node
-        # that starts by then (a rank's starts ascend), delayed by the rest
-        issue_s = starts[change] - switch_latency_s
+        # issue at (stage start - latency - margin) on the timeline as run: triggered by the
+        # last node that starts by then (a rank's starts ascend), delayed by the rest
+        issue_s = starts[change] - switch_latency_s * (1 + LAND_EARLY)
         trigger = np.searchsorted(starts, issue_s, side="right") - 1
-        trigger = np.clip(trigger, 0, np.maximum(change - 1, 0))
+        # never before the stage before's own switch (issued later, it would replace this one)
+        trigger = np.clip(trigger, np.r_[0, change[:-1]], np.maximum(change - 1, 0))
         lead = np.where(up, first_op[change] - first_op[trigger], 0)
         delay_us = np.where(up, np.maximum(issue_s - starts[trigger], 0.0) * 1e6, 0.0)
         schedules.append(
@@ -742,6 +759,42 @@ def rank_schedule(
         workload=workload,
         clock=clock,
     )
+
+
+def _as_applied(
+    layout: RankLayout,
+    problem: DagProblem,
+    clock: np.ndarray,
+    start_s: np.ndarray,
+    latency_s: float,
+) -> np.ndarray:
+    """Return each node's time (s) as the schedule runs it: a switch down lands a latency late.
+
+    In a stage below the one before, what starts before its switch lands (the stage's start
+    plus ``latency_s`` on the planned timeline ``start_s``) runs at the clock before: a node of
+    one op wholly (an op runs at the clock it starts at), a node of several ops its work up to
+    the landing. The stage ends that much before its planned end.
+    """
+    rows = np.arange(layout.n_nodes)
+    time_s = problem.time_s[rows, clock]
+    if latency_s <= 0:
+        return time_s
+    applied = time_s.copy()
+    for rank in range(layout.n_ranks):
+        idx = np.flatnonzero(layout.node_rank == rank)
+        c, starts = clock[idx], start_s[idx]
+        first = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
+        stage = np.repeat(np.arange(len(first)), np.diff(np.r_[first, len(idx)]))
+        before = np.r_[c[0], c[first[1:] - 1]][stage]  # the clock before each node's stage
+        old_s = problem.time_s[idx, before]
+        left_s = starts[first][stage] + latency_s - starts  # until the switch lands
+        early = (before > c) & (left_s > 0) & ~np.isnan(old_s)
+        one_op = layout.node_first_op[idx] == layout.node_last_op[idx]
+        at_old_s = np.where(one_op, old_s, np.minimum(left_s, old_s))
+        done = np.divide(at_old_s, old_s, out=np.ones_like(old_s), where=old_s > 0)
+        mixed = at_old_s + (1 - done) * time_s[idx]
+        applied[idx] = np.where(early, mixed, time_s[idx])
+    return applied
 
 
 def _without_short_dips(

@@ -37,11 +37,13 @@ if TYPE_CHECKING:
     from opdvfs.runtime.applier import ScheduleApplier
 
 __all__ = [
+    "SAME_WORK_REL",
     "JobView",
     "StoreJob",
     "broadcast_schedule",
     "group_ready",
     "share_schedule_on_group_init",
+    "work_keys",
 ]
 
 
@@ -135,6 +137,36 @@ def share_schedule_on_group_init(
         yield
     finally:
         dist.init_process_group = original
+
+
+#: Relative difference of two ranks' busy time over an iteration (at the top clock) above which
+#: ranks of one operator sequence are planned apart: far above the simulated kernels' noise over
+#: an iteration (0.6% per kernel, ~0.1% over a hundred), far below a batch size's difference.
+SAME_WORK_REL = 0.01
+
+
+def work_keys(posted: Sequence[str]) -> tuple[str, ...]:
+    """Return every rank's group key from its posted ``"SEQUENCE_KEY WORK_S"`` (by rank).
+
+    Ranks of one sequence are split by their work: sorted by it, a rank more than
+    :data:`SAME_WORK_REL` above its cluster's first (least) starts a new one. A work of
+    ``None`` (a real GPU's, unknown) never splits.
+    """
+    pairs = [p.rsplit(" ", 1) for p in posted]
+    seqs = [seq for seq, _ in pairs]
+    work = [None if w == "None" else float(w) for _, w in pairs]
+    keys = list(seqs)
+    for seq in dict.fromkeys(seqs):
+        ranks = [r for r, s in enumerate(seqs) if s == seq and work[r] is not None]
+        cluster, first = 0, None
+        for r in sorted(ranks, key=lambda r: (work[r], r)):
+            w = work[r]
+            assert w is not None
+            if first is not None and w > first * (1 + SAME_WORK_REL):
+                cluster, first = cluster + 1, None
+            first = w if first is None else first
+            keys[r] = f"{seq}/{cluster}" if cluster else seq
+    return tuple(keys)
 
 
 @dataclass(frozen=True)
@@ -289,10 +321,19 @@ class StoreJob:
         total = None if any(e is None for e in energies) else float(math.fsum(energies))
         return max(float(row[0]) for row in rows), total, any(bool(row[2]) for row in rows)
 
-    def same_sequence(self, op_names: Sequence[str]) -> tuple[bool, dict[str, list[int]]]:
-        """Compare every rank's operator sequence; set :attr:`follows_plan`; return the groups."""
+    def same_sequence(
+        self, op_names: Sequence[str], work_s: float | None = None
+    ) -> tuple[bool, dict[str, list[int]]]:
+        """Compare every rank's operator sequence; set :attr:`follows_plan`; return the groups.
+
+        ``work_s``: this rank's busy time over the compared iteration at the top clock, where
+        the device gives one (a simulated GPU); ranks of one sequence whose work differs by
+        more than :data:`SAME_WORK_REL` (data-parallel ranks of different batch sizes) are
+        groups of their own (:func:`work_keys`), each planned on its own profile.
+        """
         key = hashlib.sha256("\n".join(op_names).encode()).hexdigest()
-        view = JobView(self.rank, self.world_size, tuple(self._all(key)))
+        posted = self._all(f"{key} {work_s!r}")
+        view = JobView(self.rank, self.world_size, work_keys(posted))
         self.view = view
         self.follows_plan = view.keys[self.rank] == view.keys[0]
         return view.same_sequence, view.groups

@@ -17,7 +17,7 @@ from typing import Any
 
 from opdvfs._files import write_text_atomic
 from opdvfs.runtime.actuators.left_set import CACHE_ENV, default_cache_dir
-from opdvfs.schedule import Schedule
+from opdvfs.schedule import PipelineSchedule, Schedule
 
 __all__ = ["CACHE_ENV", "TuneCache", "cache_key", "default_cache_dir"]
 
@@ -27,7 +27,8 @@ def cache_key(op_names: Sequence[str], *, device: str, target: float, **extra: A
 
     The sequence is one iteration's operators as the executor counts them (the last warm-up
     iteration's); the device (with a simulated GPU's work scale), the target and ``extra``
-    (the objective) are part of the key, since a plan is only valid for them.
+    (the objective; a pipeline job's ``stages``: every rank's sequence key, so a changed stage
+    is another job) are part of the key, since a plan is only valid for them.
     """
     doc = {"ops": list(op_names), "device": device, "target": round(float(target), 9), **extra}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
@@ -44,21 +45,30 @@ class TuneCache:
         """Return the file of ``key``."""
         return self.folder / f"{key}.json"
 
-    def get(self, key: str) -> tuple[Schedule, dict[str, Any]] | None:
-        """Return the cached schedule and what it measured, or None (none, or unreadable)."""
+    def get(self, key: str) -> tuple[Schedule | PipelineSchedule, dict[str, Any]] | None:
+        """Return the cached schedule and what it measured, or None (none, or unreadable).
+
+        A pipeline job's is its whole :class:`~opdvfs.schedule.PipelineSchedule` (every
+        stage's, each rank applies its own).
+        """
         path = self.path(key)
         if not path.is_file():
             return None
         try:
             doc = json.loads(path.read_text())
-            return Schedule.model_validate(doc["schedule"]), dict(doc.get("measured", {}))
+            kind = PipelineSchedule if doc.get("pipeline") else Schedule
+            return kind.model_validate(doc["schedule"]), dict(doc.get("measured", {}))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def put(self, key: str, schedule: Schedule, measured: dict[str, Any]) -> Path:
+    def put(
+        self, key: str, schedule: Schedule | PipelineSchedule, measured: dict[str, Any]
+    ) -> Path:
         """Write the schedule under ``key`` (atomically); return its file."""
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.path(key)
-        doc = {"schedule": schedule.model_dump(mode="json"), "measured": measured}
+        doc: dict[str, Any] = {"schedule": schedule.model_dump(mode="json"), "measured": measured}
+        if isinstance(schedule, PipelineSchedule):
+            doc["pipeline"] = True
         write_text_atomic(path, json.dumps(doc))
         return path

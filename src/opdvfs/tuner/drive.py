@@ -187,6 +187,14 @@ class Drive(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} does not profile pipeline stages")
 
+    def work_s(self, iteration: int) -> float | None:
+        """Return the device's busy time over ``iteration`` (s), where it gives one (else None).
+
+        Ranks of one operator sequence whose work differs (data-parallel ranks of different
+        batch sizes) are planned each on its own profile (:mod:`opdvfs.tuner.stages`).
+        """
+        return None
+
     def planning_began(self) -> None:  # noqa: B027 (a hook: nothing to do by default)
         """Note that a planning phase began (for :meth:`pace_planning`)."""
 
@@ -267,6 +275,11 @@ class SimulatedGpuDrive(Drive):
         from opdvfs.runtime.sweep import sim_profile
 
         return sim_profile(self.gpu, counted)
+
+    def work_s(self, iteration: int) -> float | None:
+        """Return the simulated GPU's kernel time over ``iteration`` (s)."""
+        kernels = self.gpu.kernels()
+        return float(kernels["time_us"][kernels["iteration"] == iteration].sum()) * 1e-6
 
     def planning_began(self) -> None:
         """Note the simulated GPU's time and the host's when planning began."""

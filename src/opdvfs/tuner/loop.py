@@ -34,7 +34,7 @@ import opdvfs.tuner.policy as policy
 from opdvfs.exceptions import ValidationError
 from opdvfs.runtime.actuators import Actuator, ClockGuard
 from opdvfs.runtime.checks import check_counts
-from opdvfs.schedule import Objective, Schedule
+from opdvfs.schedule import Objective, PipelineSchedule, Schedule
 from opdvfs.tuner.ab import DEFAULT_BLOCK, abba_blocks, measured_round
 from opdvfs.tuner.cache import TuneCache, cache_key
 from opdvfs.tuner.drive import make_drive
@@ -338,15 +338,16 @@ class Tuner:
                     op_names=self.op_names,
                     compare_at=self.warmup - 1,
                     stages=self.drive.plans_stages,
+                    work_s=self.drive.work_s(iteration) if iteration == self.warmup - 1 else None,
                 )
                 if same is not None:
                     self.result.same_sequence = same
                     if not same and self.drive.plans_stages:
                         # pipeline stages: every rank follows the sweep, applies its stage's plan
-                        self.stages = job.follows_plan = True
+                        # (the cache keys every stage's sequence: _from_cache)
+                        self.stages = job.follows_plan = self.result.stages_together = True
                         view = job.view
                         self.result.pipeline_stages = len(view.stage_leads) if view else None
-                        self.cache = None  # (keyed on rank 0's operators alone)
             except Exception as exc:
                 self._lost_job(exc)
                 job = None
@@ -585,6 +586,10 @@ class Tuner:
         ranks: dict[str, Any] = (
             {"world_size": self.result.world_size} if self.result.world_size > 1 else {}
         )
+        store = self.ranks.job
+        view = store.view if store is not None else None
+        if self.stages and view is not None:
+            ranks["stages"] = list(view.keys)  # every rank's sequence: the whole job
         key = cache_key(
             self.op_names,
             target=self.target,
@@ -597,6 +602,13 @@ class Tuner:
         if hit is None:
             return False
         schedule, measured = hit
+        if isinstance(schedule, PipelineSchedule):
+            if not self.stages or view is None:
+                return False
+            # this rank's stage's; the whole pipeline goes to the others (planning.pipeline_of)
+            schedule = self.planning.adopt(schedule, view.rank_map)
+        elif self.stages:
+            return False
         if not policy.cached_applies(
             schedule,
             by_time=self.drive.by_time,

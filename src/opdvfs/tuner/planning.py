@@ -160,6 +160,13 @@ class PlanningThread:
         with self._lock:
             return self._pipelines.get(id(schedule)) if schedule is not None else None
 
+    def adopt(self, pipeline: PipelineSchedule, rank_map: list[int]) -> Schedule:
+        """Return rank 0's stage of ``pipeline`` (a cached one), known to :meth:`pipeline_of`."""
+        lead = pipeline.for_rank(0, len(rank_map), rank_map)
+        with self._lock:
+            self._pipelines[id(lead)] = pipeline
+        return lead
+
     def _spawn(self, prepare: Callable[[], _Prepared]) -> None:
         self._thread = threading.Thread(
             target=self._run, args=(prepare,), name="opdvfs-tune-plan", daemon=True
@@ -345,7 +352,7 @@ class PlanningThread:
             try:
                 cache.put(
                     result.cache_key,
-                    schedule,
+                    self.pipeline_of(schedule) or schedule,  # a pipeline job's: every stage's
                     {
                         "budget": chosen.budget,
                         "block": result.block,

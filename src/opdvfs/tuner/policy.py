@@ -211,7 +211,14 @@ def fit_budget(
     round measures within the window, when the next budget is one already planned, when its
     plan is one already measured (the same stages at the same clocks: a plan saturated in the
     budget, e.g. every memory-bound stage already at its lowest useful clock, would only be
-    measured again), or after ``rounds`` rounds.
+    measured again), or after ``rounds`` rounds. While every round has measured over the
+    target it never stops for want of a budget before 0 has been planned: a step below 0 plans
+    at 0, and a budget or plan already measured gives way to half the budget (0 below an eighth
+    of the target), re-planned without a round until the plan is a new one (it stopped after
+    one round at +3.7% for a 2% target, the step from round 1 reaching below 0). When no round
+    measures within the target, ``best`` is the least slow one and ``met`` is False; whether it
+    applies is :func:`applies`' (only with a measured saving; the loop's caller may keep the top
+    clock).
 
     Parameters
     ----------
@@ -248,8 +255,16 @@ def fit_budget(
     budget = target if start is None else start
     for _ in range(rounds):
         schedule = plan_at(budget)
-        if any((same or same_plan)(schedule, r.schedule) for r in done):
-            break  # measuring it again tells nothing new
+
+        def measured(plan: Schedule) -> bool:
+            return any((same or same_plan)(plan, r.schedule) for r in done)
+
+        # a plan measured before tells nothing new: over the target, plan lower for another
+        while measured(schedule) and (lower := _lower_budget(done, budget, target)) is not None:
+            budget = lower
+            schedule = plan_at(budget)
+        if measured(schedule):
+            break
         done.append(BudgetRound(budget, schedule, measure(schedule)))
         slowdown = done[-1].measured.slowdown
         if target * (1 - slack) <= slowdown <= target:
@@ -307,9 +322,22 @@ def _next_budget(done: list[BudgetRound], target: float, *, aim: float) -> float
             slope = ds / db
     step = (aim - edge.measured.slowdown) / slope
     for budget in (edge.budget + step, edge.budget + 2 * step):  # the same plan: go further
+        if lo is None:
+            budget = max(budget, 0.0)  # every round over the target: down to 0 at most
         if budget >= 0 and fresh(budget):
             return budget
-    return None
+    return _lower_budget(done, edge.budget, target) if lo is None else None
+
+
+def _lower_budget(done: list[BudgetRound], budget: float, target: float) -> float | None:
+    """Return a budget below ``budget`` while every round so far ran over ``target``, or None.
+
+    Half of it, or 0 (the top clock wherever the planner finds no slack) once half is below an
+    eighth of the target; None when a round measured within the target or ``budget`` is 0.
+    """
+    if budget <= 0 or any(r.measured.slowdown <= target for r in done):
+        return None
+    return budget / 2 if budget / 2 > target / 8 else 0.0
 
 
 # ----------------------------------------------------------------------------- static clock

@@ -155,20 +155,23 @@ class Ranks:
         op_names: Sequence[str],
         compare_at: int,
         stages: bool = False,
+        work_s: float | None = None,
     ) -> tuple[Measurement, bool | None]:
         """Return the job's iteration (slowest rank's time, all ranks' energy) and this rank's.
 
         At iteration ``compare_at`` (the last warm-up one) the ranks' operator sequences are
         compared, and whether they are the same is returned (None at other iterations); rank
         0 warns in one line when they differ and the stages cannot be planned together
-        (``stages`` False: off the simulated GPU).
+        (``stages`` False: off the simulated GPU). ``work_s``: this rank's busy time over
+        that iteration, where known: ranks of one sequence whose work differs compare as
+        different (:func:`~opdvfs.runtime.distributed.work_keys`).
         """
         time_s, energy_j = measured[0], measured[1]
         job_s, job_j, any_abandoned = job.iteration(time_s, energy_j, abandoned)
         self.peer_abandoned = any_abandoned and not abandoned
         same: bool | None = None
         if iteration == compare_at:
-            same, groups = job.same_sequence(op_names)
+            same, groups = job.same_sequence(op_names, work_s if stages else None)
             if job.leader and not same and not stages:
                 ranks = "; ".join(", ".join(map(str, g)) for g in groups.values())
                 warnings.warn(

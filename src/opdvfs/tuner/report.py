@@ -299,9 +299,10 @@ def summary_lines(result: TuneResult) -> list[str]:
             + (
                 "every rank applies rank 0's plan (data-parallel)"
                 if r.same_sequence is not False
-                else f"the ranks run {r.pipeline_stages} pipeline stages: planned together on "
-                "the job's dependency graph, each rank applies its own stage's plan"
-                if r.pipeline_stages
+                else f"the ranks run {r.pipeline_stages} pipeline stages (or data-parallel groups "
+                "whose work differs): planned together on the job's dependency graph, each rank "
+                "applies its own stage's plan"
+                if r.stages_together
                 else "the ranks' operators differ: planned as data-parallel on rank 0's "
                 "sequence, the ranks whose sequence differs stayed at the top clock"
             )

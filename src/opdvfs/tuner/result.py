@@ -256,6 +256,9 @@ class TuneResult:
     #: The applied plan of every stage, when they were planned together (``schedule`` is
     #: this rank's stage's).
     pipeline: PipelineSchedule | None = None
+    #: Under torchrun: whether the ranks' groups (pipeline stages, or data-parallel ranks whose
+    #: work differs) were planned together, each on its own profile (simulated GPUs).
+    stages_together: bool = False
     #: How the applied round was chosen (:func:`~opdvfs.tuner.policy.choose_round`; None: no
     #: round measured).
     chosen_by: str | None = None
@@ -372,6 +375,7 @@ class TuneResult:
             "world_size": self.world_size,
             "same_sequence": self.same_sequence,
             "pipeline_stages": self.pipeline_stages,
+            "stages_together": self.stages_together,
             "plan_seconds": self.plan_seconds,
             "error": self.error,
             "per_iteration": [asdict(it) for it in self.iterations],
