@@ -58,7 +58,8 @@ from opdvfs.io import read_profile
 from opdvfs.plan.dp import StageTables
 from opdvfs.plan.measured import MeasuredTables
 from opdvfs.plan.milp import milp_solve
-from opdvfs.plan.on_profile import auto_clocks, plan_profile
+from opdvfs.plan.active import next_clock_for
+from opdvfs.plan.on_profile import auto_clocks, fit_profile, plan_profile
 from opdvfs.profile import Profile
 from opdvfs.schedule import Schedule
 
@@ -68,6 +69,12 @@ DEFAULT_DATA = Path("/work/shared/data/real")
 MAX_GAP: float | None = None
 #: Fewer core clocks than this leave nothing for the models to fill.
 MIN_CLOCKS = 4
+#: ``--active``: let :func:`opdvfs.plan.active.next_clock_for` add clocks to the profile, at
+#: most this many per plan (``--active-max``), each worth at least this share of the plan's
+#: energy (``--active-cost``; None: its default, ``MIN_GAIN_SHARE``).
+ACTIVE = False
+ACTIVE_MAX = 8
+ACTIVE_COST: float | None = None
 
 
 def legacy_sets(path: Path, workdir: Path) -> list[tuple[str, Path]]:
@@ -142,6 +149,10 @@ def rows_for(name: str, path: Path, workdir: Path) -> list[dict]:
     for d in TARGETS:
         budget_s = (1 + d) * top_s
         started = time.process_time()
+        clocks = active_clocks(full, profiled, d, spec) if ACTIVE else profiled
+        if ACTIVE:
+            part = restrict(full, clocks)
+            prof_cols = truth.columns(np.asarray(clocks))
         schedule = plan_profile(
             part, d, spec=spec, interval_ms=0.0, switch_latency_ms=0.0, values="auto"
         ).schedule
@@ -155,7 +166,7 @@ def rows_for(name: str, path: Path, workdir: Path) -> list[dict]:
         rows.append(
             {
                 "set": name,
-                "clocks": f"{len(profiled)}/{len(freqs)}",
+                "clocks": f"{len(clocks)}/{len(freqs)}",
                 "ops": len(ops),
                 "d %": d * 100,
                 "slow %": (plan_s / top_s - 1) * 100,
@@ -171,6 +182,34 @@ def rows_for(name: str, path: Path, workdir: Path) -> list[dict]:
     return rows
 
 
+def active_clocks(
+    full: Profile, profiled: tuple[float, ...], target: float, spec: DeviceSpec
+) -> tuple[float, ...]:
+    """Return the clocks measured when opdvfs adds them actively to the ``auto`` profile.
+
+    The user profiles ``profiled``, fits, and measures the clock
+    :func:`~opdvfs.plan.active.next_clock_for` names (here: its rows revealed from the full
+    measured table), refits and asks again, until it names none or :data:`ACTIVE_MAX` were
+    added.
+    """
+    clocks = list(profiled)
+    for _ in range(ACTIVE_MAX):
+        fitted = fit_profile(restrict(full, tuple(clocks)), spec=spec, values="auto")
+        choice = next_clock_for(fitted, target=target, cost_j=_cost_j(fitted))
+        if choice is None:
+            break
+        clocks.append(choice.freq_mhz)
+    return tuple(sorted(clocks, reverse=True))
+
+
+def _cost_j(fitted: object) -> float | None:
+    """The cost of one more clock: ``--active-cost`` of the top clock's energy (None: default)."""
+    if ACTIVE_COST is None:
+        return None
+    measured = fitted.inputs.measured  # type: ignore[attr-defined]
+    return ACTIVE_COST * float(np.nansum(measured.raw().chip_energy_j[:, -1]))
+
+
 def _pct(share: float | None) -> float | None:
     return None if share is None else share * 100
 
@@ -184,15 +223,23 @@ def _margin_points(schedule: Schedule) -> float | None:
 
 
 def main() -> None:
+    global MAX_GAP, ACTIVE, ACTIVE_MAX, ACTIVE_COST
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("data", nargs="?", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--sets", default="", help="only the sets whose name holds this")
     parser.add_argument(
         "--max-gap", type=float, default=None, help="auto_clocks(max_gap=): widest gap / top"
     )
+    parser.add_argument(
+        "--active", action="store_true", help="add clocks actively (opdvfs.plan.active)"
+    )
+    parser.add_argument("--active-max", type=int, default=ACTIVE_MAX, help="most clocks added")
+    parser.add_argument(
+        "--active-cost", type=float, default=None, help="a clock's cost, share of the energy"
+    )
     args = parser.parse_args()
-    global MAX_GAP
-    MAX_GAP = args.max_gap
+    MAX_GAP, ACTIVE = args.max_gap, args.active
+    ACTIVE_MAX, ACTIVE_COST = args.active_max, args.active_cost
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         sets = [s for s in find_sets(args.data, workdir) if args.sets in s[0]]
@@ -200,7 +247,8 @@ def main() -> None:
     table = pd.DataFrame(rows).dropna(axis=1, how="all")
     pd.set_option("display.width", 250)
     pd.set_option("display.max_rows", 500)
-    print("profile = auto clocks; plan on them + models at the other clocks; scored on raw medians")
+    how = " + clocks added actively" if ACTIVE else ""
+    print(f"profile = auto clocks{how}; plan on them + models elsewhere; scored on raw medians")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     late = table["slow %"] - table["d %"]
     print(
