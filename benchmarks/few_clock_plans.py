@@ -55,10 +55,10 @@ import pandas as pd
 
 from opdvfs.devices.spec import DeviceSpec
 from opdvfs.io import read_profile
+from opdvfs.plan.active import next_clock_for
 from opdvfs.plan.dp import StageTables
 from opdvfs.plan.measured import MeasuredTables
 from opdvfs.plan.milp import milp_solve
-from opdvfs.plan.active import next_clock_for
 from opdvfs.plan.on_profile import auto_clocks, fit_profile, plan_profile
 from opdvfs.profile import Profile
 from opdvfs.schedule import Schedule
@@ -203,7 +203,7 @@ def active_clocks(
 
 
 def _cost_j(fitted: object) -> float | None:
-    """The cost of one more clock: ``--active-cost`` of the top clock's energy (None: default)."""
+    """Return one more clock's cost: ``--active-cost`` of the top clock's energy (None: default)."""
     if ACTIVE_COST is None:
         return None
     measured = fitted.inputs.measured  # type: ignore[attr-defined]

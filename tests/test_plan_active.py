@@ -42,7 +42,7 @@ def test_gap_reach_is_zero_at_measured_clocks_and_the_product_of_distances_betwe
 
 
 def test_the_budget_price_is_the_least_that_meets_the_budget():
-    time_us, energy_j, margin, _ = tables()
+    time_us, energy_j, _, _ = tables()
     time_s = time_us * 1e-6
     budget = 1.05 * time_s[:, -1].sum()
     price = budget_price(time_s, energy_j, budget)

@@ -110,8 +110,9 @@ def budget_price(time_s: np.ndarray, energy_j: np.ndarray, budget_s: float) -> f
     if time_s[rows, _relaxed(time_s, energy_j, 0.0)[0]].sum() <= budget_s:
         return 0.0
     if time_s.min(axis=1).sum() > budget_s * (1 + 1e-12):
+        fastest_s = float(time_s.min(axis=1).sum())
         raise ValidationError(
-            f"no plan fits the budget of {budget_s:.6g} s (fastest {time_s.min(axis=1).sum():.6g} s)",
+            f"no plan fits the budget of {budget_s:.6g} s (the fastest takes {fastest_s:.6g} s)",
             field="budget_s",
         )
     high = max(float(energy_j.sum() / max(time_s.sum(), 1e-300)), 1e-12)

@@ -767,7 +767,7 @@ def log_uncertainty(
 
 
 def gap_reach(freqs_mhz: np.ndarray, measured: np.ndarray) -> np.ndarray:
-    """Return each cell's reach from the measured clocks (MHz^2): what a filled cell's error grows with.
+    """Return each cell's reach from the measured clocks (MHz^2): its error's scale if filled.
 
     Between measured clocks ``f_L < f < f_R``: ``(f - f_L) (f_R - f)``; beyond the measured
     range, the nearest measured clock at distance ``d`` and its gap ``h``: ``d (d + h)``; 0 at
