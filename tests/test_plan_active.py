@@ -65,6 +65,7 @@ def test_the_clock_named_splits_the_gap_the_plan_uses_and_its_gain_is_the_relaxe
     # only the gap the plan uses: 1250, 1300, 1350 (not 1050-1150, where it puts nothing)
     np.testing.assert_array_equal(F[candidates], [1250.0, 1300.0, 1350.0])
     assert (gains > 0).all()
+    assert gains.max() < 0.1 * plan_j  # a share of the plan's energy, not more
     # the gain by hand: the relaxed plan on the conservative tables at the budget's price,
     # before and after the candidate's own margin is gone and its neighbours' shrink
     t_up = time_us * 1e-6 * np.exp(margin)
