@@ -223,12 +223,13 @@ def next_clock(
     budget_s: float,
     plan_cols: np.ndarray,
     cost_j: float | None = None,
+    min_gain_share: float = MIN_GAIN_SHARE,
 ) -> ClockToMeasure | None:
     """Return the clock most worth measuring next for this plan, or None (stop).
 
     The candidate of :func:`clock_gains` with the largest expected gain, if that gain is at
     least ``cost_j`` (the cost of measuring it, J per iteration over the run the plan serves;
-    default :data:`MIN_GAIN_SHARE` of the plan's energy). The arguments are
+    default ``min_gain_share`` of the plan's energy). The other arguments are
     :func:`clock_gains`'.
     """
     candidates, gains, plan_energy_j = clock_gains(
@@ -241,7 +242,7 @@ def next_clock(
         budget_s=budget_s,
         plan_cols=plan_cols,
     )
-    cost = MIN_GAIN_SHARE * plan_energy_j if cost_j is None else float(cost_j)
+    cost = min_gain_share * plan_energy_j if cost_j is None else float(cost_j)
     if gains.size == 0 or gains.max() <= 0.0 or gains.max() < cost:
         return None
     best = int(candidates[np.argmax(gains)])
@@ -271,6 +272,7 @@ def next_clock_for(
     objective: Objective = "energy",
     interval_ms: float = 0.0,
     cost_j: float | None = None,
+    min_gain_share: float = MIN_GAIN_SHARE,
 ) -> ClockToMeasure | None:
     """Return the clock most worth measuring next for a profile's plan at ``target``, or None.
 
@@ -279,7 +281,8 @@ def next_clock_for(
     models, with their margins) and on the point-value plan at ``target``
     (``conservative=False``: where the plan goes if the models are right). None where the
     models filled nothing (every clock measured) or the profile gave no measurements.
-    ``objective``: ``core-energy`` values the core rail, anything else the chip's.
+    ``objective``: ``core-energy`` values the core rail, anything else the chip's;
+    ``cost_j`` and ``min_gain_share``: :func:`next_clock`'s.
     """
     inputs = fitted.inputs
     if fitted.models is None or inputs.measured is None:
@@ -310,4 +313,5 @@ def next_clock_for(
         budget_s=(1.0 + target) * baseline_s - idle_s,
         plan_cols=plan_cols,
         cost_j=cost_j,
+        min_gain_share=min_gain_share,
     )
