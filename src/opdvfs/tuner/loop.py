@@ -633,7 +633,7 @@ class Tuner:
         return float(np.median(times)) if times else self.sweep.iteration_s
 
     def _added_clock(self) -> float | None:
-        """The sweep's last clock is done: one more clock, where active profiling names one.
+        """Return one more clock for the sweep (its last is done) where active profiling names one.
 
         On a simulated GPU (its records are the profile, at once), a single program (no
         ``torchrun`` job: every rank follows rank 0's sweep), up to
