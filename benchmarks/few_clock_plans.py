@@ -59,14 +59,15 @@ from opdvfs.plan.active import next_clock_for
 from opdvfs.plan.dp import StageTables
 from opdvfs.plan.measured import MeasuredTables
 from opdvfs.plan.milp import milp_solve
-from opdvfs.plan.on_profile import auto_clocks, fit_profile, plan_profile
+from opdvfs.plan.on_profile import DEFAULT_MAX_GAP, auto_clocks, fit_profile, plan_profile
 from opdvfs.profile import Profile
 from opdvfs.schedule import Schedule
 
 TARGETS = (0.02, 0.05, 0.10)
 DEFAULT_DATA = Path("/work/shared/data/real")
-#: ``auto_clocks(max_gap=)``: None, the clocks ``--freqs auto`` picks; set by ``--max-gap``.
-MAX_GAP: float | None = None
+#: ``auto_clocks(max_gap=)``: by default the clocks ``--freqs auto`` picks; ``--max-gap none``:
+#: the five clocks alone (``opdvfs tune``'s sweep before the clock it adds).
+MAX_GAP: float | None = DEFAULT_MAX_GAP
 #: Fewer core clocks than this leave nothing for the models to fill.
 MIN_CLOCKS = 4
 #: ``--active``: let :func:`opdvfs.plan.active.next_clock_for` add clocks to the profile, at
@@ -228,7 +229,10 @@ def main() -> None:
     parser.add_argument("data", nargs="?", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--sets", default="", help="only the sets whose name holds this")
     parser.add_argument(
-        "--max-gap", type=float, default=None, help="auto_clocks(max_gap=): widest gap / top"
+        "--max-gap",
+        type=lambda v: None if v.lower() == "none" else float(v),
+        default=DEFAULT_MAX_GAP,
+        help="auto_clocks(max_gap=): widest gap / top; none: the five clocks",
     )
     parser.add_argument(
         "--active", action="store_true", help="add clocks actively (opdvfs.plan.active)"

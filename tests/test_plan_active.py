@@ -142,5 +142,5 @@ def test_next_clock_for_a_simulated_profile_names_an_unprofiled_clock_in_a_gap(s
 def sim_profile_auto():
     """A simulated GPU's profile of a small workload at its ``auto`` clocks, and its device."""
     dev = SimulatedDevice.from_preset("ascend-910b-like", seed=0)
-    clocks = auto_clocks(dev.spec.freqs_mhz)
+    clocks = auto_clocks(dev.spec.freqs_mhz, max_gap=None)  # four filled
     return dev.profile(load_workload("resnet50"), clocks, iterations=3), dev.spec

@@ -90,12 +90,17 @@ def profile_clocks(
 ) -> tuple[float, ...]:
     """Return the clocks the sweep profiles (MHz): ``clocks`` as given, or :func:`auto_clocks`.
 
-    Checking them against the device is the actuator's (``check_freq_mhz``).
+    ``auto``: the five clocks alone (``max_gap=None``), not the denser ``--freqs auto`` of a
+    profile: every clock is a sweep step of the run's own iterations (the five take 12.5% of
+    ``benchmarks/tune_vs_offline.py``'s 200, within its 15% for profiling and planning; 19
+    on ``sim:a100-like`` would take about 48%). The sweep adds the clock the plan would use
+    instead (:func:`added_clock`). Checking them against the device is the actuator's
+    (``check_freq_mhz``).
     """
     if isinstance(clocks, str):
         if clocks != "auto":
             raise ValidationError(f"clocks {clocks!r}: expected 'auto' or a list", field="clocks")
-        return auto_clocks(supported_mhz)
+        return auto_clocks(supported_mhz, max_gap=None)
     return tuple(clocks)
 
 
