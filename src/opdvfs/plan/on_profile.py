@@ -106,10 +106,11 @@ def auto_clocks(
     (worst 9.3% -> 3.7%; no plan late, against one by 0.011 points) at 8-9 clocks on Perseus,
     0.05 to 7 (1.5%, 13-17 clocks) and 0.03 to none (0.375%, 22-27 clocks). With active
     profiling on top (:mod:`opdvfs.plan.active`, ``few_clock_plans.py --active``) 0.07 leaves
-    6 (no plan late; none of the five clocks alone: 11, one late): the plans still more than
-    0.5% off are on Perseus's stages, whose measured times step where no smooth model goes
-    (the A40's backward stage runs 4% faster at 960 MHz than at 1005), and the optimum on the
-    profiled clocks is as far off as the plan.
+    4 (worst 3.7%, none late, 9 clocks added over the 81 plans; the five clocks and active
+    profiling: 7, worst 7.6%, none late): the plans still more than 0.5% off are on Perseus's
+    stages, whose measured times step where no smooth model goes (the A40's backward stage
+    runs 4% faster at 960 MHz than at 1005), and the optimum on the profiled clocks is as far
+    off as the plan.
     """
     grid = np.unique(np.asarray(freqs_mhz, dtype=float))
     if grid.size == 0:
