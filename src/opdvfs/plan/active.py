@@ -46,9 +46,10 @@ __all__ = [
 
 #: A clock is worth measuring when the energy it is expected to save per iteration is at least
 #: this share of the plan's (the default cost of one sweep step, :func:`next_clock`). On the 27
-#: real sets of ``benchmarks/few_clock_plans.py --active`` (81 plans on the ``auto`` clocks), a
-#: cost of 0.3% of the top clock's energy adds no clock, 0.1% 4 (6 plans more than 0.5% above
-#: the every-clock optimum), 0.03% 9 (4), and 0.01% or 0.003% 12-13 for the same 4.
+#: real sets of ``benchmarks/few_clock_plans.py --active`` (81 plans on the ``auto`` clocks): a
+#: cost of 0.3% of the top clock's energy adds no clock (7 plans more than 0.5% above the
+#: every-clock optimum), 0.1% of the plan's 4 (6), 0.03% of the top's 7 and of the plan's 9
+#: (4, this default), 0.01% or 0.003% of the top's 12-13 (the same 4).
 MIN_GAIN_SHARE = 3e-4
 
 #: Bisection steps on the budget's price (relative precision 2^-60 of its bracket).
