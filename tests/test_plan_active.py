@@ -7,6 +7,8 @@ clocks.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,7 @@ from opdvfs.exceptions import ValidationError
 from opdvfs.plan.active import budget_price, clock_gains, next_clock, next_clock_for
 from opdvfs.plan.measured import gap_reach
 from opdvfs.plan.on_profile import auto_clocks, fit_profile
+from opdvfs.plan.planner import Predictions
 from opdvfs.sim import SimulatedDevice
 from opdvfs.workloads.library import load_workload
 
@@ -21,7 +24,7 @@ F = np.arange(1000.0, 1401.0, 50.0)  # 9 clocks, 1000..1400
 MEASURED = np.isin(F, [1000.0, 1200.0, 1400.0])
 
 
-def tables(curv: float = 4e-6, n_ops: int = 4):
+def tables(curv: float = 4e-6, n_ops: int = 4) -> Predictions:
     """Ops whose time ~ 1/f (compute-bound) and energy falls with the clock, 3 measured clocks.
 
     The margins are what the planner uses: 3 x curvature x reach / 2 at filled cells.
@@ -31,7 +34,16 @@ def tables(curv: float = 4e-6, n_ops: int = 4):
     filled = np.broadcast_to(~MEASURED, time_us.shape).copy()
     reach = gap_reach(F, ~filled)
     margin = np.where(filled, 3.0 * 0.5 * curv * reach, 0.0)
-    return time_us, energy_j, margin, filled
+    names = np.array([f"op{i}" for i in range(n_ops)])
+    core = np.full(time_us.shape, np.nan)
+    return Predictions(names, F, time_us, energy_j, core, time_margin=margin, model_filled=filled)
+
+
+def budget(t: Predictions, slowdown: float = 0.10) -> float:
+    return (1 + slowdown) * t.time_us[:, -1].sum() * 1e-6
+
+
+AT_1300 = np.full(4, int(np.flatnonzero(F == 1300.0)[0]))  # filled, in the 1200-1400 gap
 
 
 def test_gap_reach_is_zero_at_measured_clocks_and_the_product_of_distances_between():
@@ -42,45 +54,40 @@ def test_gap_reach_is_zero_at_measured_clocks_and_the_product_of_distances_betwe
 
 
 def test_the_budget_price_is_the_least_that_meets_the_budget():
-    time_us, energy_j, _, _ = tables()
-    time_s = time_us * 1e-6
-    budget = 1.05 * time_s[:, -1].sum()
-    price = budget_price(time_s, energy_j, budget)
+    t = tables()
+    time_s, energy_j = t.time_us * 1e-6, t.chip_energy_j
+    limit = budget(t, 0.05)
+    price = budget_price(time_s, energy_j, limit)
     cols = np.argmin(energy_j + price * time_s, axis=1)
-    assert time_s[np.arange(4), cols].sum() <= budget
+    assert time_s[np.arange(4), cols].sum() <= limit
     cheaper = np.argmin(energy_j + 0.99 * price * time_s, axis=1)
-    assert time_s[np.arange(4), cheaper].sum() > budget  # the least price: any less misses it
+    assert time_s[np.arange(4), cheaper].sum() > limit  # the least price: any less misses it
     assert budget_price(time_s, energy_j, 10 * time_s.sum()) == 0.0  # least energy fits
     with pytest.raises(ValidationError, match="no plan fits"):
         budget_price(time_s, energy_j, 0.5 * time_s[:, -1].sum())
 
 
 def test_the_clock_named_splits_the_gap_the_plan_uses_and_its_gain_is_the_relaxed_saving():
-    time_us, energy_j, margin, filled = tables()
-    budget_s = 1.10 * time_us[:, -1].sum() * 1e-6
-    plan_cols = np.full(4, int(np.flatnonzero(F == 1300.0)[0]))  # filled, in the 1200-1400 gap
-    candidates, gains, plan_j = clock_gains(
-        F, time_us, energy_j, margin, None, filled, budget_s=budget_s, plan_cols=plan_cols
-    )
+    t = tables()
+    candidates, gains, plan_j = clock_gains(t, budget_s=budget(t), plan_cols=AT_1300)
     # only the gap the plan uses: 1250, 1300, 1350 (not 1050-1150, where it puts nothing)
     np.testing.assert_array_equal(F[candidates], [1250.0, 1300.0, 1350.0])
     assert (gains > 0).all()
     assert gains.max() < 0.1 * plan_j  # a share of the plan's energy, not more
     # the gain by hand: the relaxed plan on the conservative tables at the budget's price,
     # before and after the candidate's own margin is gone and its neighbours' shrink
-    t_up = time_us * 1e-6 * np.exp(margin)
-    price = budget_price(t_up, energy_j, budget_s)
-    before = (energy_j + price * t_up).min(axis=1).sum()
+    assert t.time_margin is not None and t.model_filled is not None
+    t_up = t.time_us * 1e-6 * np.exp(t.time_margin)
+    price = budget_price(t_up, t.chip_energy_j, budget(t))
+    before = (t.chip_energy_j + price * t_up).min(axis=1).sum()
     k = int(np.argmax(gains))
     c = candidates[k]
-    now = ~filled
+    now = ~t.model_filled
     now[:, c] = True
     after_margin = np.where(now, 0.0, 3.0 * 0.5 * 4e-6 * gap_reach(F, now))
-    after = (energy_j + price * time_us * 1e-6 * np.exp(after_margin)).min(axis=1).sum()
+    after = (t.chip_energy_j + price * t.time_us * 1e-6 * np.exp(after_margin)).min(axis=1).sum()
     assert gains[k] == pytest.approx(before - after, rel=1e-9)
-    choice = next_clock(
-        F, time_us, energy_j, margin, None, filled, budget_s=budget_s, plan_cols=plan_cols
-    )
+    choice = next_clock(t, budget_s=budget(t), plan_cols=AT_1300)
     assert choice is not None
     assert choice.freq_mhz == F[c]
     assert choice.gap_mhz == (1200.0, 1400.0)
@@ -90,38 +97,24 @@ def test_the_clock_named_splits_the_gap_the_plan_uses_and_its_gain_is_the_relaxe
 
 
 def test_no_clock_when_the_gain_is_below_its_cost_or_nothing_is_filled_where_the_plan_goes():
-    time_us, energy_j, margin, filled = tables()
-    budget_s = 1.10 * time_us[:, -1].sum() * 1e-6
-    plan_cols = np.full(4, int(np.flatnonzero(F == 1300.0)[0]))
-    args = (F, time_us, energy_j, margin, None, filled)
-    choice = next_clock(*args, budget_s=budget_s, plan_cols=plan_cols)
+    t = tables()
+    choice = next_clock(t, budget_s=budget(t), plan_cols=AT_1300)
     assert choice is not None
-    assert (
-        next_clock(*args, budget_s=budget_s, plan_cols=plan_cols, cost_j=2 * choice.gain_j) is None
-    )
+    assert next_clock(t, budget_s=budget(t), plan_cols=AT_1300, cost_j=2 * choice.gain_j) is None
     # the plan on measured clocks only: nothing filled it relies on, nothing to measure
     on_measured = np.full(4, int(np.flatnonzero(F == 1200.0)[0]))
-    assert next_clock(*args, budget_s=budget_s, plan_cols=on_measured) is None
-    # models that are sure (no curvature): no margin to win back
-    flat = np.zeros_like(margin)
-    assert (
-        next_clock(F, time_us, energy_j, flat, None, filled, budget_s=budget_s, plan_cols=plan_cols)
-        is None
-    )
+    assert next_clock(t, budget_s=budget(t), plan_cols=on_measured) is None
+    # models that are sure (no curvature), or no margins at all: nothing to win back
+    flat = dataclasses.replace(t, time_margin=np.zeros_like(t.time_us))
+    assert next_clock(flat, budget_s=budget(t), plan_cols=AT_1300) is None
+    none = dataclasses.replace(t, time_margin=None)
+    assert next_clock(none, budget_s=budget(t), plan_cols=AT_1300) is None
 
 
 def test_a_clock_is_worth_what_the_models_uncertainty_holds_back():
     """Near-sure models hold back almost nothing: measuring buys almost nothing."""
-    time_us, energy_j, margin, filled = tables(curv=1e-9)
-    budget_s = 1.10 * time_us[:, -1].sum() * 1e-6
-    plan_cols = np.full(4, int(np.flatnonzero(F == 1300.0)[0]))
-    low = clock_gains(
-        F, time_us, energy_j, margin, None, filled, budget_s=budget_s, plan_cols=plan_cols
-    )
-    _, _, margin2, _ = tables(curv=8e-6)
-    high = clock_gains(
-        F, time_us, energy_j, margin2, None, filled, budget_s=budget_s, plan_cols=plan_cols
-    )
+    low = clock_gains(tables(curv=1e-9), budget_s=budget(tables()), plan_cols=AT_1300)
+    high = clock_gains(tables(curv=8e-6), budget_s=budget(tables()), plan_cols=AT_1300)
     assert 0 < low[1].max() < 0.05 * high[1].max()
 
 

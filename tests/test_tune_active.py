@@ -21,7 +21,7 @@ from opdvfs.tuner.loop import Tuner
 from opdvfs.tuner.report import summary_lines
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny_gpt import TinyGPT
+from tiny_gpt import TinyGPT, train_step
 
 
 def tune(target: float, steps: int, **options) -> Tuner:
@@ -34,13 +34,7 @@ def tune(target: float, steps: int, **options) -> Tuner:
     with warnings.catch_warnings(), tuner:
         warnings.simplefilter("ignore")
         for i in range(steps):
-            logits = model(data[i, :, :-1])
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, 64), data[i, :, 1:].reshape(-1)
-            )
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            train_step(model, opt, data[i])
     return tuner
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from opdvfs.exceptions import ValidationError
 from opdvfs.plan.measured import gap_reach
 from opdvfs.plan.on_profile import PlanOnProfile
-from opdvfs.plan.planner import plan_schedule, predict
+from opdvfs.plan.planner import Predictions, plan_schedule, predict
 from opdvfs.schedule import Objective
 
 __all__ = [
@@ -139,34 +139,28 @@ def _gaps(measured_cols: np.ndarray, n_clocks: int) -> np.ndarray:
 
 
 def clock_gains(
-    freqs_mhz: np.ndarray,
-    time_us: np.ndarray,
-    energy_j: np.ndarray,
-    time_margin: np.ndarray,
-    energy_margin: np.ndarray | None,
-    model_filled: np.ndarray,
+    tables: Predictions,
     *,
     budget_s: float,
     plan_cols: np.ndarray,
+    objective: Objective = "energy",
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """Return the clocks worth considering, each one's expected gain (J), and the plan's energy.
 
     Parameters
     ----------
-    freqs_mhz
-        The device's clocks, ascending (MHz), shape (n_clocks,).
-    time_us, energy_j
-        Each op's point time (us) and energy (J) at each clock, shape (n_ops, n_clocks).
-    time_margin, energy_margin
-        Each cell's margin in log units (the planner's: its conservative value is
-        ``value * exp(margin)``); ``energy_margin`` None: none.
-    model_filled
-        Whether the models filled each cell, shape (n_ops, n_clocks).
+    tables
+        Every op's point time and energy at every clock of the device, each cell's margin in
+        log units (its conservative value is ``value * exp(margin)``; the energy's None: none)
+        and whether the models filled it: :func:`~opdvfs.plan.planner.predict` of a profile's
+        models (None margins or fills: nothing to gain).
     budget_s
         The time the ops may take (s).
     plan_cols
         Each op's clock column in the plan the clock would serve (the point-value plan: where
         the plan goes if the models are right), shape (n_ops,).
+    objective
+        ``core-energy`` values the core rail, anything else the chip's.
 
     Returns
     -------
@@ -180,12 +174,15 @@ def clock_gains(
     plan_energy_j
         The relaxed conservative plan's energy before (J).
     """
-    f = np.asarray(freqs_mhz, dtype=float)
-    time_s = np.asarray(time_us, dtype=float) * 1e-6
-    energy = np.asarray(energy_j, dtype=float)
-    t_margin = np.asarray(time_margin, dtype=float)
-    e_margin = np.zeros_like(t_margin) if energy_margin is None else np.asarray(energy_margin)
-    filled = np.asarray(model_filled, dtype=bool)
+    f = np.asarray(tables.freqs_mhz, dtype=float)
+    time_s = np.asarray(tables.time_us, dtype=float) * 1e-6
+    energy = tables.core_energy_j if objective == "core-energy" else tables.chip_energy_j
+    if tables.time_margin is None or tables.model_filled is None:
+        return np.zeros(0, dtype=int), np.zeros(0), float(np.min(energy, axis=1).sum())
+    t_margin = np.asarray(tables.time_margin, dtype=float)
+    em = tables.energy_margin
+    e_margin = np.zeros_like(t_margin) if em is None else np.asarray(em, dtype=float)
+    filled = np.asarray(tables.model_filled, dtype=bool)
     cols = np.asarray(plan_cols, dtype=int)
     n_ops, n_clocks = time_s.shape
     rows = np.arange(n_ops)
@@ -216,15 +213,11 @@ def clock_gains(
 
 
 def next_clock(
-    freqs_mhz: np.ndarray,
-    time_us: np.ndarray,
-    energy_j: np.ndarray,
-    time_margin: np.ndarray,
-    energy_margin: np.ndarray | None,
-    model_filled: np.ndarray,
+    tables: Predictions,
     *,
     budget_s: float,
     plan_cols: np.ndarray,
+    objective: Objective = "energy",
     cost_j: float | None = None,
     min_gain_share: float = MIN_GAIN_SHARE,
 ) -> ClockToMeasure | None:
@@ -236,26 +229,20 @@ def next_clock(
     :func:`clock_gains`'.
     """
     candidates, gains, plan_energy_j = clock_gains(
-        freqs_mhz,
-        time_us,
-        energy_j,
-        time_margin,
-        energy_margin,
-        model_filled,
-        budget_s=budget_s,
-        plan_cols=plan_cols,
+        tables, budget_s=budget_s, plan_cols=plan_cols, objective=objective
     )
     cost = min_gain_share * plan_energy_j if cost_j is None else float(cost_j)
     if gains.size == 0 or gains.max() <= 0.0 or gains.max() < cost:
         return None
+    assert tables.model_filled is not None  # (candidates only where the models filled)
     best = int(candidates[np.argmax(gains)])
-    f = np.asarray(freqs_mhz, dtype=float)
-    measured = np.flatnonzero(~np.asarray(model_filled, dtype=bool).all(axis=0))
+    f = np.asarray(tables.freqs_mhz, dtype=float)
+    filled = np.asarray(tables.model_filled, dtype=bool)
+    measured = np.flatnonzero(~filled.all(axis=0))
     gaps = _gaps(measured, len(f))
     low = int(gaps[best])
     above = measured[measured > best]
     high = int(above[0]) if above.size else len(f) - 1
-    filled = np.asarray(model_filled, dtype=bool)
     cols = np.asarray(plan_cols, dtype=int)
     in_gap = (gaps[cols] == low) & filled[np.arange(len(cols)), cols]
     return ClockToMeasure(
@@ -291,8 +278,6 @@ def next_clock_for(
     if fitted.models is None or inputs.measured is None:
         return None
     tables = predict(fitted.models, inputs, "auto")
-    if tables.time_margin is None or tables.model_filled is None:
-        return None
     point = plan_schedule(
         tables,
         inputs,
@@ -305,16 +290,11 @@ def next_clock_for(
     plan_cols = np.searchsorted(tables.freqs_mhz, point.freq_per_op_mhz())
     idle_s = float(inputs.idle_before_us.sum() * 1e-6)
     baseline_s = float(tables.time_us[:, -1].sum() * 1e-6) + idle_s
-    energy = tables.core_energy_j if objective == "core-energy" else tables.chip_energy_j
     return next_clock(
-        tables.freqs_mhz,
-        tables.time_us,
-        energy,
-        tables.time_margin,
-        tables.energy_margin,
-        tables.model_filled,
+        tables,
         budget_s=(1.0 + target) * baseline_s - idle_s,
         plan_cols=plan_cols,
+        objective=objective,
         cost_j=cost_j,
         min_gain_share=min_gain_share,
     )
