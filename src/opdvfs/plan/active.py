@@ -197,14 +197,16 @@ def clock_gains(
     candidates = open_cols[np.isin(gaps[open_cols], used)]
     if candidates.size == 0:
         return candidates, np.zeros(0), plan_energy_j
-    reach = gap_reach(f, measured)
+    # ops measured at the same clocks (a sweep's profile) share their reaches: one row
+    pattern = measured[:1] if (measured == measured[:1]).all() else measured
+    reach = gap_reach(f, pattern)
     gains = np.empty(len(candidates))
     for k, c in enumerate(candidates.tolist()):  # the candidate clocks: a few tens at most
-        now = measured.copy()
+        now = pattern.copy()
         now[:, c] = True
         # a filled cell's sigma is its op's curvature x reach / 2: the margins scale with it
         with np.errstate(divide="ignore", invalid="ignore"):
-            scale = np.where(filled & (reach > 0), gap_reach(f, now) / reach, 1.0)
+            scale = np.where(~pattern & (reach > 0), gap_reach(f, now) / reach, 1.0)
         scale[:, c] = 0.0  # measured: its own noise, unknown before it is measured
         t_after = time_s * np.exp(t_margin * scale)
         e_after = energy * np.exp(e_margin * scale)
