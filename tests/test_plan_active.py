@@ -137,3 +137,17 @@ def sim_profile_auto():
     dev = SimulatedDevice.from_preset("ascend-910b-like", seed=0)
     clocks = auto_clocks(dev.spec.freqs_mhz, max_gap=None)  # four filled
     return dev.profile(load_workload("resnet50"), clocks, iterations=3), dev.spec
+
+
+def test_ops_measured_at_other_clocks_give_the_same_gains_by_the_full_path():
+    """A sweep's shared pattern takes a shortcut (the gap's columns); one op apart takes none."""
+    t = tables()
+    assert t.model_filled is not None
+    fast = clock_gains(t, budget_s=budget(t), plan_cols=AT_1300)
+    apart = t.model_filled.copy()
+    apart[0, 0] = True  # op 0 not measured at 1000 MHz (its margin there stays 0)
+    full = clock_gains(
+        dataclasses.replace(t, model_filled=apart), budget_s=budget(t), plan_cols=AT_1300
+    )
+    np.testing.assert_array_equal(fast[0], full[0])
+    np.testing.assert_allclose(fast[1], full[1], rtol=1e-12)

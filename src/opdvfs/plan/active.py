@@ -201,6 +201,11 @@ def clock_gains(
     pattern = measured[:1] if (measured == measured[:1]).all() else measured
     reach = gap_reach(f, pattern)
     gains = np.empty(len(candidates))
+    # a clock changes the margins of its own gap only: with a shared pattern, each row's best
+    # outside the gap is computed once per gap, and each candidate recomputes the gap's columns
+    shared = len(pattern) == 1
+    cost_up = e_up + price * t_up
+    outside: dict[int, np.ndarray] = {}
     for k, c in enumerate(candidates.tolist()):  # the candidate clocks: a few tens at most
         now = pattern.copy()
         now[:, c] = True
@@ -208,9 +213,18 @@ def clock_gains(
         with np.errstate(divide="ignore", invalid="ignore"):
             scale = np.where(~pattern & (reach > 0), gap_reach(f, now) / reach, 1.0)
         scale[:, c] = 0.0  # measured: its own noise, unknown before it is measured
-        t_after = time_s * np.exp(t_margin * scale)
-        e_after = energy * np.exp(e_margin * scale)
-        gains[k] = float((before - _relaxed(t_after, e_after, price)[1]).sum())
+        cols_in = np.flatnonzero(gaps == gaps[c]) if shared else np.arange(n_clocks)
+        sc = scale[:, cols_in]
+        after = (
+            energy[:, cols_in] * np.exp(e_margin[:, cols_in] * sc)
+            + price * time_s[:, cols_in] * np.exp(t_margin[:, cols_in] * sc)
+        ).min(axis=1)
+        if shared and len(cols_in) < n_clocks:
+            g = int(gaps[c])
+            if g not in outside:
+                outside[g] = np.delete(cost_up, cols_in, axis=1).min(axis=1)
+            after = np.minimum(after, outside[g])
+        gains[k] = float((before - after).sum())
     return candidates, np.maximum(gains, 0.0), plan_energy_j
 
 
