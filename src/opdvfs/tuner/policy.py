@@ -91,11 +91,11 @@ def profile_clocks(
     """Return the clocks the sweep profiles (MHz): ``clocks`` as given, or :func:`auto_clocks`.
 
     ``auto``: the five clocks alone (``max_gap=None``), not the denser ``--freqs auto`` of a
-    profile: every clock is a sweep step of the run's own iterations (the five take 12.5% of
-    ``benchmarks/tune_vs_offline.py``'s 200, within its 15% for profiling and planning; 19
-    on ``sim:a100-like`` would take about 48%). The sweep adds the clock the plan would use
-    instead (:func:`added_clock`). Checking them against the device is the actuator's
-    (``check_freq_mhz``).
+    profile: every clock is a sweep step of the run's own iterations (on ``sim:a100-like``
+    with the tiny GPT, ``benchmarks/tune_vs_offline.py``, profiling and planning take 10.5% of
+    its 200 iterations with the five, within its 15%; with the 19 of ``--freqs auto``, 22.0%).
+    The sweep adds the clock the plan would use instead (:func:`added_clock`). Checking them
+    against the device is the actuator's (``check_freq_mhz``).
     """
     if isinstance(clocks, str):
         if clocks != "auto":
@@ -106,14 +106,16 @@ def profile_clocks(
 
 #: Clocks active profiling may add to an ``auto`` sweep (:func:`added_clock`): each costs one
 #: sweep step, and a run's profiling + planning stays within 15% of its iterations
-#: (``benchmarks/tune_vs_offline.py``: 12.5% for the five ``auto`` clocks of 200 iterations).
+#: (``benchmarks/tune_vs_offline.py`` on ``sim:a100-like``: 10.5% for the five ``auto`` clocks
+#: of 200 iterations, 13.0-13.5% with the clock added).
 ADDED_CLOCKS = 1
 #: The least expected saving (share of the plan's energy per iteration) a clock added to the
 #: sweep must promise. Higher than ``opdvfs plan``'s (:data:`~opdvfs.plan.active.MIN_GAIN_SHARE`):
 #: tune plans on point values and its A/B rounds correct the budget, so the margins a clock
 #: wins back are not all tune's to gain, and one sweep step is 2.5% of a 200-iteration run's
-#: iterations. On the tiny GPT at 2% (``benchmarks/tune_vs_offline.py``) the best clock on
-#: ``sim:a100-like`` promises 0.33% (none added), at 10% 0.71% (1065 MHz added).
+#: iterations. On the tiny GPT (``benchmarks/tune_vs_offline.py``) the best clock on
+#: ``sim:a100-like`` promises 0.73% at 2% (1125 MHz added: steady saving 18.08-18.11% against
+#: 17.91%), 0.71% at 10% (1065 MHz); on ``sim:h100-like`` none is worth it at 2%.
 ADDED_CLOCK_MIN_GAIN = 0.005
 
 
