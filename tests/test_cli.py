@@ -1,11 +1,14 @@
 import json
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from opdvfs import Profile, Schedule
 from opdvfs.cli import UsageError, app, parse_clocks
 from opdvfs.datasets import dataset_path
+from opdvfs.plan.on_profile import DEFAULT_MAX_GAP, auto_clocks
+from opdvfs.sim.presets import preset_spec
 
 runner = CliRunner()
 
@@ -124,9 +127,12 @@ def test_parse_clocks_words():
         parse_clocks("max")
     with pytest.raises(UsageError, match="need a device"):
         parse_clocks("auto")
-    # auto: the top, the clocks nearest 7.5% and 15% below it, mid and min, ascending
+    # auto: the top, the clocks nearest 7.5% and 15% below it, mid and min, ascending, and
+    # clocks between them until no gap is wider than DEFAULT_MAX_GAP of the top
     a100 = list(range(210, 1411, 15))
-    assert parse_clocks("auto", a100) == [210.0, 810.0, 1200.0, 1305.0, 1410.0]
+    auto = parse_clocks("auto", a100)
+    assert auto == sorted(auto) and {210.0, 810.0, 1200.0, 1305.0, 1410.0} <= set(auto)
+    assert np.diff(auto).max() <= DEFAULT_MAX_GAP * 1410.0
     with pytest.raises(UsageError, match="positive"):
         parse_clocks("-5")
 
@@ -267,4 +273,5 @@ def test_profile_defaults_to_the_auto_clocks(tmp_path):
     out = tmp_path / "p.parquet"
     res = invoke("profile", "-d", "a100-like", "-w", "resnet50", "-n", "1", "--out", out, "--json")
     assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout)["freqs_mhz"] == [210.0, 810.0, 1200.0, 1305.0, 1410.0]
+    grid = preset_spec("a100-like").freqs_mhz
+    assert json.loads(res.stdout)["freqs_mhz"] == sorted(auto_clocks(grid))

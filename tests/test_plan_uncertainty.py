@@ -20,6 +20,7 @@ from opdvfs.cli import app
 from opdvfs.devices.spec import DeviceSpec
 from opdvfs.plan import auto_clocks, plan_profile
 from opdvfs.plan.measured import MeasuredTables, log_uncertainty
+from opdvfs.plan.on_profile import DEFAULT_MAX_GAP
 from opdvfs.profile import Profile
 
 runner = CliRunner()
@@ -126,7 +127,7 @@ def measured_slowdown(freqs, time_us, schedule) -> float:
 def test_a_plan_on_model_filled_clocks_keeps_its_deadline_on_the_truth(monkeypatch):
     """Profiled at the auto clocks: on point predictions late, on conservative times on time."""
     freqs, time_us, power_w = bent_kernels(np.random.default_rng(0))
-    profile = profile_of(freqs, time_us, power_w, auto_clocks(freqs))
+    profile = profile_of(freqs, time_us, power_w, auto_clocks(freqs, max_gap=None))
     spec = DeviceSpec(name="gpu", freqs_mhz=tuple(freqs), switch_latency_ms=0.0)
     targets = (0.02, 0.05, 0.10)
 
@@ -156,7 +157,7 @@ def test_a_plan_on_model_filled_clocks_keeps_its_deadline_on_the_truth(monkeypat
 def test_plan_says_how_much_rests_on_models(tmp_path):
     freqs, time_us, power_w = bent_kernels(np.random.default_rng(1), n_ops=12)
     path = tmp_path / "k.parquet"
-    profile_of(freqs, time_us, power_w, auto_clocks(freqs)).write(path)
+    profile_of(freqs, time_us, power_w, auto_clocks(freqs, max_gap=None)).write(path)
     device = tmp_path / "d.json"
     DeviceSpec(name="gpu", freqs_mhz=tuple(freqs), switch_latency_ms=0.0).write(device)
     args = ["plan", str(path), "--device", str(device), "--target", "0.05", "--interval-ms", "0"]
@@ -172,12 +173,16 @@ def test_plan_says_how_much_rests_on_models(tmp_path):
 
 def test_auto_clocks_with_max_gap_leave_no_wider_gap():
     grid = np.arange(855.0, 1741.0, 15.0)  # the Perseus A40's clocks
-    plain = auto_clocks(grid)
+    plain = auto_clocks(grid, max_gap=None)
     assert plain == (1740.0, 1605.0, 1485.0, 1290.0, 855.0)  # 855 -> 1290: 25% of the top
     bridged = auto_clocks(grid, max_gap=0.08)
     assert set(plain) <= set(bridged)
     assert np.diff(sorted(bridged)).max() <= 0.08 * 1740.0
     assert set(bridged) <= set(grid.tolist())
+    # the default: no gap wider than DEFAULT_MAX_GAP of the top
+    default = auto_clocks(grid)
+    assert set(plain) <= set(default)
+    assert np.diff(sorted(default)).max() <= DEFAULT_MAX_GAP * 1740.0
     # a gap with no clock inside stays; a coarse grid is returned whole
     assert auto_clocks([300.0, 600.0], max_gap=0.01) == (600.0, 300.0)
 
@@ -187,7 +192,7 @@ def test_tune_plans_on_the_point_values():
     from opdvfs.plan.on_profile import fit_profile, plan_fitted
 
     freqs, time_us, power_w = bent_kernels(np.random.default_rng(0))
-    profile = profile_of(freqs, time_us, power_w, auto_clocks(freqs))
+    profile = profile_of(freqs, time_us, power_w, auto_clocks(freqs, max_gap=None))
     spec = DeviceSpec(name="gpu", freqs_mhz=tuple(freqs), switch_latency_ms=0.0)
     fitted = fit_profile(profile, spec=spec, switch_latency_ms=0.0)
     sure = plan_fitted(fitted, target=0.05, interval_ms=0.0)

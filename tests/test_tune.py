@@ -17,6 +17,7 @@ from opdvfs.plan.on_profile import auto_clocks
 from opdvfs.sim.presets import preset_spec
 from opdvfs.tuner.ab import applied_iterations, paired_interval
 from opdvfs.tuner.cache import TuneCache, cache_key
+from opdvfs.tuner.policy import profile_clocks
 
 from conftest import read_log
 from tiny_gpt import write_train_script
@@ -67,8 +68,17 @@ def _kinds(path: Path) -> list[str]:
 
 # ----------------------------------------------------------------------------- pure parts
 def test_auto_clocks_are_the_top_two_below_it_mid_and_min():
-    assert auto_clocks(preset_spec("a100-like").freqs_mhz) == (1410.0, 1305.0, 1200.0, 810.0, 210.0)
-    assert auto_clocks(preset_spec("h100-like").freqs_mhz) == (1980, 1830, 1680, 1095, 210)
+    grid = preset_spec("a100-like").freqs_mhz
+    assert auto_clocks(grid, max_gap=None) == (1410.0, 1305.0, 1200.0, 810.0, 210.0)
+    assert auto_clocks(preset_spec("h100-like").freqs_mhz, max_gap=None) == (
+        1980,
+        1830,
+        1680,
+        1095,
+        210,
+    )
+    # tune sweeps the five (and adds the clock active profiling names), not --freqs auto's
+    assert profile_clocks(grid) == auto_clocks(grid, max_gap=None)
     assert auto_clocks([300.0, 600.0]) == (600.0, 300.0)  # a small grid: no duplicates
 
 

@@ -41,8 +41,9 @@ def tuned_round(budget: float, slowdown: Interval, saving: Interval | None) -> T
     return TuneRound(budget, 5, None, None, slowdown, saving, slowdown.n)
 
 
-#: docs/guide/tune.md's run on sim:a100-like (tiny GPT, 200 steps, --target 0.02): what each
-#: round's A/B blocks measured, by the budget it was planned at (3 pairs each).
+#: docs/guide/tune.md's run on sim:a100-like (tiny GPT, 200 steps, --target 0.02), as it was
+#: before active profiling added a clock to its sweep: what each round's A/B blocks measured,
+#: by the budget it was planned at (3 pairs each).
 RECORDED = {
     0.0200: (Interval(-0.0002, -0.0005, 0.0000, 3), Interval(0.1486, 0.1483, 0.1489, 3)),
     0.0392: (Interval(-0.00004, -0.0002, 0.0002, 3), Interval(0.1655, 0.1654, 0.1657, 3)),

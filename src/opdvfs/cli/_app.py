@@ -181,7 +181,7 @@ def parse_clocks(
     The words need ``available_mhz`` (the device's or profile's clocks): ``mid`` is the
     available clock nearest the middle of the range; ``auto`` the clocks a profile for planning
     needs (:func:`opdvfs.plan.on_profile.auto_clocks`: the top, two 7.5% and 15% below it,
-    mid and min).
+    mid and min, and clocks between them until no gap is wider than the models bridge).
     """
     clocks: list[float] = []
     grid = np.asarray(sorted(available_mhz)) if available_mhz is not None else None

@@ -49,7 +49,7 @@ def profile(
             "--freqs",
             help="Clocks to profile: MHz and/or min, mid, max; auto: the top, 7.5% and 15% below "
             "it, mid and min (where a few-percent budget is decided, and the range the models "
-            "need).",
+            "need), and clocks between them until no gap is wider than 7% of the top.",
         ),
     ] = "auto",
     iterations: Annotated[

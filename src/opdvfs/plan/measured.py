@@ -58,6 +58,7 @@ __all__ = [
     "MeasuredTables",
     "at_die",
     "correct_to_measurements",
+    "gap_reach",
     "log_uncertainty",
     "median_noise",
     "missing_measurement",
@@ -759,20 +760,40 @@ def log_uncertainty(
     has = np.isfinite(curv)
     pooled = float(np.median(curv[has])) if has.any() else 0.0
     curv = np.maximum(np.where(has, curv, pooled), pooled)
-    n_clocks = len(f)
     for rows in blocks:
-        left, right = _usable_neighbours(_shared_pattern(usable[rows]))
-        lc, rc = np.clip(left, 0, n_clocks - 1), np.clip(right, 0, n_clocks - 1)
-        has_l, has_r = left >= 0, right < n_clocks
-        # the gap beyond the last (first) measured clock: to its own neighbour inside the range
-        span_l = np.where(has_l & ~has_r, f[lc] - f[np.clip(lc - 1, 0, None)], 0.0)
-        span_r = np.where(has_r & ~has_l, f[np.clip(rc + 1, None, n_clocks - 1)] - f[rc], 0.0)
-        d_l, d_r = f[None, :] - f[lc], f[rc] - f[None, :]
-        reach = np.where(
-            has_l & has_r,
-            d_l * d_r,
-            np.where(has_l, d_l * (d_l + span_l), np.where(has_r, d_r * (d_r + span_r), 0.0)),
-        )
-        sigma = 0.5 * curv[rows, None] * reach
+        sigma = 0.5 * curv[rows, None] * gap_reach(f, _shared_pattern(usable[rows]))
         out[rows] = np.where(known[rows], out[rows], sigma)
     return out
+
+
+def gap_reach(freqs_mhz: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """Return each cell's reach from the measured clocks (MHz^2): its error's scale if filled.
+
+    Between measured clocks ``f_L < f < f_R``: ``(f - f_L) (f_R - f)``; beyond the measured
+    range, the nearest measured clock at distance ``d`` and its gap ``h``: ``d (d + h)``; 0 at
+    a measured clock (and where a row measured nothing). A model-filled cell's
+    :func:`log_uncertainty` is its op's curvature times half of it, so measuring one more
+    clock scales the uncertainty of the cells around it by the ratio of their reaches after
+    and before (:mod:`opdvfs.plan.active`). Vectorised over rows and clocks.
+
+    Parameters
+    ----------
+    freqs_mhz
+        Clocks of the columns, ascending (MHz), shape (n_clocks,).
+    measured
+        Whether each cell was measured, shape (n_rows, n_clocks) (one row: shared by every op).
+    """
+    f = np.asarray(freqs_mhz, dtype=float)
+    n_clocks = len(f)
+    left, right = _usable_neighbours(np.asarray(measured, dtype=bool))
+    lc, rc = np.clip(left, 0, n_clocks - 1), np.clip(right, 0, n_clocks - 1)
+    has_l, has_r = left >= 0, right < n_clocks
+    # the gap beyond the last (first) measured clock: to its own neighbour inside the range
+    span_l = np.where(has_l & ~has_r, f[lc] - f[np.clip(lc - 1, 0, None)], 0.0)
+    span_r = np.where(has_r & ~has_l, f[np.clip(rc + 1, None, n_clocks - 1)] - f[rc], 0.0)
+    d_l, d_r = f[None, :] - f[lc], f[rc] - f[None, :]
+    return np.where(
+        has_l & has_r,
+        d_l * d_r,
+        np.where(has_l, d_l * (d_l + span_l), np.where(has_r, d_r * (d_r + span_r), 0.0)),
+    )

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_INTERVAL_MS",
+    "DEFAULT_MAX_GAP",
     "NOISE_US",
     "PlanOnProfile",
     "ProfilePlan",
@@ -55,6 +56,11 @@ __all__ = [
 
 #: Operators shorter than this at the top clock are mostly timer noise (as in ``validate perf``).
 NOISE_US = 20.0
+#: :func:`auto_clocks`' widest gap, a fraction of the top clock: what the time models bridge
+#: within 0.8% (90th percentile) on real kernels, 8.5% of the top on Perseus's A100 stages and
+#: 6.9% on its A40's (issue 31 item 2). On the a100-like preset's 81 clocks: 19 clocks of 81,
+#: where the five leave gaps of 390 and 600 MHz.
+DEFAULT_MAX_GAP = 0.07
 #: The interval :func:`plan_profile` plans at when none is given (ms); the planner raises it to
 #: the device's switch latency where that is longer (15 ms on the GPU presets), so the default
 #: plans what can run.
@@ -65,7 +71,7 @@ def auto_clocks(
     freqs_mhz: Sequence[float],
     *,
     below: Sequence[float] = (0.925, 0.85),
-    max_gap: float | None = None,
+    max_gap: float | None = DEFAULT_MAX_GAP,
 ) -> tuple[float, ...]:
     """Return the clocks ``--clocks auto`` profiles: the top, two clocks below it, mid and min.
 
@@ -86,7 +92,9 @@ def auto_clocks(
     operators can go there at no cost. Five clocks; fewer when the device has fewer.
 
     ``max_gap``: then add the grid clock nearest each gap's middle until no gap is wider than
-    this fraction of the top clock (issue 31 item 2; default None: the five clocks alone). How
+    this fraction of the top clock (issue 31 item 2; default :data:`DEFAULT_MAX_GAP`; None:
+    the five clocks alone, as ``opdvfs tune`` sweeps them,
+    :func:`~opdvfs.tuner.policy.profile_clocks`). How
     wide a gap the models bridge, measured on real kernels with every clock known (the fitted
     time, corrected through the profiled clocks, against the measured one at every clock
     between them): on Perseus A100 stages the 90th percentile error stays at or under 0.8% up
@@ -96,7 +104,13 @@ def auto_clocks(
     ``min`` and ``mid``. In ``benchmarks/few_clock_plans.py`` (27 real sets, 2/5/10%)
     ``max_gap=0.08`` cuts the plans more than 0.5% above the every-clock optimum from 18 to 9
     (worst 9.3% -> 3.7%; no plan late, against one by 0.011 points) at 8-9 clocks on Perseus,
-    0.05 to 7 (1.5%, 13-17 clocks) and 0.03 to none (0.375%, 22-27 clocks).
+    0.05 to 7 (1.5%, 13-17 clocks) and 0.03 to none (0.375%, 22-27 clocks). With active
+    profiling on top (:mod:`opdvfs.plan.active`, ``few_clock_plans.py --active``) 0.07 leaves
+    4 (worst 3.7%, none late, 9 clocks added over the 81 plans; the five clocks and active
+    profiling: 7, worst 7.6%, none late): the plans still more than 0.5% off are on Perseus's
+    stages, whose measured times step where no smooth model goes (the A40's backward stage
+    runs 4% faster at 960 MHz than at 1005), and the optimum on the profiled clocks is as far
+    off as the plan.
     """
     grid = np.unique(np.asarray(freqs_mhz, dtype=float))
     if grid.size == 0:

@@ -145,6 +145,10 @@ class ClockSweep(IterationCounter):
         (warned once), so a slowly warming device cannot stall the sweep.
     on_done
         Called once when the last clock is done (restore the clock: the guard's restore).
+    more
+        Called when the last clock is done, before ``on_done``: a clock to sweep too (MHz,
+        supported by the actuator and not swept yet), or None: the sweep is done
+        (``opdvfs tune``'s active profiling, :func:`opdvfs.tuner.policy.added_clock`).
     """
 
     def __init__(
@@ -160,6 +164,7 @@ class ClockSweep(IterationCounter):
         max_temp_delta_c: float = 1.0,
         sensor_s: tuple[float, float] | None = None,
         on_done: Callable[[], None] | None = None,
+        more: Callable[[], float | None] | None = None,
     ) -> None:
         super().__init__(optimizer_steps=True)
         if warmup < 1:
@@ -183,6 +188,7 @@ class ClockSweep(IterationCounter):
         self._now, self._temp = now_s, temp_c
         self.max_temp_delta_c = max_temp_delta_c
         self._on_done = on_done
+        self._more = more
         self.records: list[SweepIteration] = []
         #: Length of the last warm-up iteration (s): the top clock's iteration.
         self.iteration_s: float | None = None
@@ -341,10 +347,21 @@ class ClockSweep(IterationCounter):
             self._window.append(len(self.records))
         self.records.append(SweepIteration(self.iteration, start, now, self._set_mhz, phase, delta))
         if phase == "counted" and self._clock_complete() and self._steady_window():
-            if self._clock + 1 < len(self.freqs_mhz):
+            if self._clock + 1 < len(self.freqs_mhz) or self._one_more():
                 self._begin_clock(self._clock + 1, now)
             else:
                 self._finish()
+
+    def _one_more(self) -> bool:
+        """Append the clock ``more`` names, if any and new; return whether one was appended."""
+        extra = self._more() if self._more is not None else None
+        if extra is None:
+            return False
+        freq = self.actuator.check_freq_mhz(float(extra))
+        if freq in self.freqs_mhz:
+            return False
+        self.freqs_mhz = (*self.freqs_mhz, freq)
+        return True
 
     def window_trend_c(self) -> float | None:
         """Return the die's temperature trend over the clock's counted iterations (deg C each).

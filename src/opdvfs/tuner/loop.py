@@ -149,6 +149,7 @@ class Tuner:
         self.cache = cache
         self.on_iteration = on_iteration
         chosen = policy.profile_clocks(actuator.supported_freqs_mhz(), clocks)
+        self._auto_clocks = tuple(chosen)  # (active profiling may add to them)
         for f in chosen:
             actuator.check_freq_mhz(float(f))
         self.kind = label or actuator.kind
@@ -163,6 +164,7 @@ class Tuner:
                 warmup=warmup,
                 iterations_per_clock=iterations_per_clock,
                 on_done=self._sweep_done,
+                more=self._added_clock if clocks == "auto" else None,
             )
         except BaseException:
             self._stack.close()
@@ -643,6 +645,37 @@ class Tuner:
             if r.phase == "counted" and r.freq_mhz == self.top_mhz
         ]
         return float(np.median(times)) if times else self.sweep.iteration_s
+
+    def _added_clock(self) -> float | None:
+        """Return one more clock for the sweep (its last is done) where active profiling names one.
+
+        On a simulated GPU (its records are the profile, at once), a single program (no
+        ``torchrun`` job: every rank follows rank 0's sweep), up to
+        :data:`~opdvfs.tuner.policy.ADDED_CLOCKS` (:func:`~opdvfs.tuner.policy.added_clock`).
+        A real device's profile is its trace, read after the sweep: nothing is added there.
+        """
+        added = len(self.sweep.freqs_mhz) - len(self._auto_clocks)
+        single = self.ranks.job is None and not self.ranks.waits_for_group()
+        if added >= policy.ADDED_CLOCKS or not self.drive.plans_stages or not single:
+            return None
+        counted = {r.iteration: r.freq_mhz for r in self.sweep.records if r.phase == "counted"}
+        try:
+            choice = policy.added_clock(
+                self.drive.stage_profile(counted),
+                target=self.target,
+                objective=self.planning.objective,
+                interval_ms=self.planning.interval_ms,
+                n_launches=self.drive.plan_launches(),
+            )
+        except Exception as exc:  # the sweep goes on without it: the plan is as before
+            log.warning("tune: active profiling found no clock to add: %s", exc)
+            return None
+        if choice is None:
+            return None
+        self.result.added_clock = choice.why()
+        self.result.clocks_mhz = (*self.result.clocks_mhz, choice.freq_mhz)
+        log.info("tune: also profiling %s", choice.why())
+        return choice.freq_mhz
 
     def _sweep_done(self) -> None:
         """End the sweep (its last clock is done): train at the top clock, plan in a thread."""

@@ -5,7 +5,8 @@ decided here, by pure functions over what the run has measured, so each decision
 tested on recorded rounds without training anything:
 
 - **which clocks to profile**: :func:`profile_clocks` (``auto``: :func:`auto_clocks`, the top,
-  two clocks just below it, the middle and the bottom of the device's range);
+  two clocks just below it, the middle and the bottom of the device's range), and one more
+  where the plan would use it: :func:`added_clock` (active profiling);
 - **what to plan for**: :data:`OBJECTIVE` and :data:`INTERVAL_MS` (the planner's objective and
   shortest stage; :func:`~opdvfs.plan.planner.plan_schedule` raises the interval to the switch
   latency itself);
@@ -36,15 +37,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from opdvfs.exceptions import ValidationError
-from opdvfs.plan.on_profile import auto_clocks
+from opdvfs.plan.active import ClockToMeasure, next_clock_for
+from opdvfs.plan.on_profile import auto_clocks, fit_profile
 from opdvfs.schedule import Objective, Schedule
 from opdvfs.tuner.ab import BLOCK_COUNTER_UPDATES, DEFAULT_BLOCK, ab_block
 from opdvfs.tuner.result import TuneRound
 
+if TYPE_CHECKING:
+    from opdvfs.profile import Profile
+
 __all__ = [
+    "ADDED_CLOCKS",
+    "ADDED_CLOCK_MIN_GAIN",
     "CHOSEN_BY_LOW",
     "CHOSEN_BY_MEAN",
     "CHOSEN_BY_SLOWDOWN",
@@ -54,6 +61,7 @@ __all__ = [
     "BudgetFit",
     "BudgetRound",
     "Measured",
+    "added_clock",
     "applies",
     "auto_clocks",
     "block_size",
@@ -82,13 +90,59 @@ def profile_clocks(
 ) -> tuple[float, ...]:
     """Return the clocks the sweep profiles (MHz): ``clocks`` as given, or :func:`auto_clocks`.
 
-    Checking them against the device is the actuator's (``check_freq_mhz``).
+    ``auto``: the five clocks alone (``max_gap=None``), not the denser ``--freqs auto`` of a
+    profile: every clock is a sweep step of the run's own iterations (on ``sim:a100-like``
+    with the tiny GPT, ``benchmarks/tune_vs_offline.py``, profiling and planning take 10.5% of
+    its 200 iterations with the five, within its 15%; with the 19 of ``--freqs auto``, 22.0%).
+    The sweep adds the clock the plan would use instead (:func:`added_clock`). Checking them
+    against the device is the actuator's (``check_freq_mhz``).
     """
     if isinstance(clocks, str):
         if clocks != "auto":
             raise ValidationError(f"clocks {clocks!r}: expected 'auto' or a list", field="clocks")
-        return auto_clocks(supported_mhz)
+        return auto_clocks(supported_mhz, max_gap=None)
     return tuple(clocks)
+
+
+#: Clocks active profiling may add to an ``auto`` sweep (:func:`added_clock`): each costs one
+#: sweep step, and a run's profiling + planning stays within 15% of its iterations
+#: (``benchmarks/tune_vs_offline.py`` on ``sim:a100-like``: 10.5% for the five ``auto`` clocks
+#: of 200 iterations, 13.0-13.5% with the clock added).
+ADDED_CLOCKS = 1
+#: The least expected saving (share of the plan's energy per iteration) a clock added to the
+#: sweep must promise. Higher than ``opdvfs plan``'s (:data:`~opdvfs.plan.active.MIN_GAIN_SHARE`):
+#: tune plans on point values and its A/B rounds correct the budget, so the margins a clock
+#: wins back are not all tune's to gain, and one sweep step is 2.5% of a 200-iteration run's
+#: iterations. On the tiny GPT (``benchmarks/tune_vs_offline.py``) the best clock on
+#: ``sim:a100-like`` promises 0.73% at 2% (1125 MHz added: steady saving 18.08-18.11% against
+#: 17.91%), 0.71% at 10% (1065 MHz); on ``sim:h100-like`` none is worth it at 2%.
+ADDED_CLOCK_MIN_GAIN = 0.005
+
+
+def added_clock(
+    profile: Profile,
+    *,
+    target: float,
+    objective: Objective = OBJECTIVE,
+    interval_ms: float = INTERVAL_MS,
+    n_launches: int | None = None,
+) -> ClockToMeasure | None:
+    """Return the clock the sweep should measure too, after its ``auto`` clocks, or None.
+
+    The swept ``profile`` fitted as the planning thread fits it
+    (:func:`~opdvfs.plan.on_profile.fit_profile`; the preset's clocks, the models filling the
+    others), then :func:`~opdvfs.plan.active.next_clock_for` at ``target``: the clock in a gap
+    the plan would use whose measurement is expected to save the most energy, if that is at
+    least :data:`ADDED_CLOCK_MIN_GAIN` of the plan's (the cost of one sweep step).
+    """
+    fitted = fit_profile(profile, objective=objective, n_launches=n_launches)
+    return next_clock_for(
+        fitted,
+        target=target,
+        objective=objective,
+        interval_ms=interval_ms,
+        min_gain_share=ADDED_CLOCK_MIN_GAIN,
+    )
 
 
 # ----------------------------------------------------------------------------- A/B blocks

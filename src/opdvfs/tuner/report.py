@@ -292,6 +292,8 @@ def summary_lines(result: TuneResult) -> list[str]:
             f"{r.count('switch', 'reference', 'tuned')} A/B measuring, {r.count('steady')} "
             f"steady; profiling + planning {r.overhead_fraction:.1%} of the iterations"
         )
+    if r.added_clock is not None:
+        lines.append(f"active profiling added a clock to the sweep: {r.added_clock}")
     if r.world_size > 1:
         lines.append(
             f"a job of {r.world_size} ranks: each iteration's time is the slowest rank's and its "

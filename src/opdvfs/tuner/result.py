@@ -273,6 +273,9 @@ class TuneResult:
     #: The opdvfs version and the command (or Python call) that ran the tuning.
     version: str | None = None
     command: list[str] | None = None
+    #: The clock active profiling added to the sweep, and why, in one line
+    #: (:func:`~opdvfs.tuner.policy.added_clock`); None: none was worth it.
+    added_clock: str | None = None
 
     def count(self, *phases: str) -> int:
         """Return how many iterations were in any of ``phases``."""
@@ -349,6 +352,7 @@ class TuneResult:
             "actuator": self.actuator,
             "device": self.device,
             "clocks_mhz": list(self.clocks_mhz),
+            "added_clock": self.added_clock,
             "iterations": len(self.iterations),
             "profiling_iterations": self.profiling_iterations,
             "planning_iterations": self.planning_iterations,

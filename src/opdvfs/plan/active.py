@@ -1,0 +1,316 @@
+"""Active profiling: the next clock worth measuring for a plan, or none (issue 31 item 2).
+
+A profile of a few clocks leaves the models to fill the others, and the planner holds back
+for their error: a model-filled cell's time is taken at its upper quantile, its energy too
+(:data:`~opdvfs.plan.planner.TIME_QUANTILE_Z` standard deviations of
+:func:`~opdvfs.plan.measured.log_uncertainty`). That error grows with the square of the gap
+between the measured clocks around the cell (:func:`~opdvfs.plan.measured.gap_reach`), so one
+more measured clock inside a gap the plan uses shrinks the margins of every cell in it (to 0 at
+the clock itself, a quarter mid-gap at the gap's middle) and the plan can spend the time it
+held back. Measuring a clock costs one sweep step; it is only worth it where the plan would
+use what it buys.
+
+:func:`clock_gains` values each clock not yet measured by the energy the plan would save per
+iteration were it measured and the models' point values right: the Lagrangian relaxation of
+the plan (each op at the clock that minimises ``energy + lambda time`` on the conservative
+tables, ``lambda`` the budget's price in J/s, found by bisection so that the relaxed plan meets
+the budget), before and after the clock's margins shrink, at the same price. The price turns
+time held back into energy (time at risk), and a clock counts through both the cells at it and
+those around it; only the gaps the plan uses (the point-value plan: where the plan would go
+if the models were right) are candidates. :func:`next_clock` names the best clock when its
+gain is above the cost of measuring it (:data:`MIN_GAIN_SHARE` of the plan's energy by
+default), else None: stop. Pure functions of the tables, vectorised over ops and clocks (a
+Python loop over the candidate clocks only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from opdvfs.exceptions import ValidationError
+from opdvfs.plan.measured import gap_reach
+from opdvfs.plan.on_profile import PlanOnProfile
+from opdvfs.plan.planner import Predictions, plan_schedule, predict
+from opdvfs.schedule import Objective
+
+__all__ = [
+    "MIN_GAIN_SHARE",
+    "ClockToMeasure",
+    "budget_price",
+    "clock_gains",
+    "next_clock",
+    "next_clock_for",
+]
+
+#: A clock is worth measuring when the energy it is expected to save per iteration is at least
+#: this share of the plan's (the default cost of one sweep step, :func:`next_clock`). On the 27
+#: real sets of ``benchmarks/few_clock_plans.py --active`` (81 plans on the ``auto`` clocks): a
+#: cost of 0.3% of the top clock's energy adds no clock (7 plans more than 0.5% above the
+#: every-clock optimum), 0.1% of the plan's 4 (6), 0.03% of the top's 7 and of the plan's 9
+#: (4, this default), 0.01% or 0.003% of the top's 12-13 (the same 4).
+MIN_GAIN_SHARE = 3e-4
+
+#: Bisection steps on the budget's price (relative precision 2^-60 of its bracket).
+_BISECT = 60
+
+
+@dataclass(frozen=True)
+class ClockToMeasure:
+    """The clock :func:`next_clock` names, and why.
+
+    Attributes
+    ----------
+    freq_mhz
+        The clock to measure (MHz).
+    gain_j
+        Energy per iteration the plan is expected to save once it is measured (J).
+    cost_j
+        What measuring it was weighed against (J per iteration).
+    plan_energy_j
+        The relaxed plan's energy per iteration before (J; ``gain_j`` relative to it).
+    ops_in_gap
+        Operators the point-value plan puts in the gap around the clock.
+    gap_mhz
+        The measured clocks around it (MHz): the gap it splits.
+    """
+
+    freq_mhz: float
+    gain_j: float
+    cost_j: float
+    plan_energy_j: float
+    ops_in_gap: int
+    gap_mhz: tuple[float, float]
+
+    def why(self) -> str:
+        """One line: which clock, what it splits, what it is expected to save."""
+        return (
+            f"{self.freq_mhz:g} MHz splits the {self.gap_mhz[0]:g}-{self.gap_mhz[1]:g} MHz gap "
+            f"where the plan puts {self.ops_in_gap} op(s) on model-filled clocks: expected to "
+            f"save {self.gain_j / self.plan_energy_j:.2%} of the plan's energy "
+            f"(cost {self.cost_j / self.plan_energy_j:.2%})"
+        )
+
+
+def _relaxed(
+    time_s: np.ndarray, energy_j: np.ndarray, price: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's best column on ``energy + price time`` and that minimum."""
+    cost = energy_j + price * time_s
+    col = np.argmin(cost, axis=1)
+    return col, np.take_along_axis(cost, col[:, None], axis=1)[:, 0]
+
+
+def budget_price(time_s: np.ndarray, energy_j: np.ndarray, budget_s: float) -> float:
+    """Return the budget's price (J/s): the least ``lambda`` whose relaxed plan meets it.
+
+    Each row (op or stage) at the column minimising ``energy + lambda time``; the plan's time
+    falls as ``lambda`` rises. 0 when the least-energy plan already fits; :class:`ValidationError`
+    when not even the fastest plan does.
+    """
+    rows = np.arange(len(time_s))
+    if time_s[rows, _relaxed(time_s, energy_j, 0.0)[0]].sum() <= budget_s:
+        return 0.0
+    if time_s.min(axis=1).sum() > budget_s * (1 + 1e-12):
+        fastest_s = float(time_s.min(axis=1).sum())
+        raise ValidationError(
+            f"no plan fits the budget of {budget_s:.6g} s (the fastest takes {fastest_s:.6g} s)",
+            field="budget_s",
+        )
+    high = max(float(energy_j.sum() / max(time_s.sum(), 1e-300)), 1e-12)
+    while time_s[rows, _relaxed(time_s, energy_j, high)[0]].sum() > budget_s and high < 1e300:
+        high *= 4.0
+    low = 0.0
+    for _ in range(_BISECT):
+        mid = 0.5 * (low + high)
+        if time_s[rows, _relaxed(time_s, energy_j, mid)[0]].sum() > budget_s:
+            low = mid
+        else:
+            high = mid
+    return high
+
+
+def _gaps(measured_cols: np.ndarray, n_clocks: int) -> np.ndarray:
+    """Each column's gap: the index of the measured column at or below it (-1: below all)."""
+    marks = np.full(n_clocks, -1)
+    marks[measured_cols] = measured_cols
+    return np.maximum.accumulate(marks)
+
+
+def clock_gains(
+    tables: Predictions,
+    *,
+    budget_s: float,
+    plan_cols: np.ndarray,
+    objective: Objective = "energy",
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Return the clocks worth considering, each one's expected gain (J), and the plan's energy.
+
+    Parameters
+    ----------
+    tables
+        Every op's point time and energy at every clock of the device, each cell's margin in
+        log units (its conservative value is ``value * exp(margin)``; the energy's None: none)
+        and whether the models filled it: :func:`~opdvfs.plan.planner.predict` of a profile's
+        models (None margins or fills: nothing to gain).
+    budget_s
+        The time the ops may take (s).
+    plan_cols
+        Each op's clock column in the plan the clock would serve (the point-value plan: where
+        the plan goes if the models are right), shape (n_ops,).
+    objective
+        ``core-energy`` values the core rail, anything else the chip's.
+
+    Returns
+    -------
+    candidates
+        Columns of the clocks no op was measured at that lie in a gap (between measured
+        clocks) where ``plan_cols`` puts some op at a model-filled cell, ascending.
+    gains_j
+        Each candidate's expected saving per iteration (J): the relaxed conservative plan's
+        energy plus ``price x time`` before, less after its margins shrink, at the budget's
+        price (:func:`budget_price`). >= 0.
+    plan_energy_j
+        The relaxed conservative plan's energy before (J).
+    """
+    f = np.asarray(tables.freqs_mhz, dtype=float)
+    time_s = np.asarray(tables.time_us, dtype=float) * 1e-6
+    energy = tables.core_energy_j if objective == "core-energy" else tables.chip_energy_j
+    if tables.time_margin is None or tables.model_filled is None:
+        return np.zeros(0, dtype=int), np.zeros(0), float(np.min(energy, axis=1).sum())
+    t_margin = np.asarray(tables.time_margin, dtype=float)
+    em = tables.energy_margin
+    e_margin = np.zeros_like(t_margin) if em is None else np.asarray(em, dtype=float)
+    filled = np.asarray(tables.model_filled, dtype=bool)
+    cols = np.asarray(plan_cols, dtype=int)
+    n_ops, n_clocks = time_s.shape
+    rows = np.arange(n_ops)
+    t_up, e_up = time_s * np.exp(t_margin), energy * np.exp(e_margin)
+    price = budget_price(t_up, e_up, budget_s)
+    chosen, before = _relaxed(t_up, e_up, price)
+    plan_energy_j = float(e_up[rows, chosen].sum())
+    measured = ~filled
+    open_cols = np.flatnonzero(filled.all(axis=0))  # no op measured there
+    gaps = _gaps(np.flatnonzero(measured.any(axis=0)), n_clocks)
+    used = np.unique(gaps[cols[filled[rows, cols]]])
+    candidates = open_cols[np.isin(gaps[open_cols], used)]
+    if candidates.size == 0:
+        return candidates, np.zeros(0), plan_energy_j
+    # ops measured at the same clocks (a sweep's profile) share their reaches: one row
+    pattern = measured[:1] if (measured == measured[:1]).all() else measured
+    reach = gap_reach(f, pattern)
+    gains = np.empty(len(candidates))
+    # a clock changes the margins of its own gap only: with a shared pattern, each row's best
+    # outside the gap is computed once per gap, and each candidate recomputes the gap's columns
+    shared = len(pattern) == 1
+    cost_up = e_up + price * t_up
+    outside: dict[int, np.ndarray] = {}
+    for k, c in enumerate(candidates.tolist()):  # the candidate clocks: a few tens at most
+        now = pattern.copy()
+        now[:, c] = True
+        # a filled cell's sigma is its op's curvature x reach / 2: the margins scale with it
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scale = np.where(~pattern & (reach > 0), gap_reach(f, now) / reach, 1.0)
+        scale[:, c] = 0.0  # measured: its own noise, unknown before it is measured
+        cols_in = np.flatnonzero(gaps == gaps[c]) if shared else np.arange(n_clocks)
+        sc = scale[:, cols_in]
+        after = (
+            energy[:, cols_in] * np.exp(e_margin[:, cols_in] * sc)
+            + price * time_s[:, cols_in] * np.exp(t_margin[:, cols_in] * sc)
+        ).min(axis=1)
+        if shared and len(cols_in) < n_clocks:
+            g = int(gaps[c])
+            if g not in outside:
+                outside[g] = np.delete(cost_up, cols_in, axis=1).min(axis=1)
+            after = np.minimum(after, outside[g])
+        gains[k] = float((before - after).sum())
+    return candidates, np.maximum(gains, 0.0), plan_energy_j
+
+
+def next_clock(
+    tables: Predictions,
+    *,
+    budget_s: float,
+    plan_cols: np.ndarray,
+    objective: Objective = "energy",
+    cost_j: float | None = None,
+    min_gain_share: float = MIN_GAIN_SHARE,
+) -> ClockToMeasure | None:
+    """Return the clock most worth measuring next for this plan, or None (stop).
+
+    The candidate of :func:`clock_gains` with the largest expected gain, if that gain is at
+    least ``cost_j`` (the cost of measuring it, J per iteration over the run the plan serves;
+    default ``min_gain_share`` of the plan's energy). The other arguments are
+    :func:`clock_gains`'.
+    """
+    candidates, gains, plan_energy_j = clock_gains(
+        tables, budget_s=budget_s, plan_cols=plan_cols, objective=objective
+    )
+    cost = min_gain_share * plan_energy_j if cost_j is None else float(cost_j)
+    if gains.size == 0 or gains.max() <= 0.0 or gains.max() < cost:
+        return None
+    assert tables.model_filled is not None  # (candidates only where the models filled)
+    best = int(candidates[np.argmax(gains)])
+    f = np.asarray(tables.freqs_mhz, dtype=float)
+    filled = np.asarray(tables.model_filled, dtype=bool)
+    measured = np.flatnonzero(~filled.all(axis=0))
+    gaps = _gaps(measured, len(f))
+    low = int(gaps[best])
+    above = measured[measured > best]
+    high = int(above[0]) if above.size else len(f) - 1
+    cols = np.asarray(plan_cols, dtype=int)
+    in_gap = (gaps[cols] == low) & filled[np.arange(len(cols)), cols]
+    return ClockToMeasure(
+        freq_mhz=float(f[best]),
+        gain_j=float(gains.max()),
+        cost_j=cost,
+        plan_energy_j=plan_energy_j,
+        ops_in_gap=int(in_gap.sum()),
+        gap_mhz=(float(f[max(low, 0)]), float(f[high])),
+    )
+
+
+def next_clock_for(
+    fitted: PlanOnProfile,
+    *,
+    target: float,
+    objective: Objective = "energy",
+    interval_ms: float = 0.0,
+    cost_j: float | None = None,
+    min_gain_share: float = MIN_GAIN_SHARE,
+) -> ClockToMeasure | None:
+    """Return the clock most worth measuring next for a profile's plan at ``target``, or None.
+
+    :func:`next_clock` on the tables ``opdvfs plan`` plans on
+    (:func:`~opdvfs.plan.planner.predict` of :func:`~opdvfs.plan.on_profile.fit_profile`'s
+    models, with their margins) and on the point-value plan at ``target``
+    (``conservative=False``: where the plan goes if the models are right). None where the
+    models filled nothing (every clock measured) or the profile gave no measurements.
+    ``objective``: ``core-energy`` values the core rail, anything else the chip's;
+    ``cost_j`` and ``min_gain_share``: :func:`next_clock`'s.
+    """
+    inputs = fitted.inputs
+    if fitted.models is None or inputs.measured is None:
+        return None
+    tables = predict(fitted.models, inputs, "auto")
+    point = plan_schedule(
+        tables,
+        inputs,
+        target=target,
+        objective="core-energy" if objective == "core-energy" else "energy",
+        interval_ms=interval_ms,
+        switch_latency_ms=fitted.switch_latency_ms if interval_ms > 0 else 0.0,
+        conservative=False,
+    )
+    plan_cols = np.searchsorted(tables.freqs_mhz, point.freq_per_op_mhz())
+    idle_s = float(inputs.idle_before_us.sum() * 1e-6)
+    baseline_s = float(tables.time_us[:, -1].sum() * 1e-6) + idle_s
+    return next_clock(
+        tables,
+        budget_s=(1.0 + target) * baseline_s - idle_s,
+        plan_cols=plan_cols,
+        objective=objective,
+        cost_j=cost_j,
+        min_gain_share=min_gain_share,
+    )

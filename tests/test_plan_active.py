@@ -1,0 +1,153 @@
+"""Active profiling: the next clock worth measuring for a plan (issue 31 item 2).
+
+:func:`opdvfs.plan.active.next_clock` on synthetic tables whose answer is known by hand, and
+:func:`~opdvfs.plan.active.next_clock_for` on a profile of a simulated GPU at its ``auto``
+clocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from opdvfs.exceptions import ValidationError
+from opdvfs.plan.active import budget_price, clock_gains, next_clock, next_clock_for
+from opdvfs.plan.measured import gap_reach
+from opdvfs.plan.on_profile import auto_clocks, fit_profile
+from opdvfs.plan.planner import Predictions
+from opdvfs.sim import SimulatedDevice
+from opdvfs.workloads.library import load_workload
+
+F = np.arange(1000.0, 1401.0, 50.0)  # 9 clocks, 1000..1400
+MEASURED = np.isin(F, [1000.0, 1200.0, 1400.0])
+
+
+def tables(curv: float = 4e-6, n_ops: int = 4) -> Predictions:
+    """Ops whose time ~ 1/f (compute-bound) and energy falls with the clock, 3 measured clocks.
+
+    The margins are what the planner uses: 3 x curvature x reach / 2 at filled cells.
+    """
+    time_us = 100.0 * (F[-1] / F)[None, :] * np.ones((n_ops, 1))
+    energy_j = 1e-3 * (F / F[-1])[None, :] ** 2 * np.ones((n_ops, 1))
+    filled = np.broadcast_to(~MEASURED, time_us.shape).copy()
+    reach = gap_reach(F, ~filled)
+    margin = np.where(filled, 3.0 * 0.5 * curv * reach, 0.0)
+    names = np.array([f"op{i}" for i in range(n_ops)])
+    core = np.full(time_us.shape, np.nan)
+    return Predictions(names, F, time_us, energy_j, core, time_margin=margin, model_filled=filled)
+
+
+def budget(t: Predictions, slowdown: float = 0.10) -> float:
+    return (1 + slowdown) * t.time_us[:, -1].sum() * 1e-6
+
+
+AT_1300 = np.full(4, int(np.flatnonzero(F == 1300.0)[0]))  # filled, in the 1200-1400 gap
+
+
+def test_gap_reach_is_zero_at_measured_clocks_and_the_product_of_distances_between():
+    reach = gap_reach(F, MEASURED[None, :])[0]
+    np.testing.assert_array_equal(reach[MEASURED], 0.0)
+    assert reach[F == 1100.0][0] == pytest.approx(100.0 * 100.0)
+    assert reach[F == 1250.0][0] == pytest.approx(50.0 * 150.0)
+
+
+def test_the_budget_price_is_the_least_that_meets_the_budget():
+    t = tables()
+    time_s, energy_j = t.time_us * 1e-6, t.chip_energy_j
+    limit = budget(t, 0.05)
+    price = budget_price(time_s, energy_j, limit)
+    cols = np.argmin(energy_j + price * time_s, axis=1)
+    assert time_s[np.arange(4), cols].sum() <= limit
+    cheaper = np.argmin(energy_j + 0.99 * price * time_s, axis=1)
+    assert time_s[np.arange(4), cheaper].sum() > limit  # the least price: any less misses it
+    assert budget_price(time_s, energy_j, 10 * time_s.sum()) == 0.0  # least energy fits
+    with pytest.raises(ValidationError, match="no plan fits"):
+        budget_price(time_s, energy_j, 0.5 * time_s[:, -1].sum())
+
+
+def test_the_clock_named_splits_the_gap_the_plan_uses_and_its_gain_is_the_relaxed_saving():
+    t = tables()
+    candidates, gains, plan_j = clock_gains(t, budget_s=budget(t), plan_cols=AT_1300)
+    # only the gap the plan uses: 1250, 1300, 1350 (not 1050-1150, where it puts nothing)
+    np.testing.assert_array_equal(F[candidates], [1250.0, 1300.0, 1350.0])
+    assert (gains > 0).all()
+    assert gains.max() < 0.1 * plan_j  # a share of the plan's energy, not more
+    # the gain by hand: the relaxed plan on the conservative tables at the budget's price,
+    # before and after the candidate's own margin is gone and its neighbours' shrink
+    assert t.time_margin is not None and t.model_filled is not None
+    t_up = t.time_us * 1e-6 * np.exp(t.time_margin)
+    price = budget_price(t_up, t.chip_energy_j, budget(t))
+    before = (t.chip_energy_j + price * t_up).min(axis=1).sum()
+    k = int(np.argmax(gains))
+    c = candidates[k]
+    now = ~t.model_filled
+    now[:, c] = True
+    after_margin = np.where(now, 0.0, 3.0 * 0.5 * 4e-6 * gap_reach(F, now))
+    after = (t.chip_energy_j + price * t.time_us * 1e-6 * np.exp(after_margin)).min(axis=1).sum()
+    assert gains[k] == pytest.approx(before - after, rel=1e-9)
+    choice = next_clock(t, budget_s=budget(t), plan_cols=AT_1300)
+    assert choice is not None
+    assert choice.freq_mhz == F[c]
+    assert choice.gap_mhz == (1200.0, 1400.0)
+    assert choice.ops_in_gap == 4
+    assert choice.gain_j == pytest.approx(gains.max())
+    assert "1200-1400 MHz gap" in choice.why()
+
+
+def test_no_clock_when_the_gain_is_below_its_cost_or_nothing_is_filled_where_the_plan_goes():
+    t = tables()
+    choice = next_clock(t, budget_s=budget(t), plan_cols=AT_1300)
+    assert choice is not None
+    assert next_clock(t, budget_s=budget(t), plan_cols=AT_1300, cost_j=2 * choice.gain_j) is None
+    # the plan on measured clocks only: nothing filled it relies on, nothing to measure
+    on_measured = np.full(4, int(np.flatnonzero(F == 1200.0)[0]))
+    assert next_clock(t, budget_s=budget(t), plan_cols=on_measured) is None
+    # models that are sure (no curvature), or no margins at all: nothing to win back
+    flat = dataclasses.replace(t, time_margin=np.zeros_like(t.time_us))
+    assert next_clock(flat, budget_s=budget(t), plan_cols=AT_1300) is None
+    none = dataclasses.replace(t, time_margin=None)
+    assert next_clock(none, budget_s=budget(t), plan_cols=AT_1300) is None
+
+
+def test_a_clock_is_worth_what_the_models_uncertainty_holds_back():
+    """Near-sure models hold back almost nothing: measuring buys almost nothing."""
+    low = clock_gains(tables(curv=1e-9), budget_s=budget(tables()), plan_cols=AT_1300)
+    high = clock_gains(tables(curv=8e-6), budget_s=budget(tables()), plan_cols=AT_1300)
+    assert 0 < low[1].max() < 0.05 * high[1].max()
+
+
+def test_next_clock_for_a_simulated_profile_names_an_unprofiled_clock_in_a_gap(sim_profile_auto):
+    profile, spec = sim_profile_auto
+    fitted = fit_profile(profile, spec=spec)
+    choice = next_clock_for(fitted, target=0.10, cost_j=0.0)
+    profiled = set(profile.freqs_mhz)
+    assert choice is not None
+    assert choice.freq_mhz in spec.freqs_mhz and choice.freq_mhz not in profiled
+    low, high = choice.gap_mhz
+    assert low in profiled and high in profiled and low < choice.freq_mhz < high
+    # every clock profiled: the models fill nothing, nothing to add
+    assert next_clock_for(fit_profile(profile, spec=spec, values="measured"), target=0.1) is None
+
+
+@pytest.fixture(scope="module")
+def sim_profile_auto():
+    """A simulated GPU's profile of a small workload at its ``auto`` clocks, and its device."""
+    dev = SimulatedDevice.from_preset("ascend-910b-like", seed=0)
+    clocks = auto_clocks(dev.spec.freqs_mhz, max_gap=None)  # four filled
+    return dev.profile(load_workload("resnet50"), clocks, iterations=3), dev.spec
+
+
+def test_ops_measured_at_other_clocks_give_the_same_gains_by_the_full_path():
+    """A sweep's shared pattern takes a shortcut (the gap's columns); one op apart takes none."""
+    t = tables()
+    assert t.model_filled is not None
+    fast = clock_gains(t, budget_s=budget(t), plan_cols=AT_1300)
+    apart = t.model_filled.copy()
+    apart[0, 0] = True  # op 0 not measured at 1000 MHz (its margin there stays 0)
+    full = clock_gains(
+        dataclasses.replace(t, model_filled=apart), budget_s=budget(t), plan_cols=AT_1300
+    )
+    np.testing.assert_array_equal(fast[0], full[0])
+    np.testing.assert_allclose(fast[1], full[1], rtol=1e-12)

@@ -1,0 +1,74 @@
+"""tune's active profiling (issue 31 item 2): after the ``auto`` clocks, the sweep measures one
+more clock where the plan would use it and the models leave energy at stake.
+
+On the simulated ``a100-like`` with the tiny GPT (in-process, a few dozen steps).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from opdvfs.plan.on_profile import auto_clocks
+from opdvfs.runtime.actuators import make_actuator
+from opdvfs.tuner import policy
+from opdvfs.tuner.loop import Tuner
+from opdvfs.tuner.report import summary_lines
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_gpt import TinyGPT, train_step
+
+
+def tune(target: float, steps: int, **options) -> Tuner:
+    """Tune the tiny GPT on sim:a100-like for ``steps`` steps."""
+    torch.manual_seed(0)
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randint(0, 64, (steps, 2, 17))
+    tuner = Tuner(make_actuator("sim:a100-like", work_scale=1e6), target=target, **options)
+    with warnings.catch_warnings(), tuner:
+        warnings.simplefilter("ignore")
+        for i in range(steps):
+            train_step(model, opt, data[i])
+    return tuner
+
+
+@pytest.fixture(scope="module")
+def tuned_at_ten():
+    return tune(0.10, 32)
+
+
+def test_the_sweep_measures_the_clock_the_plan_would_use_and_says_why(tuned_at_ten):
+    tuner = tuned_at_ten
+    result = tuner.result
+    grid = tuner.actuator.supported_freqs_mhz()
+    auto = auto_clocks(grid, max_gap=None)  # tune's five
+    assert result.added_clock is not None, result.error
+    (added,) = set(result.clocks_mhz) - set(auto)
+    assert len(result.clocks_mhz) == len(auto) + policy.ADDED_CLOCKS
+    # in the gap between mid and the clocks below the top, where the plan at 10% goes
+    low, high = sorted(auto)[1:3]
+    assert low < added < high
+    assert f"{added:g} MHz splits the {low:g}-{high:g} MHz gap" in result.added_clock
+    # measured: the profile the plans were made on has every operator at it
+    assert result.profile is not None
+    freqs = result.profile.ops["freq_mhz"].to_numpy(dtype=float)
+    assert np.isclose(freqs, added).any()
+    counted = {r.freq_mhz for r in tuner.sweep.records if r.phase == "counted"}
+    assert added in counted
+    lines = summary_lines(result)
+    assert any(line.startswith("active profiling added a clock") for line in lines)
+    assert result.to_dict()["added_clock"] == result.added_clock
+    assert tuner.guard.restored
+
+
+def test_clocks_given_are_swept_as_given():
+    tuner = tune(0.10, 20, clocks=[1410.0, 1200.0, 810.0, 210.0], iterations_per_clock=1)
+    assert tuner.sweep.done
+    assert tuner.result.added_clock is None
+    assert tuner.sweep.freqs_mhz == (1410.0, 1200.0, 810.0, 210.0)
