@@ -10,12 +10,15 @@ so ``opdvfs --version`` imports neither typer nor the commands.
 
 from __future__ import annotations
 
+import os
+import re
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from opdvfs._lazy import attach
 
-__all__ = ["UsageError", "app", "main", "parse_clocks"]
+__all__ = ["UsageError", "app", "main", "parse_clocks", "strip_launcher_local_rank"]
 
 #: Exported name -> the module that defines it (every command registered).
 _EXPORTS = {
@@ -26,8 +29,34 @@ if TYPE_CHECKING:
     from opdvfs.cli._app import UsageError, app, parse_clocks
 
 
+#: The local rank a launcher passes as the module's first argument: deepspeed's
+#: ``--local_rank=N`` (unless ``--no_local_rank``), ``torch.distributed.launch``'s
+#: ``--local-rank=N``.
+_LOCAL_RANK_ARG = re.compile(r"--local[_-]rank(?:=(\d+))?")
+
+
+def strip_launcher_local_rank(argv: Sequence[str]) -> tuple[list[str], str | None]:
+    """Return ``argv`` without a launcher's leading ``--local_rank=N`` (or ``N`` apart), and N.
+
+    ``deepspeed --module opdvfs tune ...`` starts ``python -m opdvfs --local_rank=0 tune ...``
+    in every process (it also sets ``LOCAL_RANK``); only a leading one, before the command, is a
+    launcher's: a script's own ``--local_rank`` after ``--`` is left where it is.
+    """
+    args = list(argv)
+    if len(args) < 2 or not (match := _LOCAL_RANK_ARG.fullmatch(args[1])):
+        return args, None
+    if match.group(1) is not None:
+        return [args[0], *args[2:]], match.group(1)
+    if len(args) > 2 and args[2].isdigit():
+        return [args[0], *args[3:]], args[2]
+    return args, None
+
+
 def main() -> None:
     """Console-script entry point."""
+    sys.argv, local_rank = strip_launcher_local_rank(sys.argv)
+    if local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", local_rank)
     if sys.argv[1:] == ["--version"]:
         # nothing to parse: typer, rich, pydantic and numpy (~0.3 s) would only print this line
         from opdvfs import __version__
