@@ -270,10 +270,11 @@ def test_a_refused_reset_raises_at_the_end_of_a_block_that_raised_nothing(fake_n
             if error is not None:
                 raise error
 
-    with pytest.raises(ClockNotRestoredError, match="could not restore gpu0's clock"):
-        block(None)
-    with pytest.raises(KeyError, match="mine"):  # the block's own error wins
-        block(KeyError("mine"))
+    with act:
+        with pytest.raises(ClockNotRestoredError, match="could not restore gpu0's clock"):
+            block(None)
+        with pytest.raises(KeyError, match="mine"):  # the block's own error wins
+            block(KeyError("mine"))
     assert "opdvfs: error: could not restore gpu0's clock" in capsys.readouterr().err
 
 
