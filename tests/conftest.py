@@ -252,3 +252,23 @@ def _private_cache(tmp_path_factory, monkeypatch):
     (Never the user's ``~/.cache/opdvfs``; a test that names its own cache still does.)
     """
     monkeypatch.setenv("OPDVFS_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+
+
+@pytest.fixture(autouse=True)
+def _gpu_claims_given_back():
+    """Every GPU claim a test takes in this process is given back by its end.
+
+    A claim left held (an NVML actuator never closed) holds its GPU's lock for the rest of the
+    run: a later test's claim of that GPU is then counted onto it instead of taking the lock.
+    The leak fails the test that made it, and is released so the tests after it are not blamed.
+    """
+    yield
+    gpu_select = sys.modules.get("opdvfs.runtime.gpu_select")
+    if gpu_select is None or not gpu_select._CLAIMS:
+        return
+    with gpu_select._CLAIMS_LOCK:
+        leaked = dict(gpu_select._CLAIMS)
+        gpu_select._CLAIMS.clear()
+    for fd, _ in leaked.values():
+        os.close(fd)
+    pytest.fail(f"GPU claims left held by this test: {sorted(leaked)}", pytrace=False)

@@ -21,31 +21,32 @@ from conftest import NVML_CLOCKS_MHZ, read_log  # noqa: E402
 
 
 def test_nvml_locks_min_equals_max_and_only_on_change(fake_nvml):
-    act = NvmlActuator()
-    assert act.supported_freqs_mhz() == (210.0, 1005.0, 1380.0, 1395.0, 1410.0)
-    fake_nvml.nvmlDeviceGetSupportedGraphicsClocks.assert_called_once_with("handle0", 1593)
-    act.set_freq_mhz(1005.0)
-    act.set_freq_mhz(1005.0)
-    act.set_freq_mhz(1410.0)
-    calls = fake_nvml.nvmlDeviceSetGpuLockedClocks.call_args_list
-    assert calls == [mock.call("handle0", 1005, 1005), mock.call("handle0", 1410, 1410)]
-    act.reset()
-    fake_nvml.nvmlDeviceResetGpuLockedClocks.assert_called_once_with("handle0")
-    assert act.read_power_w() == pytest.approx(312.5)
-    with pytest.raises(UnsupportedClockError, match="1000 MHz is not a supported clock"):
-        act.set_freq_mhz(1000.0)
-    assert len(calls) == 2
-    assert sorted(NVML_CLOCKS_MHZ) == list(act.supported_freqs_mhz())
+    with NvmlActuator() as act:
+        assert act.supported_freqs_mhz() == (210.0, 1005.0, 1380.0, 1395.0, 1410.0)
+        fake_nvml.nvmlDeviceGetSupportedGraphicsClocks.assert_called_once_with("handle0", 1593)
+        act.set_freq_mhz(1005.0)
+        act.set_freq_mhz(1005.0)
+        act.set_freq_mhz(1410.0)
+        calls = fake_nvml.nvmlDeviceSetGpuLockedClocks.call_args_list
+        assert calls == [mock.call("handle0", 1005, 1005), mock.call("handle0", 1410, 1410)]
+        act.reset()
+        fake_nvml.nvmlDeviceResetGpuLockedClocks.assert_called_once_with("handle0")
+        assert act.read_power_w() == pytest.approx(312.5)
+        with pytest.raises(UnsupportedClockError, match="1000 MHz is not a supported clock"):
+            act.set_freq_mhz(1000.0)
+        assert len(calls) == 2
+        assert sorted(NVML_CLOCKS_MHZ) == list(act.supported_freqs_mhz())
 
 
 def test_nvml_energy_counter_in_joules(fake_nvml):
     fake_nvml.nvmlDeviceGetTotalEnergyConsumption.return_value = 123_456_789  # mJ
-    assert NvmlActuator().read_energy_j() == pytest.approx(123_456.789)
+    with NvmlActuator() as act:
+        assert act.read_energy_j() == pytest.approx(123_456.789)
     fake_nvml.nvmlDeviceSetGpuLockedClocks.assert_not_called()  # reading never sets
 
 
 def test_nvml_device_by_uuid(fake_nvml):
-    NvmlActuator(uuid="GPU-123")
+    NvmlActuator(uuid="GPU-123").close()
     fake_nvml.nvmlDeviceGetHandleByUUID.assert_called_once_with("GPU-123")
 
 
@@ -60,14 +61,14 @@ def test_nvml_device_by_uuid(fake_nvml):
     ],
 )
 def test_nvml_errors_are_translated_by_code_with_advice(fake_nvml, code, error, needle):
-    act = NvmlActuator()
     vendor = pynvml.NVMLError(code)
     fake_nvml.nvmlDeviceSetGpuLockedClocks.side_effect = vendor
-    with pytest.raises(error, match=needle) as info:
-        act.set_freq_mhz(1005.0)
-    assert info.value.__cause__ is vendor  # chained: the library user still sees NVML's error
-    fake_nvml.nvmlDeviceSetGpuLockedClocks.side_effect = None
-    act.set_freq_mhz(1005.0)  # the failed call did not count as set
+    with NvmlActuator() as act:
+        with pytest.raises(error, match=needle) as info:
+            act.set_freq_mhz(1005.0)
+        assert info.value.__cause__ is vendor  # chained: the library user still sees NVML's error
+        fake_nvml.nvmlDeviceSetGpuLockedClocks.side_effect = None
+        act.set_freq_mhz(1005.0)  # the failed call did not count as set
     assert fake_nvml.nvmlDeviceSetGpuLockedClocks.call_count == 2
 
 
@@ -138,7 +139,8 @@ def test_a_dry_run_with_no_preset_measures_the_gpu_read_only(fake_nvml, tmp_path
     assert calls[0]["meter"] == "nvml"
     # the meter closes with the actuator (finding the process's GPU opened NVML once more)
     assert fake_nvml.nvmlShutdown.call_count == fake_nvml.nvmlInit.call_count == 2
-    NvmlActuator().set_freq_mhz(1005.0)  # the check sees a real write
+    with NvmlActuator() as gpu:
+        gpu.set_freq_mhz(1005.0)  # the check sees a real write
     assert _writes(fake_nvml) == ["nvmlDeviceSetGpuLockedClocks"]
 
 

@@ -146,6 +146,30 @@ def test_a_reused_out_keeps_no_file_of_an_earlier_run(tmp_path):
     assert not list(out.glob("*.tmp")) and not list(out.glob(".*"))
 
 
+def test_a_reused_out_keeps_no_samples_file_of_an_earlier_profile(tmp_path):
+    from opdvfs.profile import Profile
+    from opdvfs.tuner.report import write_tune
+    from opdvfs.tuner.result import TuneResult
+
+    with_samples = Profile.read(Path(__file__).parent / "fixtures" / "profile_v1.parquet")
+    assert with_samples.samples is not None
+    out = tmp_path / "out"
+
+    def run(profile):
+        result = TuneResult(0.02, "sim:a100-like", None, (1410.0, 210.0), [], profile=profile)
+        written = write_tune(result, out)
+        assert sorted(p.name for p in out.iterdir()) == sorted(written)
+        return written
+
+    assert "profile.samples.parquet" in run(with_samples)
+    assert "profile.samples.parquet" not in run(None)  # no profile: neither file is left
+    assert not (out / "profile.parquet").exists()
+    run(with_samples)
+    written = run(Profile(with_samples.ops, meta=with_samples.meta))  # a profile without samples
+    assert "profile.parquet" in written and "profile.samples.parquet" not in written
+    assert Profile.read(out / "profile.parquet").samples is None
+
+
 # ------------------------------------------------------------------------------ schedules
 def _schedule(path: Path, **fields) -> Path:
     doc = {
@@ -246,10 +270,11 @@ def test_a_refused_reset_raises_at_the_end_of_a_block_that_raised_nothing(fake_n
             if error is not None:
                 raise error
 
-    with pytest.raises(ClockNotRestoredError, match="could not restore gpu0's clock"):
-        block(None)
-    with pytest.raises(KeyError, match="mine"):  # the block's own error wins
-        block(KeyError("mine"))
+    with act:
+        with pytest.raises(ClockNotRestoredError, match="could not restore gpu0's clock"):
+            block(None)
+        with pytest.raises(KeyError, match="mine"):  # the block's own error wins
+            block(KeyError("mine"))
     assert "opdvfs: error: could not restore gpu0's clock" in capsys.readouterr().err
 
 

@@ -279,9 +279,10 @@ def test_through_nvml_the_sweep_is_traced_and_closed_mid_run_and_the_clock_reset
     steps = 100
     argv = sys.argv
     sys.argv = [str(script), str(steps)]
-    tuner = Tuner(NvmlActuator(), target=0.02, clocks=[1410.0, 1005.0], iterations_per_clock=2)
+    act = NvmlActuator()
+    tuner = Tuner(act, target=0.02, clocks=[1410.0, 1005.0], iterations_per_clock=2)
     try:
-        with tuner:
+        with act, tuner:
             runpy.run_path(str(script))
     finally:
         sys.argv = argv
@@ -341,8 +342,9 @@ def test_on_nvml_tunes_sweep_checks_the_temperature_and_sizes_clocks_by_the_coun
     )
     clock = itertools.count(0.0, 0.0625)  # the device's clock: 62.5 ms per read
     monkeypatch.setattr(DeviceDrive, "now_s", lambda self: next(clock))
-    tuner = Tuner(NvmlActuator(), target=0.02, clocks=[1410.0, 1005.0])
-    with tuner:
+    act = NvmlActuator()
+    tuner = Tuner(act, target=0.02, clocks=[1410.0, 1005.0])
+    with act, tuner:
         _linear_steps(40)
     sweep = tuner.sweep
     assert sweep.sensor_s == (NVML_COUNTER_S, NVML_COUNTER_S)
@@ -640,7 +642,7 @@ def test_off_the_simulator_the_cache_key_names_the_gpu_and_the_step_not_a_dispat
         fake_nvml.nvmlDeviceGetName.return_value = name
         act = NvmlActuator() if kind == "nvml" else make_actuator("dry-run")
         tuner = Tuner(act, target=0.02, clocks=[1410.0, 1005.0])
-        with tuner:
+        with act, tuner:
             model = torch.nn.Linear(width, 8)
             opt = torch.optim.SGD(model.parameters(), lr=1e-2)
             for _ in range(3):
@@ -661,7 +663,8 @@ def test_off_the_simulator_the_cache_key_names_the_gpu_and_the_step_not_a_dispat
     assert step_signature(opt)[1:3] == ["torch.float32 (3, 2) cpu", "torch.float32 (3,) cpu"]
     # the name is read through the read-only NVML reader, as bytes from an older pynvml too
     fake_nvml.nvmlDeviceGetName.return_value = b"NVIDIA H200"
-    assert NvmlActuator().meter.name() == "NVIDIA H200"
+    with NvmlActuator() as act:
+        assert act.meter.name() == "NVIDIA H200"
 
 
 def test_off_the_simulator_a_cached_plan_applies_by_time_from_the_warm_up(

@@ -29,6 +29,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _in_turn(rank: int, jobs: list[tuple]) -> None:
+    """Run ``jobs`` (a rank function and its arguments after ``rank``) one after the other."""
+    for run, *args in jobs:
+        run(rank, *args)
+
+
+def _spawn_jobs(*jobs: tuple) -> None:
+    """Two ranks that run each job in turn, each with its process group on its own port.
+
+    One spawn for several jobs: starting the two processes (torch imported in each) and
+    joining them took ~8 s a job on two busy cores.
+    """
+    mp.spawn(_in_turn, args=(list(jobs),), nprocs=2, join=True)
+
+
+def _results(out: Path) -> list[dict]:
+    return [json.loads((out / f"result.rank{r}.json").read_text()) for r in (0, 1)]
+
+
 def _rank(rank: int, port: int, out: str, steps: int, diverge: bool) -> None:
     """One rank: the tiny GPT under a Tuner on sim:a100-like; its result and log into ``out``."""
     os.environ.update(
@@ -80,13 +99,21 @@ def _rank(rank: int, port: int, out: str, steps: int, diverge: bool) -> None:
     (Path(out) / f"result.rank{rank}.json").write_text(json.dumps(result))
 
 
-def _run(tmp_path: Path, steps: int, *, diverge: bool = False) -> list[dict]:
-    mp.spawn(_rank, args=(_free_port(), str(tmp_path), steps, diverge), nprocs=2, join=True)
-    return [json.loads((tmp_path / f"result.rank{r}.json").read_text()) for r in (0, 1)]
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory) -> dict[str, Path]:
+    """Two jobs of two ranks on simulated GPUs: the same model ("same"), and rank 1's steps
+    with one more operator ("diverged", 12 steps); each one's results and logs."""
+    outs = {name: tmp_path_factory.mktemp(name) for name in ("same", "diverged")}
+    _spawn_jobs(
+        (_rank, _free_port(), str(outs["same"]), STEPS, False),
+        (_rank, _free_port(), str(outs["diverged"]), 12, True),
+    )
+    return outs
 
 
-def test_two_ranks_tune_together_on_the_jobs_time_and_energy(tmp_path):
-    r0, r1 = _run(tmp_path, STEPS)
+def test_two_ranks_tune_together_on_the_jobs_time_and_energy(simulated):
+    tmp_path = simulated["same"]
+    r0, r1 = _results(tmp_path)
     assert r0["world_size"] == r1["world_size"] == 2
     # rank 1 does twice rank 0's work: the same operators, each rank planned on its own profile
     assert r0["same_sequence"] is False and r1["same_sequence"] is False
@@ -126,8 +153,9 @@ def test_two_ranks_tune_together_on_the_jobs_time_and_energy(tmp_path):
         assert len(set(sets)) > 3, (rank, sorted(set(sets)))  # the plan's clocks too
 
 
-def test_ranks_with_different_operators_on_simulated_gpus_are_swept_as_stages(tmp_path):
-    r0, r1 = _run(tmp_path, 12, diverge=True)
+def test_ranks_with_different_operators_on_simulated_gpus_are_swept_as_stages(simulated):
+    tmp_path = simulated["diverged"]
+    r0, r1 = _results(tmp_path)
     assert r0["same_sequence"] is False and r1["same_sequence"] is False
     assert [i["phase"] for i in r0["per_iteration"]] == [i["phase"] for i in r1["per_iteration"]]
     # pipeline stages on simulated GPUs (test_tune_stages.py): rank 1 follows rank 0's sweep
@@ -178,11 +206,21 @@ def _traced_rank(rank: int, port: int, out: str, wider: bool = False) -> None:
     (Path(out) / f"result.rank{rank}.json").write_text(json.dumps(result))
 
 
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory) -> dict[str, list[dict]]:
+    """Two jobs of two ranks off the simulator: one model ("same"), rank 1's wider ("wider")."""
+    outs = {name: tmp_path_factory.mktemp(name) for name in ("same", "wider")}
+    _spawn_jobs(
+        (_traced_rank, _free_port(), str(outs["same"]), False),
+        (_traced_rank, _free_port(), str(outs["wider"]), True),
+    )
+    return {name: _results(out) for name, out in outs.items()}
+
+
 def test_off_the_simulator_only_rank0_traces_its_sweep_and_its_error_reaches_every_rank(
-    tmp_path, cpu_only
+    traced, cpu_only
 ):
-    mp.spawn(_traced_rank, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
-    r0, r1 = (json.loads((tmp_path / f"result.rank{r}.json").read_text()) for r in (0, 1))
+    r0, r1 = traced["same"]
     # rank 0 traced the sweep and closed its trace; rank 1 dropped its own at the first step
     assert r0["profiled"] and not r1["profiled"]
     assert not r0["traced_at_end"] and not r1["traced_at_end"]
@@ -193,10 +231,9 @@ def test_off_the_simulator_only_rank0_traces_its_sweep_and_its_error_reaches_eve
     assert r0["same_sequence"] is True and r1["same_sequence"] is True
 
 
-def test_off_the_simulator_ranks_whose_steps_differ_are_told_apart(tmp_path, cpu_only):
+def test_off_the_simulator_ranks_whose_steps_differ_are_told_apart(traced, cpu_only):
     """The ranks' step signatures (parameter shapes) differ: the job is not one sequence (#21)."""
-    mp.spawn(_traced_rank, args=(_free_port(), str(tmp_path), True), nprocs=2, join=True)
-    r0, r1 = (json.loads((tmp_path / f"result.rank{r}.json").read_text()) for r in (0, 1))
+    r0, r1 = traced["wider"]
     assert r0["same_sequence"] is False and r1["same_sequence"] is False
     assert [i["phase"] for i in r0["per_iteration"]] == [i["phase"] for i in r1["per_iteration"]]
 

@@ -54,8 +54,14 @@ def _tune_rank(
     replicas: int,
     uneven: bool = False,
     cache: str | None = None,
+    offline_port: int | None = None,
 ) -> None:
-    """One rank of the toy pipeline under a Tuner on its own simulated GPU."""
+    """One rank of the toy pipeline under a Tuner on its own simulated GPU.
+
+    With ``offline_port``, the same process then runs the offline part (:func:`_offline_rank`,
+    on fresh simulated GPUs and a process group of its own): a second spawn of the job's
+    processes cost ~10 s of the test's ~45 s on two cores.
+    """
     _join(rank, port, stages * replicas)
     from pipeline_toy import train
 
@@ -97,10 +103,16 @@ def _tune_rank(
         tuner.result.profile.write(Path(out) / f"profile.rank{rank}.parquet")
     result["n_launches"] = tuner.n_launches
     (Path(out) / f"result.rank{rank}.json").write_text(json.dumps(result))
+    if offline_port is not None:
+        _offline_rank(rank, offline_port, out, stages, replicas)
 
 
 def _offline_rank(rank: int, port: int, out: str, stages: int, replicas: int) -> None:
-    """One rank running its stage's offline schedule (or none: the top clock) on a fresh GPU."""
+    """One rank running its stage's offline schedule (or none: the top clock) on a fresh GPU.
+
+    Rank 0 first plans the tuned profiles offline (:func:`_plan_offline`), once every rank has
+    written its tuning result.
+    """
     _join(rank, port, stages * replicas)
     from pipeline_toy import train
 
@@ -111,6 +123,10 @@ def _offline_rank(rank: int, port: int, out: str, stages: int, replicas: int) ->
     figures = {}
     dist.init_process_group("gloo", rank=rank, world_size=stages * replicas)
     try:
+        dist.barrier()  # every rank's result and profile written
+        if rank == 0:
+            _plan_offline(Path(out), stages, replicas, TARGET)
+        dist.barrier()
         for name in ("top", "planned"):
             schedule = None
             if name == "planned":
@@ -129,32 +145,38 @@ def _offline_rank(rank: int, port: int, out: str, stages: int, replicas: int) ->
 
 
 def _tune(
-    tmp_path: Path, stages: int, replicas: int = 1, uneven: bool = False, cache: str | None = None
+    tmp_path: Path,
+    stages: int,
+    replicas: int = 1,
+    uneven: bool = False,
+    cache: str | None = None,
+    offline: bool = False,
 ) -> list[dict]:
+    """Tune the toy pipeline; with ``offline``, the same processes then run :func:`_offline`'s."""
     world = stages * replicas
-    mp.spawn(
-        _tune_rank,
-        args=(_free_port(), str(tmp_path), stages, replicas, uneven, cache),
-        nprocs=world,
-        join=True,
-    )
+    offline_port = _free_port() if offline else None
+    args = (_free_port(), str(tmp_path), stages, replicas, uneven, cache, offline_port)
+    mp.spawn(_tune_rank, args=args, nprocs=world, join=True)
     return [json.loads((tmp_path / f"result.rank{r}.json").read_text()) for r in range(world)]
 
 
-def _offline(
-    tmp_path: Path, stages: int, replicas: int, results: list[dict], budget: float
-) -> dict:
-    """Plan the stages' tuned profiles offline at ``budget``, run it: the job's saving."""
+def _plan_offline(tmp_path: Path, stages: int, replicas: int, budget: float) -> None:
+    """Plan the stages' tuned profiles offline at ``budget`` into ``offline.json``."""
     from opdvfs.profile import Profile
     from opdvfs.tuner.stages import plan_stages
 
     world = stages * replicas
     leads = [s * replicas for s in range(stages)]
     profiles = [Profile.read(tmp_path / f"profile.rank{r}.parquet") for r in leads]
-    launches = [int(results[r]["n_launches"]) for r in leads]
+    results = [json.loads((tmp_path / f"result.rank{r}.json").read_text()) for r in leads]
+    launches = [int(r["n_launches"]) for r in results]
     rank_map = [r // replicas for r in range(world)]
     plan_stages(profiles, launches, budget, rank_map=rank_map).write(tmp_path / "offline.json")
-    mp.spawn(_offline_rank, args=(_free_port(), str(tmp_path), stages, replicas), nprocs=world)
+
+
+def _offline(tmp_path: Path, stages: int, replicas: int) -> dict:
+    """The job's slowdown and saving in the offline run (``_tune(..., offline=True)``'s)."""
+    world = stages * replicas
     rows = [json.loads((tmp_path / f"offline.rank{r}.json").read_text()) for r in range(world)]
     assert not any(row["planned"]["abandoned"] for row in rows)
     job = {
@@ -275,14 +297,14 @@ def test_a_stage_profile_travels_as_bytes_with_its_launches(tmp_path):
 @pytest.mark.parametrize(("stages", "replicas"), [(2, 1), (2, 2), (4, 1)])
 def test_pipeline_stages_tuned_together_save_as_the_offline_plan_run(tmp_path, stages, replicas):
     cache = str(tmp_path / "cache") if (stages, replicas) == (2, 1) else None
-    results = _tune(tmp_path, stages, replicas, cache=cache)
+    results = _tune(tmp_path, stages, replicas, cache=cache, offline=True)
     _check_tuned_together(tmp_path, results, stages, replicas)
     r0 = results[0]
     first, chosen = r0["rounds"][0], r0["rounds"][r0["best_round"]]
     assert first["budget"] == TARGET  # round 1 plans at the target itself
     # the same profiles planned offline at the target (plan --pipeline ranks), run on fresh
     # simulated GPUs: tune's round 1 measured what running that plan measures
-    offline = _offline(tmp_path, stages, replicas, results, TARGET)
+    offline = _offline(tmp_path, stages, replicas)
     print(
         f"stages {stages} x replicas {replicas}: tune round 1 (budget {TARGET:.0%}) measured "
         f"slowdown {first['slowdown']['mean']:+.2%}, saving {first['saving']['mean']:.2%}; "

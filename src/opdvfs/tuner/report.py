@@ -25,6 +25,7 @@ from typing import Any
 
 from opdvfs._files import atomic_path, signals_raise, write_text_atomic
 from opdvfs.exceptions import MissingExtraError
+from opdvfs.profile import samples_path
 from opdvfs.tuner.result import Interval, TuneResult, TuneRound
 
 __all__ = ["headline_lines", "headline_metrics", "round_line", "summary_lines", "write_tune"]
@@ -604,6 +605,7 @@ _FIGURES = (("run.png", _plot_run), ("clock.png", _plot_clock), ("phases.png", _
 #: Every file ``write_tune`` may write (the rest of an earlier run's are removed).
 TUNE_FILES = (
     "profile.parquet",
+    samples_path("profile.parquet").name,  # the profile's samples, when it has any
     "models.json",
     "schedule.json",
     "pipeline.json",
@@ -635,6 +637,8 @@ def _write_tune(result: TuneResult, folder: Path) -> list[str]:
     if result.profile is not None:
         result.profile.write(folder / "profile.parquet")
         written.append("profile.parquet")
+        if result.profile.samples is not None:
+            written.append(samples_path("profile.parquet").name)
     if result.models is not None:
         result.models.write(folder / "models.json")
         written.append("models.json")
