@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -72,3 +73,39 @@ def test_clocks_given_are_swept_as_given():
     assert tuner.sweep.done
     assert tuner.result.added_clock is None
     assert tuner.sweep.freqs_mhz == (1410.0, 1200.0, 810.0, 210.0)
+
+
+def test_plans_stay_within_the_clocks_the_sweep_measured(monkeypatch):
+    """Clocks given down to 810 MHz: tune plans over the device's clocks from 810 MHz up (the
+    models would extrapolate below; a pipeline's messages were planned at 210 MHz before)."""
+    from opdvfs.plan import on_profile
+    from opdvfs.tuner import planning
+
+    grids = []
+
+    def spy(profile, spec=None):
+        narrowed = on_profile.within_profiled(profile, spec)
+        grids.append(narrowed.freqs_mhz)
+        return narrowed
+
+    monkeypatch.setattr(planning, "within_profiled", spy)
+    tuner = tune(0.10, 32, clocks=[1410.0, 1110.0, 810.0])
+    assert tuner.result.rounds, tuner.result.error
+    (grid,) = grids
+    assert grid[0] == 810.0 and grid[-1] == 1410.0 and len(grid) > 3  # (the clocks between)
+    assert min(f for r in tuner.result.rounds for f in r.freqs_mhz) >= 810.0
+
+
+def test_within_profiled_keeps_a_covered_device_as_it_is():
+    from opdvfs.plan.on_profile import within_profiled
+    from opdvfs.profile import Profile
+    from opdvfs.sim.presets import preset_spec
+
+    spec = preset_spec("a100-like")
+    assert spec is not None
+    ops = {"op": [0, 0], "name": ["mm", "mm"], "freq_mhz": [1410.0, 810.0], "time_us": [1.0, 2.0]}
+    narrowed = within_profiled(Profile(pd.DataFrame(ops), meta={"device": "a100-like"}))
+    assert narrowed is not None and narrowed.freqs_mhz[0] == 810.0
+    assert narrowed.freqs_mhz[-1] == 1410.0 and narrowed.voltage == spec.voltage
+    both = {**ops, "freq_mhz": [spec.freqs_mhz[0], spec.freqs_mhz[-1]]}
+    assert within_profiled(Profile(pd.DataFrame(both), meta={"device": "a100-like"})) == spec

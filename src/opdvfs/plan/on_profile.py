@@ -52,6 +52,7 @@ __all__ = [
     "fit_profile",
     "plan_fitted",
     "plan_profile",
+    "within_profiled",
 ]
 
 #: Operators shorter than this at the top clock are mostly timer noise (as in ``validate perf``).
@@ -146,6 +147,27 @@ def _bridge(grid: np.ndarray, picks: set[int], widest_mhz: float) -> set[int]:
 
 
 # ----------------------------------------------------------------------------- refusals
+def within_profiled(profile: Profile, spec: DeviceSpec | None = None) -> DeviceSpec | None:
+    """Return ``spec`` (default: the profile's preset) without clocks outside the profiled range.
+
+    What ``tune`` plans over: the models fill the clocks between two measured ones (their
+    error there is estimated, :func:`~opdvfs.plan.measured.log_uncertainty`) but would
+    extrapolate below the lowest or above the highest, which ``opdvfs plan`` refuses without
+    ``--force``. A sweep over ``--clocks 1410,1110,810`` on ``sim:a100-like`` planned some
+    operators at 210 MHz before. None when the device has no preset and ``spec`` is None (the
+    planner then takes the profile's own clocks).
+    """
+    spec = spec or preset_spec(profile.meta.get("device"))
+    if spec is None:
+        return None
+    measured = profile.freqs_mhz
+    low, high = float(measured[0]) * (1 - 1e-9), float(measured[-1]) * (1 + 1e-9)
+    kept = tuple(f for f in spec.freqs_mhz if low <= f <= high)
+    if not kept or len(kept) == len(spec.freqs_mhz):
+        return spec
+    return spec.with_changes(freqs_mhz=kept)
+
+
 def check_device(recorded: str | None, device: str | None, what: str) -> None:
     """Refuse a ``device`` other than the one the profile or MODELS file (``what``) recorded."""
     if device is not None and recorded is not None and recorded != device:

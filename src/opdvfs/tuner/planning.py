@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from opdvfs.exceptions import OpdvfsError
-from opdvfs.plan.on_profile import fit_profile, plan_fitted
+from opdvfs.plan.on_profile import fit_profile, plan_fitted, within_profiled
 from opdvfs.schedule import Objective, PipelineSchedule, Schedule
 from opdvfs.tuner.ab import Block
 from opdvfs.tuner.cache import TuneCache
@@ -215,7 +215,13 @@ class PlanningThread:
             raise _NoProfile(f"the sweep's trace could not be read: {exc}") from exc
         profile = sweep_profile(sweep, measured)
         result.profile = profile
-        fitted = fit_profile(profile, objective=self.objective, n_launches=n_launches)
+        # within the clocks the sweep measured: no plan on extrapolated ones
+        fitted = fit_profile(
+            profile,
+            objective=self.objective,
+            n_launches=n_launches,
+            spec=within_profiled(profile),
+        )
         result.models = fitted.models
 
         def plan_at(budget: float, interval_ms: float = self.interval_ms) -> Schedule:

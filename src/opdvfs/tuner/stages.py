@@ -117,12 +117,14 @@ def plan_stages(
     into the file, so each rank finds its own. The messages' recorded peers (job ranks) are
     planned as the stages those ranks run.
     """
+    from opdvfs.plan.on_profile import within_profiled
     from opdvfs.plan.ranks import plan_ranks
 
     plan = plan_ranks(
         [_peers_as_stages(p, rank_map) for p in profiles],
         budget,
         sources=[f"stage{s}" for s in range(len(profiles))],
+        spec=within_profiled(profiles[0]),  # (every stage swept the same clocks)
         time_limit_s=time_limit_s,
     )
     stages = tuple(
