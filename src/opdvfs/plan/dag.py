@@ -153,12 +153,14 @@ def _root_seconds(columns: int, load: float) -> float:
     return _ROOT_S * (columns / _ROOT_COLUMNS) ** _ROOT_GROWTH * load
 
 
-#: Graphs of at least this many nodes take the greedy pass in batches and, after it, the
-#: rolling rounding of the relaxation (:meth:`_Programme.roll`): on them one move a round
-#: did not finish within the default budget (0.6-1.1 s at 8 stages x 128 microbatches) and
-#: the search gains little. Smaller graphs plan as before (the search and branch and bound
-#: take them within 0.1-0.2% of the bound).
-_LARGE_NODES = 1024
+#: Graphs of at least this many nodes (128 microbatches x 8 stages, 64 x 16) start their
+#: relaxation from the all-slowest basis (:meth:`_Programme.start_slowest`), take the greedy
+#: pass in batches and, after it, the relaxation rounded in time order
+#: (:meth:`_Programme.roll`): on them one move a round did not finish within the default
+#: budget (0.6-1.1 s at 8 stages x 128 microbatches) and the search gains little. Smaller
+#: graphs plan as before (up to 32 microbatches the search and branch and bound take them
+#: within 0.1-0.2% of the bound).
+_LARGE_NODES = 2048
 #: Seconds of the budget a large graph's relaxation leaves for the plan made when it does not
 #: finish (:func:`_first_plan`: its bound from the duals so far and its last iterate).
 _FALLBACK_S = 0.08
@@ -247,6 +249,8 @@ def _solve(
     large = problem.n_nodes >= _LARGE_NODES and time_limit_s > 0
     until = np.inf if time_limit_s <= 0 else started + time_limit_s - _WRAP_UP_S
     relax_started, relax_cpu = _time.perf_counter(), _time.thread_time()
+    if large:
+        relaxation.start_slowest()
     try:
         relaxed = relaxation.relax(
             None if time_limit_s <= 0 else max(left_s() - large * _FALLBACK_S, 0.0)
