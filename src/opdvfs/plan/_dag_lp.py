@@ -435,10 +435,11 @@ class _Programme:
         """
         lp = self.h.getLp()
         solution = self.h.getSolution()
-        if not solution.dual_valid:
-            return -np.inf
         row_lo, row_hi = np.asarray(lp.row_lower_), np.asarray(lp.row_upper_)
-        dual = np.asarray(solution.row_dual)
+        dual = np.asarray(solution.row_dual, dtype=float)
+        # any duals give a valid bound: HiGHS's flag that they are its solve's is not needed
+        if dual.shape != row_lo.shape or not np.isfinite(dual).all():
+            return -np.inf
         dual = np.where(
             dual > 0,
             np.where(np.isfinite(row_lo), dual, 0.0),
