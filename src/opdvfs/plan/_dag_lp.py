@@ -322,16 +322,14 @@ class _Programme:
         by_node = np.lexsort((-finish[src], dst))
         tight = by_node[np.r_[True, dst[by_node][1:] != dst[by_node][:-1]]]
         has_in = np.bincount(dst, minlength=self.n) > 0
-        row = np.full(len(src) + len(sinks), status.kBasic)
-        row[tight] = status.kLower
-        row[len(src) + int(np.argmax(finish[sinks]))] = status.kLower
-        col = np.r_[
-            np.full(self.nx, status.kUpper),
-            np.where(has_in, status.kBasic, status.kLower),
-            [status.kBasic],
-        ]
+        # 0 at the lower bound, 1 basic, 2 at the upper bound
+        row = np.ones(len(src) + len(sinks), dtype=np.int64)
+        row[tight] = 0
+        row[len(src) + int(np.argmax(finish[sinks]))] = 0
+        col = np.r_[np.full(self.nx, 2), has_in.astype(np.int64), 1]
+        named = np.array([status.kLower, status.kBasic, status.kUpper], dtype=object)
         basis = self.highspy.HighsBasis()
-        basis.col_status, basis.row_status = list(col), list(row)
+        basis.col_status, basis.row_status = list(named[col]), list(named[row])
         basis.valid = True
         self.h.setBasis(basis)
 
