@@ -492,7 +492,8 @@ def test_the_time_limit_holds_on_a_large_pipeline():
 
 def test_a_tiny_budget_still_returns_a_plan_within_the_deadline():
     # 10 ms: the relaxation (0.25-0.5 s here) does not finish; the all-max plan stretched to
-    # the deadline comes back, with the bound of every node at its cheapest option
+    # the deadline (or the relaxation's last iterate scaled into it) comes back, with the
+    # bound of every node at its cheapest option (or its duals' so far, if higher)
     problem = _large_pipeline()
     base_s, base_j, _ = (float(v) for v in problem.evaluate(problem.top_clock()))
     energies = []
