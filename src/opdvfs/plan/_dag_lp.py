@@ -384,7 +384,8 @@ class _Programme:
         state runs every stage at one fractional duration between two hull options: the
         plans that match the relaxation mix the two options in step across the stages,
         which no node rounded alone finds. Past ``until`` (``time.perf_counter``) the
-        relaxation so far is rounded down. Every bound is restored after.
+        relaxation so far is rounded down. Every bound is restored after, and the
+        relaxation's optimal basis.
         """
         h, nx = self.h, self.nx
         cols = np.arange(nx, dtype=np.int32)
@@ -396,6 +397,7 @@ class _Programme:
         group = place[self.node_of] * chunks // max(self.n, 1)
         lower, upper = np.zeros(nx), np.ones(nx)
         optimal = self.highspy.HighsModelStatus.kOptimal
+        solved = h.getBasis()  # the relaxation's own: a frontier's next deadline starts there
         try:
             for at in range(chunks):
                 pick = group == at
@@ -417,6 +419,7 @@ class _Programme:
                 y = np.asarray(h.getSolution().col_value[:nx])
         finally:
             h.changeColsBounds(nx, cols, np.zeros(nx), np.ones(nx))
+            h.setBasis(solved)
         return self.round_down(y)
 
     def dual_bound(self) -> float:

@@ -175,8 +175,11 @@ _LARGE_NODES = 2048
 #: A large graph's relaxation is rounded in time order first where the plain rounding is
 #: further than this fraction above the bound (:func:`_large_rounding`).
 _ROLL_FIRST = 3e-3
+#: ... and only with this many times the relaxation's seconds left (:func:`_large_rounding`).
+_ROLL_ROOM = 3.0
 #: Seconds of the budget a large graph's relaxation leaves for the plan made when it does not
-#: finish (:func:`_first_plan`: its bound from the duals so far and its last iterate).
+#: finish (:func:`_first_plan`: its bound from the duals so far and its last iterate); at
+#: most a tenth of the budget (a frontier's 0.25 s a deadline).
 _FALLBACK_S = 0.08
 
 
@@ -267,7 +270,9 @@ def _solve(
         relaxation.start_slowest()
     try:
         relaxed = relaxation.relax(
-            None if time_limit_s <= 0 else max(left_s() - large * _FALLBACK_S, 0.0)
+            None
+            if time_limit_s <= 0
+            else max(left_s() - large * min(_FALLBACK_S, 0.1 * time_limit_s), 0.0)
         )
     except _OutOfTime:
         return _first_plan(
@@ -284,7 +289,9 @@ def _solve(
     slot = np.maximum(at_or_below.sum(axis=1) - 1, 0)
     fractional = ~np.isclose(options.time_s, duration[:, None], rtol=1e-7, atol=0.0).any(axis=1)
     if large:
-        slot = _large_rounding(problem, options, relaxation, slot, bound, deadline, rel_gap, until)
+        slot = _large_rounding(
+            problem, options, relaxation, slot, bound, deadline, rel_gap, until, relax_s
+        )
     else:
         slot = _greedy_fill(problem, options, slot, deadline, until)
     if warm_start is not None:  # a neighbouring deadline's plan (a frontier's warm start)
@@ -408,6 +415,7 @@ def _large_rounding(
     deadline_s: float,
     rel_gap: float,
     until: float,
+    relax_s: float,
 ) -> np.ndarray:
     """Return the better of two roundings of a large graph's relaxation, each greedy-filled.
 
@@ -417,7 +425,11 @@ def _large_rounding(
     :data:`_ROLL_FIRST` above the bound (measured at 8 stages x 128 microbatches, CPU to
     convergence: it won there in 7 of 9 cases, by up to 1.4 points, and lost by up to
     0.35; where the plain rounding was closer, the plain one won in 5 of 6, by up to 0.17).
-    The second runs only while the first is not within ``rel_gap`` of the bound.
+    The second runs only while the first is not within ``rel_gap`` of the bound. The rolling
+    one goes first only with at least :data:`_ROLL_ROOM` times the relaxation's
+    ``relax_s`` left: its re-solves take about as long as the relaxation, and the greedy
+    pass after them as long again (a frontier's 0.25 s a deadline leaves too little at 8
+    stages x 128 microbatches, where the plain rounding's greedy pass gains something).
     """
     rows = np.arange(problem.n_nodes)
     plain_j = float(problem.evaluate(options.clock[rows, rounded])[1])
@@ -430,7 +442,9 @@ def _large_rounding(
             problem, options, relaxation.roll(until), deadline_s, until, batched=True
         )
 
-    first, second = (rolled, plain) if plain_j * (1 - _ROLL_FIRST) > bound_j else (plain, rolled)
+    roll_first = plain_j * (1 - _ROLL_FIRST) > bound_j
+    roll_first &= until - _time.perf_counter() >= _ROLL_ROOM * relax_s
+    first, second = (rolled, plain) if roll_first else (plain, rolled)
     slot = first()
     if float(problem.evaluate(options.clock[rows, slot])[1]) * (1 - rel_gap) > bound_j:
         slot = _cheaper(problem, options, second(), slot, deadline_s)
