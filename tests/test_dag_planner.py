@@ -492,7 +492,8 @@ def test_the_time_limit_holds_on_a_large_pipeline():
 
 def test_a_tiny_budget_still_returns_a_plan_within_the_deadline():
     # 10 ms: the relaxation (0.25-0.5 s here) does not finish; the all-max plan stretched to
-    # the deadline comes back, with the bound of every node at its cheapest option
+    # the deadline (or the relaxation's last iterate scaled into it) comes back, with the
+    # bound of every node at its cheapest option (or its duals' so far, if higher)
     problem = _large_pipeline()
     base_s, base_j, _ = (float(v) for v in problem.evaluate(problem.top_clock()))
     energies = []
@@ -535,3 +536,69 @@ def test_a_halted_relaxation_stops_within_its_lp():
         with pytest.raises(_OutOfTime):
             programme.relax(0.1)
         assert time.process_time() - started < 1.0
+
+
+def _hull_relaxation(problem, target):
+    from opdvfs.plan._dag_lp import _Programme
+    from opdvfs.plan._dag_problem import _deadline, _Options
+
+    options = _Options.build(problem)
+    programme = _Programme(problem, options.hull(), nested=False, round_to=options)
+    deadline, _ = _deadline(problem, target)
+    programme.set_deadline(deadline)
+    return options, programme, deadline
+
+
+@pytest.mark.parametrize("blocking_power_w", [0.0, 70.0])
+def test_a_relaxation_stopped_early_still_certifies_a_bound_from_its_duals(blocking_power_w):
+    problem = random_dag(
+        np.random.default_rng(3), 60, 8, n_ranks=4, blocking_power_w=blocking_power_w
+    )
+    _, solved, _ = _hull_relaxation(problem, 0.02)
+    optimum_j, _ = solved.relax()
+    # at the optimum the Lagrangian of its duals is the optimum itself (a wrong sign or box
+    # would not be)
+    assert solved.dual_bound() == pytest.approx(optimum_j, rel=1e-7)
+    bounds, full = [], solved.h.getInfo().simplex_iteration_count
+    for iterations in (full // 4, full // 2, 3 * full // 4):
+        _, stopped, _ = _hull_relaxation(problem, 0.02)
+        stopped.h.setOptionValue("simplex_iteration_limit", iterations)
+        assert stopped.relax() is None  # stopped before its optimum
+        bounds.append(stopped.dual_bound())
+        assert bounds[-1] <= optimum_j * (1 + 1e-9)
+        assert stopped.durations_now().shape == (problem.n_nodes,)
+    assert np.isfinite(bounds[-1])
+
+
+@pytest.mark.parametrize("blocking_power_w", [0.0, 70.0])
+def test_the_all_slowest_start_reaches_the_same_relaxation(blocking_power_w):
+    problem = random_dag(
+        np.random.default_rng(5), 60, 8, n_ranks=4, blocking_power_w=blocking_power_w
+    )
+    for target in (0.0, 0.1):
+        _, cold, _ = _hull_relaxation(problem, target)
+        _, warm, _ = _hull_relaxation(problem, target)
+        warm.start_slowest()
+        assert warm.h.getBasis().valid
+        assert warm.relax()[0] == pytest.approx(cold.relax()[0], rel=1e-9)
+
+
+def test_the_rolling_rounding_and_the_batched_greedy_keep_the_deadline():
+    from opdvfs.plan._dag_search import _best_moves, _greedy_fill
+
+    problem = pipeline_dag(read_profile([dataset_path("perseus-bloom-a40")]), 16)
+    options, programme, deadline = _hull_relaxation(problem, 0.02)
+    bound_j, _ = programme.relax()
+    rows = np.arange(problem.n_nodes)
+    rolled = programme.roll(time.perf_counter() + 10.0, chunks=4)
+    # every bound restored: the same relaxation again
+    assert programme.relax()[0] == pytest.approx(bound_j, rel=1e-9)
+    for start in (rolled, np.zeros(problem.n_nodes, dtype=int)):
+        makespan, energy, _ = problem.evaluate(options.clock[rows, start])
+        assert makespan <= deadline * (1 + 1e-6) and energy >= bound_j * (1 - 1e-9)
+        filled = _greedy_fill(problem, options, start, deadline, batched=True)
+        makespan, filled_j, _ = problem.evaluate(options.clock[rows, filled])
+        assert makespan <= deadline * (1 + 1e-6)
+        assert bound_j * (1 - 1e-9) <= filled_j < energy
+        # no single move is left that fits its float and saves energy
+        assert not np.isfinite(_best_moves(problem, options, filled, deadline)[1]).any()

@@ -237,7 +237,9 @@ class DagPlan:
         What found the plan: ``relaxation`` (the rounded relaxation, certified alone),
         ``search`` (the neighbourhood search), ``milp`` (HiGHS's branch and bound) or
         ``stretched`` (the budget ended before the relaxation was solved: the all-max plan
-        stretched to the deadline, with a weak bound or none).
+        stretched to the deadline or, on graphs of 2048 nodes or more, the relaxation's last
+        iterate brought within it, whichever costs less; its bound is what the relaxation's
+        duals so far certify there, else weak or none).
     status
         ``optimal`` (within the gap asked), ``feasible`` (time ran out first) or ``infeasible``.
     plan_seconds
