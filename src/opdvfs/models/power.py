@@ -535,7 +535,7 @@ class PowerModel(JsonFile):
                 field="dynamic",
             )
         rows, train = _training_rows(profile, train_freqs_mhz, window_ms)
-        op_ids = np.unique(profile.ops["op"])
+        op_ids = profile.op_ids
         op = np.searchsorted(op_ids, rows["op"].to_numpy())
         rail = "core" if "core_power_w" in rows else "chip"
         top_mhz = device.max_freq_mhz if device is not None else float(profile.freqs_mhz.max())
