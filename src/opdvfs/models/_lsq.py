@@ -217,7 +217,7 @@ def fit_fixed_effects(
             gram[:, i, j] = gram[:, j, i] = np.bincount(op, b[:, i] * b[:, j], minlength=n_ops)
     # relative cutoff: the columns' scales differ by orders of magnitude (W vs W us)
     scale = np.sqrt(np.einsum("nii->ni", gram)) + 1e-300
-    inv = np.linalg.pinv(gram / scale[:, :, None] / scale[:, None, :], rcond=1e-10)
+    inv = _pinv(gram / scale[:, :, None] / scale[:, None, :], rcond=1e-10)
     inv = inv / scale[:, :, None] / scale[:, None, :]
 
     def per_op_fit(col: np.ndarray) -> np.ndarray:
@@ -248,6 +248,26 @@ def fit_fixed_effects(
     shared_coef = scipy.optimize.nnls(design, within(y, np.empty(len(y))))[0]
     del design
     return per_op_fit(y - cols @ shared_coef), shared_coef
+
+
+def _pinv(a: np.ndarray, *, rcond: float) -> np.ndarray:
+    """``np.linalg.pinv(a, rcond=rcond)`` of a stack of matrices, the same numbers, faster at 1x1.
+
+    A 1x1 matrix's SVD is ``|a|`` with signs for ``u`` and ``v`` (LAPACK's ``dbdsdc``), so its
+    pseudo-inverse is ``1 / a`` (0 for 0); the batched SVD took ~0.7 s at a million ops. Values
+    outside [1e-100, 1e100] (where LAPACK would rescale first) or not finite take ``pinv``.
+    """
+    if a.shape[1:] != (1, 1):
+        return np.linalg.pinv(a, rcond=rcond)
+    value = a[:, 0, 0]
+    magnitude = np.abs(value)
+    plain = (magnitude > 1e-100) & (magnitude < 1e100)
+    out = np.zeros_like(a)
+    out[plain, 0, 0] = 1.0 / value[plain]
+    rest = ~plain & (value != 0)  # zero: pinv gives 0, as out holds
+    if rest.any():
+        out[rest] = np.linalg.pinv(a[rest], rcond=rcond)
+    return out
 
 
 def per_op_static(

@@ -257,10 +257,12 @@ class MeasuredTables:
         def pick(table: np.ndarray) -> np.ndarray:
             if (cols >= 0).all():
                 return table[:, cols]
-            out = np.empty((len(table), len(cols)))
-            for j, col in enumerate(cols.tolist()):  # column by column: no full-size temporary
-                out[:, j] = table[:, col] if col >= 0 else np.nan
-            return out
+            # the profiled columns and one of NaN, gathered row by row (a column at a time
+            # wrote the (ops x clocks) result with a stride: 2.5x slower)
+            ext = np.empty((len(table), table.shape[1] + 1))
+            ext[:, :-1] = table
+            ext[:, -1] = np.nan
+            return np.take(ext, np.where(cols >= 0, cols, table.shape[1]), axis=1)
 
         return pick(self.time_us), pick(self.chip_energy_j), pick(self.core_energy_j)
 
