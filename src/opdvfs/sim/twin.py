@@ -496,8 +496,9 @@ class SimulatedDevice:
         )
         del stacked
         # a column at a time, each clock's part dropped once copied
+        names = list(samples[0])
         sensor = pd.DataFrame(
-            {name: np.concatenate([part.pop(name) for part in samples]) for name in list(samples[0])},
+            {name: np.concatenate([part.pop(name) for part in samples]) for name in names},
             copy=False,
         )
         del samples
