@@ -48,12 +48,20 @@ def wls(design: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     ndarray, shape (n, p)
         Coefficients; NaN for rows with fewer weighted points than parameters.
     """
+    return _wls(design, w * np.nan_to_num(y), w, (w > 0).sum(axis=1))
+
+
+def _wls(design: np.ndarray, wy: np.ndarray, w: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """:func:`wls` from ``w * nan_to_num(y)`` and each row's count of weighted points.
+
+    What every candidate of :func:`constrained_wls` shares, computed once for all of them.
+    """
     a = np.einsum("kp,nk,kq->npq", design, w, design)
-    b = np.einsum("kp,nk->np", design, w * np.nan_to_num(y))
+    b = np.einsum("kp,nk->np", design, wy)
     scale = np.trace(a, axis1=1, axis2=2)[:, None, None] / max(design.shape[1], 1)
     a = a + _RIDGE * np.maximum(scale, 1e-300) * np.eye(design.shape[1])
-    enough = (w > 0).sum(axis=1) >= design.shape[1]
-    coef = np.full((len(y), design.shape[1]), np.nan)
+    enough = points >= design.shape[1]
+    coef = np.full((len(wy), design.shape[1]), np.nan)
     if enough.any():
         coef[enough] = np.linalg.solve(a[enough], b[enough][..., None])[..., 0]
     return coef
@@ -106,8 +114,9 @@ def constrained_wls(
             m[i, col] = 1.0
             m[j, col] = -g[i] / g[j]
         candidates.append(m)
+    wy, points = w * np.nan_to_num(y), (w > 0).sum(axis=1)
     for m in candidates:
-        reduced = wls(design @ m, y, w)
+        reduced = _wls(design @ m, wy, w, points)
         coef = reduced @ m.T
         feasible = np.isfinite(coef).all(axis=1)
         feasible &= (coef[:, list(nonneg)] >= -1e-12 * np.abs(coef).max(axis=1, keepdims=True)).all(
