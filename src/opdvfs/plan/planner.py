@@ -815,10 +815,14 @@ def _op_tables(
     die_c = power["temp_c"]
     del power
     if measured is not None:
-        time_g, chip_g, core_g = measured.at(grid)
+        # the core energies are picked when they correct the model's (72 MB less held until
+        # then at 1M ops x 9 clocks), unless they move to the top clock's die with the others
+        time_g, chip_g = measured.time_at(grid), measured.chip_at(grid)
+        core_g = None if die_mhz is None else measured.core_at(grid)
         if die_mhz is not None:
             # measured at each clock's own die: moved to the plan's before they correct the models
             temp_g = measured.temp_at(grid)
+            assert core_g is not None
             chip_g = at_die(models.power, grid, time_g, chip_g, temp_g, die_c, rail="chip")
             core_g = at_die(models.power, grid, time_g, core_g, temp_g, die_c, rail="core")
             del temp_g
@@ -842,6 +846,7 @@ def _op_tables(
         e_sigma_g *= TIME_QUANTILE_Z
         chip_j = correct_to_measurements(grid, chip_j, chip_g, out=chip_j)
         del chip_g
+        core_g = measured.core_at(grid) if core_g is None else core_g
         core_j = correct_to_measurements(grid, core_j, core_g, out=core_j)
         del core_g
         cols = np.searchsorted(grid, freqs)
