@@ -481,3 +481,26 @@ def test_schedule_stages_carry_their_start_in_the_planned_run(bert_models):
     starts = [stage.start_s for stage in schedule.stages]
     assert starts[0] == 0.0 and all(b > a for a, b in itertools.pairwise(starts))
     assert starts[-1] < schedule.predicted_time_s
+
+
+def test_conservative_stage_tables_in_blocks_sum_as_one_table(monkeypatch):
+    # a million-op plan sums its upper quantiles a block of whole stages at a time: every
+    # stage's sum must be the one of the whole table, bit for bit
+    from opdvfs.plan import planner
+    from opdvfs.plan.dp import stage_tables
+
+    rng = np.random.default_rng(3)
+    n = 5000
+    time_us, energy_j = rng.random((n, 4)) * 100, rng.random((n, 4))
+    margin = rng.random((n, 4)) * 0.05
+    starts = np.r_[0, np.sort(rng.choice(np.arange(1, n), 700, replace=False))]
+    monkeypatch.setattr(planner, "_STAGE_BLOCK_OPS", 97)
+    for m_time, m_energy in ((margin, margin / 2), (None, margin), (None, None)):
+        whole = stage_tables(
+            planner._upper_quantile(time_us, m_time),
+            planner._upper_quantile(energy_j, m_energy),
+            starts,
+        )
+        blocks = planner._conservative_stage_tables(time_us, m_time, energy_j, m_energy, starts)
+        assert np.array_equal(whole.time_s, blocks.time_s)
+        assert np.array_equal(whole.energy_j, blocks.energy_j)

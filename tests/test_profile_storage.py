@@ -62,6 +62,24 @@ def test_samples_file_missing_or_foreign_is_one_line(tmp_path):
         Profile.read(tmp_path / "a.parquet")
 
 
+def test_samples_left_unread_only_where_rows_carry_power(tmp_path):
+    # fits read per-op power, never the samples: `fit` and `plan` skip decoding them
+    samples = pd.DataFrame({"t_s": [0.0, 0.1], "power_w": [200.0, 210.0]})
+    with_power = Profile(make_ops().assign(chip_power_w=250.0), samples)
+    with_power.write(tmp_path / "a.parquet")
+    bare = Profile.read(tmp_path / "a.parquet", samples=False)
+    assert bare.samples is None and bare.ops.equals(Profile.read(tmp_path / "a.parquet").ops)
+    assert read_profile(tmp_path / "a.parquet", samples=False).samples is None
+    assert np.array_equal(bare.op_ids, np.unique(bare.ops["op"]))
+    # still checked to be the profile's own
+    (tmp_path / "a.samples.parquet").unlink()
+    with pytest.raises(ProfileFormatError, match="is missing"):
+        Profile.read(tmp_path / "a.parquet", samples=False)
+    # without per-op power the samples are the only power: kept
+    Profile(make_ops(), samples).write(tmp_path / "b.parquet")
+    assert len(Profile.read(tmp_path / "b.parquet", samples=False).samples) == 2
+
+
 def test_samples_file_given_as_a_profile_is_named(tmp_path):
     Profile.read(FIXTURES / "profile_v1.parquet").write(tmp_path / "p.parquet")
     with pytest.raises(ProfileFormatError, match="sensor samples of an opdvfs profile"):

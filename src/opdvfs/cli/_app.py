@@ -221,13 +221,16 @@ def spinner() -> Progress:
     )
 
 
-def load_profile(sources: Sequence[Path], fmt: str | None, freq_mhz: str | None) -> Profile:
+def load_profile(
+    sources: Sequence[Path], fmt: str | None, freq_mhz: str | None, *, samples: bool = True
+) -> Profile:
+    """Read the profile files of a command (``samples``: see :func:`opdvfs.io.read_profile`)."""
     from opdvfs.io import read_profile
 
     clocks = parse_clocks(freq_mhz) if freq_mhz else None
     with spinner() as progress:
         progress.add_task(f"reading {len(sources)} file(s)", total=None)
-        return read_profile(list(sources), format=fmt, freqs_mhz=clocks)
+        return read_profile(list(sources), format=fmt, freqs_mhz=clocks, samples=samples)
 
 
 def need_clocks(profile: Profile, path: Path) -> None:

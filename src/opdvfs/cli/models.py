@@ -194,7 +194,8 @@ def fit(
     if calibrate and characterise is not None:
         raise UsageError("--calibrate and --characterise both give idle power: pass one")
     spec = device_spec(device)
-    profile = load_profile([profile_path], fmt, freq_mhz)
+    # per-op power is what the power model fits: then the sensor samples are not read
+    profile = load_profile([profile_path], fmt, freq_mhz, samples=False)
     need_clocks(profile, profile_path)
     train = train_clocks(train_freqs, profile)
     perf = PerfModel(form=form).fit(profile, train)

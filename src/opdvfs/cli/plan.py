@@ -465,7 +465,8 @@ def plan(
     if source.suffix.lower() in (".json", ".npz"):  # a MODELS file (JSON or columnar)
         given = ModelBundle.read(source)
     else:
-        given = load_profile([source], None, None)
+        # the samples are not fitted on where the rows carry power (plan_profile drops them)
+        given = load_profile([source], None, None, samples=False)
         need_clocks(given, source)
         train = train_clocks(train_freqs, given)
     # handed over: plan_profile then holds the only reference and frees the profile after the

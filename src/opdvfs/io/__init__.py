@@ -72,14 +72,14 @@ class Importer:
         return cast("Header", getattr(self._module(), self.header_attr))
 
 
-def _read_parquet(path: Path, *, freq_mhz: float | None = None) -> Profile:
+def _read_parquet(path: Path, *, freq_mhz: float | None = None, samples: bool = True) -> Profile:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from opdvfs.io._common import other_opdvfs_file
 
     try:
-        return Profile.read(path)
+        return Profile.read(path, samples=samples)
     except ProfileFormatError as exc:
         # a workload written as Parquet fails as a profile with a column error; name it instead
         try:
@@ -166,6 +166,7 @@ def read_profile(
     *,
     format: str | None = None,
     freqs_mhz: Sequence[float] | None = None,
+    samples: bool = True,
 ) -> Profile:
     """Read one or more measurement files into one profile.
 
@@ -178,6 +179,9 @@ def read_profile(
     freqs_mhz
         Core clock of each file, for formats that do not record it (Ascend CSVs, traces). One
         value applies to every file.
+    samples
+        False: an opdvfs Parquet profile whose rows carry per-op power is read without its
+        sensor samples (:meth:`Profile.read <opdvfs.profile.Profile.read>`), as fits need it.
 
     Raises
     ------
@@ -204,7 +208,8 @@ def read_profile(
     profiles = []
     for src, clock in zip(files, clocks, strict=True):
         name = format or detect_format(src)
-        profiles.append(FORMATS[name].read(src, freq_mhz=clock))
+        extra = {"samples": False} if name == "parquet" and not samples else {}
+        profiles.append(FORMATS[name].read(src, freq_mhz=clock, **extra))
     return profiles[0] if len(profiles) == 1 else _join(profiles, files)
 
 

@@ -362,17 +362,19 @@ def _training_rows(
     terms from one point), and the fit used to accept it silently.
     """
     rows = power_rows(profile, window_ms, columns=_FIT_COLUMNS)
-    train = training_clocks(
-        train_freqs_mhz, np.unique(rows["freq_mhz"]), "has no power data in the profile"
-    )
-    keep = np.isclose(rows["freq_mhz"].to_numpy()[:, None], train[None, :]).any(1)
+    # per distinct clock (a profile's are finite), then gathered per row: a sort of every row
+    # and (rows x clocks) comparisons took ~0.8 s at 3M rows
+    row_clock, clocks = pd.factorize(rows["freq_mhz"].to_numpy())
+    train = training_clocks(train_freqs_mhz, np.unique(clocks), "has no power data in the profile")
+    keep = np.isclose(clocks[:, None], train[None, :]).any(1)[row_clock]
     if not keep.all():  # every clock trains by default: no copy then
         rows = rows[keep]
+        row_clock, clocks = pd.factorize(rows["freq_mhz"].to_numpy())
     op_ids, freqs, times = profile.time_matrix_us()
     names = op_names(profile, op_ids)
     check_times(op_ids, names, train, times[:, np.searchsorted(freqs, train)])
     missing = np.ones((len(op_ids), len(train)), dtype=bool)
-    clock = np.abs(rows["freq_mhz"].to_numpy()[:, None] - train[None, :]).argmin(axis=1)
+    clock = np.abs(clocks[:, None] - train[None, :]).argmin(axis=1)[row_clock]
     missing[np.searchsorted(op_ids, rows["op"].to_numpy()), clock] = False
     if missing.any():
         i, j = np.argwhere(missing)[0]
@@ -535,7 +537,7 @@ class PowerModel(JsonFile):
                 field="dynamic",
             )
         rows, train = _training_rows(profile, train_freqs_mhz, window_ms)
-        op_ids = np.unique(profile.ops["op"])
+        op_ids = profile.op_ids
         op = np.searchsorted(op_ids, rows["op"].to_numpy())
         rail = "core" if "core_power_w" in rows else "chip"
         top_mhz = device.max_freq_mhz if device is not None else float(profile.freqs_mhz.max())

@@ -253,17 +253,30 @@ class MeasuredTables:
 
     def at(self, freqs_mhz: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Time (us), chip and core energy (J) at ``freqs_mhz``; NaN where not measured."""
+        return self.time_at(freqs_mhz), self.chip_at(freqs_mhz), self.core_at(freqs_mhz)
+
+    def time_at(self, freqs_mhz: np.ndarray) -> np.ndarray:
+        """Return the times (us) of :meth:`at` alone."""
+        return self._pick(self.time_us, freqs_mhz)
+
+    def chip_at(self, freqs_mhz: np.ndarray) -> np.ndarray:
+        """Return the chip energies (J) of :meth:`at` alone."""
+        return self._pick(self.chip_energy_j, freqs_mhz)
+
+    def core_at(self, freqs_mhz: np.ndarray) -> np.ndarray:
+        """Return the core energies (J) of :meth:`at` alone."""
+        return self._pick(self.core_energy_j, freqs_mhz)
+
+    def _pick(self, table: np.ndarray, freqs_mhz: np.ndarray) -> np.ndarray:
         cols = self.columns(freqs_mhz)
-
-        def pick(table: np.ndarray) -> np.ndarray:
-            if (cols >= 0).all():
-                return table[:, cols]
-            out = np.empty((len(table), len(cols)))
-            for j, col in enumerate(cols.tolist()):  # column by column: no full-size temporary
-                out[:, j] = table[:, col] if col >= 0 else np.nan
-            return out
-
-        return pick(self.time_us), pick(self.chip_energy_j), pick(self.core_energy_j)
+        if (cols >= 0).all():
+            return table[:, cols]
+        # the profiled columns and one of NaN, gathered row by row (a column at a time wrote
+        # the (ops x clocks) result with a stride: 2.5x slower)
+        ext = np.empty((len(table), table.shape[1] + 1))
+        ext[:, :-1] = table
+        ext[:, -1] = np.nan
+        return np.take(ext, np.where(cols >= 0, cols, table.shape[1]), axis=1)
 
     def noise_at(self, freqs_mhz: np.ndarray, *, rail: str = "time") -> np.ndarray:
         """Return each cell's median's standard error at ``freqs_mhz`` (0: unknown).

@@ -233,6 +233,7 @@ class SimulatedDevice:
         dur *= mult[:, None]
         dur += wait
         dur += jitter[:, None]
+        del mult, jitter, wait
         gap = np.tile(workload.ops["gap_before_us"].to_numpy(dtype=float), iterations)
         host = None
         dispatch_us = workload.ops["host_us"].to_numpy(dtype=float)
@@ -291,6 +292,7 @@ class SimulatedDevice:
         if late.size:  # (a run without one, e.g. at a static clock, keeps three columns)
             pieces.append(exe.end_us - op_split)
         dt_us = np.stack(pieces, axis=1)
+        del pieces, split
         cols = dt_us.shape[1]
         temp0 = p.ambient_c + 30.0 if start_temp_c is None else start_temp_c
         temp_ops = np.full(total, temp0)
@@ -316,18 +318,41 @@ class SimulatedDevice:
             temp_cols[:, 1:] = ends[:, :-1]
             temp_ops = ends[:, 1]  # temperature when each op starts (after its gap)
         self._interval_power(*power_args, chip, core)
+        del power_args, temp_cols, act, uncore
         # energies in the power buffers themselves, (power * dt) * 1e-6 as before
         for power in (chip, core):
             power *= dt_us
             power *= 1e-6
         chip_j, core_j = chip, core
-        edges = np.r_[0.0, (prev_end[:, None] + np.cumsum(dt_us, axis=1)).ravel()]
-        clock_mhz = np.stack([f_used[gclk], f_used[clk], f_used[clk], f_used[eclk]][:cols], axis=1)
+        # The sensors' inputs, each (total * cols + 1,) built in its own buffer: the same
+        # numbers as np.r_[0, ...] of each and the edges' `* 1e-6`, with one temporary fewer
+        # apiece (~150 MB at a million ops, the peak of a profile's last clock)
+        temp_ops = temp_ops.copy()
+        temp_edges = np.r_[temp0, ends.ravel()]
+        del ends
+        ends_us = np.cumsum(dt_us, axis=1)
+        ends_us += prev_end[:, None]
+        del dt_us, prev_end
+        edges_s = np.empty(ends_us.size + 1)
+        edges_s[0] = 0.0
+        np.multiply(ends_us.ravel(), 1e-6, out=edges_s[1:])
+        del ends_us
+        chip_cum, core_cum = np.empty(edges_s.size), np.empty(edges_s.size)
+        for cum, energy in ((chip_cum, chip_j), (core_cum, core_j)):
+            cum[0] = 0.0
+            np.cumsum(energy.ravel(), out=cum[1:])
+        # what the result keeps of the energies, before they are freed for the sensors' pass
+        op_chip_j, op_core_j = chip_j[:, 2:].sum(axis=1), core_j[:, 2:].sum(axis=1)
+        chip_total_j, core_total_j = float(chip_j.sum()), float(core_j.sum())
+        del chip, core, chip_j, core_j, power, energy
+        clock_mhz = np.empty((total, cols))
+        for col, c in enumerate((gclk, clk, clk, eclk)[:cols]):
+            clock_mhz[:, col] = f_used[c]
         samples = sample_sensors(
-            edges * 1e-6,
-            np.r_[0.0, np.cumsum(chip_j)],
-            np.r_[0.0, np.cumsum(core_j)],
-            np.r_[temp0, ends.ravel()],
+            edges_s,
+            chip_cum,
+            core_cum,
+            temp_edges,
             clock_mhz.ravel(),
             period_s=self.spec.power_sample_period_ms * 1e-3,
             window_s=p.power_window_ms * 1e-3,
@@ -338,10 +363,10 @@ class SimulatedDevice:
         return SimRun(
             execution=exe,
             dur_us=exe.end_us - exe.start_us,
-            op_chip_energy_j=chip_j[:, 2:].sum(axis=1),
-            op_core_energy_j=core_j[:, 2:].sum(axis=1),
-            chip_energy_j=float(chip_j.sum()),
-            core_energy_j=float(core_j.sum()),
+            op_chip_energy_j=op_chip_j,
+            op_core_energy_j=op_core_j,
+            chip_energy_j=chip_total_j,
+            core_energy_j=core_total_j,
             temp_start_c=temp_ops,
             samples=samples,
             iterations=iterations,
@@ -430,18 +455,25 @@ class SimulatedDevice:
         clocks = self.clock_index(freqs_mhz)
         fine = self.spec.power_sample_period_ms <= 1.0
         ascend = self.spec.vendor == "ascend"
-        frames, samples, offset_s = [], [], 0.0
-        for clock in clocks:
+        # Each clock's rows are copied into columns for every clock as they come, and its
+        # samples kept as columns: concatenating the tables at the end held them twice (~330 MB
+        # more at a million ops x 3 clocks). The same table as pd.concat of them.
+        stacked: dict[str, np.ndarray] = {}
+        categories: dict[str, pd.CategoricalDtype] = {}
+        samples: list[dict[str, np.ndarray]] = []
+        offset_s = 0.0
+        for k, clock in enumerate(clocks):
             f = float(self._clocks[clock])
             rng = np.random.default_rng([self.seed, round(f * 1000)])
             run = self._simulate_static(workload, int(clock), iterations=iterations, rng=rng)
             rows = self._rows(workload, run, f, rng, fine=fine, ratios=ascend)
             rows["wall_s"] = run.execution.start_us * 1e-6 + offset_s
-            frames.append(rows)
+            _stack_into(stacked, categories, rows, len(run.dur_us), k, len(clocks))
+            del rows
             smp = run.samples.assign(t_s=run.samples["t_s"] + offset_s)
-            samples.append(smp)
+            samples.append({name: smp[name].to_numpy() for name in smp.columns})
             offset_s = float(smp["t_s"].iloc[-1]) + 1.0
-            del run  # ~100 MB per million ops, which the next clock's run would otherwise meet
+            del run, smp  # ~100 MB per million ops, which the next clock's run would meet
             if on_clock is not None:
                 on_clock(f)
         meta = {
@@ -453,9 +485,24 @@ class SimulatedDevice:
             "sources": [f"simulated:{self.spec.name}:{workload.name}"],
             "sensor": self.sensor_ms,
         }
-        rows = pd.concat(frames, ignore_index=True)
-        del frames  # the per-clock tables would otherwise stay alive through validation
-        return Profile(rows, pd.concat(samples), meta=meta)
+        table = pd.DataFrame(
+            {
+                name: pd.Categorical.from_codes(values, dtype=categories[name])
+                if name in categories
+                else values
+                for name, values in stacked.items()
+            },
+            copy=False,
+        )
+        del stacked
+        # a column at a time, each clock's part dropped once copied
+        names = list(samples[0])
+        sensor = pd.DataFrame(
+            {name: np.concatenate([part.pop(name) for part in samples]) for name in names},
+            copy=False,
+        )
+        del samples
+        return Profile(table, sensor, meta=meta)
 
     def _rows(
         self,
@@ -466,42 +513,45 @@ class SimulatedDevice:
         *,
         fine: bool,
         ratios: bool,
-    ) -> pd.DataFrame:
+    ) -> dict[str, Any]:
+        """Return the profile rows of ``run`` as columns (arrays, categoricals, a scalar clock).
+
+        Columns, not a table: a table copied them into one block, and the caller copies each
+        into the rows of every clock (and drops it) as it comes.
+        """
         n, total = run.n_ops, run.n_ops * run.iterations
         ops = workload.ops
         op = np.tile(np.arange(n), run.iterations)
         iteration = np.repeat(np.arange(run.iterations), n)
         first = run.execution.start_us[::n]
-        frame = pd.DataFrame(
-            {
-                "iteration": iteration,
-                "op": op,
-                # categoricals (the profile keeps them so): no per-row string objects
-                **{key: _repeat_text(ops[key], op) for key in ("name", "type", "stream")},
-                "freq_mhz": freq_mhz,
-                "time_us": run.dur_us,
-                "start_us": run.execution.start_us - first[iteration],
-                "temp_c": np.round(run.temp_start_c / self.params.temp_resolution_c)
-                * self.params.temp_resolution_c,
-            }
-        )
+        columns: dict[str, Any] = {
+            "iteration": iteration,
+            "op": op,
+            # categoricals (the profile keeps them so): no per-row string objects
+            **{key: _repeat_text(ops[key], op) for key in ("name", "type", "stream")},
+            "freq_mhz": freq_mhz,
+            "time_us": run.dur_us,
+            "start_us": run.execution.start_us - first[iteration],
+            "temp_c": np.round(run.temp_start_c / self.params.temp_resolution_c)
+            * self.params.temp_resolution_c,
+        }
         if fine:
             read = 1.0 + rng.normal(0.0, _POWER_READ_NOISE, (2, total))
             seconds = run.dur_us * 1e-6
-            frame["core_power_w"] = run.op_core_energy_j / seconds * read[0]
-            frame["chip_power_w"] = run.op_chip_energy_j / seconds * read[1]
+            columns["core_power_w"] = run.op_core_energy_j / seconds * read[0]
+            columns["chip_power_w"] = run.op_chip_energy_j / seconds * read[1]
         if ratios:
             on_core = run.unit < 2
             nan = np.full(total, np.nan)
-            frame["ratio_mac"] = np.where(
+            columns["ratio_mac"] = np.where(
                 run.unit == CUBE, run.core_busy, np.where(on_core, 0.0, nan)
             )
-            frame["ratio_vec"] = np.where(
+            columns["ratio_vec"] = np.where(
                 run.unit == VECTOR, run.core_busy, np.where(on_core, 0.0, nan)
             )
-            frame["ratio_mte2"] = np.where(on_core, run.ld_busy, nan)
-            frame["ratio_mte3"] = np.where(on_core, run.st_busy, nan)
-        return frame
+            columns["ratio_mte2"] = np.where(on_core, run.ld_busy, nan)
+            columns["ratio_mte3"] = np.where(on_core, run.st_busy, nan)
+        return columns
 
     # ----------------------------------------------------------------------------- running
     def run(
@@ -703,6 +753,33 @@ class SimulatedDevice:
             }
         )
         return PowerCalibration(idle=pd.DataFrame(rows), cooldown=cooldown)
+
+
+def _stack_into(
+    stacked: dict[str, np.ndarray],
+    categories: dict[str, pd.CategoricalDtype],
+    columns: dict[str, Any],
+    n: int,
+    part: int,
+    parts: int,
+) -> None:
+    """Move ``columns`` (``n`` rows) into rows ``part`` of ``parts`` equal parts of ``stacked``.
+
+    Each column is dropped from ``columns`` once copied. The first part allocates the stacked
+    columns; a categorical is stacked as its codes, its dtype (the same in every part: one
+    workload's text) kept in ``categories``; a scalar fills its rows.
+    """
+    for name in list(columns):
+        column = columns.pop(name)
+        if isinstance(column, pd.Categorical):
+            if categories.setdefault(name, column.dtype) != column.dtype:
+                raise AssertionError(f"column {name!r}: other categories in part {part}")
+            column = column.codes
+        values = np.asarray(column)
+        if name not in stacked:
+            stacked[name] = np.empty(n * parts, dtype=values.dtype)
+        stacked[name][part * n : (part + 1) * n] = values
+        del column, values
 
 
 def _repeat_text(column: pd.Series, op: np.ndarray) -> pd.Categorical[Any]:
