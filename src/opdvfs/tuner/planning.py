@@ -65,6 +65,10 @@ class Aborted(Exception):
 _Prepared = tuple[Callable[..., Schedule], float | None]
 
 
+#: Every stage's profile and operators launched (None: a plan applied by time), stage 0 first.
+_Stages = tuple[list["Profile"], list[int | None]]
+
+
 class _NoProfile(Exception):
     """The sweep's profile could not be had (the message is the result's error)."""
 
@@ -143,17 +147,16 @@ class PlanningThread:
         """Start planning on ``sweep``'s profile (``trace``: a real device's, loaded here)."""
         self._spawn(lambda: self._one_sequence(sweep, trace, n_launches))
 
-    def start_stages(
-        self, profiles: list[Profile], n_launches: list[int], rank_map: list[int]
-    ) -> None:
+    def start_stages(self, gather: Callable[[], _Stages | None], rank_map: list[int]) -> None:
         """Start planning a pipeline job's stages together (:mod:`opdvfs.tuner.stages`).
 
-        ``profiles``/``n_launches``: each stage's, stage 0 (this rank's) first; ``rank_map``:
-        the stage of each rank. Each round's schedule is this rank's stage's; the whole job's
-        is :meth:`pipeline_of` it. No static-clock round: all ``rounds`` are budgets' (one
-        clock for every stage is a plan the budget rounds can choose too).
+        ``gather``, called in the thread, returns each stage's profile and operators launched
+        (None: applied by time), stage 0 (this rank's) first, or None once the run ended;
+        ``rank_map``: the stage of each rank. Each round's schedule is this rank's stage's; the
+        whole job's is :meth:`pipeline_of` it. No static-clock round: all ``rounds`` are
+        budgets' (one clock for every stage is a plan the budget rounds can choose too).
         """
-        self._spawn(lambda: self._stages(profiles, n_launches, rank_map))
+        self._spawn(lambda: self._stages(gather, rank_map))
 
     def pipeline_of(self, schedule: Schedule | None) -> PipelineSchedule | None:
         """Return the pipeline schedule whose rank-0 stage ``schedule`` is (None: not one)."""
@@ -233,12 +236,14 @@ class PlanningThread:
 
         return plan_at, float(max(fitted.inputs.freqs_mhz))
 
-    def _stages(
-        self, profiles: list[Profile], n_launches: list[int], rank_map: list[int]
-    ) -> _Prepared:
+    def _stages(self, gather: Callable[[], _Stages | None], rank_map: list[int]) -> _Prepared:
         """Return the planner of every stage together at a budget (no static round)."""
         from opdvfs.tuner.stages import plan_stages
 
+        gathered = gather()
+        if gathered is None:
+            raise Aborted
+        profiles, n_launches = gathered
         result = self.result
         result.profile = profiles[0]
         self.rounds = self.rounds_in_all  # every round a budget's (no static-clock round)

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import struct
 import tempfile
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from opdvfs.exceptions import OpdvfsError
+from opdvfs.exceptions import OpdvfsError, ValidationError
 from opdvfs.profile import Profile
 from opdvfs.schedule import PipelineSchedule, on_launches
 
@@ -43,20 +44,25 @@ __all__ = [
 _KEY = "stage-profile"
 _FAILED = b"failed:"  # a stage's profile that could not be built: its error follows
 _HEADER = struct.Struct("<QQQ")  # operators launched, ops file bytes, samples file bytes
+_BY_TIME = 2**64 - 1  # no operators counted: a plan applied by time (off the simulated GPU)
 
 
-def profile_bytes(profile: Profile, n_launches: int) -> bytes:
-    """Return ``profile`` (its two Parquet files) and its operators launched, as bytes."""
+def profile_bytes(profile: Profile, n_launches: int | None) -> bytes:
+    """Return ``profile`` (its two Parquet files) and its operators launched, as bytes.
+
+    ``n_launches`` None: the stage's plan applies by time, on the profile's operators.
+    """
     with tempfile.TemporaryDirectory(prefix="opdvfs-stage-") as tmp:
         path = Path(tmp) / "p.parquet"
         profile.write(path)
         ops = path.read_bytes()
         samples_path = Path(tmp) / "p.samples.parquet"
         samples = samples_path.read_bytes() if samples_path.exists() else b""
-    return _HEADER.pack(n_launches, len(ops), len(samples)) + ops + samples
+    n = _BY_TIME if n_launches is None else n_launches
+    return _HEADER.pack(n, len(ops), len(samples)) + ops + samples
 
 
-def profile_from_bytes(data: bytes) -> tuple[Profile, int]:
+def profile_from_bytes(data: bytes) -> tuple[Profile, int | None]:
     """Return the profile and operators launched :func:`profile_bytes` packed."""
     n_launches, n_ops, n_samples = _HEADER.unpack_from(data)
     body = memoryview(data)[_HEADER.size :]
@@ -65,10 +71,10 @@ def profile_from_bytes(data: bytes) -> tuple[Profile, int]:
         path.write_bytes(body[:n_ops])
         if n_samples:
             (Path(tmp) / "p.samples.parquet").write_bytes(body[n_ops : n_ops + n_samples])
-        return Profile.read(path), int(n_launches)
+        return Profile.read(path), None if n_launches == _BY_TIME else int(n_launches)
 
 
-def send_stage_profile(job: StoreJob, profile: Profile, n_launches: int) -> None:
+def send_stage_profile(job: StoreJob, profile: Profile, n_launches: int | None) -> None:
     """Post a stage's swept profile for rank 0 (from the stage's first rank, not rank 0)."""
     job.put_bytes(_KEY, profile_bytes(profile, n_launches))
 
@@ -79,9 +85,18 @@ def send_stage_failure(job: StoreJob, error: str) -> None:
 
 
 def gather_stage_profiles(
-    job: StoreJob, own: Profile, own_launches: int
-) -> tuple[list[Profile], list[int]]:
+    job: StoreJob,
+    own: Profile,
+    own_launches: int | None,
+    *,
+    stop: Callable[[], bool] | None = None,
+) -> tuple[list[Profile], list[int | None]] | None:
     """Rank 0: return every stage's profile and operators launched, stage 0 (its own) first.
+
+    ``stop``: from another thread than the one that exchanges each iteration (rank 0's
+    planning thread, off the simulated GPU), each profile is awaited by looking, not waiting
+    in the store (:meth:`~opdvfs.runtime.distributed.StoreJob.await_bytes`); None is
+    returned once ``stop()`` says the run ended.
 
     Raises
     ------
@@ -91,8 +106,11 @@ def gather_stage_profiles(
         When a stage's first rank could not build its profile (its line).
     """
     assert job.view is not None, "the ranks' sequences are compared first"
-    profiles, launches = [own], [own_launches]
+    profiles: list[Profile] = [own]
+    launches: list[int | None] = [own_launches]
     for rank in job.view.stage_leads[1:]:
+        if stop is not None and not job.await_bytes(_KEY, rank, stop=stop):
+            return None
         data = job.take_bytes(_KEY, rank)
         if data.startswith(_FAILED):
             raise OpdvfsError(f"stage of rank {rank} not profiled: {data[len(_FAILED) :].decode()}")
@@ -104,7 +122,7 @@ def gather_stage_profiles(
 
 def plan_stages(
     profiles: Sequence[Profile],
-    n_launches: Sequence[int],
+    n_launches: Sequence[int | None],
     budget: float,
     *,
     rank_map: Sequence[int],
@@ -113,20 +131,33 @@ def plan_stages(
     """Plan every stage together at ``budget`` (``plan --pipeline ranks``), on the launches.
 
     Each stage's schedule, planned on its profile's kernels, is re-indexed onto the operators
-    its ranks count per iteration (``n_launches``); ``rank_map`` (the stage of every rank) goes
-    into the file, so each rank finds its own. The messages' recorded peers (job ranks) are
-    planned as the stages those ranks run.
+    its ranks count per iteration (``n_launches``; None: off the simulated GPU, where the plan
+    applies by time on the traced operators it was planned on); ``rank_map`` (the stage of
+    every rank) goes into the file, so each rank finds its own. The messages' recorded peers
+    (job ranks) are planned as the stages those ranks run; a traced profile has none
+    (torch.profiler's trace names no peer), and the stages are then a linear pipeline
+    (:func:`~opdvfs.plan.ranks.plan_ranks`'s rule).
     """
     from opdvfs.plan.ranks import plan_ranks
 
-    plan = plan_ranks(
-        [_peers_as_stages(p, rank_map) for p in profiles],
-        budget,
-        sources=[f"stage{s}" for s in range(len(profiles))],
-        time_limit_s=time_limit_s,
-    )
+    inputs = [_peers_as_stages(p, rank_map) for p in profiles]
+    sources = [f"stage{s}" for s in range(len(profiles))]
+    try:
+        plan = plan_ranks(inputs, budget, sources=sources, time_limit_s=time_limit_s)
+    except ValidationError as exc:
+        if not any(_messages(p).any() for p in inputs) or any("peer" in p.ops for p in inputs):
+            raise
+        # traced profiles: their messages name no peer and cannot be matched (a middle stage's
+        # with no direction hint, NCCL's one SendRecv kernel): each stage on its own operators
+        warnings.warn(
+            f"opdvfs: the stages' traced messages cannot be matched ({exc}): each stage is "
+            "planned on its own operators, its messages local to it",
+            stacklevel=2,
+        )
+        local = [_messages_local(p) for p in inputs]
+        plan = plan_ranks(local, budget, sources=sources, time_limit_s=time_limit_s)
     stages = tuple(
-        on_launches(schedule, np.sort(profile.ops["op"].unique()), n)
+        schedule if n is None else on_launches(schedule, np.sort(profile.ops["op"].unique()), n)
         for schedule, profile, n in zip(plan.schedule.stages, profiles, n_launches, strict=True)
     )
     return plan.schedule.model_copy(update={"stages": stages, "rank_map": tuple(rank_map)})
@@ -143,4 +174,23 @@ def _peers_as_stages(profile: Profile, rank_map: Sequence[int]) -> Profile:
     if not known.any():
         return profile
     ops = ops.assign(peer=np.where(known, stage_of[np.where(known, peer, 0)], peer))
+    return Profile(ops, profile.samples, meta=profile.meta)
+
+
+def _messages(profile: Profile) -> np.ndarray:
+    """Return which operators are sends or receives (their type, else name, says so)."""
+    ops = profile.ops
+    types = ops["type" if "type" in ops else "name"].astype("string")
+    send = types.str.contains("send", case=False, regex=False)
+    recv = types.str.contains("recv", case=False, regex=False)
+    return (send | recv).to_numpy(dtype=bool)
+
+
+def _messages_local(profile: Profile) -> Profile:
+    """Return ``profile`` with its sends and receives as operators of its own stage alone."""
+    hit = _messages(profile)
+    if not hit.any():
+        return profile
+    types = profile.ops["type"] if "type" in profile.ops else profile.ops["name"]
+    ops = profile.ops.assign(type=np.where(hit, "message", types.astype(str).to_numpy()))
     return Profile(ops, profile.samples, meta=profile.meta)
