@@ -297,14 +297,21 @@ def _device_rows(ev: pd.DataFrame, dropped: Counter[str]) -> pd.DataFrame | None
     return ops.drop(columns="comm").set_index("event")
 
 
+#: The point-to-point operators a CPU trace keeps beside the aten ops (``torch.distributed``'s
+#: send and receives: a pipeline stage's messages, its receives' waits in their time).
+HOST_MESSAGES = ("c10d::send", "c10d::recv_", "c10d::recv_any_source_")
+
+
 def _host_rows(ev: pd.DataFrame) -> pd.DataFrame:
-    """Outermost aten ops (no aten ancestor on their thread), timed on the host.
+    """Outermost aten ops and messages (:data:`HOST_MESSAGES`) on their thread, host-timed.
 
     This is close to what a TorchDispatchMode sees: it intercepts an aten op and not the aten
     calls nested inside it. Wrappers that are not aten ops (``ProfilerStep#N``, autograd engine
     frames, ``Optimizer.step``) are looked through.
     """
-    host = ev[(ev["cat"] == "cpu_op") & ev["name"].str.startswith("aten::")].copy()
+    names = ev["name"]
+    kept = names.str.startswith("aten::") | names.isin(HOST_MESSAGES)
+    host = ev[(ev["cat"] == "cpu_op") & kept].copy()
     if host.empty:
         raise ProfileFormatError("no 'cpu_op' events named aten::*")
     host["end"] = host["ts"] + host["dur"]

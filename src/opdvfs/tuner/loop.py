@@ -732,6 +732,8 @@ class Tuner:
                 self._gather_stages = True
                 return
 
+            self.planning.iteration_s = self._top_iteration_s()  # (the stages' time by time)
+
             def traced(trace: Any) -> None:  # off the simulated GPU: read in the planning thread
                 rank_map = job.view.rank_map
                 self.planning.start_stages(lambda: self._traced_stages(job, trace), rank_map)

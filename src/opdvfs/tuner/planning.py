@@ -135,6 +135,9 @@ class PlanningThread:
         self._steady: Schedule | None = None
         #: A pipeline job's planned schedules, by the id of their rank-0 stage's.
         self._pipelines: dict[int, PipelineSchedule] = {}
+        #: A pipeline job's measured iteration at the top clock (s), for the stages applied by
+        #: time (:func:`~opdvfs.tuner.stages.plan_stages`); None: not known.
+        self.iteration_s: float | None = None
         #: Set when the run ended: a waiting ``measure`` gives up.
         self.aborted = threading.Event()
         #: Set once the thread has ended (planned, failed or aborted).
@@ -250,7 +253,9 @@ class PlanningThread:
 
         def plan_at(budget: float) -> Schedule:
             t0 = time.perf_counter()
-            pipeline = plan_stages(profiles, n_launches, budget, rank_map=rank_map)
+            pipeline = plan_stages(
+                profiles, n_launches, budget, rank_map=rank_map, iteration_s=self.iteration_s
+            )
             lead = pipeline.for_rank(0, len(rank_map), rank_map)
             with self._lock:
                 self._pipelines[id(lead)] = pipeline

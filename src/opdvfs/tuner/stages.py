@@ -26,7 +26,7 @@ import numpy as np
 
 from opdvfs.exceptions import OpdvfsError, ValidationError
 from opdvfs.profile import Profile
-from opdvfs.schedule import PipelineSchedule, on_launches
+from opdvfs.schedule import PipelineSchedule, Schedule, on_launches
 
 if TYPE_CHECKING:
     from opdvfs.runtime.distributed import StoreJob
@@ -127,6 +127,7 @@ def plan_stages(
     *,
     rank_map: Sequence[int],
     time_limit_s: float | None = None,
+    iteration_s: float | None = None,
 ) -> PipelineSchedule:
     """Plan every stage together at ``budget`` (``plan --pipeline ranks``), on the launches.
 
@@ -137,6 +138,12 @@ def plan_stages(
     (job ranks) are planned as the stages those ranks run; a traced profile has none
     (torch.profiler's trace names no peer), and the stages are then a linear pipeline
     (:func:`~opdvfs.plan.ranks.plan_ranks`'s rule).
+
+    ``iteration_s``: the job's measured iteration at the top clock (s), for the stages applied
+    by time: their planned times are their operators' alone, and the host's share of a step
+    (the ranks' exchange, Python) is not in them, so each such stage's timing is stretched to
+    it (:func:`_on_iteration`), as the time-anchored executor scales its offsets to each
+    iteration's length, which must stay within its tolerance of the planned one.
     """
     from opdvfs.plan.ranks import plan_ranks
 
@@ -160,7 +167,34 @@ def plan_stages(
         schedule if n is None else on_launches(schedule, np.sort(profile.ops["op"].unique()), n)
         for schedule, profile, n in zip(plan.schedule.stages, profiles, n_launches, strict=True)
     )
+    if iteration_s is not None:
+        stages = tuple(
+            _on_iteration(st, iteration_s) if n is None else st
+            for st, n in zip(stages, n_launches, strict=True)
+        )
     return plan.schedule.model_copy(update={"stages": stages, "rank_map": tuple(rank_map)})
+
+
+def _on_iteration(schedule: Schedule, iteration_s: float) -> Schedule:
+    """Return ``schedule`` with its times stretched: its top-clock iteration to ``iteration_s``.
+
+    (Its stages' start times, its baseline and predicted times, by one factor; unchanged when
+    its baseline is not shorter.)
+    """
+    top_s = schedule.baseline_time_s or schedule.predicted_time_s
+    if not top_s or iteration_s <= top_s:
+        return schedule
+    scale = iteration_s / top_s
+    stages = tuple(
+        st if st.start_s is None else st.model_copy(update={"start_s": st.start_s * scale})
+        for st in schedule.stages
+    )
+    times = {
+        k: getattr(schedule, k) * scale
+        for k in ("baseline_time_s", "predicted_time_s")
+        if getattr(schedule, k) is not None
+    }
+    return schedule.model_copy(update={"stages": stages, **times})
 
 
 def _peers_as_stages(profile: Profile, rank_map: Sequence[int]) -> Profile:
