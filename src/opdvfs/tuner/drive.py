@@ -103,7 +103,7 @@ class Drive(ABC):
     #: Whether plans apply by time (True) or by operator.
     by_time: bool = False
     #: Whether a pipeline job's stages are profiled and planned together here
-    #: (:meth:`stage_profile`; :mod:`opdvfs.tuner.stages`).
+    #: (:meth:`build_stage_profile`; :mod:`opdvfs.tuner.stages`).
     plans_stages: bool = False
 
     def __init__(self, actuator: Actuator, executor: Any) -> None:

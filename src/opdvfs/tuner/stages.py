@@ -3,7 +3,10 @@
 When the ranks of a torchrun job run different operator sequences (pipeline stages; the groups of
 :class:`~opdvfs.runtime.distributed.JobView`, stage ``s`` the ``s``-th group by its first rank),
 every rank follows rank 0's clock through the sweep, and the first rank of each stage builds its
-profile of the swept iterations (on a simulated GPU: :func:`~opdvfs.runtime.sweep.sim_profile`).
+profile of the swept iterations (on a simulated GPU: :func:`~opdvfs.runtime.sweep.sim_profile`;
+off it, from its own torch.profiler trace of the sweep:
+:meth:`~opdvfs.tuner.drive.DeviceDrive.build_stage_profile`, and each stage's plan applies by
+time).
 Those profiles go to rank 0 through the job's key-value store as Parquet bytes
 (:func:`send_stage_profile`, :func:`gather_stage_profiles`: no collective, so no operator count
 sees them), and rank 0's planning thread plans the whole job on its dependency graph at each
