@@ -513,7 +513,10 @@ class DeviceDrive(Drive):
 
         def load(trace: Traced) -> None:
             try:
-                profile = traced_profile(trace.load(), records, freqs)
+                measured = trace.load()
+                if measured is None:
+                    raise ValueError("the trace holds no profile")
+                profile = traced_profile(measured, records, freqs)
             except Exception as exc:
                 done(None, f"the sweep's trace could not be read: {type(exc).__name__}: {exc}")
                 return

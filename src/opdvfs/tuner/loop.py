@@ -355,7 +355,8 @@ class Tuner:
                         self.stages = job.follows_plan = self.result.stages_together = True
                         view = job.view
                         self.result.pipeline_stages = len(view.stage_leads) if view else None
-                    if not job.leader and not (self.stages and self.rank in job.view.stage_leads):
+                    leads = job.view.stage_leads if job.view is not None else [0]
+                    if not job.leader and not (self.stages and self.rank in leads):
                         self.drive.follower()  # rank 0's sweep (or its stage lead's) is profiled
             except Exception as exc:
                 self._lost_job(exc)
@@ -449,6 +450,9 @@ class Tuner:
     def _lost_job(self, exc: BaseException) -> None:
         self.result.error = self.ranks.lose(exc)
         self._stop_tuning()
+        if self.rank != 0:
+            with contextlib.suppress(Exception):
+                self.drive.follower()  # a trace kept for a stage's profile: no longer needed
 
     def _lead(self, job: Any, iteration: int) -> None:
         """Rank 0: send what this iteration end decided (phase, clock, schedule) to the others."""
@@ -734,8 +738,10 @@ class Tuner:
 
             self.planning.iteration_s = self._top_iteration_s()  # (the stages' time by time)
 
+            assert job.view is not None  # (the ranks' sequences were compared)
+            rank_map = job.view.rank_map
+
             def traced(trace: Any) -> None:  # off the simulated GPU: read in the planning thread
-                rank_map = job.view.rank_map
                 self.planning.start_stages(lambda: self._traced_stages(job, trace), rank_map)
 
             self.drive.after_sweep(traced, lambda error: setattr(self.result, "error", error))
