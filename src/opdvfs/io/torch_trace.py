@@ -8,7 +8,9 @@ profile row is one launching operator: its time is the sum of its device events'
 position is its dispatch order within the iteration.
 
 CPU-only traces: the rows are the outermost ``aten::`` ops on each thread (the sequence a
-TorchDispatchMode sees), timed on the host.
+TorchDispatchMode sees), and ``torch.distributed``'s point-to-point ops (:data:`HOST_MESSAGES`:
+a pipeline stage's messages, which a dispatch mode sees too), timed on the host. They name no
+peer (the trace records none without shapes).
 
 Iterations are the ``ProfilerStep#N`` spans when present; iterations whose operator sequence
 differs from the most common one (warm-up, lazy initialisation) are dropped and counted. The clock
