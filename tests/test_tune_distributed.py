@@ -206,13 +206,87 @@ def _traced_rank(rank: int, port: int, out: str, wider: bool = False) -> None:
     (Path(out) / f"result.rank{rank}.json").write_text(json.dumps(result))
 
 
+#: The swept clocks of the traced pipeline (the plan's clock below them is the model's).
+PIPE_CLOCKS = [1410.0, 1380.0]
+
+
+def _traced_pipeline_rank(rank: int, port: int, out: str) -> None:
+    """One stage of the 2-stage toy pipeline tuned off the simulator (dry run: traced).
+
+    A dry run measures no power: as a sensor would, each traced operator is given a power
+    that falls with its clock (``chip_power_w``, the per-op column a profile may carry), so
+    the stages can be planned; the CPU's times do not change with the clock.
+    """
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2"
+    )
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
+    from pipeline_toy import train
+
+    import opdvfs.runtime.sweep as sweep_module
+    from opdvfs.profile import Profile
+    from opdvfs.runtime.actuators import make_actuator
+    from opdvfs.tuner import drive as drive_module
+    from opdvfs.tuner.loop import Tuner
+
+    real = sweep_module.traced_profile
+
+    def powered(*args: object) -> Profile:
+        p = real(*args)  # type: ignore[arg-type]
+        ops = p.ops.assign(chip_power_w=20.0 + 0.05 * p.ops["freq_mhz"])
+        return Profile(ops, p.samples, meta=p.meta)
+
+    sweep_module.traced_profile = powered  # type: ignore[assignment]
+    # a loaded 2-core host's steps vary more than a GPU's: the time-anchored executor's
+    # tolerance as the off-the-simulator tests of test_tune.py
+    timed = drive_module._timed_executor
+    drive_module._timed_executor = lambda act: timed(act, tolerance=0.95)  # type: ignore[assignment]
+    log = Path(out) / f"calls.rank{rank}.jsonl"
+    act = make_actuator("dry-run", device="a100-like", log=str(log))
+    tuner = Tuner(
+        act, target=0.02, clocks=PIPE_CLOCKS, iterations_per_clock=2, block=2, pairs=2, rounds=1
+    )
+    steady: list[int] = []
+
+    def stop(i: int) -> bool:  # both ranks see the same phase at the same step
+        if tuner.phase == "steady" and not steady:
+            steady.append(i)
+        return (bool(steady) and i >= steady[0] + 4) or tuner.phase == "top" or i >= 400
+
+    with tuner:
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        try:
+            train(400, 2, before_step=stop)
+        finally:
+            dist.destroy_process_group()
+    result = tuner.result.to_dict()
+    profile = tuner.result.profile
+    result["profile_names"] = None if profile is None else sorted(set(profile.ops["name"]))
+    # rank 0: the pipeline it planned (and measured, whether or not it met the target)
+    pipes = list(tuner.planning._pipelines.values())
+    result["stage_mhz"] = (
+        [sorted({st.freq_mhz for st in s.stages}) for s in pipes[0].stages] if pipes else None
+    )
+    calls = read_log(log)  # what the dry run would have set, and its restore
+    result["set_mhz"] = sorted({c["freq_mhz"] for c in calls if c["kind"] == "set"})
+    # the time-anchored executor's sets: at an offset into their iteration
+    result["timed_mhz"] = sorted(
+        {c["freq_mhz"] for c in calls if c["kind"] == "set" and c.get("offset_s") is not None}
+    )
+    result["last_call"] = calls[-1]["kind"]
+    (Path(out) / f"result.rank{rank}.json").write_text(json.dumps(result))
+
+
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory) -> dict[str, list[dict]]:
-    """Two jobs of two ranks off the simulator: one model ("same"), rank 1's wider ("wider")."""
-    outs = {name: tmp_path_factory.mktemp(name) for name in ("same", "wider")}
+    """Three jobs of two ranks off the simulator: one model ("same"), rank 1's wider
+    ("wider"), the 2-stage toy pipeline ("pipeline")."""
+    outs = {name: tmp_path_factory.mktemp(name) for name in ("same", "wider", "pipeline")}
     _spawn_jobs(
         (_traced_rank, _free_port(), str(outs["same"]), False),
         (_traced_rank, _free_port(), str(outs["wider"]), True),
+        (_traced_pipeline_rank, _free_port(), str(outs["pipeline"])),
     )
     return {name: _results(out) for name, out in outs.items()}
 
@@ -236,6 +310,27 @@ def test_off_the_simulator_ranks_whose_steps_differ_are_told_apart(traced, cpu_o
     r0, r1 = traced["wider"]
     assert r0["same_sequence"] is False and r1["same_sequence"] is False
     assert [i["phase"] for i in r0["per_iteration"]] == [i["phase"] for i in r1["per_iteration"]]
+
+
+def test_off_the_simulator_pipeline_stages_are_traced_planned_together_applied_by_time(
+    traced, cpu_only
+):
+    """Each stage lead loads its own sweep trace; rank 0 plans both; each applies its own."""
+    r0, r1 = traced["pipeline"]
+    assert r0["error"] is None and r1["error"] is None, (r0["error"], r1["error"])
+    assert r0["stages_together"] and r1["stages_together"] and r0["pipeline_stages"] == 2
+    # rank 1's profile is its own trace's: the last stage's loss, which rank 0 never runs
+    assert "aten::square" in r1["profile_names"] and "aten::square" not in r0["profile_names"]
+    phases = [i["phase"] for i in r0["per_iteration"]]
+    assert phases == [i["phase"] for i in r1["per_iteration"]] and "tuned" in phases
+    # the whole job planned on rank 0 below the top clock (the CPU's times do not change with
+    # it, its power does), and each rank set its own stage's plan by time, then restored
+    planned = r0["stage_mhz"]
+    assert len(planned) == 2 and all(min(s) < max(PIPE_CLOCKS) for s in planned), planned
+    for rank, r in enumerate((r0, r1)):
+        assert set(PIPE_CLOCKS) <= set(r["set_mhz"]), (rank, r["set_mhz"])  # the sweep
+        assert set(planned[rank]) <= set(r["timed_mhz"]), (rank, planned, r["timed_mhz"])
+        assert r["last_call"] == "restore"
 
 
 #: A data-parallel script for torchrun (`STEPS CRASH_AT`: rank 1 raises at that step).

@@ -291,6 +291,39 @@ def test_a_stage_profile_travels_as_bytes_with_its_launches(tmp_path):
     assert n_launches == 3
     pd.testing.assert_frame_equal(back.ops[ops.columns], profile.ops[ops.columns])
     assert back.meta["device"] == "a100-like"
+    # off the simulated GPU no operators are counted: the stage's plan applies by time
+    assert profile_from_bytes(profile_bytes(profile, None))[1] is None
+
+
+def test_a_stage_applied_by_time_is_stretched_to_the_measured_step_its_messages_made_local():
+    """A traced stage's plan times its operators alone: stretched to the job's measured step."""
+    from opdvfs.profile import Profile
+    from opdvfs.schedule import Schedule
+    from opdvfs.tuner.stages import _messages_local, _on_iteration
+
+    plan = Schedule.from_stage_freqs(
+        [0, 4], [1410.0, 1005.0], n_ops=10, start_s=[0.0, 0.002], target=0.02, solver="manual"
+    ).model_copy(update={"baseline_time_s": 0.004, "predicted_time_s": 0.0041})
+    out = _on_iteration(plan, 0.02)  # the host's share: 5 times the operators' time
+    assert [st.start_s for st in out.stages] == pytest.approx([0.0, 0.01])
+    assert out.baseline_time_s == pytest.approx(0.02) and out.predicted_time_s == pytest.approx(
+        0.0205
+    )
+    assert [st.freq_mhz for st in out.stages] == [1410.0, 1005.0]
+    assert _on_iteration(plan, 0.003) is plan  # never shrunk
+    ops = pd.DataFrame(
+        {
+            "iteration": [0, 0, 0],
+            "op": [0, 1, 2],
+            "name": ["aten::mm", "ncclDevKernel_SendRecv", "c10d::recv_"],
+            "type": ["aten::mm", "ncclDevKernel_SendRecv", "c10d::recv_"],
+            "freq_mhz": [1410.0] * 3,
+            "time_us": [10.0, 2.0, 3.0],
+        }
+    )
+    local = _messages_local(Profile(ops))
+    assert local.ops["type"].tolist() == ["aten::mm", "message", "message"]
+    assert local.ops["name"].tolist() == ops["name"].tolist()
 
 
 @pytest.mark.slow
@@ -431,3 +464,38 @@ def test_torchrun_tune_on_the_example_pipeline_plans_its_stages_together(tmp_pat
         assert set(CLOCKS) <= set(sets)
         planned = {s.freq_mhz for s in pipeline.stages[rank].stages}
         assert set(sets[-len(planned) :]) <= planned | {max(CLOCKS)}, (rank, sets[-8:])
+
+
+def test_traced_stages_whose_messages_have_no_direction_are_planned_each_on_its_own():
+    """NCCL's one SendRecv kernel names no direction: one warning, each stage planned alone."""
+    from opdvfs.profile import Profile
+    from opdvfs.tuner.stages import plan_stages
+
+    def traced(names: list[str]) -> Profile:  # 2 iterations at each of 2 clocks, with power
+        rows = []
+        for freq_mhz, first in ((1410.0, 0), (1005.0, 2)):
+            for it in (first, first + 1):
+                start_us = 0.0
+                for k, name in enumerate(names):
+                    time_us = 100.0 * (1410.0 / freq_mhz if name.startswith("aten") else 1.0)
+                    rows.append(
+                        {
+                            "iteration": it,
+                            "op": k,
+                            "name": name,
+                            "type": name,
+                            "freq_mhz": freq_mhz,
+                            "time_us": time_us,
+                            "start_us": start_us,
+                            "chip_power_w": 20.0 + 0.05 * freq_mhz,
+                        }
+                    )
+                    start_us += time_us
+        return Profile(pd.DataFrame(rows))
+
+    msg = "ncclDevKernel_SendRecv"
+    profiles = [traced(["aten::mm", msg, "aten::mm", msg]), traced([msg, "aten::mm", msg])]
+    with pytest.warns(UserWarning, match="cannot be matched .*no direction"):
+        pipeline = plan_stages(profiles, [None, None], 0.05, rank_map=[0, 1], iteration_s=0.01)
+    assert [s.n_ops for s in pipeline.stages] == [4, 3]  # each on its traced operators
+    assert [s.predicted_time_s for s in pipeline.stages] == pytest.approx([0.01, 0.01])

@@ -8,7 +8,9 @@ profile row is one launching operator: its time is the sum of its device events'
 position is its dispatch order within the iteration.
 
 CPU-only traces: the rows are the outermost ``aten::`` ops on each thread (the sequence a
-TorchDispatchMode sees), timed on the host.
+TorchDispatchMode sees), and ``torch.distributed``'s point-to-point ops (:data:`HOST_MESSAGES`:
+a pipeline stage's messages, which a dispatch mode sees too), timed on the host. They name no
+peer (the trace records none without shapes).
 
 Iterations are the ``ProfilerStep#N`` spans when present; iterations whose operator sequence
 differs from the most common one (warm-up, lazy initialisation) are dropped and counted. The clock
@@ -297,14 +299,21 @@ def _device_rows(ev: pd.DataFrame, dropped: Counter[str]) -> pd.DataFrame | None
     return ops.drop(columns="comm").set_index("event")
 
 
+#: The point-to-point operators a CPU trace keeps beside the aten ops (``torch.distributed``'s
+#: send and receives: a pipeline stage's messages, its receives' waits in their time).
+HOST_MESSAGES = ("c10d::send", "c10d::recv_", "c10d::recv_any_source_")
+
+
 def _host_rows(ev: pd.DataFrame) -> pd.DataFrame:
-    """Outermost aten ops (no aten ancestor on their thread), timed on the host.
+    """Outermost aten ops and messages (:data:`HOST_MESSAGES`) on their thread, host-timed.
 
     This is close to what a TorchDispatchMode sees: it intercepts an aten op and not the aten
     calls nested inside it. Wrappers that are not aten ops (``ProfilerStep#N``, autograd engine
     frames, ``Optimizer.step``) are looked through.
     """
-    host = ev[(ev["cat"] == "cpu_op") & ev["name"].str.startswith("aten::")].copy()
+    names = ev["name"]
+    kept = names.str.startswith("aten::") | names.isin(HOST_MESSAGES)
+    host = ev[(ev["cat"] == "cpu_op") & kept].copy()
     if host.empty:
         raise ProfileFormatError("no 'cpu_op' events named aten::*")
     host["end"] = host["ts"] + host["dur"]

@@ -22,7 +22,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -366,6 +366,38 @@ class StoreJob:
         with contextlib.suppress(Exception):
             self.store.delete_key(key)
         return data
+
+    def await_bytes(
+        self, name: str, rank: int, *, poll_s: float = 0.05, stop: Callable[[], bool] | None = None
+    ) -> bool:
+        """Wait until ``rank`` posted under ``name`` (True), or until ``stop()`` (False).
+
+        For another thread than the one that exchanges each iteration: it looks (a quick
+        ``check``) every ``poll_s`` seconds instead of waiting in the store, which would hold
+        the store's client for every other call of this process meanwhile.
+
+        Raises
+        ------
+        DistributedError
+            As :meth:`take_bytes`: a rank left, or nothing came within :attr:`timeout_s`.
+        """
+        key = f"{name}/{rank}"
+        deadline = time.monotonic() + self.timeout_s
+        while not self.store.check([key]):
+            if stop is not None and stop():
+                return False
+            if int(self.store.add("left", 0)):
+                raise DistributedError(
+                    f"a rank left the job (an error or a signal) while rank {self.rank} waited "
+                    f"for rank {rank}'s {name}"
+                )
+            if time.monotonic() >= deadline:
+                raise DistributedError(
+                    f"rank {rank} posted no {name} within {self.timeout_s:g} s "
+                    "(OPDVFS_RANK_TIMEOUT_S): it died or stalled"
+                )
+            time.sleep(poll_s)
+        return True
 
     def _get(self, key: str) -> str:
         """Return what a rank posted at ``key`` (``EXCHANGE/RANK``) once it is there."""

@@ -64,6 +64,7 @@ __all__ = [
     "sim_profile",
     "sweep_profile",
     "sweep_run",
+    "traced_profile",
 ]
 
 #: Settle time after a clock request on a real GPU (s): NVML's locked-clock change lands within
@@ -625,31 +626,46 @@ def sim_profile(gpu: SimulatedGpu, counted: Mapping[int, float]) -> Profile:
 
 
 def _traced_profile(measured: Profile, sweep: ClockSweep) -> Profile:
-    """Build the sweep's profile from a trace: a row's clock is its counted iteration's.
+    """Build the sweep's profile from a trace: a row's clock is its counted iteration's."""
+    counted = [r for r in sweep.records if r.phase == "counted"]
+    return traced_profile(measured, counted, sweep.freqs_mhz)
 
-    Rows are placed by their start (``wall_s``, the trace's ``time.time()`` clock) within the
-    counted iterations' spans; the sweep synchronised the device at each iteration end, so
-    those spans hold exactly their iteration's kernels. Rows in no counted iteration go, and
-    so do counted iterations whose operator sequence is not the most common one: the trace's
-    clock and ``time.time()`` agree to within a fraction of a millisecond, so on a loaded host
-    an operator at an iteration's edge can land in its neighbour (as the trace reader drops
-    iterations whose sequence differs, :func:`opdvfs.io.torch_trace.read`).
+
+def traced_profile(
+    measured: Profile, counted: Sequence[SweepIteration], freqs_mhz: Sequence[float]
+) -> Profile:
+    """Build a swept profile from a trace of the run and its ``counted`` iterations.
+
+    A row's clock is its counted iteration's. Rows are placed by their start (``wall_s``, the
+    trace's ``time.time()`` clock) within the counted iterations' spans (``start_s``,
+    ``end_s``); the sweep synchronised the device at each iteration end, so those spans hold
+    exactly their iteration's kernels. Rows in no counted iteration go, and so do counted
+    iterations whose operator sequence is not the most common one: the trace's clock and
+    ``time.time()`` agree to within a fraction of a millisecond, so on a loaded host an
+    operator at an iteration's edge can land in its neighbour (as the trace reader drops
+    iterations whose sequence differs, :func:`opdvfs.io.torch_trace.read`). A pipeline stage
+    that followed rank 0's sweep builds its own this way (:mod:`opdvfs.tuner.stages`).
+
+    Raises
+    ------
+    CaptureError
+        If the trace has no wall-clock times, or a clock of ``freqs_mhz`` keeps no iteration.
     """
     ops = measured.ops
     if "wall_s" not in ops:
         raise CaptureError("the trace has no wall-clock times (baseTimeNanoseconds)")
-    counted = [r for r in sweep.records if r.phase == "counted"]
+    counted = sorted(counted, key=lambda r: r.start_s)
     starts = np.array([r.start_s for r in counted])
     ends = np.array([r.end_s for r in counted])
     wall = ops["wall_s"].to_numpy(dtype=float)
     pos = np.searchsorted(starts, wall, side="right") - 1
-    inside = (pos >= 0) & (wall <= ends[np.clip(pos, 0, None)])
+    inside = (pos >= 0) & (wall <= ends[np.clip(pos, 0, None)]) if counted else pos < -1
     rows = ops[inside].copy()
     which = pos[inside]
-    rows["iteration"] = np.array([r.iteration for r in counted])[which]
-    rows["freq_mhz"] = np.array([r.freq_mhz for r in counted])[which]
+    rows["iteration"] = np.array([r.iteration for r in counted], dtype=np.int64)[which]
+    rows["freq_mhz"] = np.array([r.freq_mhz for r in counted], dtype=float)[which]
     rows["op"] = rows.groupby("iteration").cumcount()
-    rows = _common_sequence(rows, sweep.freqs_mhz)
+    rows = _common_sequence(rows, freqs_mhz)
     meta = measured.meta
     meta["sources"] = ["opdvfs capture --freqs"]
     return Profile(rows, measured.samples, meta=meta)

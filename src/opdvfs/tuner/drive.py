@@ -22,6 +22,7 @@ iteration's operators are being recorded, the names recorded, and the end of an 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import warnings
 from abc import ABC, abstractmethod
@@ -102,7 +103,7 @@ class Drive(ABC):
     #: Whether plans apply by time (True) or by operator.
     by_time: bool = False
     #: Whether a pipeline job's stages are profiled and planned together here
-    #: (:meth:`stage_profile`; :mod:`opdvfs.tuner.stages`).
+    #: (:meth:`build_stage_profile`; :mod:`opdvfs.tuner.stages`).
     plans_stages: bool = False
 
     def __init__(self, actuator: Actuator, executor: Any) -> None:
@@ -186,6 +187,25 @@ class Drive(ABC):
         Only where :attr:`plans_stages`.
         """
         raise NotImplementedError(f"{type(self).__name__} does not profile pipeline stages")
+
+    def build_stage_profile(
+        self,
+        counted: dict[int, float],
+        spans: dict[int, tuple[float, float]],
+        done: Callable[[Profile | None, str | None], None],
+    ) -> None:
+        """Build this rank's profile of the swept iterations ``counted`` (iteration -> MHz).
+
+        ``spans``: each iteration's (start, end) on :meth:`now_s`'s clock. Calls ``done(profile,
+        None)``, or ``done(None, error)`` with one line; here at once (:meth:`stage_profile`).
+        Only where :attr:`plans_stages`.
+        """
+        try:
+            profile = self.stage_profile(counted)
+        except Exception as exc:
+            done(None, f"{type(exc).__name__}: {exc}")
+            return
+        done(profile, None)
 
     def work_s(self, iteration: int) -> float | None:
         """Return the device's busy time over ``iteration`` (s), where it gives one (else None).
@@ -330,6 +350,7 @@ class DeviceDrive(Drive):
     """
 
     by_time = True
+    plans_stages = True
 
     def __init__(self, actuator: Actuator, sink: IterationSink, *, stack: ExitStack) -> None:
         import torch
@@ -444,8 +465,11 @@ class DeviceDrive(Drive):
         self._pre_hook = register_optimizer_step_pre_hook(close)
 
     def follower(self) -> None:
-        """End this rank's trace, unread, at the next optimizer step's start (not from a hook)."""
-        if self._trace_stack is None:
+        """End this rank's trace, unread, at the next optimizer step's start (not from a hook).
+
+        (Nothing, if its end is arranged already: a stage's first rank reads its trace.)
+        """
+        if self._trace_stack is None or self._pre_hook is not None:
             return
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -457,6 +481,61 @@ class DeviceDrive(Drive):
                 warnings.simplefilter("ignore")
                 with contextlib.suppress(Exception):
                     stack.close()
+
+        self._pre_hook = register_optimizer_step_pre_hook(close)
+
+    def build_stage_profile(
+        self,
+        counted: dict[int, float],
+        spans: dict[int, tuple[float, float]],
+        done: Callable[[Profile | None, str | None], None],
+    ) -> None:
+        """Build this stage's profile from its own trace of rank 0's sweep (a stage's first rank).
+
+        The trace ends at the next optimizer step's start (its hooks cannot go from a hook);
+        a thread imports it and places its rows in the ``counted`` iterations' ``spans``
+        (:func:`~opdvfs.runtime.sweep.traced_profile`), then calls ``done``, while the program
+        trains on.
+        """
+        if self._trace_stack is None:
+            done(None, "this rank's trace of the sweep was not kept")
+            return
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        from opdvfs.runtime.sweep import SweepIteration, traced_profile
+
+        records = [
+            SweepIteration(i, spans[i][0], spans[i][1], float(f), "counted")
+            for i, f in sorted(counted.items())
+            if i in spans
+        ]
+        freqs = sorted({float(f) for f in counted.values()}, reverse=True)
+
+        def load(trace: Traced) -> None:
+            try:
+                measured = trace.load()
+                if measured is None:
+                    raise ValueError("the trace holds no profile")
+                profile = traced_profile(measured, records, freqs)
+            except Exception as exc:
+                done(None, f"the sweep's trace could not be read: {type(exc).__name__}: {exc}")
+                return
+            done(profile, None)
+
+        def close(*_: object) -> None:
+            stack, self._trace_stack = self._trace_stack, None
+            if stack is None:
+                return
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    stack.close()  # the profiler stopped and its trace exported; not yet read
+            except Exception as exc:
+                done(None, f"the sweep's trace could not be read: {exc}")
+                return
+            threading.Thread(
+                target=load, args=(self._trace,), name="opdvfs-stage-trace", daemon=True
+            ).start()
 
         self._pre_hook = register_optimizer_step_pre_hook(close)
 

@@ -204,6 +204,8 @@ class Tuner:
         self._counted_to_send: dict[int, float] | None = None
         #: Rank 0: the stages' profiles are to be gathered at the next iteration end.
         self._gather_stages = False
+        #: Another rank, until the sweep is done: each iteration's (start, end) on its clock.
+        self._spans: dict[int, tuple[float, float]] = {}
 
     @property
     def rank(self) -> int:
@@ -327,9 +329,12 @@ class Tuner:
             self.result.world_size = ranks.job.world_size  # type: ignore[union-attr]
             if ranks.rank != 0:
                 self.cache = None  # rank 0 alone reads and writes it
-                self.drive.follower()  # rank 0's sweep is the one profiled
         job = ranks.job
+        start_s = self._last_end_s
         measured = self._measure_iteration()
+        if self.phase in ("warmup", "profiling") and job is not None and not job.leader:
+            # a stage's first rank places its trace's operators in the swept iterations
+            self._spans[iteration] = (start_s, self._last_end_s)
         if job is not None:
             try:
                 measured, same = ranks.measure(
@@ -350,6 +355,9 @@ class Tuner:
                         self.stages = job.follows_plan = self.result.stages_together = True
                         view = job.view
                         self.result.pipeline_stages = len(view.stage_leads) if view else None
+                    leads = job.view.stage_leads if job.view is not None else [0]
+                    if not job.leader and not (self.stages and self.rank in leads):
+                        self.drive.follower()  # rank 0's sweep (or its stage lead's) is profiled
             except Exception as exc:
                 self._lost_job(exc)
                 job = None
@@ -402,8 +410,21 @@ class Tuner:
         self._gather_stages = False
         counted = {r.iteration: r.freq_mhz for r in self.sweep.records if r.phase == "counted"}
         own = self.drive.stage_profile(counted)
-        profiles, launches = gather_stage_profiles(job, own, int(self.n_launches or 0))
-        self.planning.start_stages(profiles, launches, job.view.rank_map)
+        gathered = gather_stage_profiles(job, own, self.drive.plan_launches())
+        assert gathered is not None  # (no stop: it waited in the store)
+        self.planning.start_stages(lambda: gathered, job.view.rank_map)
+
+    def _traced_stages(self, job: Any, trace: Any) -> Any:
+        """Rank 0 off the simulated GPU, in the planning thread: every stage's traced profile.
+
+        Its own from its sweep's trace; the others' as their first ranks post them (each
+        imports its own trace of the sweep: :meth:`DeviceDrive.build_stage_profile`).
+        """
+        from opdvfs.runtime.sweep import sweep_profile
+        from opdvfs.tuner.stages import gather_stage_profiles
+
+        own = sweep_profile(self.sweep, trace.load() if trace is not None else None)
+        return gather_stage_profiles(job, own, None, stop=self.planning.aborted.is_set)
 
     def _send_stage_profile(self, job: Any, counted: dict[int, float]) -> None:
         """Post this stage's profile of the sweep for rank 0 (a stage's first rank, not 0).
@@ -413,17 +434,25 @@ class Tuner:
         """
         from opdvfs.tuner.stages import send_stage_failure, send_stage_profile
 
-        try:
-            profile = self.drive.stage_profile(counted)
-        except Exception as exc:
-            send_stage_failure(job, f"rank {self.rank}: {type(exc).__name__}: {exc}")
-            return
-        self.result.profile = profile
-        send_stage_profile(job, profile, int(self.n_launches or 0))
+        def done(profile: Any, error: str | None) -> None:
+            try:
+                if profile is None:
+                    send_stage_failure(job, f"rank {self.rank}: {error}")
+                    return
+                self.result.profile = profile
+                send_stage_profile(job, profile, self.drive.plan_launches())
+            except Exception as exc:  # (from a thread off the simulator) the job was lost
+                log.warning("tune: rank %d could not post its stage's profile: %s", self.rank, exc)
+
+        spans, self._spans = self._spans, {}
+        self.drive.build_stage_profile(counted, spans, done)
 
     def _lost_job(self, exc: BaseException) -> None:
         self.result.error = self.ranks.lose(exc)
         self._stop_tuning()
+        if self.rank != 0:
+            with contextlib.suppress(Exception):
+                self.drive.follower()  # a trace kept for a stage's profile: no longer needed
 
     def _lead(self, job: Any, iteration: int) -> None:
         """Rank 0: send what this iteration end decided (phase, clock, schedule) to the others."""
@@ -469,6 +498,8 @@ class Tuner:
         )
         if self.stages and d.counted is not None and job.rank in job.view.stage_leads:
             self._send_stage_profile(job, d.counted)
+        elif d.counted is None and d.next not in ("warmup", "profiling"):
+            self.drive.follower()  # no sweep of rank 0's to profile (a cached plan, an error)
         if self.stages and d.schedule is not None and not d.staged:
             self.drive.apply_top()  # rank 0's reference block: the top clock on this stage's ops
         elif job.follows_plan:
@@ -656,7 +687,7 @@ class Tuner:
         """
         added = len(self.sweep.freqs_mhz) - len(self._auto_clocks)
         single = self.ranks.job is None and not self.ranks.waits_for_group()
-        if added >= policy.ADDED_CLOCKS or not self.drive.plans_stages or not single:
+        if added >= policy.ADDED_CLOCKS or self.drive.by_time or not single:
             return None
         counted = {r.iteration: r.freq_mhz for r in self.sweep.records if r.phase == "counted"}
         try:
@@ -700,7 +731,20 @@ class Tuner:
             self._counted_to_send = {
                 r.iteration: r.freq_mhz for r in self.sweep.records if r.phase == "counted"
             }
-            self._gather_stages = True
+            job = self.ranks.job
+            if not self.drive.by_time or job is None:
+                self._gather_stages = True
+                return
+
+            self.planning.iteration_s = self._top_iteration_s()  # (the stages' time by time)
+
+            assert job.view is not None  # (the ranks' sequences were compared)
+            rank_map = job.view.rank_map
+
+            def traced(trace: Any) -> None:  # off the simulated GPU: read in the planning thread
+                self.planning.start_stages(lambda: self._traced_stages(job, trace), rank_map)
+
+            self.drive.after_sweep(traced, lambda error: setattr(self.result, "error", error))
             return
 
         def start(trace: Any) -> None:

@@ -65,6 +65,10 @@ class Aborted(Exception):
 _Prepared = tuple[Callable[..., Schedule], float | None]
 
 
+#: Every stage's profile and operators launched (None: a plan applied by time), stage 0 first.
+_Stages = tuple[list["Profile"], list[int | None]]
+
+
 class _NoProfile(Exception):
     """The sweep's profile could not be had (the message is the result's error)."""
 
@@ -131,6 +135,9 @@ class PlanningThread:
         self._steady: Schedule | None = None
         #: A pipeline job's planned schedules, by the id of their rank-0 stage's.
         self._pipelines: dict[int, PipelineSchedule] = {}
+        #: A pipeline job's measured iteration at the top clock (s), for the stages applied by
+        #: time (:func:`~opdvfs.tuner.stages.plan_stages`); None: not known.
+        self.iteration_s: float | None = None
         #: Set when the run ended: a waiting ``measure`` gives up.
         self.aborted = threading.Event()
         #: Set once the thread has ended (planned, failed or aborted).
@@ -143,17 +150,16 @@ class PlanningThread:
         """Start planning on ``sweep``'s profile (``trace``: a real device's, loaded here)."""
         self._spawn(lambda: self._one_sequence(sweep, trace, n_launches))
 
-    def start_stages(
-        self, profiles: list[Profile], n_launches: list[int], rank_map: list[int]
-    ) -> None:
+    def start_stages(self, gather: Callable[[], _Stages | None], rank_map: list[int]) -> None:
         """Start planning a pipeline job's stages together (:mod:`opdvfs.tuner.stages`).
 
-        ``profiles``/``n_launches``: each stage's, stage 0 (this rank's) first; ``rank_map``:
-        the stage of each rank. Each round's schedule is this rank's stage's; the whole job's
-        is :meth:`pipeline_of` it. No static-clock round: all ``rounds`` are budgets' (one
-        clock for every stage is a plan the budget rounds can choose too).
+        ``gather``, called in the thread, returns each stage's profile and operators launched
+        (None: applied by time), stage 0 (this rank's) first, or None once the run ended;
+        ``rank_map``: the stage of each rank. Each round's schedule is this rank's stage's; the
+        whole job's is :meth:`pipeline_of` it. No static-clock round: all ``rounds`` are
+        budgets' (one clock for every stage is a plan the budget rounds can choose too).
         """
-        self._spawn(lambda: self._stages(profiles, n_launches, rank_map))
+        self._spawn(lambda: self._stages(gather, rank_map))
 
     def pipeline_of(self, schedule: Schedule | None) -> PipelineSchedule | None:
         """Return the pipeline schedule whose rank-0 stage ``schedule`` is (None: not one)."""
@@ -239,19 +245,23 @@ class PlanningThread:
 
         return plan_at, float(max(fitted.inputs.freqs_mhz))
 
-    def _stages(
-        self, profiles: list[Profile], n_launches: list[int], rank_map: list[int]
-    ) -> _Prepared:
+    def _stages(self, gather: Callable[[], _Stages | None], rank_map: list[int]) -> _Prepared:
         """Return the planner of every stage together at a budget (no static round)."""
         from opdvfs.tuner.stages import plan_stages
 
+        gathered = gather()
+        if gathered is None:
+            raise Aborted
+        profiles, n_launches = gathered
         result = self.result
         result.profile = profiles[0]
         self.rounds = self.rounds_in_all  # every round a budget's (no static-clock round)
 
         def plan_at(budget: float) -> Schedule:
             t0 = time.perf_counter()
-            pipeline = plan_stages(profiles, n_launches, budget, rank_map=rank_map)
+            pipeline = plan_stages(
+                profiles, n_launches, budget, rank_map=rank_map, iteration_s=self.iteration_s
+            )
             lead = pipeline.for_rank(0, len(rank_map), rank_map)
             with self._lock:
                 self._pipelines[id(lead)] = pipeline

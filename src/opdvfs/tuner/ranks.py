@@ -8,13 +8,14 @@ thread, its A/B blocks) and broadcasts what it decided (:class:`Decision`: the p
 it set, the schedule it applies), so every rank moves through the same phases at the same
 iterations, the A/B blocks start and end together, and data-parallel ranks share rank 0's plan.
 
-When the ranks' sequences differ (pipeline stages; :class:`~opdvfs.runtime.distributed.JobView`)
-on simulated GPUs, every stage is profiled and the stages are planned together
-(:mod:`opdvfs.tuner.stages`): rank 0 sends the whole :class:`~opdvfs.schedule.PipelineSchedule`
-and each rank applies its own stage's. Elsewhere rank 0's operator sequence is the one profiled
-and planned: rank 0 warns in one line that the job is planned as data-parallel on its sequence,
-and the ranks whose sequence differs stay at the top clock (still measured). Only rank 0 reads
-and writes the cache (none for a pipeline job).
+When the ranks' sequences differ (pipeline stages; :class:`~opdvfs.runtime.distributed.JobView`),
+every stage is profiled and the stages are planned together (:mod:`opdvfs.tuner.stages`; on a
+simulated GPU from its records, off it from each stage's first rank's trace): rank 0 sends the
+whole :class:`~opdvfs.schedule.PipelineSchedule` and each rank applies its own stage's. A drive
+that does not plan stages (:attr:`~opdvfs.tuner.drive.Drive.plans_stages` False) has rank 0's
+operator sequence profiled and planned: rank 0 warns in one line that the job is planned as
+data-parallel on its sequence, and the ranks whose sequence differs stay at the top clock.
+Only rank 0 reads and writes the cache (none for a pipeline job).
 """
 
 from __future__ import annotations
