@@ -206,7 +206,7 @@ def attribute_class_power(
     import pandas as pd
 
     out = []
-    classes, cls = np.unique(rows["type"].to_numpy(dtype=str), return_inverse=True)
+    classes, cls = _class_codes(rows["type"])
     for freq, part in rows.assign(_cls=cls).groupby("freq_mhz"):
         start = part["wall_s"].to_numpy(dtype=float)
         dur = part["time_us"].to_numpy(dtype=float) * 1e-6
@@ -240,6 +240,20 @@ def attribute_class_power(
             )
         )
     return pd.concat(out, ignore_index=True)
+
+
+def _class_codes(types: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(types.to_numpy(dtype=str), return_inverse=True)``, without sorting every row.
+
+    The distinct values are found by hashing (a categorical's codes) and only they are converted
+    to text and sorted: the row-wide string sort took ~3 s at 3.4M rows.
+    """
+    import pandas as pd
+
+    codes, uniques = pd.factorize(types, use_na_sentinel=False)
+    text = pd.Series(uniques, dtype=types.dtype).to_numpy(dtype=str)
+    classes, inverse = np.unique(text, return_inverse=True)
+    return classes, inverse[codes]
 
 
 def power_rows(
