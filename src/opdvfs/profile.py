@@ -370,7 +370,12 @@ class Profile:
         if counts.max(initial=0) <= 1:  # one iteration: every (op, clock) has one row
             times[key] = time_us
         else:
-            order = np.lexsort((time_us, key))
+            # rows by time, then stably by cell: each cell's times ascending, as a lexsort of
+            # (time, cell) gives, in half the time (a cell index this small radix-sorts)
+            by_time = np.argsort(time_us)
+            cell = key[by_time].astype(np.min_scalar_type(len(times) - 1), copy=False)
+            order = by_time[np.argsort(cell, kind="stable")]
+            del by_time, cell
             ordered = time_us[order]
             del order
             cells = np.flatnonzero(counts)
