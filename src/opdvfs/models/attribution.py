@@ -206,8 +206,10 @@ def attribute_class_power(
     import pandas as pd
 
     out = []
-    classes, cls = np.unique(rows["type"].to_numpy(dtype=str), return_inverse=True)
-    for freq, part in rows.assign(_cls=cls).groupby("freq_mhz"):
+    classes, cls = _class_codes(rows["type"])
+    # only the columns read below: splitting every column by clock copied the whole table
+    used = rows[["freq_mhz", "wall_s", "time_us"]].assign(_cls=cls)
+    for freq, part in used.groupby("freq_mhz"):
         start = part["wall_s"].to_numpy(dtype=float)
         dur = part["time_us"].to_numpy(dtype=float) * 1e-6
         smp = samples[_complete(part, samples, column, window_s)]
@@ -240,6 +242,20 @@ def attribute_class_power(
             )
         )
     return pd.concat(out, ignore_index=True)
+
+
+def _class_codes(types: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(types.to_numpy(dtype=str), return_inverse=True)``, without sorting every row.
+
+    The distinct values are found by hashing (a categorical's codes) and only they are converted
+    to text and sorted: the row-wide string sort took ~3 s at 3.4M rows.
+    """
+    import pandas as pd
+
+    codes, uniques = pd.factorize(types, use_na_sentinel=False)
+    text = pd.Series(uniques, dtype=types.dtype).to_numpy(dtype=str)
+    classes, inverse = np.unique(text, return_inverse=True)
+    return classes, inverse[codes]
 
 
 def power_rows(
@@ -302,10 +318,18 @@ def power_rows(
     _check_long_enough(ops, samples, float(window), sensor.get("period_ms"))
     cls = attribute_class_power(ops, samples, window_s=float(window) / 1e3)
     table = cls.set_index(["freq_mhz", "type"])["power_w"]
-    key = pd.MultiIndex.from_arrays([ops["freq_mhz"], ops["type"].astype(str)])
+    # look up each distinct (clock, type) pair once, then gather per row: converting every
+    # row's type to text took ~0.4 s at 3.4M rows
+    type_code, types = pd.factorize(ops["type"], use_na_sentinel=False)
+    freq_code, freqs = pd.factorize(ops["freq_mhz"], use_na_sentinel=False)
+    type_text = pd.Series(types, dtype=ops["type"].dtype).astype(str)
+    pairs = pd.MultiIndex.from_arrays(
+        [np.repeat(np.asarray(freqs), len(types)), np.tile(type_text.to_numpy(), len(freqs))]
+    )
+    power = table.reindex(pairs).to_numpy()[freq_code * len(types) + type_code]
     if columns is not None:
         ops = ops[[c for c in ops.columns if c in columns]]
-    return ops.assign(chip_power_w=table.reindex(key).to_numpy())
+    return ops.assign(chip_power_w=power)
 
 
 def _check_long_enough(
@@ -321,7 +345,7 @@ def _check_long_enough(
         gaps = np.diff(t_s)
         period_ms = float(np.median(gaps)) * 1e3 if gaps.size else window_ms
     short, needed = [], 1
-    for _, part in ops.groupby("freq_mhz"):
+    for _, part in ops[["freq_mhz", "iteration", "wall_s", "time_us"]].groupby("freq_mhz"):
         found = int(_complete(part, samples, "power_w", window_ms / 1e3).sum())
         end_s = part["wall_s"] + part["time_us"] * 1e-6
         iterations = part["iteration"].nunique()
