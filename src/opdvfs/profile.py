@@ -255,9 +255,6 @@ class Profile:
             self._samples = smp.reset_index(drop=True)
         self._meta: dict[str, Any] = metadata_json_ready(meta or {})
         self._meta.setdefault("dropped", {})
-        # time_matrix_us, computed once: the rows never change after construction, and the
-        # perf and power fits of one command each ask for it (~1 s at 3M rows)
-        self._time_matrix: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     # ----------------------------------------------------------------------------- accessors
     @property
@@ -347,15 +344,7 @@ class Profile:
             Clocks, ascending.
         time_us : ndarray, shape (n_ops, n_freqs)
             Median over iterations; NaN where an op was not measured at a clock.
-
-        The matrix is computed once per profile; each call returns fresh copies.
         """
-        cached = getattr(self, "_time_matrix", None)
-        if cached is None:
-            cached = self._time_matrix = self._compute_time_matrix_us()
-        return cached[0].copy(), cached[1].copy(), cached[2].copy()
-
-    def _compute_time_matrix_us(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         # Without pandas' pivot_table: at a million ops it built ~250 MB of group keys and took
         # ~0.8 s; here one int64 key per row. The median is pandas' own: the middle value, or
         # (lower + upper) / 2 of the two middle ones for an even count.
