@@ -146,7 +146,6 @@ def _bridge(grid: np.ndarray, picks: set[int], widest_mhz: float) -> set[int]:
             return picks
 
 
-# ----------------------------------------------------------------------------- refusals
 def within_profiled(profile: Profile, spec: DeviceSpec | None = None) -> DeviceSpec | None:
     """Return ``spec`` (default: the profile's preset) without clocks outside the profiled range.
 
@@ -168,6 +167,7 @@ def within_profiled(profile: Profile, spec: DeviceSpec | None = None) -> DeviceS
     return spec.with_changes(freqs_mhz=kept)
 
 
+# ----------------------------------------------------------------------------- refusals
 def check_device(recorded: str | None, device: str | None, what: str) -> None:
     """Refuse a ``device`` other than the one the profile or MODELS file (``what``) recorded."""
     if device is not None and recorded is not None and recorded != device:

@@ -102,9 +102,6 @@ class Drive(ABC):
     exact_counter: bool = False
     #: Whether plans apply by time (True) or by operator.
     by_time: bool = False
-    #: Whether a pipeline job's stages are profiled and planned together here
-    #: (:meth:`build_stage_profile`; :mod:`opdvfs.tuner.stages`).
-    plans_stages: bool = False
 
     def __init__(self, actuator: Actuator, executor: Any) -> None:
         self.actuator = actuator
@@ -182,10 +179,7 @@ class Drive(ABC):
         return None
 
     def stage_profile(self, counted: dict[int, float]) -> Profile:
-        """Return this rank's profile of the swept iterations ``counted`` (iteration -> MHz).
-
-        Only where :attr:`plans_stages`.
-        """
+        """Return this rank's profile of the swept iterations ``counted`` (iteration -> MHz)."""
         raise NotImplementedError(f"{type(self).__name__} does not profile pipeline stages")
 
     def build_stage_profile(
@@ -198,7 +192,6 @@ class Drive(ABC):
 
         ``spans``: each iteration's (start, end) on :meth:`now_s`'s clock. Calls ``done(profile,
         None)``, or ``done(None, error)`` with one line; here at once (:meth:`stage_profile`).
-        Only where :attr:`plans_stages`.
         """
         try:
             profile = self.stage_profile(counted)
@@ -234,7 +227,6 @@ class SimulatedGpuDrive(Drive):
     """A program running on a simulated GPU: operator-counting, plans applied by operator."""
 
     exact_counter = True
-    plans_stages = True
 
     def __init__(self, actuator: Actuator, gpu: SimulatedGpu, sink: IterationSink) -> None:
         super().__init__(actuator, _operator_executor(actuator, sink))
@@ -350,7 +342,6 @@ class DeviceDrive(Drive):
     """
 
     by_time = True
-    plans_stages = True
 
     def __init__(self, actuator: Actuator, sink: IterationSink, *, stack: ExitStack) -> None:
         import torch

@@ -344,17 +344,16 @@ class Tuner:
                     abandoned=self.executor.abandoned,
                     op_names=self.op_names,
                     compare_at=self.warmup - 1,
-                    stages=self.drive.plans_stages,
                     work_s=self.drive.work_s(iteration) if iteration == self.warmup - 1 else None,
                 )
                 if same is not None:
                     self.result.same_sequence = same
-                    if not same and self.drive.plans_stages:
+                    if not same:
                         # pipeline stages: every rank follows the sweep, applies its stage's plan
                         # (the cache keys every stage's sequence: _from_cache)
-                        self.stages = job.follows_plan = self.result.stages_together = True
-                        view = job.view
-                        self.result.pipeline_stages = len(view.stage_leads) if view else None
+                        self.stages = job.follows_plan = True
+                        assert job.view is not None  # (set by the comparison)
+                        self.result.pipeline_stages = len(job.view.stage_leads)
                     leads = job.view.stage_leads if job.view is not None else [0]
                     if not job.leader and not (self.stages and self.rank in leads):
                         self.drive.follower()  # rank 0's sweep (or its stage lead's) is profiled

@@ -11,17 +11,13 @@ iterations, the A/B blocks start and end together, and data-parallel ranks share
 When the ranks' sequences differ (pipeline stages; :class:`~opdvfs.runtime.distributed.JobView`),
 every stage is profiled and the stages are planned together (:mod:`opdvfs.tuner.stages`; on a
 simulated GPU from its records, off it from each stage's first rank's trace): rank 0 sends the
-whole :class:`~opdvfs.schedule.PipelineSchedule` and each rank applies its own stage's. A drive
-that does not plan stages (:attr:`~opdvfs.tuner.drive.Drive.plans_stages` False) has rank 0's
-operator sequence profiled and planned: rank 0 warns in one line that the job is planned as
-data-parallel on its sequence, and the ranks whose sequence differs stay at the top clock.
-Only rank 0 reads and writes the cache (none for a pipeline job).
+whole :class:`~opdvfs.schedule.PipelineSchedule` and each rank applies its own stage's. Only
+rank 0 reads and writes the cache (a pipeline job's key holds every stage's sequence).
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -155,15 +151,13 @@ class Ranks:
         abandoned: bool,
         op_names: Sequence[str],
         compare_at: int,
-        stages: bool = False,
         work_s: float | None = None,
     ) -> tuple[Measurement, bool | None]:
         """Return the job's iteration (slowest rank's time, all ranks' energy) and this rank's.
 
         At iteration ``compare_at`` (the last warm-up one) the ranks' operator sequences are
-        compared, and whether they are the same is returned (None at other iterations); rank
-        0 warns in one line when they differ and the stages cannot be planned together
-        (``stages`` False: off the simulated GPU). ``work_s``: this rank's busy time over
+        compared, and whether they are the same is returned (None at other iterations).
+        ``work_s``: this rank's busy time over
         that iteration, where known: ranks of one sequence whose work differs compare as
         different (:func:`~opdvfs.runtime.distributed.work_keys`).
         """
@@ -172,15 +166,7 @@ class Ranks:
         self.peer_abandoned = any_abandoned and not abandoned
         same: bool | None = None
         if iteration == compare_at:
-            same, groups = job.same_sequence(op_names, work_s if stages else None)
-            if job.leader and not same and not stages:
-                ranks = "; ".join(", ".join(map(str, g)) for g in groups.values())
-                warnings.warn(
-                    f"opdvfs: the ranks run {len(groups)} different operator sequences (ranks "
-                    f"{ranks}): the job is planned as data-parallel on rank 0's sequence; the "
-                    "ranks whose sequence differs stay at the top clock",
-                    stacklevel=2,
-                )
+            same = job.same_sequence(op_names, work_s)[0]
         return (job_s, job_j, time_s, energy_j), same
 
     @staticmethod

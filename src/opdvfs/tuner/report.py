@@ -305,9 +305,6 @@ def summary_lines(result: TuneResult) -> list[str]:
                 else f"the ranks run {r.pipeline_stages} pipeline stages (or data-parallel groups "
                 "whose work differs): planned together on the job's dependency graph, each rank "
                 "applies its own stage's plan"
-                if r.stages_together
-                else "the ranks' operators differ: planned as data-parallel on rank 0's "
-                "sequence, the ranks whose sequence differs stayed at the top clock"
             )
         )
     if r.rounds and r.block is not None:

@@ -256,9 +256,6 @@ class TuneResult:
     #: The applied plan of every stage, when they were planned together (``schedule`` is
     #: this rank's stage's).
     pipeline: PipelineSchedule | None = None
-    #: Under torchrun: whether the ranks' groups (pipeline stages, or data-parallel ranks whose
-    #: work differs) were planned together, each on its own profile (simulated GPUs).
-    stages_together: bool = False
     #: How the applied round was chosen (:func:`~opdvfs.tuner.policy.choose_round`; None: no
     #: round measured).
     chosen_by: str | None = None
@@ -290,6 +287,14 @@ class TuneResult:
     def planning_iterations(self) -> int:
         """Iterations run at the top clock while the models were fitted and plans made."""
         return self.count("planning")
+
+    @property
+    def stages_together(self) -> bool:
+        """Whether the ranks' groups were planned together, each on its own profile.
+
+        Under torchrun: pipeline stages, or data-parallel ranks whose work differs.
+        """
+        return self.pipeline_stages is not None
 
     @property
     def overhead_fraction(self) -> float:
