@@ -92,6 +92,9 @@ class Decision:
     counted: dict[int, float] | None = None
     #: Whether ``schedule`` is this rank's stage of a pipeline schedule rank 0 sent.
     staged: bool = False
+    #: The clock active profiling added to the sweep (MHz) and why, once, when rank 0 chose it
+    #: (every rank sweeps it: it follows rank 0's clock).
+    added: tuple[float, str] | None = None
 
 
 class Ranks:
@@ -208,6 +211,7 @@ class Ranks:
             "cache_key": decision.cache_key,
             "cache_hit": decision.cache_hit,
             "counted": None if decision.counted is None else sorted(decision.counted.items()),
+            "added": decision.added,
         }
         job.exchange(doc)
 
@@ -236,6 +240,7 @@ class Ranks:
         elif text is not None:
             schedule = Schedule.from_json(text, source="rank 0")
         counted = d.get("counted")
+        added = d.get("added")
         return Decision(
             iteration=d["iteration"],
             phase=d["phase"],
@@ -248,4 +253,5 @@ class Ranks:
             cache_hit=d["cache_hit"],
             counted=None if counted is None else {int(i): float(f) for i, f in counted},
             staged=staged,
+            added=None if added is None else (float(added[0]), str(added[1])),
         )
