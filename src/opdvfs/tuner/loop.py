@@ -85,7 +85,10 @@ class Tuner:
     target
         Allowed measured slowdown (0.02 = 2%).
     clocks
-        Clocks to profile (MHz), or ``"auto"`` (:func:`~opdvfs.tuner.policy.profile_clocks`).
+        Clocks to profile (MHz), or ``"auto"`` (:func:`~opdvfs.tuner.policy.profile_clocks`),
+        to which active profiling may add one where the plan would use it
+        (:func:`~opdvfs.tuner.policy.added_clock`; a single program or a data-parallel job,
+        on a simulated GPU or a device; not a pipeline job: :meth:`_may_add`).
     warmup, iterations_per_clock
         As :class:`~opdvfs.runtime.sweep.ClockSweep`.
     block
@@ -786,8 +789,12 @@ class Tuner:
         self._sweep_traces.append(trace)
         whole = SweepTraces(self._sweep_traces)
 
-        def choose() -> ClockToMeasure | None:
-            measured = whole.load()
+        def choose(choice: _AddedClockChoice) -> ClockToMeasure | None:
+            try:
+                measured = whole.load()
+            except Exception as exc:  # as the planning thread says it (no plan without it)
+                choice.unread = f"the sweep's trace could not be read: {exc}"
+                raise
             if measured is None:
                 raise ValueError("the sweep's trace holds no profile")
             return self._choose_clock(sweep_profile(self.sweep, measured))
@@ -802,15 +809,20 @@ class Tuner:
             return
         self._deciding = None
         traces = self._sweep_traces
+        if choice.unread is not None:
+            self.result.error = choice.unread
+            self._stop_tuning()
+            return
         if choice.error is not None:  # the sweep goes on without it: the plan is as before
             log.warning("tune: active profiling found no clock to add: %s", choice.error)
-        if choice.clock is None or self.result.error is not None:
+        if choice.clock is None:
             self._sweep_traces = []
             self._start_planning(traces[0] if len(traces) == 1 else SweepTraces(traces))
             return
-        freq_mhz = self._added(choice.clock)
+        # the clock set for the next iteration, as the sweep sets each (under the run's guard)
+        self.sweep.extend(choice.clock.freq_mhz, iteration=iteration)
         self.drive.trace_more()  # from the next step's start: the added clock's first is settling
-        self.sweep.extend(freq_mhz, iteration=iteration)
+        self._added(choice.clock)
         self.phase = "profiling"
 
     def _start_planning(self, trace: Traced | None) -> None:
@@ -961,21 +973,22 @@ class Tuner:
 class _AddedClockChoice:
     """Active profiling's choice off the simulated GPU, made in a thread (the trace is read).
 
-    ``clock`` (None: none is worth adding) and ``error`` (one line, or None) are set before
-    ``done``.
+    ``clock`` (None: none is worth adding), ``error`` (one line, or None) and ``unread`` (the
+    trace could not be read: the run's error) are set before ``done``.
     """
 
-    def __init__(self, choose: Callable[[], ClockToMeasure | None]) -> None:
+    def __init__(self, choose: Callable[[_AddedClockChoice], ClockToMeasure | None]) -> None:
         self.clock: ClockToMeasure | None = None
         self.error: str | None = None
+        self.unread: str | None = None
         self.done = threading.Event()
         threading.Thread(
             target=self._run, args=(choose,), name="opdvfs-tune-active", daemon=True
         ).start()
 
-    def _run(self, choose: Callable[[], ClockToMeasure | None]) -> None:
+    def _run(self, choose: Callable[[_AddedClockChoice], ClockToMeasure | None]) -> None:
         try:
-            self.clock = choose()
+            self.clock = choose(self)
         except Exception as exc:  # the sweep goes on without it
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
