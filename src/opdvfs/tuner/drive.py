@@ -370,6 +370,8 @@ class DeviceDrive(Drive):
         self._before_step: list[Callable[[], None]] = []
         #: Whether this trace's end is arranged (its reader, or a follower's drop).
         self._closing = False
+        #: Why a trace of an added clock could not be started (None: it was, or none was asked).
+        self._unopened: str | None = None
 
     def make_sweep(self, clocks: Sequence[float], **options: Any) -> ClockSweep:
         """Return the sweep on the device, timed on its clock, its temperature by the meter."""
@@ -452,6 +454,8 @@ class DeviceDrive(Drive):
 
         def close() -> None:
             if self._trace_stack is None:
+                if self._unopened is not None:  # (an added clock's trace: none to read)
+                    fail(self._unopened)
                 return
             stack, self._trace_stack = self._trace_stack, None
             self._closing = False
@@ -473,7 +477,16 @@ class DeviceDrive(Drive):
         (:meth:`~opdvfs.runtime.sweep.ClockSweep.extend`): this trace records it until the
         sweep is done again, and :meth:`after_sweep` hands it over as the first one.
         """
-        self._at_next_step(lambda: self._open_trace() if self._trace_stack is None else None)
+
+        def open_again() -> None:
+            if self._trace_stack is not None:
+                return
+            try:
+                self._open_trace()
+            except Exception as exc:  # never into the program's step: the run's error
+                self._unopened = f"the added clock's trace could not be started: {exc}"
+
+        self._at_next_step(open_again)
 
     def follower(self) -> None:
         """End this rank's trace, unread, at the next optimizer step's start (not from a hook).
