@@ -4,7 +4,8 @@ One run of the user's unchanged script goes through these phases, each between t
 iterations (an iteration ends at an optimizer step; :mod:`opdvfs.tuner` has the whole story):
 **warm-up** at the top clock, which identifies the job for the cache
 (:func:`~opdvfs.tuner.cache.cache_key`; a cached schedule applies at once, phase ``steady``);
-**profiling** at a few clocks (the sweep of :mod:`opdvfs.runtime.sweep`); **planning** in a
+**profiling** at a few clocks (the sweep of :mod:`opdvfs.runtime.sweep`; with ``auto`` clocks,
+one more where active profiling names one: :meth:`Tuner._may_add`); **planning** in a
 background thread while the program trains at the top clock (:mod:`opdvfs.tuner.planning`);
 **A/B measurement** of each plan in blocks alternating with top-clock blocks
 (:mod:`opdvfs.tuner.ab`); **re-plan** at another budget when the measured slowdown misses the

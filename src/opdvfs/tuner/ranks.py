@@ -6,7 +6,8 @@ executor or a trace would see), and each takes the job's: the slowest rank's tim
 rank's energy. Rank 0 alone runs the phases on those job-wide figures (its sweep, its planning
 thread, its A/B blocks) and broadcasts what it decided (:class:`Decision`: the phase, the clock
 it set, the schedule it applies), so every rank moves through the same phases at the same
-iterations, the A/B blocks start and end together, and data-parallel ranks share rank 0's plan.
+iterations, the A/B blocks start and end together, and data-parallel ranks share rank 0's plan
+(and sweep the clock its active profiling adds, with the others: :attr:`Decision.added`).
 
 When the ranks' sequences differ (pipeline stages; :class:`~opdvfs.runtime.distributed.JobView`),
 every stage is profiled and the stages are planned together (:mod:`opdvfs.tuner.stages`; on a
