@@ -106,6 +106,30 @@ def read_log(path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
+def gpu_like(traced_profile: Callable) -> Callable:
+    """Wrap ``runtime.sweep.traced_profile`` so a dry run's traced sweep looks like a GPU's.
+
+    A dry run sets no clock and measures no power: each traced operator is given, as a GPU
+    would show, a time that grows below the top clock (1410 MHz) by its compute-bound share and
+    a power that falls with the clock (``chip_power_w``), both fixed by its name (crc32), so the
+    plans and active profiling's choice do not depend on the host's load.
+    """
+    import zlib
+
+    from opdvfs.profile import Profile
+
+    def measured(*args: object) -> Profile:
+        p = traced_profile(*args)
+        f = p.ops["freq_mhz"].to_numpy(dtype=float)
+        key = np.array([zlib.crc32(str(n).encode()) for n in p.ops["name"]])
+        share = 0.2 + 0.1 * (key % 8)
+        time_us = (5.0 + key % 7) * (1 - share + share * 1410.0 / f)
+        ops = p.ops.assign(time_us=time_us, chip_power_w=30.0 + 0.1 * f + 4e-5 * f**2)
+        return Profile(ops, p.samples, meta=p.meta)
+
+    return measured
+
+
 def torchrun_opdvfs(nproc: int, *args: str) -> list[str]:
     """The argv of ``torchrun --standalone --nproc-per-node N -m opdvfs ARGS`` on this Python."""
     return [

@@ -1,7 +1,8 @@
 """tune's active profiling (issue 31 item 2): after the ``auto`` clocks, the sweep measures one
 more clock where the plan would use it and the models leave energy at stake.
 
-On the simulated ``a100-like`` with the tiny GPT (in-process, a few dozen steps).
+On the simulated ``a100-like`` with the tiny GPT (in-process, a few dozen steps), and off the
+simulator through a dry run (its trace read, the clock traced anew).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from opdvfs.tuner.loop import Tuner
 from opdvfs.tuner.report import summary_lines
 
 sys.path.insert(0, str(Path(__file__).parent))
+from conftest import gpu_like, read_log
 from tiny_gpt import TinyGPT, train_step
 
 
@@ -109,3 +111,50 @@ def test_within_profiled_keeps_a_covered_device_as_it_is():
     assert narrowed.freqs_mhz[-1] == 1410.0 and narrowed.voltage == spec.voltage
     both = {**ops, "freq_mhz": [spec.freqs_mhz[0], spec.freqs_mhz[-1]]}
     assert within_profiled(Profile(pd.DataFrame(both), meta={"device": "a100-like"})) == spec
+
+
+def test_off_the_simulator_the_added_clock_is_traced_joined_and_planned_on(
+    monkeypatch, cpu_only, tmp_path
+):
+    """A dry run (traced like a real GPU): the sweep's trace is read while the program trains
+    at the top clock, the clock chosen on the device's own clocks, swept through the guarded
+    clock path in a trace of its own, and the planning thread fits the traces joined."""
+    import opdvfs.runtime.sweep as sweep_module
+
+    monkeypatch.setattr(sweep_module, "traced_profile", gpu_like(sweep_module.traced_profile))
+    monkeypatch.setattr(policy, "ADDED_CLOCK_MIN_GAIN", 0.0)  # any expected saving is worth it
+    log = tmp_path / "calls.jsonl"
+    act = make_actuator("dry-run", device="a100-like", log=str(log))
+    tuner = Tuner(act, target=0.05, iterations_per_clock=1)
+    result = tuner.result
+    torch.manual_seed(0)
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randint(0, 64, (2, 17))
+    with warnings.catch_warnings(), tuner:
+        warnings.simplefilter("ignore")
+        for _ in range(600):  # until the planning thread has its profile
+            train_step(model, opt, data)
+            if result.profile is not None or tuner.phase == "top":
+                break
+    auto = auto_clocks(act.supported_freqs_mhz(), max_gap=None)
+    assert result.added_clock is not None, result.error
+    (added,) = set(result.clocks_mhz) - set(auto)
+    assert f"{added:g} MHz splits the" in result.added_clock
+    assert any(line.startswith("active profiling added a clock") for line in summary_lines(result))
+    assert result.to_dict()["added_clock"] == result.added_clock
+    # chosen while the program trained on at the top clock, then swept as the others were
+    phases = [(it.phase, it.freq_mhz) for it in result.iterations]
+    first = phases.index(("planning", 1410.0))
+    assert ("counted", added) in phases[first:] and ("counted", added) not in phases[:first]
+    assert tuner.sweep.freqs_mhz[-1] == added
+    # the plans are made on both traces joined: every operator at the added clock too
+    profile = result.profile
+    assert profile is not None, (tuner.phase, result.error)
+    rows = profile.ops.groupby("freq_mhz")["name"].count()
+    assert set(rows.index) == {*auto, added} and rows[added] == rows[1410.0]
+    # the guarded clock path: the added clock set, then the top, and one restore, last
+    sets = [c["freq_mhz"] for c in read_log(log) if c["kind"] == "set"]
+    assert sets.index(added) > sets.index(min(auto)) and sets[sets.index(added) + 1] == 1410.0
+    kinds = [c["kind"] for c in read_log(log)]
+    assert kinds[-1] == "restore" and kinds.count("restore") == 1

@@ -278,15 +278,62 @@ def _traced_pipeline_rank(rank: int, port: int, out: str) -> None:
     (Path(out) / f"result.rank{rank}.json").write_text(json.dumps(result))
 
 
+def _traced_active_rank(rank: int, port: int, out: str) -> None:
+    """One data-parallel rank tuning ``auto`` clocks off the simulator (dry run: traced).
+
+    Traced operators are given a GPU's times and powers (``conftest.gpu_like``), and any
+    expected saving is worth a clock, so rank 0 adds one after reading its sweep's trace.
+    Both ranks stop together once the added clock is swept (their phases are rank 0's).
+    """
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2"
+    )
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(Path(__file__).parent))
+    import opdvfs.runtime.sweep as sweep_module
+    from opdvfs.runtime.actuators import make_actuator
+    from opdvfs.tuner import policy
+    from opdvfs.tuner.loop import Tuner
+
+    from conftest import gpu_like
+    from tiny_gpt import TinyGPT, train_step
+
+    sweep_module.traced_profile = gpu_like(sweep_module.traced_profile)  # type: ignore[assignment]
+    policy.ADDED_CLOCK_MIN_GAIN = 0.0  # type: ignore[misc]
+    log = Path(out) / f"calls.rank{rank}.jsonl"
+    act = make_actuator("dry-run", device="a100-like", log=str(log))
+    tuner = Tuner(act, target=0.05, iterations_per_clock=1)
+    torch.manual_seed(0)
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randint(0, 64, (2, 17))
+    with tuner:
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        try:
+            for _ in range(800):
+                train_step(model, opt, data)
+                done = tuner.result.added_clock is not None and tuner.phase == "planning"
+                if done or tuner.phase == "top":
+                    break
+        finally:
+            dist.destroy_process_group()
+    result = tuner.result.to_dict()
+    result["sets"] = [(c["iteration"], c["freq_mhz"]) for c in read_log(log) if c["kind"] == "set"]
+    result["last_call"] = read_log(log)[-1]["kind"]
+    (Path(out) / f"result.rank{rank}.json").write_text(json.dumps(result))
+
+
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory) -> dict[str, list[dict]]:
-    """Three jobs of two ranks off the simulator: one model ("same"), rank 1's wider
-    ("wider"), the 2-stage toy pipeline ("pipeline")."""
-    outs = {name: tmp_path_factory.mktemp(name) for name in ("same", "wider", "pipeline")}
+    """Four jobs of two ranks off the simulator: one model ("same"), rank 1's wider
+    ("wider"), the 2-stage toy pipeline ("pipeline"), one model on ``auto`` clocks ("active")."""
+    names = ("same", "wider", "pipeline", "active")
+    outs = {name: tmp_path_factory.mktemp(name) for name in names}
     _spawn_jobs(
         (_traced_rank, _free_port(), str(outs["same"]), False),
         (_traced_rank, _free_port(), str(outs["wider"]), True),
         (_traced_pipeline_rank, _free_port(), str(outs["pipeline"])),
+        (_traced_active_rank, _free_port(), str(outs["active"])),
     )
     return {name: _results(out) for name, out in outs.items()}
 
@@ -331,6 +378,26 @@ def test_off_the_simulator_pipeline_stages_are_traced_planned_together_applied_b
         assert set(PIPE_CLOCKS) <= set(r["set_mhz"]), (rank, r["set_mhz"])  # the sweep
         assert set(planned[rank]) <= set(r["timed_mhz"]), (rank, planned, r["timed_mhz"])
         assert r["last_call"] == "restore"
+
+
+def test_off_the_simulator_data_parallel_ranks_sweep_the_clock_rank0_added(traced, cpu_only):
+    """Rank 0 reads its sweep's trace and adds a clock; both ranks sweep it in the same
+    iterations (the others follow its clock), and every rank's result says which and why."""
+    r0, r1 = traced["active"]
+    assert r0["same_sequence"] is True and r1["same_sequence"] is True
+    assert r0["added_clock"] is not None, (r0["error"], r0["per_iteration"][-1])
+    assert r1["added_clock"] == r0["added_clock"] and r1["clocks_mhz"] == r0["clocks_mhz"]
+    added = r0["clocks_mhz"][-1]
+    assert r0["added_clock"].startswith(f"{added:g} MHz splits the")
+    it0, it1 = r0["per_iteration"], r1["per_iteration"]
+    at = [(i["iteration"], i["phase"], i["freq_mhz"]) for i in it0]
+    assert at == [(i["iteration"], i["phase"], i["freq_mhz"]) for i in it1]
+    assert any(p == "counted" and f == added for _, p, f in at), at[-12:]
+    # the same switch at the same iteration on both ranks, then back to the top; one restore
+    assert [s for s in r0["sets"] if s[1] == added] == [s for s in r1["sets"] if s[1] == added]
+    for r in (r0, r1):
+        (i,) = [n for n, (_, f) in enumerate(r["sets"]) if f == added]
+        assert r["sets"][i + 1][1] == 1410.0 and r["last_call"] == "restore"
 
 
 #: A data-parallel script for torchrun (`STEPS CRASH_AT`: rank 1 raises at that step).

@@ -52,6 +52,7 @@ from opdvfs.models.attribution import MIN_WINDOWS, sensor_iterations, sensor_spa
 from opdvfs.profile import Profile
 from opdvfs.runtime.actuators import Actuator, ClockGuard
 from opdvfs.runtime.actuators.base import Meter
+from opdvfs.runtime.profiling import Traced
 from opdvfs.runtime.recorder import IterationCounter
 from opdvfs.sim.gpu import SimulatedGpu
 
@@ -60,7 +61,9 @@ __all__ = [
     "ClockSweep",
     "SweepIteration",
     "SweepResult",
+    "SweepTraces",
     "device_meter",
+    "joined_traces",
     "sim_profile",
     "sweep_profile",
     "sweep_run",
@@ -353,6 +356,38 @@ class ClockSweep(IterationCounter):
             else:
                 self._finish()
 
+    def extend(self, freq_mhz: float, *, iteration: int) -> None:
+        """Sweep one more clock, the sweep being done: from the iteration after ``iteration``.
+
+        ``opdvfs tune``'s active profiling on a real device (or a dry run): the clock worth
+        adding is known only once the sweep's trace is read, while the program trains on at the
+        top clock (the iterations between are not the sweep's). The sweep resumes at
+        ``freq_mhz`` as :attr:`more` would have gone on (the request at the next iteration,
+        its settle time, the counted iterations and their steadiness), its records continuing,
+        and is done again once they are in (``on_done`` called again). ``iteration``: the
+        program's iteration that just ended.
+
+        Raises
+        ------
+        ValidationError
+            If the sweep is still running, or ``freq_mhz`` was swept already or is not
+            supported.
+        """
+        with self._lock:
+            if not self.done:
+                raise ValidationError("the sweep is still running: nothing to extend")
+            freq = self.actuator.check_freq_mhz(float(freq_mhz))
+            if freq in self.freqs_mhz:
+                raise ValidationError(f"{freq:g} MHz was swept already", field="freq_mhz")
+            self.freqs_mhz = (*self.freqs_mhz, freq)
+            self.done = False
+            self.iteration = iteration  # (the program's count: the sweep missed the ones since)
+            now = self._now()
+            self._last_end = now
+            self._last_temp = self._temp() if self._temp is not None else None
+            self._begin_clock(len(self.freqs_mhz) - 1, now)
+            self.iteration = iteration + 1
+
     def _one_more(self) -> bool:
         """Append the clock ``more`` names, if any and new; return whether one was appended."""
         extra = self._more() if self._more is not None else None
@@ -623,6 +658,50 @@ def sim_profile(gpu: SimulatedGpu, counted: Mapping[int, float]) -> Profile:
         "sensor": {"period_ms": period_s * 1e3, "window_ms": window_s * 1e3},
     }
     return Profile(ops, gpu.power_samples(), meta=meta)
+
+
+class SweepTraces(Traced):
+    """A sweep's traces read as one: the sweep's, then one per clock active profiling added.
+
+    ``opdvfs tune`` on a real device reads the sweep's trace to choose a clock to add, then
+    traces the sweep's iterations at it anew (:meth:`ClockSweep.extend`). :meth:`load` imports
+    each (once, in the calling thread) and joins their rows and power samples, all timed on
+    ``time.time()``'s clock, into one measured profile that :func:`sweep_profile` places in
+    the counted iterations of both.
+    """
+
+    def __init__(self, traces: Sequence[Traced]) -> None:
+        super().__init__(traces[0].sampler, traces[0].freq_mhz)
+        self.parts = list(traces)
+
+    def load(self) -> Profile | None:
+        """Return the traces' rows and samples as one profile (None: one of them failed)."""
+        if self.profile is None:
+            parts = [t.load() for t in self.parts]
+            if any(p is None for p in parts):
+                return None
+            self.profile = joined_traces([p for p in parts if p is not None])
+        return self.profile
+
+
+def joined_traces(parts: Sequence[Profile]) -> Profile:
+    """Return traces of one run, in order, as one measured profile (the first one's meta).
+
+    Each trace numbers its iterations from 0: a later one's follow the earlier ones' (the
+    sweep places the rows in its own iterations by their times, :func:`traced_profile`).
+    Their power samples (where every part has them) join in time order.
+    """
+    tables, after = [], 0
+    for part in parts:
+        ops = part.ops
+        tables.append(ops.assign(iteration=ops["iteration"].to_numpy() + after))
+        after += int(ops["iteration"].max()) + 1 if len(ops) else 0
+    ops = pd.concat(tables, ignore_index=True)
+    samples = [p.samples for p in parts]
+    joined = None
+    if all(s is not None for s in samples):
+        joined = pd.concat(samples, ignore_index=True).sort_values("t_s", kind="stable")
+    return Profile(ops, joined, meta=parts[0].meta)
 
 
 def _traced_profile(measured: Profile, sweep: ClockSweep) -> Profile:

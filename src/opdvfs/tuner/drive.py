@@ -171,6 +171,12 @@ class Drive(ABC):
         ``fail`` gets one line if the trace cannot be had.
         """
 
+    def trace_more(self) -> None:  # noqa: B027 (a hook: nothing to do by default)
+        """Trace the sweep again, its trace closed: it goes on at a clock active profiling added.
+
+        Nothing by default: a simulated GPU's records are the profile, at once.
+        """
+
     def follower(self) -> None:  # noqa: B027 (a hook: nothing to do by default)
         """Drop what only the profiled rank needs: this rank follows rank 0's tuning."""
 
@@ -360,6 +366,12 @@ class DeviceDrive(Drive):
         self._trace: Any = None
         self._trace_stack: ExitStack | None = None
         self._pre_hook: Any = None
+        #: What runs at the next optimizer step's start, once, in order (:meth:`_at_next_step`).
+        self._before_step: list[Callable[[], None]] = []
+        #: Whether this trace's end is arranged (its reader, or a follower's drop).
+        self._closing = False
+        #: Why a trace of an added clock could not be started (None: it was, or none was asked).
+        self._unopened: str | None = None
 
     def make_sweep(self, clocks: Sequence[float], **options: Any) -> ClockSweep:
         """Return the sweep on the device, timed on its clock, its temperature by the meter."""
@@ -438,12 +450,15 @@ class DeviceDrive(Drive):
         self, start: Callable[[Traced | None], None], fail: Callable[[str], None]
     ) -> None:
         """End the trace at the next optimizer step's start (its hooks cannot go from a hook)."""
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
+        self._closing = True
 
-        def close(*_: object) -> None:
+        def close() -> None:
             if self._trace_stack is None:
+                if self._unopened is not None:  # (an added clock's trace: none to read)
+                    fail(self._unopened)
                 return
             stack, self._trace_stack = self._trace_stack, None
+            self._closing = False
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
@@ -453,19 +468,38 @@ class DeviceDrive(Drive):
                 return
             start(self._trace)
 
-        self._pre_hook = register_optimizer_step_pre_hook(close)
+        self._at_next_step(close)
+
+    def trace_more(self) -> None:
+        """Trace the program again from the next optimizer step's start (not from a hook).
+
+        The sweep goes on at a clock active profiling added once its first trace was read
+        (:meth:`~opdvfs.runtime.sweep.ClockSweep.extend`): this trace records it until the
+        sweep is done again, and :meth:`after_sweep` hands it over as the first one.
+        """
+
+        def open_again() -> None:
+            if self._trace_stack is not None:
+                return
+            try:
+                self._open_trace()
+            except Exception as exc:  # never into the program's step: the run's error
+                self._unopened = f"the added clock's trace could not be started: {exc}"
+
+        self._at_next_step(open_again)
 
     def follower(self) -> None:
         """End this rank's trace, unread, at the next optimizer step's start (not from a hook).
 
         (Nothing, if its end is arranged already: a stage's first rank reads its trace.)
         """
-        if self._trace_stack is None or self._pre_hook is not None:
+        if self._trace_stack is None or self._closing:
             return
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
+        self._closing = True
 
-        def close(*_: object) -> None:
+        def close() -> None:
             stack, self._trace_stack = self._trace_stack, None
+            self._closing = False
             if stack is None:
                 return
             with warnings.catch_warnings(), _no_modes():
@@ -473,7 +507,7 @@ class DeviceDrive(Drive):
                 with contextlib.suppress(Exception):
                     stack.close()
 
-        self._pre_hook = register_optimizer_step_pre_hook(close)
+        self._at_next_step(close)
 
     def build_stage_profile(
         self,
@@ -491,8 +525,6 @@ class DeviceDrive(Drive):
         if self._trace_stack is None:
             done(None, "this rank's trace of the sweep was not kept")
             return
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
         from opdvfs.runtime.sweep import SweepIteration, traced_profile
 
         records = [
@@ -513,8 +545,9 @@ class DeviceDrive(Drive):
                 return
             done(profile, None)
 
-        def close(*_: object) -> None:
+        def close() -> None:
             stack, self._trace_stack = self._trace_stack, None
+            self._closing = False
             if stack is None:
                 return
             try:
@@ -528,7 +561,8 @@ class DeviceDrive(Drive):
                 target=load, args=(self._trace,), name="opdvfs-stage-trace", daemon=True
             ).start()
 
-        self._pre_hook = register_optimizer_step_pre_hook(close)
+        self._closing = True
+        self._at_next_step(close)
 
     def cache_identity(self, kind: str) -> dict[str, Any]:
         """Return the actuator's kind and the GPU it measures: an A100's plan is not an H200's.
@@ -539,7 +573,30 @@ class DeviceDrive(Drive):
 
     # ------------------------------------------------------------------------- the trace
     def _start_trace(self, stack: ExitStack) -> None:
-        """Trace the sweep with torch.profiler (and NVML)."""
+        """Trace the sweep with torch.profiler (and NVML); the trace closes with ``stack``."""
+        self._open_trace()
+        stack.callback(self._close_trace_quietly)
+
+    def _at_next_step(self, action: Callable[[], None]) -> None:
+        """Run ``action`` once at the next optimizer step's start: a step hook cannot add one.
+
+        (The profiler's own step hook comes and goes with a trace: not from a step hook, as
+        PyTorch runs them from a dict it iterates.)
+        """
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        self._before_step.append(action)
+        if self._pre_hook is None:
+
+            def before_step(*_: object) -> None:
+                actions, self._before_step = self._before_step, []
+                for run in actions:
+                    run()
+
+            self._pre_hook = register_optimizer_step_pre_hook(before_step)
+
+    def _open_trace(self) -> None:
+        """Start a trace of the program, until the sweep is done (:func:`traced`)."""
         from opdvfs.runtime.profiling import traced
 
         sampler = None
@@ -562,7 +619,6 @@ class DeviceDrive(Drive):
             )
         )
         self._trace_stack = trace_stack
-        stack.callback(self._close_trace_quietly)
 
     def _close_trace_quietly(self) -> None:
         stack, self._trace_stack = self._trace_stack, None
@@ -574,6 +630,7 @@ class DeviceDrive(Drive):
         if self._pre_hook is not None:
             self._pre_hook.remove()
             self._pre_hook = None
+        self._before_step = []
 
 
 def make_drive(actuator: Actuator, sink: IterationSink, *, stack: ExitStack) -> Drive:

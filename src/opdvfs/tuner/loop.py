@@ -4,7 +4,8 @@ One run of the user's unchanged script goes through these phases, each between t
 iterations (an iteration ends at an optimizer step; :mod:`opdvfs.tuner` has the whole story):
 **warm-up** at the top clock, which identifies the job for the cache
 (:func:`~opdvfs.tuner.cache.cache_key`; a cached schedule applies at once, phase ``steady``);
-**profiling** at a few clocks (the sweep of :mod:`opdvfs.runtime.sweep`); **planning** in a
+**profiling** at a few clocks (the sweep of :mod:`opdvfs.runtime.sweep`; with ``auto`` clocks,
+one more where active profiling names one: :meth:`Tuner._may_add`); **planning** in a
 background thread while the program trains at the top clock (:mod:`opdvfs.tuner.planning`);
 **A/B measurement** of each plan in blocks alternating with top-clock blocks
 (:mod:`opdvfs.tuner.ab`); **re-plan** at another budget when the measured slowdown misses the
@@ -24,9 +25,10 @@ import contextlib
 import importlib
 import logging
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -34,6 +36,7 @@ import opdvfs.tuner.policy as policy
 from opdvfs.exceptions import ValidationError
 from opdvfs.runtime.actuators import Actuator, ClockGuard
 from opdvfs.runtime.checks import check_counts
+from opdvfs.runtime.sweep import SweepTraces, sweep_profile
 from opdvfs.schedule import Objective, PipelineSchedule, Schedule
 from opdvfs.tuner.ab import DEFAULT_BLOCK, abba_blocks, measured_round
 from opdvfs.tuner.cache import TuneCache, cache_key
@@ -42,6 +45,11 @@ from opdvfs.tuner.planning import PlanningThread, RoundToMeasure
 from opdvfs.tuner.ranks import Decision, Measurement, Ranks
 from opdvfs.tuner.report import round_line
 from opdvfs.tuner.result import TuneIteration, TuneResult
+
+if TYPE_CHECKING:
+    from opdvfs.devices.spec import DeviceSpec
+    from opdvfs.plan.active import ClockToMeasure
+    from opdvfs.runtime.profiling import Traced
 
 __all__ = ["Tuner"]
 
@@ -78,7 +86,10 @@ class Tuner:
     target
         Allowed measured slowdown (0.02 = 2%).
     clocks
-        Clocks to profile (MHz), or ``"auto"`` (:func:`~opdvfs.tuner.policy.profile_clocks`).
+        Clocks to profile (MHz), or ``"auto"`` (:func:`~opdvfs.tuner.policy.profile_clocks`),
+        to which active profiling may add one where the plan would use it
+        (:func:`~opdvfs.tuner.policy.added_clock`; a single program or a data-parallel job,
+        on a simulated GPU or a device; not a pipeline job: :meth:`_may_add`).
     warmup, iterations_per_clock
         As :class:`~opdvfs.runtime.sweep.ClockSweep`.
     block
@@ -150,6 +161,14 @@ class Tuner:
         self.on_iteration = on_iteration
         chosen = policy.profile_clocks(actuator.supported_freqs_mhz(), clocks)
         self._auto_clocks = tuple(chosen)  # (active profiling may add to them)
+        #: Whether active profiling may add clocks to the sweep (:meth:`_may_add`).
+        self._active = clocks == "auto"
+        #: Off the simulated GPU, once the sweep was extended: its traces so far, in order.
+        self._sweep_traces: list[Traced] = []
+        #: Off the simulated GPU: active profiling's choice, being made on the sweep's trace.
+        self._deciding: _AddedClockChoice | None = None
+        #: Rank 0: the clock active profiling added and why, sent once to the others.
+        self._added_to_send: tuple[float, str] | None = None
         for f in chosen:
             actuator.check_freq_mhz(float(f))
         self.kind = label or actuator.kind
@@ -471,12 +490,13 @@ class Tuner:
                 cache_key=self.result.cache_key,
                 cache_hit=self.result.cache_hit,
                 counted=self._counted_to_send,
+                added=self._added_to_send,
             ),
             top_mhz=self.top_mhz,
             sweeping_mhz=self.sweep.set_mhz if sweeping else None,
             pipeline=self.planning.pipeline_of(self.drive.applied_schedule()),
         )
-        self._counted_to_send = None
+        self._counted_to_send = self._added_to_send = None
 
     def _follow(self, job: Any, iteration: int, n_ops: int, measured: Measurement) -> None:
         """Take rank 0's decision for this iteration end, and apply it (the other ranks)."""
@@ -495,6 +515,9 @@ class Tuner:
                 *self._ranks_figures(job),
             )
         )
+        if d.added is not None:  # the clock rank 0 added to the sweep, which this rank follows
+            self.result.clocks_mhz = (*self.result.clocks_mhz, d.added[0])
+            self.result.added_clock = d.added[1]
         if self.stages and d.counted is not None and job.rank in job.view.stage_leads:
             self._send_stage_profile(job, d.counted)
         elif d.counted is None and d.next not in ("warmup", "profiling"):
@@ -574,6 +597,9 @@ class Tuner:
             return
         if self.phase == "planning":
             self.drive.pace_planning(self.planning.ready.wait)
+            if self._deciding is not None:
+                self._take_added_clock(iteration)
+                return
         if job is not None:
             self._advance_block(job)
         elif self.planning.waiting:
@@ -676,36 +702,133 @@ class Tuner:
         ]
         return float(np.median(times)) if times else self.sweep.iteration_s
 
+    def _may_add(self) -> bool:
+        """Whether active profiling may add a clock to the sweep now.
+
+        With ``auto`` clocks, up to :data:`~opdvfs.tuner.policy.ADDED_CLOCKS`, in a single
+        program or a data-parallel job (rank 0 chooses on its profile, every rank follows its
+        clock through the sweep, as through the ``auto`` clocks). Not in a pipeline job (ranks
+        of other operators or work, :mod:`opdvfs.tuner.stages`): a clock is worth adding where
+        one profile's plan would use it, and a pipeline's plan is the whole job's, made on every
+        stage's profile, which rank 0 gathers only after the sweep.
+        """
+        added = len(self.sweep.freqs_mhz) - len(self._auto_clocks)
+        if not self._active or added >= policy.ADDED_CLOCKS or self.stages:
+            return False
+        job = self.ranks.job
+        if job is None:
+            return not self.ranks.waits_for_group()
+        return job.leader and job.view is not None and job.view.same_sequence
+
+    def _choose_clock(self, profile: Any) -> ClockToMeasure | None:
+        """Return active profiling's clock to add on the swept ``profile`` (None: none is worth it).
+
+        :func:`~opdvfs.tuner.policy.added_clock` at the run's target; safe in another thread.
+        """
+        return policy.added_clock(
+            profile,
+            target=self.target,
+            objective=self.planning.objective,
+            interval_ms=self.planning.interval_ms,
+            n_launches=self.drive.plan_launches(),
+            spec=self._clock_grid(profile),
+        )
+
+    def _clock_grid(self, profile: Any) -> DeviceSpec | None:
+        """Return the clocks the models fill between the swept ones: the device's own.
+
+        A simulated GPU's preset, which its profile names (None: the default). A real GPU has
+        none: its supported clocks, as the actuator reads them (NVML's list), within the swept
+        range; else its profile's clocks would be the only ones, with no gap to add a clock in.
+        """
+        from opdvfs.devices.spec import DeviceSpec
+        from opdvfs.plan.on_profile import within_profiled
+        from opdvfs.sim.presets import preset_spec
+
+        device = profile.meta.get("device")
+        if preset_spec(device) is not None:
+            return None
+        grid = tuple(sorted({float(f) for f in self.actuator.supported_freqs_mhz()}))
+        name = str(device or self.drive.device or self.kind)
+        return within_profiled(profile, DeviceSpec(name=name, freqs_mhz=grid))
+
+    def _added(self, choice: ClockToMeasure) -> float:
+        """Record the clock added to the sweep (the result, the others' next decision)."""
+        self.result.added_clock = choice.why()
+        self.result.clocks_mhz = (*self.result.clocks_mhz, choice.freq_mhz)
+        self._added_to_send = (choice.freq_mhz, choice.why())
+        log.info("tune: also profiling %s", choice.why())
+        return choice.freq_mhz
+
     def _added_clock(self) -> float | None:
         """Return one more clock for the sweep (its last is done) where active profiling names one.
 
-        On a simulated GPU (its records are the profile, at once), a single program (no
-        ``torchrun`` job: every rank follows rank 0's sweep), up to
-        :data:`~opdvfs.tuner.policy.ADDED_CLOCKS` (:func:`~opdvfs.tuner.policy.added_clock`).
-        A real device's profile is its trace, read after the sweep: nothing is added there.
+        On a simulated GPU, whose records are the profile at once: chosen here, between two
+        iterations. A real device's profile is its trace, read after the sweep: the clock is
+        chosen in a thread while the program trains on, and the sweep extended then
+        (:meth:`_take_added_clock`).
         """
-        added = len(self.sweep.freqs_mhz) - len(self._auto_clocks)
-        single = self.ranks.job is None and not self.ranks.waits_for_group()
-        if added >= policy.ADDED_CLOCKS or self.drive.by_time or not single:
+        if self.drive.by_time or not self._may_add():
             return None
         counted = {r.iteration: r.freq_mhz for r in self.sweep.records if r.phase == "counted"}
         try:
-            choice = policy.added_clock(
-                self.drive.stage_profile(counted),
-                target=self.target,
-                objective=self.planning.objective,
-                interval_ms=self.planning.interval_ms,
-                n_launches=self.drive.plan_launches(),
-            )
+            choice = self._choose_clock(self.drive.stage_profile(counted))
         except Exception as exc:  # the sweep goes on without it: the plan is as before
             log.warning("tune: active profiling found no clock to add: %s", exc)
             return None
-        if choice is None:
-            return None
-        self.result.added_clock = choice.why()
-        self.result.clocks_mhz = (*self.result.clocks_mhz, choice.freq_mhz)
-        log.info("tune: also profiling %s", choice.why())
-        return choice.freq_mhz
+        return None if choice is None else self._added(choice)
+
+    def _choose_on_trace(self, trace: Traced | None) -> None:
+        """Off the simulated GPU: choose a clock to add on the sweep's trace, in a thread.
+
+        The program trains on at the top clock (phase ``planning``) until the choice is taken
+        (:meth:`_take_added_clock`).
+        """
+        if trace is None:  # (a drive that read no trace: plan as it is)
+            self._start_planning(None)
+            return
+        self._sweep_traces.append(trace)
+        whole = SweepTraces(self._sweep_traces)
+
+        def choose(choice: _AddedClockChoice) -> ClockToMeasure | None:
+            try:
+                measured = whole.load()
+            except Exception as exc:  # as the planning thread says it (no plan without it)
+                choice.unread = f"the sweep's trace could not be read: {exc}"
+                raise
+            if measured is None:
+                raise ValueError("the sweep's trace holds no profile")
+            return self._choose_clock(sweep_profile(self.sweep, measured))
+
+        self._deciding = _AddedClockChoice(choose)
+
+    def _take_added_clock(self, iteration: int) -> None:
+        """Take active profiling's choice, once made: sweep the clock, or plan on the trace."""
+        choice = self._deciding
+        assert choice is not None
+        if not choice.done.is_set():
+            return
+        self._deciding = None
+        traces = self._sweep_traces
+        if choice.unread is not None:
+            self.result.error = choice.unread
+            self._stop_tuning()
+            return
+        if choice.error is not None:  # the sweep goes on without it: the plan is as before
+            log.warning("tune: active profiling found no clock to add: %s", choice.error)
+        if choice.clock is None:
+            self._sweep_traces = []
+            self._start_planning(traces[0] if len(traces) == 1 else SweepTraces(traces))
+            return
+        # the clock set for the next iteration, as the sweep sets each (under the run's guard)
+        self.sweep.extend(choice.clock.freq_mhz, iteration=iteration)
+        self.drive.trace_more()  # from the next step's start: the added clock's first is settling
+        self._added(choice.clock)
+        self.phase = "profiling"
+
+    def _start_planning(self, trace: Traced | None) -> None:
+        """Plan on the sweep's profile in the planning thread (``trace``: a real device's)."""
+        self.planning.start(self.sweep, trace, self.drive.plan_launches())
 
     def _sweep_done(self) -> None:
         """End the sweep (its last clock is done): train at the top clock, plan in a thread."""
@@ -746,11 +869,18 @@ class Tuner:
             self.drive.after_sweep(traced, lambda error: setattr(self.result, "error", error))
             return
 
-        def start(trace: Any) -> None:
-            self.planning.start(self.sweep, trace, self.drive.plan_launches())
-
         def fail(error: str) -> None:
             self.result.error = error
+
+        if self.drive.by_time and self._may_add():
+            # the trace read, a clock may be added (a further sweep step, traced anew)
+            self.drive.after_sweep(self._choose_on_trace, fail)
+            return
+        earlier, self._sweep_traces = self._sweep_traces, []
+
+        def start(trace: Traced | None) -> None:  # (the traces before it: an extended sweep's)
+            whole = SweepTraces([*earlier, trace]) if earlier and trace is not None else trace
+            self._start_planning(whole)
 
         self.drive.after_sweep(start, fail)
 
@@ -839,3 +969,28 @@ class Tuner:
             (self.result.best_round or 0) + 1,
             len(self.result.iterations),
         )
+
+
+class _AddedClockChoice:
+    """Active profiling's choice off the simulated GPU, made in a thread (the trace is read).
+
+    ``clock`` (None: none is worth adding), ``error`` (one line, or None) and ``unread`` (the
+    trace could not be read: the run's error) are set before ``done``.
+    """
+
+    def __init__(self, choose: Callable[[_AddedClockChoice], ClockToMeasure | None]) -> None:
+        self.clock: ClockToMeasure | None = None
+        self.error: str | None = None
+        self.unread: str | None = None
+        self.done = threading.Event()
+        threading.Thread(
+            target=self._run, args=(choose,), name="opdvfs-tune-active", daemon=True
+        ).start()
+
+    def _run(self, choose: Callable[[_AddedClockChoice], ClockToMeasure | None]) -> None:
+        try:
+            self.clock = choose(self)
+        except Exception as exc:  # the sweep goes on without it
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.done.set()

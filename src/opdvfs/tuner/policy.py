@@ -47,6 +47,7 @@ from opdvfs.tuner.ab import BLOCK_COUNTER_UPDATES, DEFAULT_BLOCK, ab_block
 from opdvfs.tuner.result import TuneRound
 
 if TYPE_CHECKING:
+    from opdvfs.devices.spec import DeviceSpec
     from opdvfs.profile import Profile
 
 __all__ = [
@@ -126,16 +127,18 @@ def added_clock(
     objective: Objective = OBJECTIVE,
     interval_ms: float = INTERVAL_MS,
     n_launches: int | None = None,
+    spec: DeviceSpec | None = None,
 ) -> ClockToMeasure | None:
     """Return the clock the sweep should measure too, after its ``auto`` clocks, or None.
 
     The swept ``profile`` fitted as the planning thread fits it
-    (:func:`~opdvfs.plan.on_profile.fit_profile`; the preset's clocks, the models filling the
-    others), then :func:`~opdvfs.plan.active.next_clock_for` at ``target``: the clock in a gap
-    the plan would use whose measurement is expected to save the most energy, if that is at
-    least :data:`ADDED_CLOCK_MIN_GAIN` of the plan's (the cost of one sweep step).
+    (:func:`~opdvfs.plan.on_profile.fit_profile`; the preset's clocks, or ``spec``'s, the
+    models filling the others), then :func:`~opdvfs.plan.active.next_clock_for` at
+    ``target``: the clock in a gap the plan would use whose measurement is expected to save
+    the most energy, if that is at least :data:`ADDED_CLOCK_MIN_GAIN` of the plan's (the
+    cost of one sweep step).
     """
-    fitted = fit_profile(profile, objective=objective, n_launches=n_launches)
+    fitted = fit_profile(profile, objective=objective, n_launches=n_launches, spec=spec)
     return next_clock_for(
         fitted,
         target=target,

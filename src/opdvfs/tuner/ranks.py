@@ -6,7 +6,8 @@ executor or a trace would see), and each takes the job's: the slowest rank's tim
 rank's energy. Rank 0 alone runs the phases on those job-wide figures (its sweep, its planning
 thread, its A/B blocks) and broadcasts what it decided (:class:`Decision`: the phase, the clock
 it set, the schedule it applies), so every rank moves through the same phases at the same
-iterations, the A/B blocks start and end together, and data-parallel ranks share rank 0's plan.
+iterations, the A/B blocks start and end together, and data-parallel ranks share rank 0's plan
+(and sweep the clock its active profiling adds, with the others: :attr:`Decision.added`).
 
 When the ranks' sequences differ (pipeline stages; :class:`~opdvfs.runtime.distributed.JobView`),
 every stage is profiled and the stages are planned together (:mod:`opdvfs.tuner.stages`; on a
@@ -92,6 +93,9 @@ class Decision:
     counted: dict[int, float] | None = None
     #: Whether ``schedule`` is this rank's stage of a pipeline schedule rank 0 sent.
     staged: bool = False
+    #: The clock active profiling added to the sweep (MHz) and why, once, when rank 0 chose it
+    #: (every rank sweeps it: it follows rank 0's clock).
+    added: tuple[float, str] | None = None
 
 
 class Ranks:
@@ -208,6 +212,7 @@ class Ranks:
             "cache_key": decision.cache_key,
             "cache_hit": decision.cache_hit,
             "counted": None if decision.counted is None else sorted(decision.counted.items()),
+            "added": decision.added,
         }
         job.exchange(doc)
 
@@ -236,6 +241,7 @@ class Ranks:
         elif text is not None:
             schedule = Schedule.from_json(text, source="rank 0")
         counted = d.get("counted")
+        added = d.get("added")
         return Decision(
             iteration=d["iteration"],
             phase=d["phase"],
@@ -248,4 +254,5 @@ class Ranks:
             cache_hit=d["cache_hit"],
             counted=None if counted is None else {int(i): float(f) for i, f in counted},
             staged=staged,
+            added=None if added is None else (float(added[0]), str(added[1])),
         )
