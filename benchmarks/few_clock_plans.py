@@ -70,7 +70,7 @@ import pandas as pd
 
 from opdvfs.devices.spec import DeviceSpec
 from opdvfs.io import read_profile
-from opdvfs.plan.active import next_clock_for
+from opdvfs.plan.active import SPREAD, next_clock_for
 from opdvfs.plan.dp import StageTables
 from opdvfs.plan.measured import MeasuredTables
 from opdvfs.plan.milp import milp_solve
@@ -91,6 +91,7 @@ MIN_CLOCKS = 4
 ACTIVE = False
 ACTIVE_MAX = 8
 ACTIVE_COST: float | None = None
+ACTIVE_SPREAD = SPREAD
 
 
 def legacy_sets(path: Path, workdir: Path) -> list[tuple[str, Path]]:
@@ -211,7 +212,7 @@ def active_clocks(
     clocks = list(profiled)
     for _ in range(ACTIVE_MAX):
         fitted = fit_profile(restrict(full, tuple(clocks)), spec=spec, values="auto")
-        choice = next_clock_for(fitted, target=target, cost_j=_cost_j(fitted))
+        choice = next_clock_for(fitted, target=target, cost_j=_cost_j(fitted), spread=ACTIVE_SPREAD)
         if choice is None:
             break
         clocks.append(choice.freq_mhz)
@@ -239,7 +240,7 @@ def _margin_points(schedule: Schedule) -> float | None:
 
 
 def main() -> None:
-    global MAX_GAP, ACTIVE, ACTIVE_MAX, ACTIVE_COST
+    global MAX_GAP, ACTIVE, ACTIVE_MAX, ACTIVE_COST, ACTIVE_SPREAD
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("data", nargs="?", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--sets", default="", help="only the sets whose name holds this")
@@ -256,9 +257,11 @@ def main() -> None:
     parser.add_argument(
         "--active-cost", type=float, default=None, help="a clock's cost, share of the energy"
     )
+    parser.add_argument("--active-spread", type=float, default=ACTIVE_SPREAD)
     args = parser.parse_args()
     MAX_GAP, ACTIVE = args.max_gap, args.active
     ACTIVE_MAX, ACTIVE_COST = args.active_max, args.active_cost
+    ACTIVE_SPREAD = args.active_spread
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         sets = [s for s in find_sets(args.data, workdir) if args.sets in s[0]]
