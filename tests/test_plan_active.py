@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 
 from opdvfs.exceptions import ValidationError
-from opdvfs.plan.active import budget_price, clock_gains, next_clock, next_clock_for
+from opdvfs.plan.active import (
+    budget_price,
+    clock_gains,
+    loo_reach,
+    next_clock,
+    next_clock_for,
+)
 from opdvfs.plan.dp import StageTables
 from opdvfs.plan.measured import gap_reach
 from opdvfs.plan.milp import milp_solve
@@ -186,14 +192,32 @@ def sim_profile_auto():
 
 
 def test_ops_measured_at_other_clocks_give_the_same_gains_by_the_full_path():
-    """A sweep's shared pattern takes a shortcut (the gap's columns); one op apart takes none."""
+    """A sweep's shared pattern takes a shortcut (the gap's columns); one op apart takes none.
+
+    On the point values: with the models' uncertainty, op 0's own clocks would also change its
+    leave-one-clock-out reach (:func:`test_the_leave_one_clock_out_reach`).
+    """
     t = tables()
     assert t.model_filled is not None
-    fast = clock_gains(t, budget_s=budget(t), plan_cols=AT_1300)
+    fast = clock_gains(t, budget_s=budget(t), plan_cols=AT_1300, spread=0.0)
     apart = t.model_filled.copy()
     apart[0, 0] = True  # op 0 not measured at 1000 MHz (its margin there stays 0)
     full = clock_gains(
-        dataclasses.replace(t, model_filled=apart), budget_s=budget(t), plan_cols=AT_1300
+        dataclasses.replace(t, model_filled=apart),
+        budget_s=budget(t),
+        plan_cols=AT_1300,
+        spread=0.0,
     )
     np.testing.assert_array_equal(fast[0], full[0])
     np.testing.assert_allclose(fast[1], full[1], rtol=1e-12)
+
+
+def test_the_leave_one_clock_out_reach():
+    """The mean reach of the interior measured clocks left out; the widest reach without one."""
+    rows = np.stack([MEASURED, MEASURED | (F == 1100.0), MEASURED & (F > 1000.0)])
+    reach = loo_reach(F, rows)[:, 0]
+    assert reach[0] == pytest.approx(200.0 * 200.0)  # 1200 between 1000 and 1400
+    # 1100 between 1000 and 1200, 1200 between 1100 and 1400
+    assert reach[1] == pytest.approx((100.0 * 100.0 + 100.0 * 200.0) / 2)
+    # 1200 and 1400 only: no interior clock, the widest reach (1000 MHz, beyond the range)
+    assert reach[2] == pytest.approx(gap_reach(F, rows[2:]).max())

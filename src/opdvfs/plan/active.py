@@ -17,17 +17,25 @@ budget's price in J/s, found by bisection so that the relaxed plan meets the bud
 and after, at the same price. The price turns time held back into energy (time at risk). After
 the measurement the cells around the clock keep their point values with smaller margins, and
 the clock's own cells take their true cost, which the models know only to within their
-uncertainty: the gain counts the *expected improvement* (as in Bayesian optimisation) of a
-cost normal about the point value with the models' standard deviation (:data:`SPREAD` of it),
-so a clock is worth what the plan would win in the cases where the truth makes it use the
-clock, weighted by how likely they are. With ``spread=0`` that is the point value (the clock
-is worth only the margins it wins back, and only the gaps the point-value plan uses on
-model-filled cells are candidates); with the models' uncertainty every gap inside the
-measured range is, the plan would use a clock there only if it turned out cheaper. Measured
-real steps (Perseus's A40 stages run 6% faster at 1035-1050 MHz than at 1065, and 0.2-2%
-faster at 1515-1575 MHz than at the top clock) sit 6 to 15 of the models' standard deviations
-from their point values, where no Gaussian criterion ranks them: see
-``benchmarks/few_clock_plans.py`` for what it finds and misses. :func:`next_clock` names the
+error: the gain counts the *expected improvement* (as in Bayesian optimisation) of a cost
+normal about the point value, so a clock is worth what the plan would win in the cases where
+the truth makes it use the clock, weighted by how likely they are. Every gap inside the
+measured range holds candidates: a gap the point-value plan does not use is worth measuring
+only as far as the truth may turn out cheaper there.
+
+How far the truth may be off: the size of the errors the models made bridging the profile's
+own gaps, the same leave-one-clock-out residuals :func:`~opdvfs.plan.measured.log_uncertainty`
+takes its curvature from (:func:`loo_reach`), anywhere in a gap. ``log_uncertainty`` scales
+them down by the square of the distance to the measured clocks, which suits a smooth curve but
+not real tables, which step: on Perseus's four stage sets at the ``auto`` clocks the
+model-filled cells' log errors (time; energy) are 2.7-5.9 (3.0-11) of its standard deviations
+rms, and 0.5-1.3 (0.6-2.1) of these (``--max-gap none``: 2.3-5.3, 0.7-1.5). :data:`SPREAD`
+scales them (0: the point values only, where a clock is worth only the margins it wins back,
+and only the gaps the point-value plan uses on model-filled cells are candidates). Steps
+further out stay unlikely: Perseus's A40 forward stages run 6% faster at 1035-1050 MHz than
+at 1065 (4.2 of these deviations in time, 2.2 in energy; about 15 of ``log_uncertainty``'s), a
+narrow dip the criterion does not rank before the wide gaps (``benchmarks/few_clock_plans.py``:
+what it finds and misses). :func:`next_clock` names the
 best clock when its gain is above the cost of measuring it (:data:`MIN_GAIN_SHARE` of the
 plan's energy by default), else None: stop. Pure functions of the tables, vectorised over ops
 and clocks (a Python loop over the candidate clocks only).
@@ -52,23 +60,27 @@ __all__ = [
     "ClockToMeasure",
     "budget_price",
     "clock_gains",
+    "loo_reach",
     "next_clock",
     "next_clock_for",
 ]
 
 #: A clock is worth measuring when the energy it is expected to save per iteration is at least
 #: this share of the plan's (the default cost of one sweep step, :func:`next_clock`). On the 27
-#: real sets of ``benchmarks/few_clock_plans.py --active`` (81 plans on the ``auto`` clocks): a
-#: cost of 0.3% of the top clock's energy adds no clock (7 plans more than 0.5% above the
-#: every-clock optimum), 0.1% of the plan's 4 (6), 0.03% of the top's 7 and of the plan's 9
-#: (4, this default), 0.01% or 0.003% of the top's 12-13 (the same 4).
+#: real sets of ``benchmarks/few_clock_plans.py --active`` (81 plans on the ``auto`` clocks, at
+#: most 8 added each; only the 12 on Perseus's stages have clocks to add): a cost of 1% of the
+#: top clock's energy adds 9 clocks (7 plans more than 0.5% above the every-clock optimum),
+#: 0.3% 40 (5), 0.1% 68 (3), 0.03% of the plan's 81 (3, this default; 7 plans stop at the 8),
+#: 0.01% of the top's 86 (3). On the point values (:data:`SPREAD` 0): 0.3% of the top adds
+#: none (7), 0.1% of the plan's 4 (6), 0.03% of the top's 7 and of the plan's 9 (4), 0.01% or
+#: 0.003% of the top's 12-13 (the same 4).
 MIN_GAIN_SHARE = 3e-4
 
 #: How far :func:`clock_gains` lets a measurement surprise: the standard deviation of a
-#: clock's true cost around the models' point value, in units of the models' own
-#: (:func:`~opdvfs.plan.measured.log_uncertainty`, the margins over
-#: :data:`~opdvfs.plan.planner.TIME_QUANTILE_Z`). 1: the models' uncertainty as it is; 0: the
-#: point values only (a clock is worth only the margins it wins back).
+#: clock's true cost around the models' point value, in units of the errors the models made
+#: bridging the profile's own gaps (leave one clock out, :func:`loo_reach`). 1: those errors
+#: as they are (calibrated on Perseus's stages: the module's docstring); 0: the point values
+#: only (a clock is worth only the margins it wins back).
 SPREAD = 1.0
 
 #: Bisection steps on the budget's price (relative precision 2^-60 of its bracket).
@@ -173,6 +185,32 @@ def _expected_improvement(margin: np.ndarray, sd: np.ndarray) -> np.ndarray:
     return np.where(sd > 0, np.maximum(ei, 0.0), np.maximum(margin, 0.0))
 
 
+def loo_reach(freqs_mhz: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """Return each row's mean leave-one-clock-out reach (MHz^2), shape (n_rows, 1).
+
+    Over the measured clocks with a measured clock on both sides, the
+    :func:`~opdvfs.plan.measured.gap_reach` each has when it is left out,
+    ``(f - f_L) (f_R - f)``: the reach at which :func:`~opdvfs.plan.measured.log_uncertainty`
+    saw its op's models err (its curvature is their errors over these reaches). A filled cell
+    whose uncertainty is ``curvature x reach / 2`` has ``curvature x loo_reach / 2`` as the
+    size of those errors themselves. Where a row has no such clock: its largest reach (the
+    widest gap's middle).
+    """
+    f = np.asarray(freqs_mhz, dtype=float)
+    m = np.asarray(measured, dtype=bool)
+    seen = np.cumsum(m, axis=1)
+    inner = m & (seen > 1) & (seen < seen[:, -1:])  # a measured clock on each side
+    total = np.zeros(len(m))
+    for j in np.flatnonzero(inner.any(axis=0)):  # the measured clocks: a few tens at most
+        without = m.copy()
+        without[:, j] = False
+        total += np.where(inner[:, j], gap_reach(f, without)[:, j], 0.0)
+    count = inner.sum(axis=1)
+    widest = gap_reach(f, m).max(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(count > 0, total / count, widest)[:, None]
+
+
 def clock_gains(
     tables: Predictions,
     *,
@@ -256,8 +294,11 @@ def clock_gains(
     shared = len(pattern) == 1
     cost_up = e_up + price * t_up
     # the spread of the cost ``energy + price time`` the measurement reveals at each cell: the
-    # models' standard deviations (margins / z), a time error carried into the energy too
-    cost_sd = spread * (energy * e_margin + price * time_s * t_margin) / TIME_QUANTILE_Z
+    # error the models made bridging the profile's own gaps, wherever in its gap (a time
+    # error moves the energy with it)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bridge = np.where(reach > 0, loo_reach(f, pattern) / reach, 0.0)
+    cost_sd = spread * bridge * (energy * e_margin + price * time_s * t_margin) / TIME_QUANTILE_Z
     outside: dict[int, np.ndarray] = {}
     for k, c in enumerate(candidates.tolist()):  # the candidate clocks: a few tens at most
         now = pattern.copy()
