@@ -60,13 +60,14 @@ same 5 by +0.002%, no plan worse than on the point values (``--active-spread 0``
 active profiling, as ``opdvfs tune`` sweeps them): none late, 4 (worst 6.83%), 96 clocks added
 (point values: 7, worst 7.56%, 9 added), every set of 5-6 clocks given its last one and at the
 optimum, but one plan worse than on the point values: BLOOM A40 at 10%, 0.79% -> 1.57% with 8
-clocks added against 4 (more measured clocks, a different fit). The 3 left are BLOOM's stages on the A40 at 2, 5 and 10%
-(1.22%, 2.91%, 2.13%, each at the cap of 8 clocks added; ``--active-max 40``: 0.15% at 21
-added, 2.13% at 14, stopping, and 0.63% at 16): its forward stages run 6% faster at 1035-1050
-MHz than at 1065 and 0.2-2% faster at 1515-1575 MHz than at the top clock, where no smooth
-model goes; with hindsight one or two clocks would do (1560; 1035 and 1560; 1020 and 1200 MHz),
-but the 1035 MHz dip is 4.2 deviations off the models in time, and the criterion does not rank
-it before the wide gaps. The optimum on the profiled clocks is as far off as the plan.
+clocks added against 4 (more measured clocks, a different fit). The 3 left are BLOOM's stages
+on the A40 at 2, 5 and 10% (1.22%, 2.91%, 2.13%, each at the cap of 8 clocks added;
+``--active-max 40``: 0.15% at 21 added, 2.13% at 14, stopping, and 0.63% at 16): its forward
+stages run 6% faster at 1035-1050 MHz than at 1065 and 0.2-2% faster at 1515-1575 MHz than at
+the top clock, where no smooth model goes; with hindsight one or two clocks would do (1560;
+1035 and 1560; 1020 and 1200 MHz), but the 1035 MHz dip is 4.2 deviations off the models in
+time, and the criterion does not rank it before the wide gaps. The optimum on the profiled
+clocks is as far off as the plan.
 """
 
 from __future__ import annotations
