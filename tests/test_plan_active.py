@@ -14,6 +14,7 @@ import pytest
 
 from opdvfs.exceptions import ValidationError
 from opdvfs.plan.active import (
+    _expected_improvement,
     budget_price,
     clock_gains,
     loo_reach,
@@ -221,3 +222,14 @@ def test_the_leave_one_clock_out_reach():
     assert reach[1] == pytest.approx((100.0 * 100.0 + 100.0 * 200.0) / 2)
     # 1200 and 1400 only: no interior clock, the widest reach (1000 MHz, beyond the range)
     assert reach[2] == pytest.approx(gap_reach(F, rows[2:]).max())
+
+
+def test_the_expected_improvement_is_the_mean_saving_of_a_normal_cost():
+    """``E[max(m + s Z, 0)]`` in closed form against a sample; ``max(m, 0)`` where s is 0."""
+    margin = np.array([-2.0, -0.5, 0.0, 0.3, 1.5, 0.7, -0.7])
+    sd = np.array([1.0, 0.5, 2.0, 0.1, 1.0, 0.0, 0.0])
+    z = np.random.default_rng(0).standard_normal((200_000, 1))
+    sample = np.maximum(margin + sd * z, 0.0).mean(axis=0)
+    got = _expected_improvement(margin, sd)
+    assert (np.abs(got - sample) <= 4e-3 * np.maximum(sd, 0.1)).all(), (got, sample)
+    np.testing.assert_array_equal(got[-2:], [0.7, 0.0])
