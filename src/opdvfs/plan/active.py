@@ -35,10 +35,11 @@ and only the gaps the point-value plan uses on model-filled cells are candidates
 further out stay unlikely: Perseus's A40 forward stages run 6% faster at 1035-1050 MHz than
 at 1065 (4.2 of these deviations in time, 2.2 in energy; about 15 of ``log_uncertainty``'s), a
 narrow dip the criterion does not rank before the wide gaps (``benchmarks/few_clock_plans.py``:
-what it finds and misses). :func:`next_clock` names the
-best clock when its gain is above the cost of measuring it (:data:`MIN_GAIN_SHARE` of the
-plan's energy by default), else None: stop. Pure functions of the tables, vectorised over ops
-and clocks (a Python loop over the candidate clocks only).
+what it finds and misses).
+
+:func:`next_clock` names the best clock when its gain is above the cost of measuring it
+(:data:`MIN_GAIN_SHARE` of the plan's energy by default), else None: stop. Pure functions of
+the tables, vectorised over ops and clocks (a Python loop over the candidate clocks only).
 """
 
 from __future__ import annotations
@@ -236,9 +237,10 @@ def clock_gains(
     objective
         ``core-energy`` values the core rail, anything else the chip's.
     spread
-        The measurement's surprise in units of the models' standard deviations (the margins
-        over :data:`~opdvfs.plan.planner.TIME_QUANTILE_Z`; a time error moves the energy with
-        it); 0: the point values only.
+        The standard deviation of a clock's true cost about the models' point value, in units
+        of the size of the models' leave-one-clock-out errors (the margins over
+        :data:`~opdvfs.plan.planner.TIME_QUANTILE_Z`, times :func:`loo_reach` over the cell's
+        reach; a time error moves the energy with it); 0: the point values only.
 
     Returns
     -------
@@ -249,9 +251,9 @@ def clock_gains(
     gains_j
         Each candidate's expected saving per iteration (J): the relaxed conservative plan's
         energy plus ``price x time`` before, less its expectation after (the margins around the
-        clock shrunk, the clock's own cost its true value: the point value, normal with
-        ``spread`` times the models' standard deviation), at the budget's price
-        (:func:`budget_price`). >= 0.
+        clock shrunk, the clock's own cost its true value: normal about the point value, with
+        ``spread`` times the size of the models' leave-one-clock-out errors), at the budget's
+        price (:func:`budget_price`). >= 0.
     plan_energy_j
         The relaxed conservative plan's energy before (J).
     """
@@ -388,7 +390,7 @@ def next_clock_for(
     (``conservative=False``: where the plan goes if the models are right). None where the
     models filled nothing (every clock measured) or the profile gave no measurements.
     ``objective``: ``core-energy`` values the core rail, anything else the chip's;
-    ``cost_j`` and ``min_gain_share``: :func:`next_clock`'s.
+    ``cost_j``, ``min_gain_share`` and ``spread``: :func:`next_clock`'s.
     """
     inputs = fitted.inputs
     if fitted.models is None or inputs.measured is None:
