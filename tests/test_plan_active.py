@@ -13,8 +13,17 @@ import numpy as np
 import pytest
 
 from opdvfs.exceptions import ValidationError
-from opdvfs.plan.active import budget_price, clock_gains, next_clock, next_clock_for
+from opdvfs.plan.active import (
+    _expected_improvement,
+    budget_price,
+    clock_gains,
+    loo_reach,
+    next_clock,
+    next_clock_for,
+)
+from opdvfs.plan.dp import StageTables
 from opdvfs.plan.measured import gap_reach
+from opdvfs.plan.milp import milp_solve
 from opdvfs.plan.on_profile import auto_clocks, fit_profile
 from opdvfs.plan.planner import Predictions
 from opdvfs.sim import SimulatedDevice
@@ -68,8 +77,9 @@ def test_the_budget_price_is_the_least_that_meets_the_budget():
 
 
 def test_the_clock_named_splits_the_gap_the_plan_uses_and_its_gain_is_the_relaxed_saving():
+    """On the point values (``spread=0``): a clock is worth the margins it wins back."""
     t = tables()
-    candidates, gains, plan_j = clock_gains(t, budget_s=budget(t), plan_cols=AT_1300)
+    candidates, gains, plan_j = clock_gains(t, budget_s=budget(t), plan_cols=AT_1300, spread=0.0)
     # only the gap the plan uses: 1250, 1300, 1350 (not 1050-1150, where it puts nothing)
     np.testing.assert_array_equal(F[candidates], [1250.0, 1300.0, 1350.0])
     assert (gains > 0).all()
@@ -87,7 +97,7 @@ def test_the_clock_named_splits_the_gap_the_plan_uses_and_its_gain_is_the_relaxe
     after_margin = np.where(now, 0.0, 3.0 * 0.5 * 4e-6 * gap_reach(F, now))
     after = (t.chip_energy_j + price * t.time_us * 1e-6 * np.exp(after_margin)).min(axis=1).sum()
     assert gains[k] == pytest.approx(before - after, rel=1e-9)
-    choice = next_clock(t, budget_s=budget(t), plan_cols=AT_1300)
+    choice = next_clock(t, budget_s=budget(t), plan_cols=AT_1300, spread=0.0)
     assert choice is not None
     assert choice.freq_mhz == F[c]
     assert choice.gap_mhz == (1200.0, 1400.0)
@@ -101,14 +111,57 @@ def test_no_clock_when_the_gain_is_below_its_cost_or_nothing_is_filled_where_the
     choice = next_clock(t, budget_s=budget(t), plan_cols=AT_1300)
     assert choice is not None
     assert next_clock(t, budget_s=budget(t), plan_cols=AT_1300, cost_j=2 * choice.gain_j) is None
-    # the plan on measured clocks only: nothing filled it relies on, nothing to measure
+    # on the point values, the plan on measured clocks only relies on nothing filled: nothing
+    # to measure (with the models' uncertainty, see the next test)
     on_measured = np.full(4, int(np.flatnonzero(F == 1200.0)[0]))
-    assert next_clock(t, budget_s=budget(t), plan_cols=on_measured) is None
+    assert next_clock(t, budget_s=budget(t), plan_cols=on_measured, spread=0.0) is None
     # models that are sure (no curvature), or no margins at all: nothing to win back
     flat = dataclasses.replace(t, time_margin=np.zeros_like(t.time_us))
     assert next_clock(flat, budget_s=budget(t), plan_cols=AT_1300) is None
     none = dataclasses.replace(t, time_margin=None)
     assert next_clock(none, budget_s=budget(t), plan_cols=AT_1300) is None
+
+
+def test_a_step_the_point_values_miss_is_worth_measuring_under_the_models_uncertainty():
+    """A plateau inside a gap, faster and cheaper than the models say (Perseus's A40 stages run
+    6% faster at 1035-1050 MHz than at 1065): the point values see nothing to gain where the plan
+    sits on measured clocks; the expected improvement under the models' own uncertainty names a
+    clock in the gap, and measuring it lets the plan save energy within the same budget."""
+    t = tables()
+    at_1200 = np.full(4, int(np.flatnonzero(F == 1200.0)[0]))
+    limit = budget(t, 0.17)  # the point-value plan: every op at the measured 1200 MHz
+    assert next_clock(t, budget_s=limit, plan_cols=at_1200, spread=0.0) is None
+    choice = next_clock(t, budget_s=limit, plan_cols=at_1200)
+    assert choice is not None and 1000.0 < choice.freq_mhz < 1200.0
+    assert choice.gap_mhz == (1000.0, 1200.0)
+    # the truth: 1050-1150 MHz 5% faster and 3% cheaper than the models' point values (2.5
+    # and 0 of their standard deviations at the gap's middle); measure the named clock
+    step = (F > 1000.0) & (F < 1200.0)
+    true_t = t.time_us * np.where(step, 0.95, 1.0)
+    true_e = t.chip_energy_j * np.where(step, 0.97, 1.0)
+    assert t.time_margin is not None and t.model_filled is not None
+    c = int(np.flatnonzero(F == choice.freq_mhz)[0])
+
+    def plan_energy(time_us: np.ndarray, energy_j: np.ndarray, margin: np.ndarray) -> float:
+        """The exact plan's energy on the conservative times (HiGHS)."""
+        return milp_solve(StageTables(time_us * 1e-6 * np.exp(margin), energy_j), limit).energy_j
+
+    before = plan_energy(t.time_us, t.chip_energy_j, t.time_margin)
+    now = ~t.model_filled
+    now[:, c] = True
+    time_us = np.where(now, true_t, t.time_us)  # the models keep their values elsewhere
+    energy_j = np.where(now, true_e, t.chip_energy_j)
+    margin = np.where(now, 0.0, 3.0 * 0.5 * 4e-6 * gap_reach(F, now))
+    after = plan_energy(time_us, energy_j, margin)
+    assert after < before * (1 - 1e-3)
+    # the expected improvement is never below the point value's gain, and grows with the spread
+    point = clock_gains(t, budget_s=budget(t), plan_cols=AT_1300, spread=0.0)
+    spread = clock_gains(t, budget_s=budget(t), plan_cols=AT_1300, spread=1.0)
+    wider = clock_gains(t, budget_s=budget(t), plan_cols=AT_1300, spread=2.0)
+    common = np.isin(spread[0], point[0])
+    np.testing.assert_array_equal(spread[0][common], point[0])
+    assert (spread[1][common] >= point[1] - 1e-15).all()
+    assert (wider[1] >= spread[1] - 1e-15).all() and wider[1].sum() > spread[1].sum()
 
 
 def test_a_clock_is_worth_what_the_models_uncertainty_holds_back():
@@ -140,14 +193,43 @@ def sim_profile_auto():
 
 
 def test_ops_measured_at_other_clocks_give_the_same_gains_by_the_full_path():
-    """A sweep's shared pattern takes a shortcut (the gap's columns); one op apart takes none."""
+    """A sweep's shared pattern takes a shortcut (the gap's columns); one op apart takes none.
+
+    On the point values: with the models' uncertainty, op 0's own clocks would also change its
+    leave-one-clock-out reach (:func:`test_the_leave_one_clock_out_reach`).
+    """
     t = tables()
     assert t.model_filled is not None
-    fast = clock_gains(t, budget_s=budget(t), plan_cols=AT_1300)
+    fast = clock_gains(t, budget_s=budget(t), plan_cols=AT_1300, spread=0.0)
     apart = t.model_filled.copy()
     apart[0, 0] = True  # op 0 not measured at 1000 MHz (its margin there stays 0)
     full = clock_gains(
-        dataclasses.replace(t, model_filled=apart), budget_s=budget(t), plan_cols=AT_1300
+        dataclasses.replace(t, model_filled=apart),
+        budget_s=budget(t),
+        plan_cols=AT_1300,
+        spread=0.0,
     )
     np.testing.assert_array_equal(fast[0], full[0])
     np.testing.assert_allclose(fast[1], full[1], rtol=1e-12)
+
+
+def test_the_leave_one_clock_out_reach():
+    """The mean reach of the interior measured clocks left out; the widest reach without one."""
+    rows = np.stack([MEASURED, MEASURED | (F == 1100.0), MEASURED & (F > 1000.0)])
+    reach = loo_reach(F, rows)[:, 0]
+    assert reach[0] == pytest.approx(200.0 * 200.0)  # 1200 between 1000 and 1400
+    # 1100 between 1000 and 1200, 1200 between 1100 and 1400
+    assert reach[1] == pytest.approx((100.0 * 100.0 + 100.0 * 200.0) / 2)
+    # 1200 and 1400 only: no interior clock, the widest reach (1000 MHz, beyond the range)
+    assert reach[2] == pytest.approx(gap_reach(F, rows[2:]).max())
+
+
+def test_the_expected_improvement_is_the_mean_saving_of_a_normal_cost():
+    """``E[max(m + s Z, 0)]`` in closed form against a sample; ``max(m, 0)`` where s is 0."""
+    margin = np.array([-2.0, -0.5, 0.0, 0.3, 1.5, 0.7, -0.7])
+    sd = np.array([1.0, 0.5, 2.0, 0.1, 1.0, 0.0, 0.0])
+    z = np.random.default_rng(0).standard_normal((200_000, 1))
+    sample = np.maximum(margin + sd * z, 0.0).mean(axis=0)
+    got = _expected_improvement(margin, sd)
+    assert (np.abs(got - sample) <= 4e-3 * np.maximum(sd, 0.1)).all(), (got, sample)
+    np.testing.assert_array_equal(got[-2:], [0.7, 0.0])

@@ -10,17 +10,36 @@ the clock itself, a quarter mid-gap at the gap's middle) and the plan can spend 
 held back. Measuring a clock costs one sweep step; it is only worth it where the plan would
 use what it buys.
 
-:func:`clock_gains` values each clock not yet measured by the energy the plan would save per
-iteration were it measured and the models' point values right: the Lagrangian relaxation of
-the plan (each op at the clock that minimises ``energy + lambda time`` on the conservative
-tables, ``lambda`` the budget's price in J/s, found by bisection so that the relaxed plan meets
-the budget), before and after the clock's margins shrink, at the same price. The price turns
-time held back into energy (time at risk), and a clock counts through both the cells at it and
-those around it; only the gaps the plan uses (the point-value plan: where the plan would go
-if the models were right) are candidates. :func:`next_clock` names the best clock when its
-gain is above the cost of measuring it (:data:`MIN_GAIN_SHARE` of the plan's energy by
-default), else None: stop. Pure functions of the tables, vectorised over ops and clocks (a
-Python loop over the candidate clocks only).
+:func:`clock_gains` values each clock not yet measured by the energy the plan is expected to
+save per iteration once it is measured: the Lagrangian relaxation of the plan (each op at the
+clock that minimises ``energy + lambda time`` on the conservative tables, ``lambda`` the
+budget's price in J/s, found by bisection so that the relaxed plan meets the budget), before
+and after, at the same price. The price turns time held back into energy (time at risk). After
+the measurement the cells around the clock keep their point values with smaller margins, and
+the clock's own cells take their true cost, which the models know only to within their
+error: the gain counts the *expected improvement* (as in Bayesian optimisation) of a cost
+normal about the point value, so a clock is worth what the plan would win in the cases where
+the truth makes it use the clock, weighted by how likely they are. Every gap inside the
+measured range holds candidates: a gap the point-value plan does not use is worth measuring
+only as far as the truth may turn out cheaper there.
+
+How far the truth may be off: the size of the errors the models made bridging the profile's
+own gaps, the same leave-one-clock-out residuals :func:`~opdvfs.plan.measured.log_uncertainty`
+takes its curvature from (:func:`loo_reach`), anywhere in a gap. ``log_uncertainty`` scales
+them down by the square of the distance to the measured clocks, which suits a smooth curve but
+not real tables, which step: on Perseus's four stage sets at the ``auto`` clocks the
+model-filled cells' log errors (time; energy) are 2.7-5.9 (3.0-11) of its standard deviations
+rms, and 0.5-1.3 (0.6-2.1) of these (``--max-gap none``: 2.3-5.3, 0.7-1.5). :data:`SPREAD`
+scales them (0: the point values only, where a clock is worth only the margins it wins back,
+and only the gaps the point-value plan uses on model-filled cells are candidates). Steps
+further out stay unlikely: Perseus's A40 forward stages run 6% faster at 1035-1050 MHz than
+at 1065 (4.2 of these deviations in time, 2.2 in energy; about 15 of ``log_uncertainty``'s), a
+narrow dip the criterion does not rank before the wide gaps (``benchmarks/few_clock_plans.py``:
+what it finds and misses).
+
+:func:`next_clock` names the best clock when its gain is above the cost of measuring it
+(:data:`MIN_GAIN_SHARE` of the plan's energy by default), else None: stop. Pure functions of
+the tables, vectorised over ops and clocks (a Python loop over the candidate clocks only).
 """
 
 from __future__ import annotations
@@ -28,29 +47,42 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import ndtr
 
 from opdvfs.exceptions import ValidationError
 from opdvfs.plan.measured import gap_reach
 from opdvfs.plan.on_profile import PlanOnProfile
-from opdvfs.plan.planner import Predictions, plan_schedule, predict
+from opdvfs.plan.planner import TIME_QUANTILE_Z, Predictions, plan_schedule, predict
 from opdvfs.schedule import Objective
 
 __all__ = [
     "MIN_GAIN_SHARE",
+    "SPREAD",
     "ClockToMeasure",
     "budget_price",
     "clock_gains",
+    "loo_reach",
     "next_clock",
     "next_clock_for",
 ]
 
 #: A clock is worth measuring when the energy it is expected to save per iteration is at least
 #: this share of the plan's (the default cost of one sweep step, :func:`next_clock`). On the 27
-#: real sets of ``benchmarks/few_clock_plans.py --active`` (81 plans on the ``auto`` clocks): a
-#: cost of 0.3% of the top clock's energy adds no clock (7 plans more than 0.5% above the
-#: every-clock optimum), 0.1% of the plan's 4 (6), 0.03% of the top's 7 and of the plan's 9
-#: (4, this default), 0.01% or 0.003% of the top's 12-13 (the same 4).
+#: real sets of ``benchmarks/few_clock_plans.py --active`` (81 plans on the ``auto`` clocks, at
+#: most 8 added each; only the 12 on Perseus's stages have clocks to add): a cost of 1% of the
+#: top clock's energy adds 9 clocks (7 plans more than 0.5% above the every-clock optimum),
+#: 0.3% 40 (5), 0.1% 68 (3), 0.03% of the plan's 81 (3, this default; 7 plans stop at the 8),
+#: 0.01% of the top's 86 (3). On the point values (:data:`SPREAD` 0): 0.3% of the top adds
+#: none (7), 0.1% of the plan's 4 (6), 0.03% of the top's 7 and of the plan's 9 (4), 0.01% or
+#: 0.003% of the top's 12-13 (the same 4).
 MIN_GAIN_SHARE = 3e-4
+
+#: How far :func:`clock_gains` lets a measurement surprise: the standard deviation of a
+#: clock's true cost around the models' point value, in units of the errors the models made
+#: bridging the profile's own gaps (leave one clock out, :func:`loo_reach`). 1: those errors
+#: as they are (calibrated on Perseus's stages: the module's docstring); 0: the point values
+#: only (a clock is worth only the margins it wins back).
+SPREAD = 1.0
 
 #: Bisection steps on the budget's price (relative precision 2^-60 of its bracket).
 _BISECT = 60
@@ -85,11 +117,15 @@ class ClockToMeasure:
 
     def why(self) -> str:
         """One line: which clock, what it splits, what it is expected to save."""
+        where = (
+            f"where the plan puts {self.ops_in_gap} op(s) on model-filled clocks"
+            if self.ops_in_gap
+            else "where the plan puts no op unless the truth is better than the models say"
+        )
         return (
             f"{self.freq_mhz:g} MHz splits the {self.gap_mhz[0]:g}-{self.gap_mhz[1]:g} MHz gap "
-            f"where the plan puts {self.ops_in_gap} op(s) on model-filled clocks: expected to "
-            f"save {self.gain_j / self.plan_energy_j:.2%} of the plan's energy "
-            f"(cost {self.cost_j / self.plan_energy_j:.2%})"
+            f"{where}: expected to save {self.gain_j / self.plan_energy_j:.2%} of the plan's "
+            f"energy (cost {self.cost_j / self.plan_energy_j:.2%})"
         )
 
 
@@ -138,12 +174,51 @@ def _gaps(measured_cols: np.ndarray, n_clocks: int) -> np.ndarray:
     return np.maximum.accumulate(marks)
 
 
+def _expected_improvement(margin: np.ndarray, sd: np.ndarray) -> np.ndarray:
+    """``E[max(margin + sd Z, 0)]`` for a standard normal ``Z``; ``max(margin, 0)`` where sd is 0.
+
+    What a cell whose cost is ``margin`` below the rest's, give or take ``sd``, is expected to
+    save once its true cost is known (the expected improvement of Bayesian optimisation).
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(sd > 0, margin / sd, 0.0)
+    ei = margin * ndtr(z) + sd * np.exp(-0.5 * z * z) / np.sqrt(2.0 * np.pi)
+    return np.where(sd > 0, np.maximum(ei, 0.0), np.maximum(margin, 0.0))
+
+
+def loo_reach(freqs_mhz: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """Return each row's mean leave-one-clock-out reach (MHz^2), shape (n_rows, 1).
+
+    Over the measured clocks with a measured clock on both sides, the
+    :func:`~opdvfs.plan.measured.gap_reach` each has when it is left out,
+    ``(f - f_L) (f_R - f)``: the reach at which :func:`~opdvfs.plan.measured.log_uncertainty`
+    saw its op's models err (its curvature is their errors over these reaches). A filled cell
+    whose uncertainty is ``curvature x reach / 2`` has ``curvature x loo_reach / 2`` as the
+    size of those errors themselves. Where a row has no such clock: its largest reach (the
+    widest gap's middle).
+    """
+    f = np.asarray(freqs_mhz, dtype=float)
+    m = np.asarray(measured, dtype=bool)
+    seen = np.cumsum(m, axis=1)
+    inner = m & (seen > 1) & (seen < seen[:, -1:])  # a measured clock on each side
+    total = np.zeros(len(m))
+    for j in np.flatnonzero(inner.any(axis=0)):  # the measured clocks: a few tens at most
+        without = m.copy()
+        without[:, j] = False
+        total += np.where(inner[:, j], gap_reach(f, without)[:, j], 0.0)
+    count = inner.sum(axis=1)
+    widest = gap_reach(f, m).max(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(count > 0, total / count, widest)[:, None]
+
+
 def clock_gains(
     tables: Predictions,
     *,
     budget_s: float,
     plan_cols: np.ndarray,
     objective: Objective = "energy",
+    spread: float = SPREAD,
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """Return the clocks worth considering, each one's expected gain (J), and the plan's energy.
 
@@ -161,15 +236,23 @@ def clock_gains(
         the plan goes if the models are right), shape (n_ops,).
     objective
         ``core-energy`` values the core rail, anything else the chip's.
+    spread
+        The standard deviation of a clock's true cost about the models' point value, in units
+        of the size of the models' leave-one-clock-out errors (the margins over
+        :data:`~opdvfs.plan.planner.TIME_QUANTILE_Z`, times :func:`loo_reach` over the cell's
+        reach; a time error moves the energy with it); 0: the point values only.
 
     Returns
     -------
     candidates
-        Columns of the clocks no op was measured at that lie in a gap (between measured
-        clocks) where ``plan_cols`` puts some op at a model-filled cell, ascending.
+        Columns of the clocks no op was measured at that lie between measured clocks,
+        ascending; with ``spread=0`` only in the gaps where ``plan_cols`` puts some op at a
+        model-filled cell.
     gains_j
         Each candidate's expected saving per iteration (J): the relaxed conservative plan's
-        energy plus ``price x time`` before, less after its margins shrink, at the budget's
+        energy plus ``price x time`` before, less its expectation after (the margins around the
+        clock shrunk, the clock's own cost its true value: normal about the point value, with
+        ``spread`` times the size of the models' leave-one-clock-out errors), at the budget's
         price (:func:`budget_price`). >= 0.
     plan_energy_j
         The relaxed conservative plan's energy before (J).
@@ -191,10 +274,17 @@ def clock_gains(
     chosen, before = _relaxed(t_up, e_up, price)
     plan_energy_j = float(e_up[rows, chosen].sum())
     measured = ~filled
+    measured_cols = np.flatnonzero(measured.any(axis=0))
+    if measured_cols.size == 0:
+        return np.zeros(0, dtype=int), np.zeros(0), plan_energy_j
     open_cols = np.flatnonzero(filled.all(axis=0))  # no op measured there
-    gaps = _gaps(np.flatnonzero(measured.any(axis=0)), n_clocks)
-    used = np.unique(gaps[cols[filled[rows, cols]]])
-    candidates = open_cols[np.isin(gaps[open_cols], used)]
+    gaps = _gaps(measured_cols, n_clocks)
+    top_measured = int(measured_cols[-1])
+    if spread > 0:  # the plan may go to any clock the truth makes worth it: every gap
+        candidates = open_cols[(gaps[open_cols] >= 0) & (open_cols < top_measured)]
+    else:
+        used = np.unique(gaps[cols[filled[rows, cols]]])
+        candidates = open_cols[np.isin(gaps[open_cols], used)]
     if candidates.size == 0:
         return candidates, np.zeros(0), plan_energy_j
     # ops measured at the same clocks (a sweep's profile) share their reaches: one row
@@ -205,6 +295,12 @@ def clock_gains(
     # outside the gap is computed once per gap, and each candidate recomputes the gap's columns
     shared = len(pattern) == 1
     cost_up = e_up + price * t_up
+    # the spread of the cost ``energy + price time`` the measurement reveals at each cell: the
+    # error the models made bridging the profile's own gaps, wherever in its gap (a time
+    # error moves the energy with it)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bridge = np.where(reach > 0, loo_reach(f, pattern) / reach, 0.0)
+    cost_sd = spread * bridge * (energy * e_margin + price * time_s * t_margin) / TIME_QUANTILE_Z
     outside: dict[int, np.ndarray] = {}
     for k, c in enumerate(candidates.tolist()):  # the candidate clocks: a few tens at most
         now = pattern.copy()
@@ -212,18 +308,22 @@ def clock_gains(
         # a filled cell's sigma is its op's curvature x reach / 2: the margins scale with it
         with np.errstate(divide="ignore", invalid="ignore"):
             scale = np.where(~pattern & (reach > 0), gap_reach(f, now) / reach, 1.0)
-        scale[:, c] = 0.0  # measured: its own noise, unknown before it is measured
         cols_in = np.flatnonzero(gaps == gaps[c]) if shared else np.arange(n_clocks)
-        sc = scale[:, cols_in]
-        after = (
-            energy[:, cols_in] * np.exp(e_margin[:, cols_in] * sc)
-            + price * time_s[:, cols_in] * np.exp(t_margin[:, cols_in] * sc)
-        ).min(axis=1)
+        others = cols_in[cols_in != c]
+        sc = scale[:, others]
+        rest = (
+            energy[:, others] * np.exp(e_margin[:, others] * sc)
+            + price * time_s[:, others] * np.exp(t_margin[:, others] * sc)
+        ).min(axis=1, initial=np.inf)
         if shared and len(cols_in) < n_clocks:
             g = int(gaps[c])
             if g not in outside:
                 outside[g] = np.delete(cost_up, cols_in, axis=1).min(axis=1)
-            after = np.minimum(after, outside[g])
+            rest = np.minimum(rest, outside[g])
+        # measured, clock c costs its true value: the point value, give or take the models'
+        # error; the plan takes it where it beats the rest (expected improvement)
+        point = energy[:, c] + price * time_s[:, c]
+        after = rest - _expected_improvement(rest - point, cost_sd[:, c])
         gains[k] = float((before - after).sum())
     return candidates, np.maximum(gains, 0.0), plan_energy_j
 
@@ -236,6 +336,7 @@ def next_clock(
     objective: Objective = "energy",
     cost_j: float | None = None,
     min_gain_share: float = MIN_GAIN_SHARE,
+    spread: float = SPREAD,
 ) -> ClockToMeasure | None:
     """Return the clock most worth measuring next for this plan, or None (stop).
 
@@ -245,7 +346,7 @@ def next_clock(
     :func:`clock_gains`'.
     """
     candidates, gains, plan_energy_j = clock_gains(
-        tables, budget_s=budget_s, plan_cols=plan_cols, objective=objective
+        tables, budget_s=budget_s, plan_cols=plan_cols, objective=objective, spread=spread
     )
     cost = min_gain_share * plan_energy_j if cost_j is None else float(cost_j)
     if gains.size == 0 or gains.max() <= 0.0 or gains.max() < cost:
@@ -279,6 +380,7 @@ def next_clock_for(
     interval_ms: float = 0.0,
     cost_j: float | None = None,
     min_gain_share: float = MIN_GAIN_SHARE,
+    spread: float = SPREAD,
 ) -> ClockToMeasure | None:
     """Return the clock most worth measuring next for a profile's plan at ``target``, or None.
 
@@ -288,7 +390,7 @@ def next_clock_for(
     (``conservative=False``: where the plan goes if the models are right). None where the
     models filled nothing (every clock measured) or the profile gave no measurements.
     ``objective``: ``core-energy`` values the core rail, anything else the chip's;
-    ``cost_j`` and ``min_gain_share``: :func:`next_clock`'s.
+    ``cost_j``, ``min_gain_share`` and ``spread``: :func:`next_clock`'s.
     """
     inputs = fitted.inputs
     if fitted.models is None or inputs.measured is None:
@@ -313,4 +415,5 @@ def next_clock_for(
         objective=objective,
         cost_j=cost_j,
         min_gain_share=min_gain_share,
+        spread=spread,
     )

@@ -115,8 +115,10 @@ ADDED_CLOCKS = 1
 #: tune plans on point values and its A/B rounds correct the budget, so the margins a clock
 #: wins back are not all tune's to gain, and one sweep step is 2.5% of a 200-iteration run's
 #: iterations. On the tiny GPT (``benchmarks/tune_vs_offline.py``) the best clock on
-#: ``sim:a100-like`` promises 0.73% at 2% (1125 MHz added: steady saving 18.08-18.11% against
-#: 17.91%), 0.71% at 10% (1065 MHz); on ``sim:h100-like`` none is worth it at 2%.
+#: ``sim:a100-like`` promised 0.73% at 2% on the point values (1125 MHz added: steady saving
+#: 18.08-18.11% against 17.91%), 0.71% at 10% (1065 MHz), and 1.32% at 2% by its expected
+#: improvement (:mod:`opdvfs.plan.active`; the same clock, 18.11%); on ``sim:h100-like`` none
+#: is worth it at 2% either way.
 ADDED_CLOCK_MIN_GAIN = 0.005
 
 
