@@ -191,11 +191,13 @@ def job_saving(pipeline: PipelineSchedule) -> float | None:
     """
     stages = pipeline.stages
     ranks = pipeline.rank_map if pipeline.rank_map is not None else range(len(stages))
-    base = [stages[s].baseline_energy_j for s in ranks]
-    planned = [stages[s].predicted_energy_j for s in ranks]
-    if any(e is None for e in base + planned) or not sum(base):  # type: ignore[arg-type]
-        return None
-    return 1 - sum(planned) / sum(base)  # type: ignore[arg-type]
+    base = planned = 0.0
+    for s in ranks:
+        b, p = stages[s].baseline_energy_j, stages[s].predicted_energy_j
+        if b is None or p is None:
+            return None
+        base, planned = base + b, planned + p
+    return 1 - planned / base if base > 0 else None
 
 
 def _on_iteration(schedule: Schedule, iteration_s: float) -> Schedule:
