@@ -632,12 +632,12 @@ def files_as_ranks(ranks: Sequence[RankOps], barrier: str | None = None) -> list
         (p[m] == named[i]).any() for i, (p, m) in enumerate(zip(peers, p2p, strict=True))
     ):
         job_rank = named
-    position = {int(r): i for i, r in enumerate(job_rank)}
-    out, absent = [], set()
+    out: list[RankOps] = []
+    absent: set[int] = set()
     for ops, p, m in zip(ranks, peers, p2p, strict=True):
         recorded = m & (p >= 0)
-        pos = np.array([position.get(int(r), -2) for r in p], dtype=np.int64)
-        away = recorded & (pos == -2)
+        pos = np.searchsorted(job_rank, p)  # each peer's file (job_rank ascends)
+        away = recorded & (job_rank[np.minimum(pos, n - 1)] != p)
         absent.update(int(r) for r in np.unique(p[away]))
         types = np.where(away, "message", ops.types)
         out.append(replace(ops, types=types, peers=np.where(recorded & ~away, pos, -1)))
