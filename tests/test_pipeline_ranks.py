@@ -5,6 +5,7 @@ import json
 from dataclasses import replace
 
 import numpy as np
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -432,7 +433,7 @@ def test_simulate_runs_the_whole_gpt3_pipeline_and_refuses_a_one_device_schedule
     assert "gpt3-pp8" in {row["workload"] for row in json.loads(res.stdout)}
 
 
-def test_rank_tables_take_the_measurements_and_fill_the_other_clocks_with_models():
+def test_rank_tables_take_the_measurements_and_fill_the_clocks_between_on_their_chords():
     stage = small_pipeline(2, 2)[1]
     dev = exact_twin()
     measured = [1000.0, 1400.0, 1800.0]
@@ -445,11 +446,15 @@ def test_rank_tables_take_the_measurements_and_fill_the_other_clocks_with_models
     # measured clocks: the measurements themselves (the twin is noise-free here)
     assert tables.time_s[:, cols] == pytest.approx(full.time_s[:, cols], rel=1e-9)
     assert tables.energy_j[:, cols] == pytest.approx(full.energy_j[:, cols], rel=1e-9)
-    # the others: the models, close to what the twin measures there
+    # the others: on the chords of the measured ones (time in 1/f, power in f), close to what
+    # the twin measures there and never below it (a planner finds no saving that is not there)
     other = np.setdiff1d(np.arange(len(full.freqs_mhz)), cols)
     busy = full.time_s[:, -1] > 1e-4
-    err = tables.time_s[busy][:, other].sum(0) / full.time_s[busy][:, other].sum(0) - 1
-    assert np.abs(err).max() < 0.05
+    assert (tables.time_s[busy][:, other] >= full.time_s[busy][:, other] * (1 - 1e-9)).all()
+    for name in ("time_s", "energy_j"):
+        ours, twin = getattr(tables, name)[busy][:, other], getattr(full, name)[busy][:, other]
+        err = ours.sum(0) / twin.sum(0) - 1
+        assert ((err > -1e-9) & (err < 0.05)).all(), (name, err)
 
 
 def test_a_model_cell_with_a_negative_energy_is_not_planned_on(monkeypatch):
@@ -499,3 +504,63 @@ def test_recorded_peers_give_a_middle_ranks_messages_their_direction():
     wrong = recorded[1]
     with pytest.raises(ValidationError, match=r"rank1\.csv: op 0 .* has itself"):
         rank_layout([recorded[0], replace(wrong, peers=np.r_[1, wrong.peers[1:]]), *recorded[2:]])
+
+
+def test_files_of_a_pipeline_x_data_parallel_job_are_placed_by_the_ranks_they_message():
+    """Recorded peers are the job's ranks: one file per stage of a 3 x 2 job is ranks 0, 2, 4;
+    the files of stage 0's two replicas message ranks 2 and 3, whose files were not given."""
+    import warnings
+
+    from opdvfs.plan.ranks import files_as_ranks
+
+    recorded = with_peers(toy_ranks(3, 4, torch_names=False))
+    leads = [replace(r, peers=np.where(r.peers >= 0, 2 * r.peers, -1)) for r in recorded]
+    with pytest.raises(ValidationError, match=r"sends to rank 4, but 3 rank file"):
+        rank_layout(leads)  # (as the files' positions: what plan did before)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # placed, not warned about
+        placed = files_as_ranks(leads)
+    assert np.array_equal(rank_layout(placed).edges, rank_layout(recorded).edges)
+    stage0 = with_peers(toy_ranks(2, 4, torch_names=False))[0]
+    replicas = [replace(stage0, peers=np.where(stage0.peers >= 0, 2 + r, -1)) for r in (0, 1)]
+    with pytest.warns(UserWarning, match=r"messages to rank\(s\) 2, 3 \(no file of the 2 given"):
+        local = files_as_ranks(replicas)
+    layout = rank_layout(local)
+    assert layout.n_messages == 0 and (layout.node_kind != RECV).all()
+    assert all((r.types == "message").sum() == 8 for r in local)
+
+
+def test_plan_ranks_cli_plans_files_whose_messages_name_absent_ranks_with_one_warning(tmp_path):
+    from opdvfs.profile import Profile
+
+    stage0 = toy_ranks(2, 4, torch_names=True)[0]
+    t, e = toy_tables(stage0, 0.01, 0.02)
+    paths = []
+    for replica in (0, 1):  # stage 0's replicas of a 2 x 2 job: ranks 0 and 1, peers 2 and 3
+        rows = [
+            {
+                "iteration": c,
+                "op": i,
+                "name": name,
+                "type": name,
+                "peer": 2 + replica if "send" in name or "recv" in name else -1,
+                "freq_mhz": f,
+                "time_us": max(t[i, c] * 1e6, 1.0),
+                "chip_power_w": e[i, c] / t[i, c] if t[i, c] > 0 else 50.0,
+            }
+            for c, f in enumerate(FREQS)
+            for i, name in enumerate(stage0)
+        ]
+        paths.append(tmp_path / f"rank{replica}.parquet")
+        Profile(pd.DataFrame(rows)).write(paths[-1])
+    out = tmp_path / "pipe.json"
+    args = ["plan", *map(str, paths), "--pipeline", "ranks", "--target", "0.05", "--out", str(out)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    said = [line for line in res.stderr.splitlines() if "planned as operators" in line]
+    assert said == [
+        "opdvfs: messages to rank(s) 2, 3 (no file of the 2 given: ranks 0, 1) are planned as "
+        "operators of their own rank"
+    ]
+    pipe = PipelineSchedule.read(out)
+    assert [s.n_ops for s in pipe.stages] == [len(stage0)] * 2

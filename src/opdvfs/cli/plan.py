@@ -16,6 +16,7 @@ command parses its options, refuses bad combinations of them, writes and prints.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -215,16 +216,20 @@ def _plan_ranks(
     for path in sources:
         profiles.append(load_profile([path], None, None))
         check_device(profiles[-1].meta.get("device"), device, f"profile {path}")
-    planned = plan_ranks(
-        profiles,
-        target,
-        sources=[str(path) for path in sources],
-        spec=spec,
-        blocking_power_w=blocking_power_w,
-        barrier=barrier,
-        switch_latency_ms=switch_latency_ms,
-        time_limit_s=time_limit_s,
-    )
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        planned = plan_ranks(
+            profiles,
+            target,
+            sources=[str(path) for path in sources],
+            spec=spec,
+            blocking_power_w=blocking_power_w,
+            barrier=barrier,
+            switch_latency_ms=switch_latency_ms,
+            time_limit_s=time_limit_s,
+        )
+    for w in said:  # each one line (messages to ranks whose files were not given)
+        typer.echo(str(w.message), err=True)
     layout = planned.layout
     _write_pipeline(
         planned,
