@@ -112,6 +112,25 @@ def test_within_profiled_keeps_a_covered_device_as_it_is():
     assert within_profiled(Profile(pd.DataFrame(both), meta={"device": "a100-like"})) == spec
 
 
+def test_the_clock_grid_is_the_preset_on_the_simulator_and_the_supported_clocks_off_it():
+    """policy.clock_grid: a simulated GPU's as before (its preset within the swept range, the
+    device's list unused); a real GPU's supported clocks within that range, the swept ones kept;
+    none known: None (the swept clocks alone)."""
+    from opdvfs.plan.on_profile import within_profiled
+    from opdvfs.profile import Profile
+
+    ops = pd.DataFrame(
+        {"op": [0, 0], "name": ["mm", "mm"], "freq_mhz": [1410.0, 810.0], "time_us": [1.0, 2.0]}
+    )
+    sim = Profile(ops, meta={"device": "a100-like"})
+    assert policy.clock_grid(sim, (1000.0, 1500.0), "gpu") == within_profiled(sim)
+    real = Profile(ops, meta={"device": "NVIDIA A100"})
+    grid = policy.clock_grid(real, (1500.0, 1405.0, 1000.0, 700.0), "gpu")
+    assert grid is not None and grid.name == "NVIDIA A100"
+    assert grid.freqs_mhz == (810.0, 1000.0, 1405.0, 1410.0)
+    assert policy.clock_grid(real, (), "gpu") is None
+
+
 def test_off_the_simulator_the_added_clock_is_traced_joined_and_planned_on(
     monkeypatch, cpu_only, tmp_path
 ):
