@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,20 @@ def tune(target: float, steps: int, **options) -> Tuner:
         for i in range(steps):
             train_step(model, opt, data[i])
     return tuner
+
+
+def train_until(tuner: Tuner, done: Callable[[], bool], steps: int = 600) -> None:
+    """Train the tiny GPT under ``tuner`` on one batch until ``done()``, ``steps`` at most."""
+    torch.manual_seed(0)
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randint(0, 64, (2, 17))
+    with warnings.catch_warnings(), tuner:
+        warnings.simplefilter("ignore")
+        for _ in range(steps):
+            train_step(model, opt, data)
+            if done():
+                break
 
 
 @pytest.fixture(scope="module")
@@ -145,16 +160,8 @@ def test_off_the_simulator_the_added_clock_is_traced_joined_and_planned_on(
     act = make_actuator("dry-run", device="a100-like", log=str(log))
     tuner = Tuner(act, target=0.05, iterations_per_clock=1)
     result = tuner.result
-    torch.manual_seed(0)
-    model = TinyGPT()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    data = torch.randint(0, 64, (2, 17))
-    with warnings.catch_warnings(), tuner:
-        warnings.simplefilter("ignore")
-        for _ in range(600):  # until the planning thread has its profile
-            train_step(model, opt, data)
-            if result.profile is not None or tuner.phase == "top":
-                break
+    # until the planning thread has its profile
+    train_until(tuner, lambda: result.profile is not None or tuner.phase == "top")
     auto = auto_clocks(act.supported_freqs_mhz(), max_gap=None)
     assert result.added_clock is not None, result.error
     (added,) = set(result.clocks_mhz) - set(auto)
@@ -201,16 +208,7 @@ def test_off_the_simulator_plans_use_the_device_clocks_between_the_swept_ones(
     swept = (1410.0, 1110.0, 810.0)
     tuner = Tuner(act, target=0.05, clocks=list(swept), iterations_per_clock=1)
     result = tuner.result
-    torch.manual_seed(0)
-    model = TinyGPT()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    data = torch.randint(0, 64, (2, 17))
-    with warnings.catch_warnings(), tuner:
-        warnings.simplefilter("ignore")
-        for _ in range(600):  # until the first plan is made
-            train_step(model, opt, data)
-            if planned or tuner.planning.finished.is_set():
-                break
+    train_until(tuner, lambda: bool(planned) or tuner.planning.finished.is_set())  # a plan made
     assert planned, result.error
     fitted, options, schedule = planned[0]
     assert options["conservative"] is False  # tune plans on point values (its A/B measures)
