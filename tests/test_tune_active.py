@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +40,20 @@ def tune(target: float, steps: int, **options) -> Tuner:
         for i in range(steps):
             train_step(model, opt, data[i])
     return tuner
+
+
+def train_until(tuner: Tuner, done: Callable[[], bool], steps: int = 600) -> None:
+    """Train the tiny GPT under ``tuner`` on one batch until ``done()``, ``steps`` at most."""
+    torch.manual_seed(0)
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randint(0, 64, (2, 17))
+    with warnings.catch_warnings(), tuner:
+        warnings.simplefilter("ignore")
+        for _ in range(steps):
+            train_step(model, opt, data)
+            if done():
+                break
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +96,6 @@ def test_plans_stay_within_the_clocks_the_sweep_measured(monkeypatch):
     """Clocks given down to 810 MHz: tune plans over the device's clocks from 810 MHz up (the
     models would extrapolate below; a pipeline's messages were planned at 210 MHz before)."""
     from opdvfs.plan import on_profile
-    from opdvfs.tuner import planning
 
     grids = []
 
@@ -90,7 +104,7 @@ def test_plans_stay_within_the_clocks_the_sweep_measured(monkeypatch):
         grids.append(narrowed.freqs_mhz)
         return narrowed
 
-    monkeypatch.setattr(planning, "within_profiled", spy)
+    monkeypatch.setattr(policy, "within_profiled", spy)
     tuner = tune(0.10, 32, clocks=[1410.0, 1110.0, 810.0])
     assert tuner.result.rounds, tuner.result.error
     (grid,) = grids
@@ -113,6 +127,25 @@ def test_within_profiled_keeps_a_covered_device_as_it_is():
     assert within_profiled(Profile(pd.DataFrame(both), meta={"device": "a100-like"})) == spec
 
 
+def test_the_clock_grid_is_the_preset_on_the_simulator_and_the_supported_clocks_off_it():
+    """policy.clock_grid: a simulated GPU's as before (its preset within the swept range, the
+    device's list unused); a real GPU's supported clocks within that range, the swept ones kept;
+    none known: None (the swept clocks alone)."""
+    from opdvfs.plan.on_profile import within_profiled
+    from opdvfs.profile import Profile
+
+    ops = pd.DataFrame(
+        {"op": [0, 0], "name": ["mm", "mm"], "freq_mhz": [1410.0, 810.0], "time_us": [1.0, 2.0]}
+    )
+    sim = Profile(ops, meta={"device": "a100-like"})
+    assert policy.clock_grid(sim, (1000.0, 1500.0), "gpu") == within_profiled(sim)
+    real = Profile(ops, meta={"device": "NVIDIA A100"})
+    grid = policy.clock_grid(real, (1500.0, 1405.0, 1000.0, 700.0), "gpu")
+    assert grid is not None and grid.name == "NVIDIA A100"
+    assert grid.freqs_mhz == (810.0, 1000.0, 1405.0, 1410.0)
+    assert policy.clock_grid(real, (), "gpu") is None
+
+
 def test_off_the_simulator_the_added_clock_is_traced_joined_and_planned_on(
     monkeypatch, cpu_only, tmp_path
 ):
@@ -127,16 +160,8 @@ def test_off_the_simulator_the_added_clock_is_traced_joined_and_planned_on(
     act = make_actuator("dry-run", device="a100-like", log=str(log))
     tuner = Tuner(act, target=0.05, iterations_per_clock=1)
     result = tuner.result
-    torch.manual_seed(0)
-    model = TinyGPT()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    data = torch.randint(0, 64, (2, 17))
-    with warnings.catch_warnings(), tuner:
-        warnings.simplefilter("ignore")
-        for _ in range(600):  # until the planning thread has its profile
-            train_step(model, opt, data)
-            if result.profile is not None or tuner.phase == "top":
-                break
+    # until the planning thread has its profile
+    train_until(tuner, lambda: result.profile is not None or tuner.phase == "top")
     auto = auto_clocks(act.supported_freqs_mhz(), max_gap=None)
     assert result.added_clock is not None, result.error
     (added,) = set(result.clocks_mhz) - set(auto)
@@ -158,3 +183,49 @@ def test_off_the_simulator_the_added_clock_is_traced_joined_and_planned_on(
     assert sets.index(added) > sets.index(min(auto)) and sets[sets.index(added) + 1] == 1410.0
     kinds = [c["kind"] for c in read_log(log)]
     assert kinds[-1] == "restore" and kinds.count("restore") == 1
+
+
+def test_off_the_simulator_plans_use_the_device_clocks_between_the_swept_ones(
+    monkeypatch, cpu_only
+):
+    """A dry run (traced like a real GPU) swept at 1410, 1110 and 810 MHz: the plans are made
+    over the device's supported clocks between them, the models filling those not swept (a
+    plan could only use the three before), and never outside the swept range."""
+    import opdvfs.runtime.sweep as sweep_module
+    from opdvfs.tuner import planning
+
+    monkeypatch.setattr(sweep_module, "traced_profile", gpu_like(sweep_module.traced_profile))
+    planned = []
+
+    def spy(fitted, **options):
+        schedule = planning_plan_fitted(fitted, **options)
+        planned.append((fitted, options, schedule))
+        return schedule
+
+    planning_plan_fitted = planning.plan_fitted
+    monkeypatch.setattr(planning, "plan_fitted", spy)
+    act = make_actuator("dry-run", device="a100-like")
+    swept = (1410.0, 1110.0, 810.0)
+    tuner = Tuner(act, target=0.05, clocks=list(swept), iterations_per_clock=1)
+    result = tuner.result
+    train_until(tuner, lambda: bool(planned) or tuner.planning.finished.is_set())  # a plan made
+    assert planned, result.error
+    fitted, options, schedule = planned[0]
+    assert options["conservative"] is False  # tune plans on point values (its A/B measures)
+    grid = fitted.inputs.freqs_mhz
+    supported = np.asarray(act.supported_freqs_mhz(), dtype=float)
+    assert set(grid) == set(supported[(supported >= 810.0) & (supported <= 1410.0)])
+    assert fitted.models is not None  # the clocks not swept are the models'
+    assert all(810.0 <= st.freq_mhz <= 1410.0 for st in schedule.stages)
+    # the plans between the top clock and the bottom of the range, at budgets set by the
+    # slack the traced iteration leaves (its idle gaps are the host's)
+    bottom = planning_plan_fitted(fitted, **{**options, "target": 1.0})
+    assert [st.freq_mhz for st in bottom.stages] == [810.0]
+    slack = bottom.predicted_time_s / bottom.baseline_time_s - 1
+    clocks = {
+        st.freq_mhz
+        for share in (0.1, 0.25, 0.5, 0.75)
+        for st in planning_plan_fitted(fitted, **{**options, "target": share * slack}).stages
+    }
+    assert clocks - set(swept), clocks  # supported clocks the sweep did not measure
+    assert all(810.0 <= f <= 1410.0 for f in clocks)

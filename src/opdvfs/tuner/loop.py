@@ -47,7 +47,6 @@ from opdvfs.tuner.report import round_line
 from opdvfs.tuner.result import TuneIteration, TuneResult
 
 if TYPE_CHECKING:
-    from opdvfs.devices.spec import DeviceSpec
     from opdvfs.plan.active import ClockToMeasure
     from opdvfs.runtime.profiling import Traced
 
@@ -210,6 +209,8 @@ class Tuner:
             cache=lambda: self.cache,
             kind=self.kind,
             static=static,
+            supported_mhz=supported,
+            device=self.drive.device,
         )
         self.ranks = Ranks()
         self._last_end_s = 0.0
@@ -731,26 +732,8 @@ class Tuner:
             objective=self.planning.objective,
             interval_ms=self.planning.interval_ms,
             n_launches=self.drive.plan_launches(),
-            spec=self._clock_grid(profile),
+            spec=self.planning.clock_grid(profile),
         )
-
-    def _clock_grid(self, profile: Any) -> DeviceSpec | None:
-        """Return the clocks the models fill between the swept ones: the device's own.
-
-        A simulated GPU's preset, which its profile names (None: the default). A real GPU has
-        none: its supported clocks, as the actuator reads them (NVML's list), within the swept
-        range; else its profile's clocks would be the only ones, with no gap to add a clock in.
-        """
-        from opdvfs.devices.spec import DeviceSpec
-        from opdvfs.plan.on_profile import within_profiled
-        from opdvfs.sim.presets import preset_spec
-
-        device = profile.meta.get("device")
-        if preset_spec(device) is not None:
-            return None
-        grid = tuple(sorted({float(f) for f in self.actuator.supported_freqs_mhz()}))
-        name = str(device or self.drive.device or self.kind)
-        return within_profiled(profile, DeviceSpec(name=name, freqs_mhz=grid))
 
     def _added(self, choice: ClockToMeasure) -> float:
         """Record the clock added to the sweep (the result, the others' next decision)."""

@@ -3,14 +3,16 @@
 After the sweep the program trains on at the top clock while :class:`PlanningThread` fits the
 models on the swept profile and plans, by the same functions ``opdvfs plan`` uses on a swept
 profile (:func:`~opdvfs.plan.on_profile.fit_profile`,
-:func:`~opdvfs.plan.on_profile.plan_fitted`). Each plan is measured by the training thread:
-:func:`~opdvfs.tuner.policy.fit_budget`'s ``measure`` hands a :class:`RoundToMeasure` over (its
-A/B blocks, :func:`~opdvfs.tuner.ab.abba_blocks`) and waits until the training thread has run
-them and closed the round. When the budget loop ends, the best static clock is planned on the same
-models (one stage: :data:`~opdvfs.tuner.policy.STATIC_INTERVAL_MS`, at
-:func:`~opdvfs.tuner.policy.static_budget`) and measured as one more round, the
-``nvidia-smi -lgc`` contender (:func:`~opdvfs.tuner.policy.split_rounds`); then the policy
-chooses the round that applies for the rest of the run (:func:`~opdvfs.tuner.policy.choose_round`,
+:func:`~opdvfs.plan.on_profile.plan_fitted`), over the device's clocks within the swept range,
+the models filling those not swept (:func:`~opdvfs.tuner.policy.clock_grid`). Each plan is
+measured by the training thread: :func:`~opdvfs.tuner.policy.fit_budget`'s ``measure`` hands
+a :class:`RoundToMeasure` over (its A/B blocks, :func:`~opdvfs.tuner.ab.abba_blocks`) and
+waits until the training thread has run them and closed the round. When the budget loop ends,
+the best static clock is planned on the same models (one stage:
+:data:`~opdvfs.tuner.policy.STATIC_INTERVAL_MS`, at :func:`~opdvfs.tuner.policy.static_budget`)
+and measured as one more round, the ``nvidia-smi -lgc`` contender
+(:func:`~opdvfs.tuner.policy.split_rounds`); then the policy chooses the round that applies
+for the rest of the run (:func:`~opdvfs.tuner.policy.choose_round`,
 :func:`~opdvfs.tuner.policy.applies`), and the choice goes into the cache.
 
 Threading: the two threads share only this object's events, its lock-guarded hand-over
@@ -23,12 +25,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from opdvfs.exceptions import OpdvfsError
-from opdvfs.plan.on_profile import fit_profile, plan_fitted, within_profiled
+from opdvfs.plan.on_profile import fit_profile, plan_fitted
 from opdvfs.schedule import Objective, PipelineSchedule, Schedule
 from opdvfs.tuner.ab import Block
 from opdvfs.tuner.cache import TuneCache
@@ -38,6 +40,7 @@ from opdvfs.tuner.policy import (
     Measured,
     applies,
     choose_round,
+    clock_grid,
     fit_budget,
     same_plan,
     split_rounds,
@@ -46,6 +49,7 @@ from opdvfs.tuner.policy import (
 from opdvfs.tuner.result import TuneResult
 
 if TYPE_CHECKING:
+    from opdvfs.devices.spec import DeviceSpec
     from opdvfs.profile import Profile
     from opdvfs.runtime.profiling import Traced
     from opdvfs.runtime.sweep import ClockSweep
@@ -103,6 +107,9 @@ class PlanningThread:
         Where the chosen schedule is kept (None: nowhere); the key is read when it is written.
     kind
         The actuator's name, for the error when its profile has no power.
+    supported_mhz, device
+        The clocks the device supports (the actuator's) and its name (None: ``kind``), planned
+        over within the swept range (:meth:`clock_grid`).
     """
 
     def __init__(
@@ -117,6 +124,8 @@ class PlanningThread:
         cache: Callable[[], TuneCache | None],
         kind: str,
         static: bool = True,
+        supported_mhz: Sequence[float] = (),
+        device: str | None = None,
     ) -> None:
         self.result = result
         self.target = target
@@ -128,6 +137,8 @@ class PlanningThread:
         self._blocks = blocks
         self._cache = cache
         self.kind = kind
+        self.supported_mhz = tuple(float(f) for f in supported_mhz)
+        self.device = device
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._pending: RoundToMeasure | None = None
@@ -203,6 +214,14 @@ class PlanningThread:
         if self._thread is not None:
             self._thread.join(timeout=30.0)
 
+    def clock_grid(self, profile: Profile) -> DeviceSpec | None:
+        """Return the clocks planned over on the swept ``profile``: the device's, within its range.
+
+        :func:`~opdvfs.tuner.policy.clock_grid` on this run's device; safe in any thread
+        (active profiling chooses on the same clocks).
+        """
+        return clock_grid(profile, self.supported_mhz, self.device or self.kind)
+
     # ------------------------------------------------------------------------- the thread
     def _one_sequence(
         self, sweep: ClockSweep, trace: Traced | None, n_launches: int | None
@@ -221,12 +240,13 @@ class PlanningThread:
             raise _NoProfile(f"the sweep's trace could not be read: {exc}") from exc
         profile = sweep_profile(sweep, measured)
         result.profile = profile
-        # within the clocks the sweep measured: no plan on extrapolated ones
+        # the device's clocks within the swept range (the models fill those not swept): no
+        # plan on extrapolated ones
         fitted = fit_profile(
             profile,
             objective=self.objective,
             n_launches=n_launches,
-            spec=within_profiled(profile),
+            spec=self.clock_grid(profile),
         )
         result.models = fitted.models
 

@@ -7,6 +7,8 @@ tested on recorded rounds without training anything:
 - **which clocks to profile**: :func:`profile_clocks` (``auto``: :func:`auto_clocks`, the top,
   two clocks just below it, the middle and the bottom of the device's range), and one more
   where the plan would use it: :func:`added_clock` (active profiling);
+- **which clocks to plan over**: :func:`clock_grid` (the device's own within the swept range,
+  the models filling those not swept);
 - **what to plan for**: :data:`OBJECTIVE` and :data:`INTERVAL_MS` (the planner's objective and
   shortest stage; :func:`~opdvfs.plan.planner.plan_schedule` raises the interval to the switch
   latency itself);
@@ -39,15 +41,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from opdvfs.devices.spec import DeviceSpec
 from opdvfs.exceptions import ValidationError
 from opdvfs.plan.active import ClockToMeasure, next_clock_for
-from opdvfs.plan.on_profile import auto_clocks, fit_profile
+from opdvfs.plan.on_profile import auto_clocks, fit_profile, within_profiled
 from opdvfs.schedule import Objective, Schedule
 from opdvfs.tuner.ab import BLOCK_COUNTER_UPDATES, DEFAULT_BLOCK, ab_block
 from opdvfs.tuner.result import TuneRound
 
 if TYPE_CHECKING:
-    from opdvfs.devices.spec import DeviceSpec
     from opdvfs.profile import Profile
 
 __all__ = [
@@ -68,6 +70,7 @@ __all__ = [
     "block_size",
     "cached_applies",
     "choose_round",
+    "clock_grid",
     "fit_budget",
     "profile_clocks",
     "same_plan",
@@ -103,6 +106,27 @@ def profile_clocks(
             raise ValidationError(f"clocks {clocks!r}: expected 'auto' or a list", field="clocks")
         return auto_clocks(supported_mhz, max_gap=None)
     return tuple(clocks)
+
+
+def clock_grid(profile: Profile, supported_mhz: Sequence[float], name: str) -> DeviceSpec | None:
+    """Return the clocks tune plans over on the swept ``profile``: the device's, within the sweep's.
+
+    The models fill those the sweep did not measure, for active profiling's choice
+    (:func:`added_clock`) and the plans alike. A simulated GPU's profile names its preset: the
+    preset's clocks (and V-f curve) from the lowest swept clock to the highest
+    (:func:`~opdvfs.plan.on_profile.within_profiled`). A real GPU has none: ``supported_mhz``
+    (the actuator's clocks, NVML's list: an A100's 81 in 15 MHz steps against the sweep's five
+    or six) within that range, with the swept ones, as the device ``name`` (unless the profile
+    names its own): a plan may set 1170 MHz between swept 1110 and 1230 MHz, never a clock
+    outside the swept range (the models would extrapolate). None without either: the planner
+    takes the swept clocks alone.
+    """
+    preset = within_profiled(profile)
+    if preset is not None or not len(supported_mhz):
+        return preset
+    grid = {float(f) for f in supported_mhz} | {float(f) for f in profile.freqs_mhz}
+    device = str(profile.meta.get("device") or name)
+    return within_profiled(profile, DeviceSpec(name=device, freqs_mhz=tuple(sorted(grid))))
 
 
 #: Clocks active profiling may add to an ``auto`` sweep (:func:`added_clock`): each costs one
