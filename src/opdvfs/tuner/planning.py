@@ -276,11 +276,17 @@ class PlanningThread:
         result = self.result
         result.profile = profiles[0]
         self.rounds = self.rounds_in_all  # every round a budget's (no static-clock round)
+        grid = self.clock_grid(profiles[0])  # (every stage swept the same clocks)
 
         def plan_at(budget: float) -> Schedule:
             t0 = time.perf_counter()
             pipeline = plan_stages(
-                profiles, n_launches, budget, rank_map=rank_map, iteration_s=self.iteration_s
+                profiles,
+                n_launches,
+                budget,
+                rank_map=rank_map,
+                iteration_s=self.iteration_s,
+                spec=grid,
             )
             lead = pipeline.for_rank(0, len(rank_map), rank_map)
             with self._lock:

@@ -32,6 +32,7 @@ from opdvfs.profile import Profile
 from opdvfs.schedule import PipelineSchedule, Schedule, on_launches
 
 if TYPE_CHECKING:
+    from opdvfs.devices.spec import DeviceSpec
     from opdvfs.runtime.distributed import StoreJob
 
 __all__ = [
@@ -132,6 +133,7 @@ def plan_stages(
     rank_map: Sequence[int],
     time_limit_s: float | None = None,
     iteration_s: float | None = None,
+    spec: DeviceSpec | None = None,
 ) -> PipelineSchedule:
     """Plan every stage together at ``budget`` (``plan --pipeline ranks``), on the launches.
 
@@ -148,13 +150,18 @@ def plan_stages(
     (the ranks' exchange, Python) is not in them, so each such stage's timing is stretched to
     it (:func:`_on_iteration`), as the time-anchored executor scales its offsets to each
     iteration's length, which must stay within its tolerance of the planned one.
+
+    ``spec``: the clocks to plan on (:func:`~opdvfs.tuner.policy.clock_grid`: a real GPU's
+    supported clocks within the swept range); None: the swept range of the simulated GPU's
+    preset (:func:`~opdvfs.plan.on_profile.within_profiled`), else the swept clocks alone.
     """
     from opdvfs.plan.on_profile import within_profiled
     from opdvfs.plan.ranks import plan_ranks
 
     inputs = [_peers_as_stages(p, rank_map) for p in profiles]
     sources = [f"stage{s}" for s in range(len(profiles))]
-    spec = within_profiled(profiles[0])  # (every stage swept the same clocks)
+    if spec is None:
+        spec = within_profiled(profiles[0])  # (every stage swept the same clocks)
     try:
         plan = plan_ranks(inputs, budget, sources=sources, spec=spec, time_limit_s=time_limit_s)
     except ValidationError as exc:
