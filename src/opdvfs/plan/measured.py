@@ -160,7 +160,7 @@ class MeasuredTables:
         n_cells = shape[0] * shape[1]
         counts = np.bincount(cell, minlength=n_cells)
         names = _op_names(rows["name"], cell // shape[1], shape[0])
-        columns = {
+        columns: dict[str, np.ndarray | None] = {
             "time_us": rows["time_us"].to_numpy(dtype=float),
             "chip_j": _energy(rows, "chip_power_w"),
             "core_j": _energy(rows, "core_power_w"),
@@ -168,15 +168,21 @@ class MeasuredTables:
         }
         del rows
         if counts.max(initial=0) < 2:  # every cell measured once: none may move, no own noise
-            time_us = cell_medians(columns["time_us"], cell, counts).reshape(shape)
+            once = {
+                c: np.full(n_cells, np.nan) if v is None else cell_medians(v, cell, counts)
+                for c, v in columns.items()
+            }
+            time_us = once["time_us"].reshape(shape)
             check_times(op_ids, names, freqs, np.where(np.isnan(time_us), np.inf, time_us))
-            tables = [
-                np.full(shape, np.nan)
-                if v is None
-                else cell_medians(v, cell, counts).reshape(shape)
-                for v in (columns["chip_j"], columns["core_j"], columns["temp_c"])
-            ]
-            raw = cls(op_ids, names, freqs, time_us, *tables)
+            raw = cls(
+                op_ids,
+                names,
+                freqs,
+                time_us,
+                once["chip_j"].reshape(shape),
+                once["core_j"].reshape(shape),
+                once["temp_c"].reshape(shape),
+            )
             with threadpool_limits(limits=1, user_api="blas"):
                 return replace(raw, pooled_time_noise=pooled_noise(freqs, time_us))
         blocks = CellBlocks.of(cell, counts)
