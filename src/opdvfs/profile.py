@@ -27,6 +27,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +46,15 @@ from opdvfs.exceptions import ProfileFormatError, ValidationError
 if TYPE_CHECKING:  # pandas and pyarrow load with the first profile, not with `opdvfs --help`
     import pandas as pd
 
-__all__ = ["OP_COLUMNS", "SAMPLE_COLUMNS", "STREAMS", "Profile"]
+__all__ = [
+    "OP_COLUMNS",
+    "SAMPLE_COLUMNS",
+    "STREAMS",
+    "CellBlocks",
+    "Profile",
+    "block_medians",
+    "cell_medians",
+]
 
 #: Where an operator runs: on the compute engine, a communication engine, or the host (idle for
 #: the device). Planning treats ``comm`` and ``host`` as low-frequency candidates (paper Table 1).
@@ -333,6 +342,20 @@ class Profile:
         return self._ops.equals(other._ops) and same_samples and self._meta == other._meta
 
     # ----------------------------------------------------------------------------- views
+    def cells(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return the op ids and clocks (both ascending) and every row's (op, clock) cell.
+
+        The cell of a row is ``op_index * n_freqs + freq_index``, one int64 per row, in row
+        order (rows are sorted by iteration, clock and op: a cell's rows come in iteration
+        order). What :meth:`time_matrix_us` and the planner's measured tables group by, without
+        pandas' grouping (at a million ops it built ~250 MB of group keys).
+        """
+        op_ids, op_index = _dense_codes(self._ops["op"].to_numpy())
+        freq = self._ops["freq_mhz"].to_numpy()
+        freqs = np.sort(_distinct(freq))
+        cell = op_index * len(freqs) + np.searchsorted(freqs, freq)
+        return op_ids, freqs.astype(float), cell
+
     def time_matrix_us(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Median time of every op at every clock, as a dense matrix.
 
@@ -345,34 +368,10 @@ class Profile:
         time_us : ndarray, shape (n_ops, n_freqs)
             Median over iterations; NaN where an op was not measured at a clock.
         """
-        # Without pandas' pivot_table: at a million ops it built ~250 MB of group keys and took
-        # ~0.8 s; here one int64 key per row. The median is pandas' own: the middle value, or
-        # (lower + upper) / 2 of the two middle ones for an even count.
-        op = self._ops["op"].to_numpy()
-        op_ids, op_index = _dense_codes(op)
-        freqs = np.sort(_distinct(self._ops["freq_mhz"].to_numpy()))
-        key = op_index * len(freqs) + np.searchsorted(freqs, self._ops["freq_mhz"].to_numpy())
-        del op_index
-        time_us = self._ops["time_us"].to_numpy()
-        times = np.full(len(op_ids) * len(freqs), np.nan)
-        counts = np.bincount(key, minlength=len(times))
-        if counts.max(initial=0) <= 1:  # one iteration: every (op, clock) has one row
-            times[key] = time_us
-        else:
-            # rows by time, then stably by cell: each cell's times ascending, as a lexsort of
-            # (time, cell) gives, in half the time (a cell index this small radix-sorts)
-            by_time = np.argsort(time_us)
-            cell = key[by_time].astype(np.min_scalar_type(len(times) - 1), copy=False)
-            order = by_time[np.argsort(cell, kind="stable")]
-            del by_time, cell
-            ordered = time_us[order]
-            del order
-            cells = np.flatnonzero(counts)
-            n = counts[cells]
-            start = np.cumsum(counts)[cells] - n
-            lower, upper = ordered[start + (n - 1) // 2], ordered[start + n // 2]
-            times[cells] = np.where(n % 2 == 1, lower, (lower + upper) / 2)
-        return op_ids, freqs.astype(float), times.reshape(len(op_ids), len(freqs))
+        op_ids, freqs, key = self.cells()
+        counts = np.bincount(key, minlength=len(op_ids) * len(freqs))
+        times = cell_medians(self._ops["time_us"].to_numpy(), key, counts)
+        return op_ids, freqs, times.reshape(len(op_ids), len(freqs))
 
     def summary(self) -> dict[str, Any]:
         """Return a JSON-ready summary (the payload of ``opdvfs info --json``)."""
@@ -579,6 +578,91 @@ def _distinct(values: np.ndarray) -> np.ndarray:
     import pandas as pd
 
     return np.asarray(pd.unique(values))
+
+
+def cell_medians(values: np.ndarray, cell: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Return the median of each cell's values, skipping NaN; NaN where a cell has none.
+
+    Parameters
+    ----------
+    values
+        One value per row.
+    cell
+        Each row's cell (:meth:`Profile.cells`).
+    counts
+        Rows per cell, ``np.bincount(cell, minlength=n_cells)``.
+
+    The median is pandas' own (:func:`block_medians`), without grouping the rows in pandas.
+    """
+    out = np.full(len(counts), np.nan)
+    if counts.max(initial=0) <= 1:  # one value per cell: it is the median (NaN: none)
+        out[cell] = values
+        return out
+    for cells, block in CellBlocks.of(cell, counts).blocks(values):
+        out[cells] = block_medians(block)
+    return out
+
+
+@dataclass(frozen=True)
+class CellBlocks:
+    """The rows of every (op, clock) cell, in blocks of the cells measured equally often.
+
+    Statistics per cell without grouping the rows in pandas: one block per distinct count of
+    rows (the iterations measured), a (count x cells) table of each cell's values in row order.
+
+    Attributes
+    ----------
+    cells
+        Each block's cells.
+    rows
+        Each block's rows, (count x cells), in row order; None where the rows are every cell
+        once per iteration, each iteration in one order (what ``opdvfs profile`` writes): then
+        the block is the values themselves, ``values.reshape(count, -1)``, no row gathered.
+    """
+
+    cells: tuple[np.ndarray, ...]
+    rows: tuple[np.ndarray | None, ...]
+
+    @classmethod
+    def of(cls, cell: np.ndarray, counts: np.ndarray) -> CellBlocks:
+        """Return the blocks of rows with cells ``cell`` (:meth:`Profile.cells`), ``counts``."""
+        count = int(counts.max(initial=0))
+        n_cells = len(counts)
+        if count and len(cell) == count * n_cells:
+            first = cell[:n_cells]
+            each = np.broadcast_to(first, (count, n_cells))
+            if np.array_equal(cell.reshape(count, n_cells), each):  # each iteration alike
+                return cls((first,), (None,))
+        # each cell's rows together, in row order (the rows come in runs of ascending cells,
+        # which a stable sort merges)
+        order = np.argsort(cell, kind="stable")
+        start = np.cumsum(counts) - counts
+        present = np.flatnonzero(np.bincount(counts))
+        cells = tuple(np.flatnonzero(counts == c) for c in present[present > 0])
+        rows = tuple(order[start[c] + np.arange(counts[c[0]])[:, None]] for c in cells)
+        return cls(cells, rows)
+
+    def blocks(self, values: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yield each block's cells and its values of ``values`` (one per row), (count x cells)."""
+        values = np.asarray(values, dtype=float)
+        for cells, rows in zip(self.cells, self.rows, strict=True):
+            yield cells, values.reshape(-1, len(cells)) if rows is None else values[rows]
+
+
+def block_medians(block: np.ndarray) -> np.ndarray:
+    """Return each column's median, skipping NaN (NaN where a column has none): pandas' median.
+
+    The middle value, or ``(lower + upper) / 2`` of the two middle ones for an even count.
+    """
+    count = len(block)
+    block = np.sort(block, axis=0)  # NaN last
+    n = count - np.isnan(block).sum(axis=0)
+    if (n == count).all():  # no NaN: the middle rows
+        lower, upper = block[(count - 1) // 2], block[count // 2]
+    else:
+        lower = np.take_along_axis(block, (np.maximum(n - 1, 0) // 2)[None, :], axis=0)[0]
+        upper = np.take_along_axis(block, (n // 2)[None, :], axis=0)[0]
+    return np.where(n % 2 == 1, lower, (lower + upper) / 2)  # n = 0: NaN
 
 
 def _dense_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -51,7 +51,7 @@ from threadpoolctl import threadpool_limits
 from opdvfs.exceptions import ValidationError
 from opdvfs.models.perf import check_times
 from opdvfs.models.power import PowerModel
-from opdvfs.profile import Profile
+from opdvfs.profile import CellBlocks, Profile, block_medians, cell_medians
 
 __all__ = [
     "POOL_MIN_CLOCKS",
@@ -155,49 +155,54 @@ class MeasuredTables:
         ``shrink=False`` keeps the raw medians only.
         """
         rows = profile.ops
-        once = _measured_once(rows)
-        if once is not None:  # every cell measured once: its median is its value
-            with threadpool_limits(limits=1, user_api="blas"):
-                return replace(once, pooled_time_noise=pooled_noise(once.freqs_mhz, once.time_us))
-        frame = pd.DataFrame(
-            {
-                "op": rows["op"],
-                "freq_mhz": rows["freq_mhz"],
-                "time_us": rows["time_us"],
-                "chip_j": _energy(rows, "chip_power_w"),
-                "core_j": _energy(rows, "core_power_w"),
-                "temp_c": rows.get("temp_c", np.nan),
-            }
-        )
-        # median skips NaN: an energy is the median of the iterations that measured it
-        cells = frame.groupby(["op", "freq_mhz"])
-        medians = cells.median()
-        op_ids = np.unique(rows["op"].to_numpy())
-        freqs = np.unique(rows["freq_mhz"].to_numpy(dtype=float))
-        full = pd.MultiIndex.from_product([op_ids, freqs], names=["op", "freq_mhz"])
-        table = medians.reindex(full)
+        op_ids, freqs, cell = profile.cells()
         shape = (len(op_ids), len(freqs))
-        names = rows.drop_duplicates("op").set_index("op")["name"].loc[op_ids].to_numpy()
-        time_us = table["time_us"].to_numpy(dtype=float).reshape(shape)
-        # a measured time of 0 has no slowdown to trade (cells not measured are gaps, not errors)
-        check_times(op_ids, names, freqs, np.where(np.isnan(time_us), np.inf, time_us))
-        chip_j = table["chip_j"].to_numpy(dtype=float).reshape(shape)
-        core_j = table["core_j"].to_numpy(dtype=float).reshape(shape)
-        temp_c = table["temp_c"].to_numpy(dtype=float).reshape(shape)
-        raw = cls(op_ids, names, freqs, time_us, chip_j, core_j, temp_c)
-        if int(cells.size().max()) < 2:  # every cell measured once: none may move, no own noise
+        n_cells = shape[0] * shape[1]
+        counts = np.bincount(cell, minlength=n_cells)
+        names = _op_names(rows["name"], cell // shape[1], shape[0])
+        columns: dict[str, np.ndarray | None] = {
+            "time_us": rows["time_us"].to_numpy(dtype=float),
+            "chip_j": _energy(rows, "chip_power_w"),
+            "core_j": _energy(rows, "core_power_w"),
+            "temp_c": rows["temp_c"].to_numpy(dtype=float) if "temp_c" in rows else None,
+        }
+        del rows
+        if counts.max(initial=0) < 2:  # every cell measured once: none may move, no own noise
+            once = {
+                c: np.full(n_cells, np.nan) if v is None else cell_medians(v, cell, counts)
+                for c, v in columns.items()
+            }
+            time_us = once["time_us"].reshape(shape)
+            check_times(op_ids, names, freqs, np.where(np.isnan(time_us), np.inf, time_us))
+            raw = cls(
+                op_ids,
+                names,
+                freqs,
+                time_us,
+                once["chip_j"].reshape(shape),
+                once["core_j"].reshape(shape),
+                once["temp_c"].reshape(shape),
+            )
             with threadpool_limits(limits=1, user_api="blas"):
                 return replace(raw, pooled_time_noise=pooled_noise(freqs, time_us))
-        # each cell's noise: the standard error of its median, from its own iterations
-        spread = cells[["time_us", "chip_j", "core_j"]].std(ddof=1).reindex(full)
-        count = cells[["time_us", "chip_j", "core_j"]].count().reindex(full)
-        noise = {
-            c: median_noise(
-                spread[c].to_numpy(dtype=float).reshape(shape),
-                count[c].to_numpy(dtype=float).reshape(shape),
-            )
-            for c in ("time_us", "chip_j", "core_j")
-        }
+        blocks = CellBlocks.of(cell, counts)
+        del cell
+        medians, noise = {}, {}
+        for c, values in columns.items():
+            if values is None:  # no such column: no value, no noise
+                medians[c], noise[c] = np.full(shape, np.nan), np.zeros(shape)
+                continue
+            median, spread, n = _cell_stats(values, blocks, n_cells)
+            medians[c] = median.reshape(shape)
+            # the noise of each cell: the standard error of its median, from its own iterations
+            noise[c] = median_noise(spread.reshape(shape), n.reshape(shape))
+        del blocks, columns
+        time_us = medians["time_us"]
+        # a measured time of 0 has no slowdown to trade (cells not measured are gaps, not errors)
+        check_times(op_ids, names, freqs, np.where(np.isnan(time_us), np.inf, time_us))
+        raw = cls(
+            op_ids, names, freqs, time_us, medians["chip_j"], medians["core_j"], medians["temp_c"]
+        )
         raw = replace(raw, time_noise_us=noise["time_us"], chip_noise_j=noise["chip_j"])
         if not shrink or len(freqs) < 4:  # three clocks or fewer: nothing to smooth
             return raw
@@ -206,7 +211,11 @@ class MeasuredTables:
         with threadpool_limits(limits=1, user_api="blas"):
             time_s, chip_s, core_s = (
                 shrink_across_clocks(freqs, t, noise=noise[c])
-                for t, c in ((time_us, "time_us"), (chip_j, "chip_j"), (core_j, "core_j"))
+                for t, c in (
+                    (time_us, "time_us"),
+                    (raw.chip_energy_j, "chip_j"),
+                    (raw.core_energy_j, "core_j"),
+                )
             )
         return cls(
             op_ids,
@@ -215,7 +224,7 @@ class MeasuredTables:
             time_s,
             chip_s,
             core_s,
-            temp_c,
+            raw.temp_c,
             unsmoothed=raw,
             time_noise_us=raw.time_noise_us,
             chip_noise_j=raw.chip_noise_j,
@@ -348,52 +357,66 @@ def median_noise(spread: np.ndarray, count: np.ndarray) -> np.ndarray:
     return np.where((n >= 2) & np.isfinite(se), se, 0.0)
 
 
-def _measured_once(rows: pd.DataFrame) -> MeasuredTables | None:
-    """Return the raw tables of a profile that measured every (op, clock) cell once, else None.
+def _op_names(name: pd.Series, op_index: np.ndarray, n_ops: int) -> np.ndarray:
+    """Return each op's name from its rows' (``op_index``: each row's op, 0 to ``n_ops - 1``).
 
-    The values :meth:`MeasuredTables.from_profile`'s median over each cell's iterations gives
-    (a cell's one value, NaN where not measured), scattered into the tables by each row's
-    cell without grouping the rows: at 1M ops x 3 clocks the grouping takes seconds.
+    Every row of an op names the same operator (a :class:`Profile` checks), so any row's will
+    do: scattered by code where the names are categorical (a validated profile's are), not
+    one Python string per row.
     """
-    op_codes, op_uniques = pd.factorize(rows["op"], sort=True)
-    freq_codes, freq_uniques = pd.factorize(rows["freq_mhz"].to_numpy(dtype=float), sort=True)
-    if len(op_codes) == 0 or op_codes.min() < 0 or freq_codes.min() < 0:
-        return None  # a missing key: the grouping drops its rows
-    n_ops, n_freqs = len(op_uniques), len(freq_uniques)
-    cell = op_codes.astype(np.int64) * n_freqs + freq_codes
-    if np.bincount(cell, minlength=n_ops * n_freqs).max() > 1:
-        return None
-    shape = (n_ops, n_freqs)
-
-    def table(values: pd.Series | float) -> np.ndarray:
-        out = np.full(n_ops * n_freqs, np.nan)
-        if isinstance(values, pd.Series):
-            out[cell] = values.to_numpy(dtype=float)
-        return out.reshape(shape)
-
-    op_ids = np.asarray(op_uniques)
-    first = np.full(n_ops, len(cell))
-    np.minimum.at(first, op_codes, np.arange(len(cell)))  # each op's first row
-    names = rows["name"].to_numpy()[first]
-    freqs = np.asarray(freq_uniques, dtype=float)
-    time_us = table(rows["time_us"])
-    check_times(op_ids, names, freqs, np.where(np.isnan(time_us), np.inf, time_us))
-    return MeasuredTables(
-        op_ids,
-        names,
-        freqs,
-        time_us,
-        table(_energy(rows, "chip_power_w")),
-        table(_energy(rows, "core_power_w")),
-        table(rows.get("temp_c", np.nan)),
-    )
+    if not isinstance(name.dtype, pd.CategoricalDtype):
+        out = np.empty(n_ops, dtype=object)
+        out[op_index] = name.to_numpy()
+        return out
+    codes = np.empty(n_ops, dtype=np.int64)
+    codes[op_index] = name.cat.codes.to_numpy()
+    return np.asarray(name.cat.categories, dtype=object)[codes]
 
 
-def _energy(rows: pd.DataFrame, power_column: str) -> pd.Series:
-    """Energy of each row (J) from its time and a power column; NaN where there is no power."""
+def _cell_stats(
+    values: np.ndarray, blocks: CellBlocks, n_cells: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return each cell's median, standard deviation (``ddof=1``) and count, NaN skipped.
+
+    pandas' grouped ``median``, ``std`` and ``count``, bit for bit, from the blocks of cells
+    measured equally often (:class:`~opdvfs.profile.CellBlocks`): the standard deviation by
+    Welford's update in row order, a column of the block at a time, as pandas computes it. NaN
+    where a cell has no value (median) or fewer than two (standard deviation).
+    """
+    median = np.full(n_cells, np.nan)
+    spread = np.full(n_cells, np.nan)
+    count = np.zeros(n_cells)
+    for cells, block in blocks.blocks(values):
+        known = ~np.isnan(block)
+        n, mean, m2 = (np.zeros(len(cells)) for _ in range(3))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for k, value in enumerate(block):
+                if known[k].all():  # the same update without the masks
+                    n += 1
+                    old = mean
+                    mean = old + (value - old) / n
+                    m2 += (value - mean) * (value - old)
+                    continue
+                n += known[k]
+                old = mean
+                mean = np.where(known[k], old + (value - old) / n, old)
+                m2 = np.where(known[k], m2 + (value - mean) * (value - old), m2)
+            spread[cells] = np.where(n > 1, np.sqrt(m2 / (n - 1)), np.nan)
+        count[cells] = n
+        median[cells] = block_medians(block)
+    return median, spread, count
+
+
+def _energy(rows: pd.DataFrame, power_column: str) -> np.ndarray | None:
+    """Return each row's energy (J) from its time and a power column; None without the column.
+
+    NaN where a row has no power.
+    """
     if power_column not in rows:
-        return pd.Series(np.nan, index=rows.index)
-    return rows["time_us"] * rows[power_column] * 1e-6
+        return None
+    energy = rows["time_us"].to_numpy(dtype=float) * rows[power_column].to_numpy(dtype=float)
+    energy *= 1e-6
+    return energy
 
 
 def _curvature_penalty(x: np.ndarray) -> np.ndarray:
