@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from opdvfs.devices.spec import DeviceSpec
+from opdvfs.devices.spec import DeviceSpec, VoltageCurve
 from opdvfs.exceptions import InfeasibleError, ValidationError
 from opdvfs.plan.dag import TIME_LIMIT_S, DagPlan, DagProblem, solve_dag
 from opdvfs.plan.pipeline import PipelinePlan, pipeline_file, rank_energy_j
@@ -516,8 +516,8 @@ def rank_tables(profile: Profile, spec: DeviceSpec | None = None, *, source: str
     Where the profile measured an op at a clock its median is used; models fitted on the
     profile fill only the clocks it did not measure, corrected through the measured points
     (:mod:`opdvfs.plan.measured`, as :func:`~opdvfs.plan.planner.predict` does for one rank);
-    between two measured clocks an op's time and power are on the chords of its measured ones
-    (:func:`_on_chords`). A cell the models fill with a negative
+    between two measured clocks an op's power comes from its measured ones
+    (:func:`_power_between`). A cell the models fill with a negative
     time or energy is NaN (not planned on).
 
     Parameters
@@ -548,7 +548,8 @@ def rank_tables(profile: Profile, spec: DeviceSpec | None = None, *, source: str
     tables = predict(models, inputs, "auto")
     time_us, energy_j = tables.time_us, tables.chip_energy_j
     if models is not None:
-        time_us, energy_j = _on_chords(tables.freqs_mhz, time_us, energy_j, profile.freqs_mhz)
+        voltage = device.voltage if device is not None else None
+        energy_j = _power_between(tables.freqs_mhz, time_us, energy_j, profile.freqs_mhz, voltage)
     first = profile.ops.drop_duplicates("op").sort_values("op")
     # a model's negative energy (a power fit on few, noisy sensor windows, off its data) is
     # no figure to plan on: that clock is unavailable to the op, as an unsupported one is
@@ -564,46 +565,53 @@ def rank_tables(profile: Profile, spec: DeviceSpec | None = None, *, source: str
     )
 
 
-def _on_chords(
-    freqs_mhz: np.ndarray, time_us: np.ndarray, energy_j: np.ndarray, measured_mhz: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Return each op's time and energy at a clock between two measured ones, on their chords.
+def _power_between(
+    freqs_mhz: np.ndarray,
+    time_us: np.ndarray,
+    energy_j: np.ndarray,
+    measured_mhz: np.ndarray,
+    voltage: VoltageCurve | None,
+) -> np.ndarray:
+    """Return each op's energy with its power between two measured clocks taken from theirs.
 
     ``freqs_mhz``: the tables' clocks (ascending), ``time_us``/``energy_j`` each op's time and
     chip energy at them, (n_ops, n_clocks); ``measured_mhz``: the clocks the profile measured
     (their cells are measurements, left as they are, as are cells outside them). At a clock
-    strictly between two measured ones, an op's time is interpolated linearly in ``1/f``
-    between its measured times (exact for ``a + b/f``, a memory-bound share and a compute one;
-    at or above a time that is the larger of the two), and its power linearly in ``f`` between
-    its measured powers (power rises with the clock and is convex in it on every GPU measured,
-    ``f V^2``: the chord is at or above it); its energy is the two's product. The fitted models
-    are held to neither: on the pipeline toy swept at 1410/1110/810 MHz (sim:a100-like) the
-    power model, through each op's 3 points (``u + theta V + alpha f V^2``), bent at the V-f
-    knee to 11% below the power measured at 810 MHz (a 900 MHz the planner chose for its
-    18% "saving"), and the times it gave at 900 and 1020 MHz were 2.1% and 1.7% short of the
-    simulated kernels' (the chords: 0.3% and 0.7% over). Planned on the models, the 2-stage
-    job's plan at 5% predicted +4.97% time and a 25.8% saving; it measured +6.86%, 17.5%.
-    An op without a positive time and power at both ends of its interval keeps the models'
-    figures there.
+    strictly between two measured ones, an op's power is interpolated between its measured
+    powers linearly in ``f V(f)^2`` (the dynamic power's variable, paper Eq. 6; exact for
+    ``u + alpha f V^2``) on the device's V-f curve; without one, the models' power held between
+    the two. Either way it rises with the clock, as on every GPU measured, where a fit through
+    few points need not: on the pipeline toy swept at 1410/1110/810 MHz (sim:a100-like) the
+    power model (``u + theta V + alpha f V^2`` through each op's 3 points) bent at the V-f knee
+    to 11% below the power measured at 810 MHz, a 900 MHz the stage plans chose for a saving
+    that was not there. Not linear in ``f`` (a chord): power is convex in the clock, and across
+    a wide gap its chord is far above it (a job of two ranks swept at 1410/1380/210 MHz then
+    saved 2.1% where the models found 8.1%). The models' times are kept (1.7-2.1% short of the
+    toy's kernels at 900 and 1020 MHz; a chord in ``1/f`` is far over them across a wide gap:
+    the budget rounds measure it). An op without a positive power at both ends keeps the
+    models'.
     """
     freqs = np.asarray(freqs_mhz, dtype=float)
     cols = np.flatnonzero(np.isin(np.round(freqs, 3), np.round(measured_mhz, 3)))
     if len(cols) < 2:
-        return time_us, energy_j
+        return energy_j
     f_cols = freqs[cols]
     hi = np.clip(np.searchsorted(f_cols, freqs), 1, len(cols) - 1)
     lo = hi - 1
     inside = (freqs > f_cols[0]) & (freqs < f_cols[-1]) & ~np.isin(freqs, f_cols)
-    t_m = time_us[:, cols]
     with np.errstate(divide="ignore", invalid="ignore"):
-        power_w = energy_j[:, cols] / t_m
-        power_w[~(power_w > 0)] = np.nan  # no chord from a cell without a positive power
-        w_inv = (1 / freqs - 1 / f_cols[lo]) / (1 / f_cols[hi] - 1 / f_cols[lo])
-        w_f = (freqs - f_cols[lo]) / (f_cols[hi] - f_cols[lo])
-        chord_t = t_m[:, lo] * (1 - w_inv) + t_m[:, hi] * w_inv
-        chord_e = (power_w[:, lo] * (1 - w_f) + power_w[:, hi] * w_f) * chord_t
-    use = inside & np.isfinite(chord_t) & np.isfinite(chord_e)
-    return np.where(use, chord_t, time_us), np.where(use, chord_e, energy_j)
+        power_w = energy_j[:, cols] / time_us[:, cols]
+        power_w[~(power_w > 0)] = np.nan  # nothing to take from a cell without a positive power
+        if voltage is not None:
+            x = freqs * np.asarray(voltage.voltage_v(freqs), dtype=float) ** 2
+            w = (x - x[cols][lo]) / (x[cols][hi] - x[cols][lo])
+            between_w = power_w[:, lo] * (1 - w) + power_w[:, hi] * w
+        else:
+            low_w = np.minimum(power_w[:, lo], power_w[:, hi])
+            high_w = np.maximum(power_w[:, lo], power_w[:, hi])
+            between_w = np.clip(energy_j / time_us, low_w, high_w)
+        between_j = between_w * time_us
+    return np.where(inside & np.isfinite(between_j), between_j, energy_j)
 
 
 def files_as_ranks(ranks: Sequence[RankOps], barrier: str | None = None) -> list[RankOps]:
