@@ -28,7 +28,8 @@ lowtime's whole frontier, and ``frontier - lowtime %`` the most opdvfs's frontie
 above lowtime's best plan within the same deadline (< 0: below it at every deadline).
 ``--held-out 4,16`` repeats the lowtime comparison on graphs of other microbatch counts;
 ``--held-out-exact-seconds`` adds each held-out deadline's distance to the best plan known;
-``--held-out-only`` prints only those rows (each as it is done), not the 8-microbatch table.
+``--held-out-only`` prints only those rows (each as it is done), not the 8-microbatch table;
+``--lowtime-cache DIR`` keeps lowtime's plans by graph and reads them back on a later run.
 ``frontier cpu s`` and ``lowtime cpu s`` are the same runs' CPU seconds (comparable on a loaded
 machine).
 
@@ -43,16 +44,18 @@ prints only that table.
 
     .venv/bin/python benchmarks/pipeline_planning.py [--exact-seconds 60] [--blocking-power-w 0]
         [--lowtime-python /tmp/lt/bin/python] [--held-out 4,16] [--held-out-exact-seconds 30]
-        [--held-out-only]
+        [--held-out-only] [--lowtime-cache DIR]
         [--scale 4,8,16,32,64,128 [--scale-limits 2,5] [--repeats 3] [--scale-only]]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import multiprocessing
 import os
 import resource
+import shutil
 import subprocess
 import tempfile
 import time
@@ -82,27 +85,42 @@ def best_static(problem: DagProblem, deadline_s: float) -> float:
 
 
 class Lowtime:
-    """Lowtime's frontier on one graph (run by a scratch interpreter), scored on the tables."""
+    """Lowtime's frontier on one graph (run by a scratch interpreter), scored on the tables.
 
-    def __init__(self, python: str, problem: DagProblem) -> None:
+    With ``cache`` (a folder), lowtime's plans and seconds are kept there, named by a hash of
+    the graph it was given, and read back on a later run of the same graph (lowtime takes
+    minutes at 32 microbatches; its result does not depend on opdvfs's code).
+    """
+
+    def __init__(self, python: str, problem: DagProblem, cache: Path | None = None) -> None:
         table = np.nan_to_num(np.c_[problem.time_s, problem.energy_j], nan=-1.0)
         _, kind = np.unique(table, axis=0, return_inverse=True)  # one spec per distinct table
+        graph = {
+            "time_s": problem.time_s,
+            "cost_j": problem.energy_j - problem.blocking_power_w * problem.time_s,
+            "edges": problem.edges,
+            "kind": kind.ravel(),
+            "unit_time_s": np.float64(1e-3),  # Perseus's 1 ms quanta
+        }
+        digest = hashlib.sha256()
+        for key, value in graph.items():
+            digest.update(key.encode() + np.ascontiguousarray(value).tobytes())
+        kept = None if cache is None else cache / f"lowtime-{digest.hexdigest()[:16]}.npz"
         with tempfile.TemporaryDirectory() as tmp:
             src, dst = Path(tmp, "graph.npz"), Path(tmp, "plans.npz")
-            np.savez(
-                src,
-                time_s=problem.time_s,
-                cost_j=problem.energy_j - problem.blocking_power_w * problem.time_s,
-                edges=problem.edges,
-                kind=kind.ravel(),
-                unit_time_s=1e-3,  # Perseus's 1 ms quanta
-            )
-            subprocess.run(
-                [python, "-W", "ignore", str(LOWTIME_HELPER), str(src), str(dst)],
-                check=True,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            if kept is not None and kept.exists():
+                dst = kept
+            else:
+                np.savez(src, **graph)
+                subprocess.run(
+                    [python, "-W", "ignore", str(LOWTIME_HELPER), str(src), str(dst)],
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                if kept is not None:
+                    kept.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(dst, kept)
             got = np.load(dst)
             plans, self.seconds = got["plans"], float(got["seconds"])
             self.cpu_seconds = float(got["cpu_seconds"]) if "cpu_seconds" in got else np.nan
@@ -186,7 +204,12 @@ def rows_for(
 
 
 def held_out(
-    name: str, microbatches: int, blocking_power_w: float, python: str, exact_s: float
+    name: str,
+    microbatches: int,
+    blocking_power_w: float,
+    python: str,
+    exact_s: float,
+    cache: Path | None = None,
 ) -> dict:
     """Compare opdvfs (each deadline, and its frontier) with lowtime on another graph.
 
@@ -196,7 +219,7 @@ def held_out(
     problem = pipeline_dag(
         read_profile([dataset_path(name)]), microbatches, blocking_power_w=blocking_power_w
     )
-    lowtime = Lowtime(python, problem)
+    lowtime = Lowtime(python, problem, cache)
     base_t = float(problem.evaluate(problem.top_clock())[0])
     row: dict = {"data": name.removeprefix("perseus-"), "microbatches": microbatches}
     for d in TARGETS:
@@ -376,6 +399,11 @@ def main() -> None:
         help="time limits (s) to check at scale, beside the default budget, e.g. 2,5",
     )
     parser.add_argument(
+        "--lowtime-cache",
+        type=Path,
+        help="a folder to keep lowtime's plans in, by graph, and read them back from",
+    )
+    parser.add_argument(
         "--held-out-only", action="store_true", help="only the held-out rows (with lowtime)"
     )
     parser.add_argument("--repeats", type=int, default=3, help="runs per case at scale")
@@ -415,6 +443,7 @@ def main() -> None:
                         args.blocking_power_w,
                         args.lowtime_python,
                         args.held_out_exact_seconds,
+                        args.lowtime_cache,
                     )
                 )
                 print(show(pd.DataFrame(held[-1:])), flush=True)
