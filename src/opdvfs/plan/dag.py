@@ -625,9 +625,9 @@ def dag_frontier(
     so the energy never rises as the deadline loosens. A deadline whose rounded relaxation is
     certified within ``rel_gap`` costs one LP; only the others spend ``time_limit_s`` (per
     deadline; 0.25 s by default, where a single :func:`solve_dag` takes up to 0.85 s) on the
-    search and branch and bound, without the bound worker (:class:`_BoundWorker`): in a
-    quarter of a second its root does not finish, and on the 16-microbatch Perseus graphs it took the frontier from 1.9-2.1 s to 3.3-3.7 s
-    with no more deadlines certified.
+    search and branch and bound, without the bound worker (:class:`_BoundWorker`): in a quarter
+    of a second its root does not finish, and on the 16-microbatch Perseus graphs it took the
+    frontier from 1.9-2.1 s to 3.3-3.7 s with no more deadlines certified.
 
     Returns one row per target, in the order given: ``target``, ``deadline_s``,
     ``makespan_s``, ``energy_j``, ``lower_bound_j``, ``gap_pct``, ``method``, ``status``,
