@@ -301,6 +301,17 @@ def _solve(
         )
     else:
         slot = _greedy_fill(problem, options, slot, deadline, until)
+        rows = np.arange(problem.n_nodes)
+        energy = float(problem.evaluate(options.clock[rows, slot])[1])
+        if time_limit_s > 0 and energy * (1 - rel_gap) > bound:
+            # also rounded in time order, the cheaper kept: GPT-3 A40 at 8 stages x 16
+            # microbatches, d = 0, 0.53% above the relaxation where the plain rounding
+            # reached 0.71% (the whole planner 0.70%), for 0.05 s of CPU (at d = 2% the plain
+            # one wins, 0.33% against 0.77%); the steady state wants the two hull options
+            # around its relaxed durations mixed in step across the stages, which the greedy
+            # pass and the search's windows do not reach from the plain rounding
+            rolled = _greedy_fill(problem, options, relaxation.roll(until), deadline, until)
+            slot = _cheaper(problem, options, rolled, slot, deadline)
     if warm_start is not None:  # a neighbouring deadline's plan (a frontier's warm start)
         start = _greedy_fill(problem, options, warm_start, deadline, until, batched=large)
         slot = _cheaper(problem, options, start, slot, deadline)
