@@ -629,3 +629,31 @@ def test_a_frontier_deadline_whose_relaxation_runs_out_keeps_the_tighter_plan(mo
     assert plan.energy_j <= tighter.energy_j * (1 + 1e-12)
     assert plan.energy_j < alone.energy_j * 0.99
     assert plan.lower_bound_j == alone.lower_bound_j <= plan.energy_j
+
+
+def test_a_small_pipeline_also_takes_the_rolling_rounding_where_it_is_cheaper(monkeypatch):
+    # GPT-3 A40, 8 stages x 16 microbatches, d = 0: the plain rounding and its greedy pass
+    # stay 0.7% above the relaxation (off-hull options no window of the search leaves); the
+    # relaxation rounded in time order mixes the hull options in step and is kept. The search
+    # and branch and bound are switched off here: the rounding phase alone
+    from opdvfs.plan import dag
+    from opdvfs.plan._dag_lp import _Programme
+    from opdvfs.plan._dag_problem import _TIME_RTOL, _deadline
+    from opdvfs.plan._dag_search import _greedy_fill
+
+    problem = pipeline_dag(read_profile([dataset_path("perseus-gpt3-175b-a40")]), 16)
+    options, _, relaxation = dag._prepare(problem)
+    deadline, _ = _deadline(problem, 0.0)
+    relaxation.set_deadline(deadline * (1 + _TIME_RTOL))
+    bound, duration = relaxation.relax()
+    at_or_below = options.time_s <= duration[:, None] * (1 + _TIME_RTOL) + 1e-15
+    plain = _greedy_fill(problem, options, np.maximum(at_or_below.sum(axis=1) - 1, 0), deadline)
+    plain_j = float(problem.evaluate(options.clock[np.arange(problem.n_nodes), plain])[1])
+
+    monkeypatch.setattr(dag, "_search", lambda problem, options, programme, slot, *_: slot)
+    monkeypatch.setattr(_Programme, "exact", lambda *_a, **_k: (None, -np.inf, False))
+    plan = dag._solve(
+        problem, 0.0, rel_gap=1e-3, time_limit_s=5.0, deadline_s=None, bound_worker=False
+    )
+    assert plan.makespan_s <= deadline * (1 + 1e-6)
+    assert bound <= plan.energy_j < plain_j * (1 - 1e-3)
