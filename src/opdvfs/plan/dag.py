@@ -69,7 +69,9 @@ steady state every stage runs at one duration between two hull options, and only
 that mixes the two in step across the stages keeps near the bound. A relaxation stopped at
 the limit still certifies a bound, the Lagrangian of its duals so far
 (:meth:`~opdvfs.plan._dag_lp._Programme.dual_bound`), and its last iterate, scaled into the
-deadline, is a plan beside the stretched one (:func:`_first_plan`).
+deadline, is a plan beside the stretched one (:func:`_first_plan`). Smaller graphs take the
+rolling rounding too, after the plain one's greedy pass where that is not within ``rel_gap``
+of the bound, and keep the cheaper (with a time limit only).
 """
 
 from __future__ import annotations
