@@ -27,7 +27,11 @@ deadlines (d = 0-30%) with :func:`opdvfs.plan.dag.dag_frontier`'s defaults; ``lo
 lowtime's whole frontier, and ``frontier - lowtime %`` the most opdvfs's frontier point uses
 above lowtime's best plan within the same deadline (< 0: below it at every deadline).
 ``--held-out 4,16`` repeats the lowtime comparison on graphs of other microbatch counts;
-``--held-out-exact-seconds`` adds each held-out deadline's distance to the best plan known.
+``--held-out-exact-seconds`` adds each held-out deadline's distance to the best plan known;
+``--held-out-only`` prints only those rows (each as it is done), not the 8-microbatch table;
+``--lowtime-cache DIR`` keeps lowtime's plans by graph and reads them back on a later run.
+``frontier cpu s`` and ``lowtime cpu s`` are the same runs' CPU seconds (comparable on a loaded
+machine).
 
 ``--scale 4,8,16,32,64,128`` adds the planner at scale (issue 35): every Perseus file as 8
 stages and as 16 (a synthetic profile: each Perseus stage split into two of 48% and 52% of its
@@ -40,15 +44,18 @@ prints only that table.
 
     .venv/bin/python benchmarks/pipeline_planning.py [--exact-seconds 60] [--blocking-power-w 0]
         [--lowtime-python /tmp/lt/bin/python] [--held-out 4,16] [--held-out-exact-seconds 30]
+        [--held-out-only] [--lowtime-cache DIR]
         [--scale 4,8,16,32,64,128 [--scale-limits 2,5] [--repeats 3] [--scale-only]]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import multiprocessing
 import os
 import resource
+import shutil
 import subprocess
 import tempfile
 import time
@@ -78,29 +85,45 @@ def best_static(problem: DagProblem, deadline_s: float) -> float:
 
 
 class Lowtime:
-    """Lowtime's frontier on one graph (run by a scratch interpreter), scored on the tables."""
+    """Lowtime's frontier on one graph (run by a scratch interpreter), scored on the tables.
 
-    def __init__(self, python: str, problem: DagProblem) -> None:
+    With ``cache`` (a folder), lowtime's plans and seconds are kept there, named by a hash of
+    the graph it was given, and read back on a later run of the same graph (lowtime takes
+    minutes at 32 microbatches; its result does not depend on opdvfs's code).
+    """
+
+    def __init__(self, python: str, problem: DagProblem, cache: Path | None = None) -> None:
         table = np.nan_to_num(np.c_[problem.time_s, problem.energy_j], nan=-1.0)
         _, kind = np.unique(table, axis=0, return_inverse=True)  # one spec per distinct table
+        graph = {
+            "time_s": problem.time_s,
+            "cost_j": problem.energy_j - problem.blocking_power_w * problem.time_s,
+            "edges": problem.edges,
+            "kind": kind.ravel(),
+            "unit_time_s": np.float64(1e-3),  # Perseus's 1 ms quanta
+        }
+        digest = hashlib.sha256()
+        for key, value in graph.items():
+            digest.update(key.encode() + np.ascontiguousarray(value).tobytes())
+        kept = None if cache is None else cache / f"lowtime-{digest.hexdigest()[:16]}.npz"
         with tempfile.TemporaryDirectory() as tmp:
             src, dst = Path(tmp, "graph.npz"), Path(tmp, "plans.npz")
-            np.savez(
-                src,
-                time_s=problem.time_s,
-                cost_j=problem.energy_j - problem.blocking_power_w * problem.time_s,
-                edges=problem.edges,
-                kind=kind.ravel(),
-                unit_time_s=1e-3,  # Perseus's 1 ms quanta
-            )
-            subprocess.run(
-                [python, "-W", "ignore", str(LOWTIME_HELPER), str(src), str(dst)],
-                check=True,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            if kept is not None and kept.exists():
+                dst = kept
+            else:
+                np.savez(src, **graph)
+                subprocess.run(
+                    [python, "-W", "ignore", str(LOWTIME_HELPER), str(src), str(dst)],
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                if kept is not None:
+                    kept.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(dst, kept)
             got = np.load(dst)
             plans, self.seconds = got["plans"], float(got["seconds"])
+            self.cpu_seconds = float(got["cpu_seconds"]) if "cpu_seconds" in got else np.nan
         self.n_plans = len(plans)
         self.makespan_s, self.energy_j, _ = problem.evaluate(plans)
 
@@ -112,12 +135,13 @@ class Lowtime:
 
 def frontier_row(name: str, problem: DagProblem, lowtime: Lowtime | None, base_t: float) -> dict:
     """Time the 31-deadline frontier; compare it with lowtime's at every deadline."""
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     frontier = dag_frontier(problem, FRONTIER)
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     row = {
         "data": name,
         "frontier s": seconds,
+        "frontier cpu s": cpu_seconds,
         "worst certified gap %": float(frontier["gap_pct"].max()),
         "certified <= 0.1%": int((frontier["gap_pct"] <= 0.1).sum()),
         "late": int((frontier["makespan_s"] > frontier["deadline_s"] * (1 + 1e-6)).sum()),
@@ -125,6 +149,7 @@ def frontier_row(name: str, problem: DagProblem, lowtime: Lowtime | None, base_t
     if lowtime is not None:
         theirs = np.array([lowtime.best((1 + d) * base_t) for d in FRONTIER])
         row["lowtime s"] = lowtime.seconds
+        row["lowtime cpu s"] = lowtime.cpu_seconds
         row["lowtime plans"] = lowtime.n_plans
         row["frontier - lowtime %"] = float(
             np.nanmax((frontier["energy_j"].to_numpy() / theirs - 1) * 100)
@@ -179,7 +204,12 @@ def rows_for(
 
 
 def held_out(
-    name: str, microbatches: int, blocking_power_w: float, python: str, exact_s: float
+    name: str,
+    microbatches: int,
+    blocking_power_w: float,
+    python: str,
+    exact_s: float,
+    cache: Path | None = None,
 ) -> dict:
     """Compare opdvfs (each deadline, and its frontier) with lowtime on another graph.
 
@@ -189,7 +219,7 @@ def held_out(
     problem = pipeline_dag(
         read_profile([dataset_path(name)]), microbatches, blocking_power_w=blocking_power_w
     )
-    lowtime = Lowtime(python, problem)
+    lowtime = Lowtime(python, problem, cache)
     base_t = float(problem.evaluate(problem.top_clock())[0])
     row: dict = {"data": name.removeprefix("perseus-"), "microbatches": microbatches}
     for d in TARGETS:
@@ -309,54 +339,8 @@ def show(table: pd.DataFrame) -> str:
     return table.to_string(index=False, float_format=lambda v: f"{v:.3f}", na_rep="-")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--exact-seconds", type=float, default=60.0)
-    parser.add_argument("--blocking-power-w", type=float, default=0.0)
-    parser.add_argument(
-        "--lowtime-python", help="an interpreter with lowtime installed (a scratch venv)"
-    )
-    parser.add_argument(
-        "--held-out", default="", help="microbatch counts to compare with lowtime on, e.g. 4,16"
-    )
-    parser.add_argument(
-        "--held-out-exact-seconds",
-        type=float,
-        default=0.0,
-        help="also solve each held-out deadline this long (gap to the best plan known)",
-    )
-    parser.add_argument(
-        "--scale", default="", help="microbatch counts to plan at scale, e.g. 4,8,16,32,64,128"
-    )
-    parser.add_argument(
-        "--scale-limits",
-        default="2",
-        help="time limits (s) to check at scale, beside the default budget, e.g. 2,5",
-    )
-    parser.add_argument("--repeats", type=int, default=3, help="runs per case at scale")
-    parser.add_argument("--scale-only", action="store_true", help="only the scale table")
-    args = parser.parse_args()
-    pd.set_option("display.width", 250)
-    pd.set_option("display.max_columns", 40)
-    if args.scale:
-        print(
-            f"at scale: load average {os.getloadavg()[0]:.2f}; default budget "
-            f"{TIME_LIMIT_S:g} s; median of {args.repeats}; CPU s of the planning process"
-        )
-        limits = [float(v) for v in args.scale_limits.split(",") if v]
-        scaled = pd.DataFrame(
-            scale_rows([int(m) for m in args.scale.split(",")], limits, args.repeats)
-        )
-        print(show(scaled))
-        print(
-            f"at scale: cpu s worst {scaled['cpu s'].max():.3f} (median "
-            f"{scaled['cpu s'].median():.3f}); gap % worst {scaled['gap %'].max():.3f}; "
-            f"limit held in {int(scaled['limit held'].sum())} of {len(scaled)}; late "
-            f"{int(scaled['late'].sum())}; load average now {os.getloadavg()[0]:.2f}"
-        )
-        if args.scale_only:
-            return
-    names = [name for name in DATASETS if name.startswith("perseus-")]
+def main_table(names: list[str], args: argparse.Namespace) -> None:
+    """Print the 8-microbatch table (every file at every d) and its frontiers."""
     rows, fronts = [], []
     for name in names:
         got, front = rows_for(name, args.exact_seconds, args.blocking_power_w, args.lowtime_python)
@@ -388,18 +372,82 @@ def main() -> None:
             f"opdvfs - lowtime: worst {table['opdvfs - lowtime %'].max():+.3f}% over the "
             f"deadlines lowtime meets ({table['opdvfs - lowtime %'].notna().sum()} of {len(table)})"
         )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--exact-seconds", type=float, default=60.0)
+    parser.add_argument("--blocking-power-w", type=float, default=0.0)
+    parser.add_argument(
+        "--lowtime-python", help="an interpreter with lowtime installed (a scratch venv)"
+    )
+    parser.add_argument(
+        "--held-out", default="", help="microbatch counts to compare with lowtime on, e.g. 4,16"
+    )
+    parser.add_argument(
+        "--held-out-exact-seconds",
+        type=float,
+        default=0.0,
+        help="also solve each held-out deadline this long (gap to the best plan known)",
+    )
+    parser.add_argument(
+        "--scale", default="", help="microbatch counts to plan at scale, e.g. 4,8,16,32,64,128"
+    )
+    parser.add_argument(
+        "--scale-limits",
+        default="2",
+        help="time limits (s) to check at scale, beside the default budget, e.g. 2,5",
+    )
+    parser.add_argument(
+        "--lowtime-cache",
+        type=Path,
+        help="a folder to keep lowtime's plans in, by graph, and read them back from",
+    )
+    parser.add_argument(
+        "--held-out-only", action="store_true", help="only the held-out rows (with lowtime)"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="runs per case at scale")
+    parser.add_argument("--scale-only", action="store_true", help="only the scale table")
+    args = parser.parse_args()
+    pd.set_option("display.width", 250)
+    pd.set_option("display.max_columns", 40)
+    if args.scale:
+        print(
+            f"at scale: load average {os.getloadavg()[0]:.2f}; default budget "
+            f"{TIME_LIMIT_S:g} s; median of {args.repeats}; CPU s of the planning process"
+        )
+        limits = [float(v) for v in args.scale_limits.split(",") if v]
+        scaled = pd.DataFrame(
+            scale_rows([int(m) for m in args.scale.split(",")], limits, args.repeats)
+        )
+        print(show(scaled))
+        print(
+            f"at scale: cpu s worst {scaled['cpu s'].max():.3f} (median "
+            f"{scaled['cpu s'].median():.3f}); gap % worst {scaled['gap %'].max():.3f}; "
+            f"limit held in {int(scaled['limit held'].sum())} of {len(scaled)}; late "
+            f"{int(scaled['late'].sum())}; load average now {os.getloadavg()[0]:.2f}"
+        )
+        if args.scale_only:
+            return
+    names = [name for name in DATASETS if name.startswith("perseus-")]
+    if not args.held_out_only:
+        main_table(names, args)
     if args.held_out and args.lowtime_python:
-        held = [
-            held_out(
-                name,
-                int(m),
-                args.blocking_power_w,
-                args.lowtime_python,
-                args.held_out_exact_seconds,
-            )
-            for m in args.held_out.split(",")
-            for name in names
-        ]
+        held = []
+        for m in args.held_out.split(","):
+            for name in names:
+                held.append(
+                    held_out(
+                        name,
+                        int(m),
+                        args.blocking_power_w,
+                        args.lowtime_python,
+                        args.held_out_exact_seconds,
+                        args.lowtime_cache,
+                    )
+                )
+                print(show(pd.DataFrame(held[-1:])), flush=True)
+        print(f"\nload average now {os.getloadavg()[0]:.2f}")
         print("\nheld out (other microbatch counts), opdvfs vs lowtime:")
         held_table = pd.DataFrame(held)
         print(show(held_table))
