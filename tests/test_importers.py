@@ -267,6 +267,22 @@ def test_gpu_trace_kernels_map_to_launching_op(tmp_path, gz):
     assert p.dropped == {"device events with no launching operator": 1}
 
 
+@pytest.mark.parametrize("bad_id", ["1e400", "-inf", 2.5, "9.3e18"])
+def test_gpu_trace_ids_that_are_no_whole_number_drop_their_event_not_the_import(tmp_path, bad_id):
+    # ids past int64, infinite or fractional (a mangled trace) raised OverflowError/TypeError
+    doc = training_trace()
+    kernel = next(
+        ev
+        for ev in doc["traceEvents"]
+        if "External id" in ev.get("args", {}) and (ev.get("cat") == "kernel")
+    )
+    kernel["args"]["External id"] = bad_id
+    kernel["args"].pop("correlation", None)
+    p = read_profile(write_trace(tmp_path, doc))
+    assert p.n_iterations >= 2
+    assert p.dropped["device events with no launching operator"] == 2
+
+
 def test_gpu_trace_drops_iterations_that_differ(tmp_path):
     p = read_profile(write_trace(tmp_path, training_trace(warmup_differs=True)))
     assert p.n_iterations == 2

@@ -261,7 +261,10 @@ def _checked_frame(path: Path, frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _to_int_ids(series: pd.Series) -> pd.Series:
-    return pd.to_numeric(series, errors="coerce").astype("Int64")
+    """Return the ids as whole numbers (NA where none: infinite, fractional, past int64)."""
+    values = pd.to_numeric(series, errors="coerce").astype("float64")
+    whole = np.isfinite(values) & (values.abs() < 2.0**63) & (values == np.floor(values))
+    return values.where(whole).astype("Int64")
 
 
 def _device_rows(ev: pd.DataFrame, dropped: Counter[str]) -> pd.DataFrame | None:
