@@ -207,7 +207,7 @@ def _traced_rank(rank: int, port: int, out: str, wider: bool = False) -> None:
 
 
 #: The swept clocks of the traced pipeline (the plan's clock below them is the model's).
-PIPE_CLOCKS = [1410.0, 1380.0]
+PIPE_CLOCKS = [1410.0, 1110.0]
 
 
 def _traced_pipeline_rank(rank: int, port: int, out: str) -> None:
@@ -244,8 +244,11 @@ def _traced_pipeline_rank(rank: int, port: int, out: str) -> None:
     drive_module._timed_executor = lambda act: timed(act, tolerance=0.95)  # type: ignore[assignment]
     log = Path(out) / f"calls.rank{rank}.jsonl"
     act = make_actuator("dry-run", device="a100-like", log=str(log))
+    # the CPU's step times do not change with the clock: a lower clock saves only the power
+    # given below, so it must save more than the host's noise on a step (1380 MHz, 1.7% less
+    # power, left a stage at the top clock in 2 of 4 runs), and fit a budget the noise allows
     tuner = Tuner(
-        act, target=0.02, clocks=PIPE_CLOCKS, iterations_per_clock=2, block=2, pairs=2, rounds=1
+        act, target=0.10, clocks=PIPE_CLOCKS, iterations_per_clock=2, block=2, pairs=2, rounds=1
     )
     steady: list[int] = []
 
