@@ -913,6 +913,11 @@ class Tuner:
         rows = [it for it in self.result.iterations if it.round == job.round]
         measured = measured_round(job.schedule, rows, drop=self.drive.fell_back())
         measured.static_mhz = job.static_mhz
+        pipeline = self.planning.pipeline_of(job.schedule)
+        if pipeline is not None:  # the job's prediction, as the A/B blocks measure the job
+            from opdvfs.tuner.stages import job_saving
+
+            measured.predicted_saving = job_saving(pipeline)
         self.result.rounds.append(measured)
         log.info("tune: %s", round_line(len(self.result.rounds) - 1, measured))
         job.measured = policy.Measured.of(measured)

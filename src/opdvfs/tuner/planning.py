@@ -368,11 +368,6 @@ class PlanningThread:
             if self.aborted.is_set():
                 raise Aborted
         assert job.measured is not None
-        pipeline = self.pipeline_of(schedule)
-        if pipeline is not None:  # the job's prediction, as the A/B blocks measure the job
-            from opdvfs.tuner.stages import job_saving
-
-            self.result.rounds[-1].predicted_saving = job_saving(pipeline)
         return job.measured
 
     def _finish(self, fit: BudgetFit, schedules: list[Schedule]) -> None:
