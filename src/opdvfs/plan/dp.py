@@ -472,6 +472,12 @@ def _greedy_fill(
     return plan
 
 
+#: Problems of at most this many stage-clock cells are closed with the exact Pareto programme by
+#: default (:func:`solve`), and planned to their exact optimum by
+#: :func:`~opdvfs.plan.planner.plan_schedule` (``tol=0``).
+EXACT_CELLS = 4000
+
+
 def solve(
     tables: StageTables,
     budget_s: float,
@@ -497,7 +503,7 @@ def solve(
     exact
         Close a remaining gap with the exact Pareto programme (abandoned past ``max_states``
         states per stage, keeping the certified Lagrangian plan). Default: only for small
-        problems (stages x clocks <= 4000), where it is fast.
+        problems (stages x clocks <= :data:`EXACT_CELLS`), where it is fast.
     repair
         Spend the budget the Lagrangian plan leaves unused with a greedy fill
         (:func:`_greedy_fill`) before the exact programme; off only to measure its effect.
@@ -512,7 +518,7 @@ def solve(
         if energy - bound <= tol * abs(energy):
             status = "optimal"
     if exact is None:
-        exact = tables.shape[0] * tables.shape[1] <= 4000
+        exact = tables.shape[0] * tables.shape[1] <= EXACT_CELLS
     if status == "feasible" and exact:
         better = _pareto_exact(tables, budget_s, energy, bound_lam, max_states)
         if better is not None:

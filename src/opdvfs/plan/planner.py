@@ -48,6 +48,7 @@ from opdvfs.exceptions import InfeasibleError, ValidationError
 from opdvfs.models.bundle import ModelBundle
 from opdvfs.plan.classify import classify_by_ratios, classify_by_sensitivity, sensitivity
 from opdvfs.plan.dp import (
+    EXACT_CELLS,
     StageTables,
     exact_frontier,
     frontier,
@@ -121,16 +122,6 @@ MEASURED_NOISE_Z = 1.0
 #: sum's standard deviations (0.00104 points) under the deadline: late on about one re-run in
 #: six from the noise alone, more with the winner's curse.
 MEASURED_SUM_Z = 2.0
-#: Problems of at most this many stage-clock cells are solved to the exact optimum
-#: (:func:`~opdvfs.plan.dp.solve` with ``tol=0``: its exact Pareto programme closes what the
-#: multiplier search leaves, as the solver already does there past its 0.01% tolerance);
-#: larger ones stop at that certified gap. Within it, plans on profiles of every clock they may
-#: use were up to 0.0023% above the exact optimum on the same measurements (the GTX 980's 30
-#: kernels at 6 clocks at 2%, the V100's 138 micro-benchmarks at 10 clocks;
-#: ``benchmarks/few_clock_plans.py``): the models must add, not cost. The price there: up to
-#: 35 ms more per plan on 80 of its 81 plans, 0.02 -> 0.9 s CPU on the V100's at 10% (the
-#: exact programme's front reaches 34k states).
-EXACT_CELLS = 4000
 
 
 @dataclass(frozen=True)
@@ -561,14 +552,18 @@ def plan_schedule(
 def _exactness(tables: StageTables) -> dict:
     """Return :func:`~opdvfs.plan.dp.solve`'s tolerance for these tables: exact where cheap.
 
-    On at most :data:`EXACT_CELLS` stage-clock cells the optimum itself (``tol=0``: the exact
-    Pareto programme closes any gap the multiplier search leaves); beyond, the solver's
-    defaults (a certified gap of at most 0.01%).
+    On at most :data:`~opdvfs.plan.dp.EXACT_CELLS` stage-clock cells the optimum itself
+    (``tol=0``: the exact Pareto programme closes any gap the multiplier search leaves);
+    beyond, the solver's defaults (a certified gap of at most 0.01%). Within that gap, plans
+    on profiles of every clock they may use were up to 0.0023% above the exact optimum on the
+    same measurements (the GTX 980's 30 kernels at 6 clocks at 2%, the V100's 138
+    micro-benchmarks at 10 clocks; ``benchmarks/few_clock_plans.py``): the models must add, not
+    cost. The price there: up to 35 ms more per plan on 80 of its 81 plans, 0.02 -> 0.9 s CPU
+    on the V100's at 10% (the exact programme's front reaches 34k states).
     """
     n_stages, n_clocks = tables.shape
-    if n_stages * n_clocks > EXACT_CELLS:
-        return {}
-    return {"tol": 0.0, "exact": True}
+    # (dp.solve closes the gap with its exact programme at this size by default)
+    return {"tol": 0.0} if n_stages * n_clocks <= EXACT_CELLS else {}
 
 
 def _noise_slack_s(problem: StageProblem, inputs: PlanInputs) -> float:

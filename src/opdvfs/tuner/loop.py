@@ -849,15 +849,11 @@ class Tuner:
             def traced(trace: Any) -> None:  # off the simulated GPU: read in the planning thread
                 self.planning.start_stages(lambda: self._traced_stages(job, trace), rank_map)
 
-            self.drive.after_sweep(traced, lambda error: setattr(self.result, "error", error))
+            self.drive.after_sweep(traced, self._trace_failed)
             return
-
-        def fail(error: str) -> None:
-            self.result.error = error
-
         if self.drive.by_time and self._may_add():
             # the trace read, a clock may be added (a further sweep step, traced anew)
-            self.drive.after_sweep(self._choose_on_trace, fail)
+            self.drive.after_sweep(self._choose_on_trace, self._trace_failed)
             return
         earlier, self._sweep_traces = self._sweep_traces, []
 
@@ -865,7 +861,11 @@ class Tuner:
             whole = SweepTraces([*earlier, trace]) if earlier and trace is not None else trace
             self._start_planning(whole)
 
-        self.drive.after_sweep(start, fail)
+        self.drive.after_sweep(start, self._trace_failed)
+
+    def _trace_failed(self, error: str) -> None:
+        """Record that the sweep's trace could not be had: the run's error (one line)."""
+        self.result.error = error
 
     # ------------------------------------------------------------------------- A/B
     def _start_measurement(self) -> None:
