@@ -58,10 +58,12 @@ from opdvfs.schedule import Objective
 __all__ = [
     "MIN_GAIN_SHARE",
     "SPREAD",
+    "STEPS",
     "ClockToMeasure",
     "budget_price",
     "clock_gains",
     "loo_reach",
+    "lower_regime",
     "next_clock",
     "next_clock_for",
 ]
@@ -83,6 +85,10 @@ MIN_GAIN_SHARE = 3e-4
 #: as they are (calibrated on Perseus's stages: the module's docstring); 0: the point values
 #: only (a clock is worth only the margins it wins back).
 SPREAD = 1.0
+
+#: Whether :func:`clock_gains` lets a gap hold a step where the measured time rises with the
+#: clock across it (``steps``): False, the models' spread alone.
+STEPS = True
 
 #: Bisection steps on the budget's price (relative precision 2^-60 of its bracket).
 _BISECT = 60
@@ -186,6 +192,67 @@ def _expected_improvement(margin: np.ndarray, sd: np.ndarray) -> np.ndarray:
     return np.where(sd > 0, np.maximum(ei, 0.0), np.maximum(margin, 0.0))
 
 
+def lower_regime(
+    freqs_mhz: np.ndarray,
+    time_s: np.ndarray,
+    energy_j: np.ndarray,
+    measured: np.ndarray,
+    time_margin: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return each cell's chance of lying in a step's lower regime, and its values there.
+
+    An operator's time does not rise with its clock on one program: where the measured time
+    at the clock above a gap, ``t(f_R)``, exceeds the one below, ``t(f_L)``, by more than
+    their noise (their margins), the program changed between them (a kernel, the power cap),
+    and a clock inside the gap may still run the lower clock's program. Which one it runs is
+    unknown: with the step's place uniform over the gap, a clock ``f`` runs the lower one with
+    chance ``(f_R - f) / (f_R - f_L)``, at the time and energy the lower clocks' trend gives
+    there (log-linear through ``f_LL < f_L``, the two measured clocks below the gap). Smooth
+    tables, which fall with the clock, have no such gap: the chances are 0 everywhere.
+
+    Parameters
+    ----------
+    freqs_mhz
+        Clocks of the columns, ascending (MHz), shape (n_clocks,).
+    time_s, energy_j
+        The tables (their measured cells are read), shape (n_rows, n_clocks).
+    measured
+        Whether each cell was measured, same shape (or one row shared by every row).
+    time_margin
+        Each cell's margin in log units (a measured cell's: its noise); None: 0.
+
+    Returns
+    -------
+    chance, time_s, energy_j
+        Each cell's chance of the lower regime (0 where no step), and its time and energy
+        there (the point values where the chance is 0); shape (n_rows, n_clocks).
+    """
+    f = np.asarray(freqs_mhz, dtype=float)
+    t = np.asarray(time_s, dtype=float)
+    e = np.asarray(energy_j, dtype=float)
+    m = np.broadcast_to(np.asarray(measured, dtype=bool), t.shape)
+    n_clocks = len(f)
+    cols = np.arange(n_clocks)
+    left = np.maximum.accumulate(np.where(m, cols, -1), axis=1)
+    right = np.minimum.accumulate(np.where(m, cols, n_clocks)[:, ::-1], axis=1)[:, ::-1]
+    lc, rc = np.clip(left, 0, n_clocks - 1), np.clip(right, 0, n_clocks - 1)
+    below = np.concatenate([np.full((len(m), 1), -1), left[:, :-1]], axis=1)  # strictly left
+    llc = np.take_along_axis(below, lc, axis=1)  # the measured clock below f_L (-1: none)
+    ll = np.clip(llc, 0, n_clocks - 1)
+    inside = ~m & (left >= 0) & (right < n_clocks) & (llc >= 0)
+    t_l, t_r, t_ll = (np.take_along_axis(t, i, axis=1) for i in (lc, rc, ll))
+    e_l, e_ll = np.take_along_axis(e, lc, axis=1), np.take_along_axis(e, ll, axis=1)
+    noise = np.zeros_like(t) if time_margin is None else np.asarray(time_margin, dtype=float)
+    tol = np.take_along_axis(noise, lc, axis=1) + np.take_along_axis(noise, rc, axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        step = inside & (np.log(t_r / t_l) > tol)
+        chance = np.where(step, (f[rc] - f[None, :]) / (f[rc] - f[lc]), 0.0)
+        reach = (f[None, :] - f[lc]) / (f[lc] - f[ll])
+        low_t = np.where(step, t_l * np.exp(np.log(t_l / t_ll) * reach), t)
+        low_e = np.where(step, e_l * np.exp(np.log(e_l / e_ll) * reach), e)
+    return chance, low_t, low_e
+
+
 def loo_reach(freqs_mhz: np.ndarray, measured: np.ndarray) -> np.ndarray:
     """Return each row's mean leave-one-clock-out reach (MHz^2), shape (n_rows, 1).
 
@@ -219,6 +286,7 @@ def clock_gains(
     plan_cols: np.ndarray,
     objective: Objective = "energy",
     spread: float = SPREAD,
+    steps: bool = STEPS,
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """Return the clocks worth considering, each one's expected gain (J), and the plan's energy.
 
@@ -301,6 +369,12 @@ def clock_gains(
     with np.errstate(divide="ignore", invalid="ignore"):
         bridge = np.where(reach > 0, loo_reach(f, pattern) / reach, 0.0)
     cost_sd = spread * bridge * (energy * e_margin + price * time_s * t_margin) / TIME_QUANTILE_Z
+    if steps and spread > 0:
+        chance, low_t, low_e = lower_regime(f, time_s, energy, measured, t_margin)
+        low_cost = low_e + price * low_t
+    else:
+        chance = np.zeros_like(time_s)
+        low_cost = cost_up
     outside: dict[int, np.ndarray] = {}
     for k, c in enumerate(candidates.tolist()):  # the candidate clocks: a few tens at most
         now = pattern.copy()
@@ -323,7 +397,9 @@ def clock_gains(
         # measured, clock c costs its true value: the point value, give or take the models'
         # error; the plan takes it where it beats the rest (expected improvement)
         point = energy[:, c] + price * time_s[:, c]
-        after = rest - _expected_improvement(rest - point, cost_sd[:, c])
+        p = chance[:, c]
+        won = (1.0 - p) * _expected_improvement(rest - point, cost_sd[:, c])
+        after = rest - won - p * np.maximum(rest - low_cost[:, c], 0.0)
         gains[k] = float((before - after).sum())
     return candidates, np.maximum(gains, 0.0), plan_energy_j
 
