@@ -44,7 +44,7 @@ counts the clocks measured in all, and ``vs prof %`` is against the optimum on t
 
     .venv/bin/python benchmarks/few_clock_plans.py [DATA_DIR] [--sets SUBSTRING]
         [--max-gap F|none] [--active [--active-max N] [--active-cost SHARE]
-        [--active-spread S]]
+        [--active-spread S] [--no-steps]]
 
 Figures (27 sets x 3 targets; issue 31): before the issue's items 1 and 3, 12 plans late (worst
 +3.23 points, Perseus GPT-3 A40 at 10%; V100 micro-benchmarks +1.68 at 2%), 49 above the
@@ -90,7 +90,7 @@ import pandas as pd
 
 from opdvfs.devices.spec import DeviceSpec
 from opdvfs.io import read_profile
-from opdvfs.plan.active import SPREAD, next_clock_for
+from opdvfs.plan.active import SPREAD, STEPS, next_clock_for
 from opdvfs.plan.dp import StageTables
 from opdvfs.plan.measured import MeasuredTables
 from opdvfs.plan.milp import milp_solve
@@ -108,11 +108,14 @@ MIN_CLOCKS = 4
 #: ``--active``: let :func:`opdvfs.plan.active.next_clock_for` add clocks to the profile, at
 #: most this many per plan (``--active-max``), each worth at least this share of the plan's
 #: energy (``--active-cost``; None: its default, ``MIN_GAIN_SHARE``), the truth's spread
-#: about the models in units of their errors (``--active-spread``; 0: the point values).
+#: about the models in units of their errors (``--active-spread``; 0: the point values), and
+#: whether a gap where the measured time rises with the clock may hold a step (``--no-steps``:
+#: not).
 ACTIVE = False
 ACTIVE_MAX = 8
 ACTIVE_COST: float | None = None
 ACTIVE_SPREAD = SPREAD
+ACTIVE_STEPS = STEPS
 
 
 def legacy_sets(path: Path, workdir: Path) -> list[tuple[str, Path]]:
@@ -238,7 +241,13 @@ def active_clocks(
     clocks = list(profiled)
     for _ in range(ACTIVE_MAX):
         fitted = fit_profile(restrict(full, tuple(clocks)), spec=spec, values="auto")
-        choice = next_clock_for(fitted, target=target, cost_j=_cost_j(fitted), spread=ACTIVE_SPREAD)
+        choice = next_clock_for(
+            fitted,
+            target=target,
+            cost_j=_cost_j(fitted),
+            spread=ACTIVE_SPREAD,
+            steps=ACTIVE_STEPS,
+        )
         if choice is None:
             break
         clocks.append(choice.freq_mhz)
@@ -266,7 +275,7 @@ def _margin_points(schedule: Schedule) -> float | None:
 
 
 def main() -> None:
-    global MAX_GAP, ACTIVE, ACTIVE_MAX, ACTIVE_COST, ACTIVE_SPREAD
+    global MAX_GAP, ACTIVE, ACTIVE_MAX, ACTIVE_COST, ACTIVE_SPREAD, ACTIVE_STEPS
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("data", nargs="?", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--sets", default="", help="only the sets whose name holds this")
@@ -289,10 +298,15 @@ def main() -> None:
         default=ACTIVE_SPREAD,
         help="plan.active SPREAD: the truth's spread about the models (0: point values)",
     )
+    parser.add_argument(
+        "--no-steps",
+        action="store_true",
+        help="plan.active: no step where the measured time rises with the clock",
+    )
     args = parser.parse_args()
     MAX_GAP, ACTIVE = args.max_gap, args.active
     ACTIVE_MAX, ACTIVE_COST = args.active_max, args.active_cost
-    ACTIVE_SPREAD = args.active_spread
+    ACTIVE_SPREAD, ACTIVE_STEPS = args.active_spread, STEPS and not args.no_steps
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         sets = [s for s in find_sets(args.data, workdir) if args.sets in s[0]]

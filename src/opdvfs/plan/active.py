@@ -203,7 +203,7 @@ def lower_regime(
 
     An operator's time does not rise with its clock on one program: where the measured time
     at the clock above a gap, ``t(f_R)``, exceeds the one below, ``t(f_L)``, by more than
-    their noise (their margins), the program changed between them (a kernel, the power cap),
+    two standard deviations of their difference (their margins: their noise), the program changed between them (a kernel, the power cap),
     and a clock inside the gap may still run the lower clock's program. Which one it runs is
     unknown: with the step's place uniform over the gap, a clock ``f`` runs the lower one with
     chance ``(f_R - f) / (f_R - f_L)``, at the time and energy the lower clocks' trend gives
@@ -243,7 +243,7 @@ def lower_regime(
     t_l, t_r, t_ll = (np.take_along_axis(t, i, axis=1) for i in (lc, rc, ll))
     e_l, e_ll = np.take_along_axis(e, lc, axis=1), np.take_along_axis(e, ll, axis=1)
     noise = np.zeros_like(t) if time_margin is None else np.asarray(time_margin, dtype=float)
-    tol = np.take_along_axis(noise, lc, axis=1) + np.take_along_axis(noise, rc, axis=1)
+    tol = 2.0 * np.hypot(np.take_along_axis(noise, lc, axis=1), np.take_along_axis(noise, rc, axis=1))
     with np.errstate(divide="ignore", invalid="ignore"):
         step = inside & (np.log(t_r / t_l) > tol)
         chance = np.where(step, (f[rc] - f[None, :]) / (f[rc] - f[lc]), 0.0)
@@ -413,6 +413,7 @@ def next_clock(
     cost_j: float | None = None,
     min_gain_share: float = MIN_GAIN_SHARE,
     spread: float = SPREAD,
+    steps: bool = STEPS,
 ) -> ClockToMeasure | None:
     """Return the clock most worth measuring next for this plan, or None (stop).
 
@@ -422,7 +423,12 @@ def next_clock(
     :func:`clock_gains`'.
     """
     candidates, gains, plan_energy_j = clock_gains(
-        tables, budget_s=budget_s, plan_cols=plan_cols, objective=objective, spread=spread
+        tables,
+        budget_s=budget_s,
+        plan_cols=plan_cols,
+        objective=objective,
+        spread=spread,
+        steps=steps,
     )
     cost = min_gain_share * plan_energy_j if cost_j is None else float(cost_j)
     if gains.size == 0 or gains.max() <= 0.0 or gains.max() < cost:
@@ -457,6 +463,7 @@ def next_clock_for(
     cost_j: float | None = None,
     min_gain_share: float = MIN_GAIN_SHARE,
     spread: float = SPREAD,
+    steps: bool = STEPS,
 ) -> ClockToMeasure | None:
     """Return the clock most worth measuring next for a profile's plan at ``target``, or None.
 
@@ -492,4 +499,5 @@ def next_clock_for(
         cost_j=cost_j,
         min_gain_share=min_gain_share,
         spread=spread,
+        steps=steps,
     )
