@@ -334,8 +334,6 @@ def test_tables_without_a_rise_give_the_same_gains_with_or_without_steps():
     t = tables()
     for spread in (0.0, 1.0):
         with_steps = clock_gains(t, budget_s=budget(t), plan_cols=AT_1300, spread=spread)
-        plain = clock_gains(
-            t, budget_s=budget(t), plan_cols=AT_1300, spread=spread, steps=False
-        )
+        plain = clock_gains(t, budget_s=budget(t), plan_cols=AT_1300, spread=spread, steps=False)
         np.testing.assert_array_equal(with_steps[0], plain[0])
         np.testing.assert_array_equal(with_steps[1], plain[1])
