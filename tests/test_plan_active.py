@@ -18,6 +18,7 @@ from opdvfs.plan.active import (
     budget_price,
     clock_gains,
     loo_reach,
+    lower_regime,
     next_clock,
     next_clock_for,
 )
@@ -233,3 +234,106 @@ def test_the_expected_improvement_is_the_mean_saving_of_a_normal_cost():
     got = _expected_improvement(margin, sd)
     assert (np.abs(got - sample) <= 4e-3 * np.maximum(sd, 0.1)).all(), (got, sample)
     np.testing.assert_array_equal(got[-2:], [0.7, 0.0])
+
+
+# A program change inside a gap (Perseus's BLOOM A40 forward stages: 6% faster at 1035-1050 MHz
+# than at 1065): below 1200 MHz the ops run a faster program than from 1200 up, so the time
+# measured at 1300 is above the one at 1100 although the clock is higher.
+F_STEP = np.arange(1000.0, 1401.0, 25.0)
+MEASURED_STEP = np.isin(F_STEP, [1000.0, 1100.0, 1300.0, 1400.0])
+
+
+def step_truth(n_ops: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """Time (us) and energy (J): compute-bound, the program 20% faster below 1250 MHz."""
+    time_us = 100.0 * (F_STEP[-1] / F_STEP) * np.where(F_STEP < 1250.0, 0.8, 1.0)
+    energy_j = 1e-3 * time_us / 100.0 * (F_STEP / F_STEP[-1]) ** 2
+    return np.tile(time_us, (n_ops, 1)), np.tile(energy_j, (n_ops, 1))
+
+
+def step_tables(n_ops: int = 4, curv: float = 1e-7) -> Predictions:
+    """The truth at the measured clocks; between them the models' log-linear interpolation."""
+    true_t, true_e = step_truth(n_ops)
+    filled = np.broadcast_to(~MEASURED_STEP, true_t.shape).copy()
+    m = np.flatnonzero(MEASURED_STEP)
+    time_us = np.exp([np.interp(F_STEP, F_STEP[m], np.log(row[m])) for row in true_t])
+    energy_j = np.exp([np.interp(F_STEP, F_STEP[m], np.log(row[m])) for row in true_e])
+    margin = np.where(filled, 3.0 * 0.5 * curv * gap_reach(F_STEP, ~filled), 0.0)
+    names = np.array([f"op{i}" for i in range(n_ops)])
+    core = np.full(time_us.shape, np.nan)
+    return Predictions(
+        names, F_STEP, time_us, energy_j, core, time_margin=margin, model_filled=filled
+    )
+
+
+def test_a_gap_where_the_measured_time_rises_with_the_clock_holds_a_step():
+    """The chance that a clock runs the lower clocks' program, and its values there."""
+    t = step_tables()
+    time_s, energy_j = t.time_us * 1e-6, t.chip_energy_j
+    chance, low_t, low_e = lower_regime(F_STEP, time_s, energy_j, MEASURED_STEP[None, :])
+    in_gap = (F_STEP > 1100.0) & (F_STEP < 1300.0)
+    # the step's place uniform over 1100-1300: a clock runs the lower program if it is above
+    np.testing.assert_allclose(chance[0, in_gap], (1300.0 - F_STEP[in_gap]) / 200.0)
+    np.testing.assert_array_equal(chance[:, ~in_gap], 0.0)  # measured, no clock below, falls
+    # there: the lower clocks' trend, log-linear through 1000 and 1100 MHz
+    i_ll, i_l = (int(np.flatnonzero(F_STEP == f)[0]) for f in (1000.0, 1100.0))
+    share = (F_STEP[in_gap] - 1100.0) / 100.0
+    for table, low in ((time_s, low_t), (energy_j, low_e)):
+        expect = table[0, i_l] * (table[0, i_l] / table[0, i_ll]) ** share
+        np.testing.assert_allclose(low[0, in_gap], expect, rtol=1e-12)
+        np.testing.assert_array_equal(low[:, ~in_gap], table[:, ~in_gap])
+    # the lower program's trend is what the truth does there (the truth is log-linear-ish)
+    true_t = step_truth()[0][0] * 1e-6
+    below = in_gap & (F_STEP < 1200.0)
+    np.testing.assert_allclose(low_t[0, below], true_t[below], rtol=0.01)
+    # a table that falls with the clock (no program change) holds no step; nor a rise within
+    # two standard deviations of the measured cells' noise (their margins)
+    smooth = tables()
+    chance_smooth = lower_regime(
+        F, smooth.time_us, smooth.chip_energy_j, MEASURED[None, :] | (F == 1100.0)
+    )[0]
+    np.testing.assert_array_equal(chance_smooth, 0.0)
+    i_r = int(np.flatnonzero(F_STEP == 1300.0)[0])
+    rise = np.log(time_s[0, i_r] / time_s[0, i_l])
+    noisy = np.zeros_like(time_s)
+    noisy[:, [i_l, i_r]] = rise / (2.0 * np.sqrt(2.0)) * 1.01  # 2 sd of the difference: above it
+    assert not lower_regime(F_STEP, time_s, energy_j, MEASURED_STEP[None, :], noisy)[0].any()
+    noisy[:, [i_l, i_r]] *= 0.98 / 1.01
+    assert lower_regime(F_STEP, time_s, energy_j, MEASURED_STEP[None, :], noisy)[0].any()
+
+
+def test_a_step_where_the_measured_time_rises_is_worth_measuring_and_pays():
+    """The models' spread (leave-one-clock-out errors, near 0 on these smooth-looking clocks)
+    does not reach a program 20% faster; the rise across 1100-1300 MHz is evidence of it, and
+    the clock named there lets the exact plan save energy within the same budget."""
+    t = step_tables()
+    limit = t.time_us[:, -1].sum() * 1e-6  # 0%: the point-value plan stays at the top clock
+    on_top = np.full(4, len(F_STEP) - 1)
+    # without the step: the models' spread sees nothing worth a sweep step
+    assert next_clock(t, budget_s=limit, plan_cols=on_top, steps=False) is None
+    choice = next_clock(t, budget_s=limit, plan_cols=on_top)  # steps: the default
+    assert choice is not None and choice.gap_mhz == (1100.0, 1300.0)
+    assert t.time_margin is not None and t.model_filled is not None
+    true_t, true_e = step_truth()
+
+    def plan_energy(cols_known: np.ndarray) -> float:
+        """The exact plan on the conservative tables with ``cols_known`` measured (HiGHS)."""
+        now = ~t.model_filled
+        now[:, cols_known] = True
+        time_us = np.where(now, true_t, t.time_us)
+        energy_j = np.where(now, true_e, t.chip_energy_j)
+        margin = np.where(now, 0.0, 3.0 * 0.5 * 1e-7 * gap_reach(F_STEP, now))
+        tables_ = StageTables(time_us * 1e-6 * np.exp(margin), energy_j)
+        return milp_solve(tables_, limit).energy_j
+
+    c = int(np.flatnonzero(F_STEP == choice.freq_mhz)[0])
+    before = plan_energy(np.zeros(0, dtype=int))
+    assert plan_energy(np.array([c])) < 0.9 * before
+
+
+def test_tables_without_a_rise_give_the_same_gains_with_or_without_steps():
+    t = tables()
+    for spread in (0.0, 1.0):
+        with_steps = clock_gains(t, budget_s=budget(t), plan_cols=AT_1300, spread=spread)
+        plain = clock_gains(t, budget_s=budget(t), plan_cols=AT_1300, spread=spread, steps=False)
+        np.testing.assert_array_equal(with_steps[0], plain[0])
+        np.testing.assert_array_equal(with_steps[1], plain[1])

@@ -31,11 +31,25 @@ not real tables, which step: on Perseus's four stage sets at the ``auto`` clocks
 model-filled cells' log errors (time; energy) are 2.7-5.9 (3.0-11) of its standard deviations
 rms, and 0.5-1.3 (0.6-2.1) of these (``--max-gap none``: 2.3-5.3, 0.7-1.5). :data:`SPREAD`
 scales them (0: the point values only, where a clock is worth only the margins it wins back,
-and only the gaps the point-value plan uses on model-filled cells are candidates). Steps
-further out stay unlikely: Perseus's A40 forward stages run 6% faster at 1035-1050 MHz than
-at 1065 (4.2 of these deviations in time, 2.2 in energy; about 15 of ``log_uncertainty``'s), a
-narrow dip the criterion does not rank before the wide gaps (``benchmarks/few_clock_plans.py``:
-what it finds and misses).
+and only the gaps the point-value plan uses on model-filled cells are candidates).
+
+Steps further out than these errors are unlikely under a smooth model, but a measured table
+can show one: an operator's time does not rise with its clock on one program, so where the
+time measured above a gap exceeds the one below it (by more than two standard deviations of
+their noise), the program changed inside the gap (:func:`lower_regime`). A clock there runs the
+lower clock's program with the chance that the step is above it (its place uniform over the
+gap), at the values the lower clocks' trend gives; the gain then counts that chance times what
+the plan would win there, the rest of the time the expected improvement above (``steps``,
+:data:`STEPS`). Perseus's BLOOM A40 forward stages are the case: 6% faster at 1035-1050 MHz
+than at 1065 (4.2 of the leave-one-clock-out deviations in time, 2.2 in energy; about 15 of
+``log_uncertainty``'s), and their time measured at 1065 MHz is 0.6% above the one at 960.
+Without steps the criterion ranked 1035 MHz 38th of 50 and its plans at 5 and 10% stayed
+2.91% and 2.13% above the every-clock optimum with 8 clocks added; with them it measures 1005
+MHz first and they reach 0.20% and 0.11% (``benchmarks/few_clock_plans.py --active``). What
+no criterion reading the profile can rank is a cell that is lucky: the same stages' forward
+times scatter by 1.7% (sd) about a line over the 20 clocks from 1455 MHz up, where the A40
+is at its power cap, and the plan at 2% needs the one at 1560 MHz, 1.9% faster than the top
+clock (the benchmark's docstring has the figures).
 
 :func:`next_clock` names the best clock when its gain is above the cost of measuring it
 (:data:`MIN_GAIN_SHARE` of the plan's energy by default), else None: stop. Pure functions of
@@ -58,10 +72,12 @@ from opdvfs.schedule import Objective
 __all__ = [
     "MIN_GAIN_SHARE",
     "SPREAD",
+    "STEPS",
     "ClockToMeasure",
     "budget_price",
     "clock_gains",
     "loo_reach",
+    "lower_regime",
     "next_clock",
     "next_clock_for",
 ]
@@ -69,12 +85,13 @@ __all__ = [
 #: A clock is worth measuring when the energy it is expected to save per iteration is at least
 #: this share of the plan's (the default cost of one sweep step, :func:`next_clock`). On the 27
 #: real sets of ``benchmarks/few_clock_plans.py --active`` (81 plans on the ``auto`` clocks, at
-#: most 8 added each; only the 12 on Perseus's stages have clocks to add): a cost of 1% of the
-#: top clock's energy adds 9 clocks (7 plans more than 0.5% above the every-clock optimum),
-#: 0.3% 40 (5), 0.1% 68 (3), 0.03% of the plan's 81 (3, this default; 7 plans stop at the 8),
-#: 0.01% of the top's 86 (3). On the point values (:data:`SPREAD` 0): 0.3% of the top adds
-#: none (7), 0.1% of the plan's 4 (6), 0.03% of the top's 7 and of the plan's 9 (4), 0.01% or
-#: 0.003% of the top's 12-13 (the same 4).
+#: most 8 added each; only the 12 on Perseus's stages have clocks to add): this default adds
+#: 81 clocks and leaves 1 plan more than 0.5% above the every-clock optimum (7 plans stop at
+#: the 8). Measured before :data:`STEPS` (the same 81 clocks at this default, 3 plans): a cost
+#: of 1% of the top clock's energy added 9 clocks (7 plans), 0.3% 40 (5), 0.1% 68 (3), 0.01%
+#: of the top's 86 (3). On the point values (:data:`SPREAD` 0, where steps do not apply): 0.3%
+#: of the top adds none (7), 0.1% of the plan's 4 (6), 0.03% of the top's 7 and of the plan's 9
+#: (4), 0.01% or 0.003% of the top's 12-13 (the same 4).
 MIN_GAIN_SHARE = 3e-4
 
 #: How far :func:`clock_gains` lets a measurement surprise: the standard deviation of a
@@ -83,6 +100,12 @@ MIN_GAIN_SHARE = 3e-4
 #: as they are (calibrated on Perseus's stages: the module's docstring); 0: the point values
 #: only (a clock is worth only the margins it wins back).
 SPREAD = 1.0
+
+#: Whether :func:`clock_gains` lets a gap hold a step where the measured time rises with the
+#: clock across it (``steps``, :func:`lower_regime`; only with a :data:`SPREAD` above 0):
+#: False, the models' spread alone. Changes nothing on tables whose measured times fall with
+#: the clock (the simulator's: ``tune`` adds the same 1125 MHz on ``sim:a100-like``).
+STEPS = True
 
 #: Bisection steps on the budget's price (relative precision 2^-60 of its bracket).
 _BISECT = 60
@@ -186,6 +209,69 @@ def _expected_improvement(margin: np.ndarray, sd: np.ndarray) -> np.ndarray:
     return np.where(sd > 0, np.maximum(ei, 0.0), np.maximum(margin, 0.0))
 
 
+def lower_regime(
+    freqs_mhz: np.ndarray,
+    time_s: np.ndarray,
+    energy_j: np.ndarray,
+    measured: np.ndarray,
+    time_margin: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return each cell's chance of lying in a step's lower regime, and its values there.
+
+    An operator's time does not rise with its clock on one program: where the measured time
+    at the clock above a gap, ``t(f_R)``, exceeds the one below, ``t(f_L)``, by more than two
+    standard deviations of their difference (their margins: their noise), the program changed
+    between them (a kernel, the power cap), and a clock inside the gap may still run the
+    lower clock's program. Which one it runs is
+    unknown: with the step's place uniform over the gap, a clock ``f`` runs the lower one with
+    chance ``(f_R - f) / (f_R - f_L)``, at the time and energy the lower clocks' trend gives
+    there (log-linear through ``f_LL < f_L``, the two measured clocks below the gap). Smooth
+    tables, which fall with the clock, have no such gap: the chances are 0 everywhere.
+
+    Parameters
+    ----------
+    freqs_mhz
+        Clocks of the columns, ascending (MHz), shape (n_clocks,).
+    time_s, energy_j
+        The tables (their measured cells are read), shape (n_rows, n_clocks).
+    measured
+        Whether each cell was measured, same shape (or one row shared by every row).
+    time_margin
+        Each cell's margin in log units (a measured cell's: its noise); None: 0.
+
+    Returns
+    -------
+    chance, time_s, energy_j
+        Each cell's chance of the lower regime (0 where no step), and its time and energy
+        there (the point values where the chance is 0); shape (n_rows, n_clocks).
+    """
+    f = np.asarray(freqs_mhz, dtype=float)
+    t = np.asarray(time_s, dtype=float)
+    e = np.asarray(energy_j, dtype=float)
+    m = np.broadcast_to(np.asarray(measured, dtype=bool), t.shape)
+    n_clocks = len(f)
+    cols = np.arange(n_clocks)
+    left = np.maximum.accumulate(np.where(m, cols, -1), axis=1)
+    right = np.minimum.accumulate(np.where(m, cols, n_clocks)[:, ::-1], axis=1)[:, ::-1]
+    lc, rc = np.clip(left, 0, n_clocks - 1), np.clip(right, 0, n_clocks - 1)
+    below = np.concatenate([np.full((len(m), 1), -1), left[:, :-1]], axis=1)  # strictly left
+    llc = np.take_along_axis(below, lc, axis=1)  # the measured clock below f_L (-1: none)
+    ll = np.clip(llc, 0, n_clocks - 1)
+    inside = ~m & (left >= 0) & (right < n_clocks) & (llc >= 0)
+    t_l, t_r, t_ll = (np.take_along_axis(t, i, axis=1) for i in (lc, rc, ll))
+    e_l, e_ll = np.take_along_axis(e, lc, axis=1), np.take_along_axis(e, ll, axis=1)
+    noise = np.zeros_like(t) if time_margin is None else np.asarray(time_margin, dtype=float)
+    noise_l, noise_r = np.take_along_axis(noise, lc, axis=1), np.take_along_axis(noise, rc, axis=1)
+    tol = 2.0 * np.hypot(noise_l, noise_r)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        step = inside & (np.log(t_r / t_l) > tol)
+        chance = np.where(step, (f[rc] - f[None, :]) / (f[rc] - f[lc]), 0.0)
+        reach = (f[None, :] - f[lc]) / (f[lc] - f[ll])
+        low_t = np.where(step, t_l * np.exp(np.log(t_l / t_ll) * reach), t)
+        low_e = np.where(step, e_l * np.exp(np.log(e_l / e_ll) * reach), e)
+    return chance, low_t, low_e
+
+
 def loo_reach(freqs_mhz: np.ndarray, measured: np.ndarray) -> np.ndarray:
     """Return each row's mean leave-one-clock-out reach (MHz^2), shape (n_rows, 1).
 
@@ -219,6 +305,7 @@ def clock_gains(
     plan_cols: np.ndarray,
     objective: Objective = "energy",
     spread: float = SPREAD,
+    steps: bool = STEPS,
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """Return the clocks worth considering, each one's expected gain (J), and the plan's energy.
 
@@ -241,6 +328,10 @@ def clock_gains(
         of the size of the models' leave-one-clock-out errors (the margins over
         :data:`~opdvfs.plan.planner.TIME_QUANTILE_Z`, times :func:`loo_reach` over the cell's
         reach; a time error moves the energy with it); 0: the point values only.
+    steps
+        Whether a gap where the measured time rises with the clock may hold a step
+        (:func:`lower_regime`: a clock in it may run the lower clocks' program); only with a
+        ``spread`` above 0.
 
     Returns
     -------
@@ -252,8 +343,9 @@ def clock_gains(
         Each candidate's expected saving per iteration (J): the relaxed conservative plan's
         energy plus ``price x time`` before, less its expectation after (the margins around the
         clock shrunk, the clock's own cost its true value: normal about the point value, with
-        ``spread`` times the size of the models' leave-one-clock-out errors), at the budget's
-        price (:func:`budget_price`). >= 0.
+        ``spread`` times the size of the models' leave-one-clock-out errors; with ``steps``,
+        in a gap where the measured time rises with the clock, the lower clocks' program with
+        :func:`lower_regime`'s chance), at the budget's price (:func:`budget_price`). >= 0.
     plan_energy_j
         The relaxed conservative plan's energy before (J).
     """
@@ -301,6 +393,12 @@ def clock_gains(
     with np.errstate(divide="ignore", invalid="ignore"):
         bridge = np.where(reach > 0, loo_reach(f, pattern) / reach, 0.0)
     cost_sd = spread * bridge * (energy * e_margin + price * time_s * t_margin) / TIME_QUANTILE_Z
+    if steps and spread > 0:
+        chance, low_t, low_e = lower_regime(f, time_s, energy, measured, t_margin)
+        low_cost = low_e + price * low_t
+    else:
+        chance = np.zeros_like(time_s)
+        low_cost = cost_up
     outside: dict[int, np.ndarray] = {}
     for k, c in enumerate(candidates.tolist()):  # the candidate clocks: a few tens at most
         now = pattern.copy()
@@ -323,7 +421,9 @@ def clock_gains(
         # measured, clock c costs its true value: the point value, give or take the models'
         # error; the plan takes it where it beats the rest (expected improvement)
         point = energy[:, c] + price * time_s[:, c]
-        after = rest - _expected_improvement(rest - point, cost_sd[:, c])
+        p = chance[:, c]
+        won = (1.0 - p) * _expected_improvement(rest - point, cost_sd[:, c])
+        after = rest - won - p * np.maximum(rest - low_cost[:, c], 0.0)
         gains[k] = float((before - after).sum())
     return candidates, np.maximum(gains, 0.0), plan_energy_j
 
@@ -337,6 +437,7 @@ def next_clock(
     cost_j: float | None = None,
     min_gain_share: float = MIN_GAIN_SHARE,
     spread: float = SPREAD,
+    steps: bool = STEPS,
 ) -> ClockToMeasure | None:
     """Return the clock most worth measuring next for this plan, or None (stop).
 
@@ -346,7 +447,12 @@ def next_clock(
     :func:`clock_gains`'.
     """
     candidates, gains, plan_energy_j = clock_gains(
-        tables, budget_s=budget_s, plan_cols=plan_cols, objective=objective, spread=spread
+        tables,
+        budget_s=budget_s,
+        plan_cols=plan_cols,
+        objective=objective,
+        spread=spread,
+        steps=steps,
     )
     cost = min_gain_share * plan_energy_j if cost_j is None else float(cost_j)
     if gains.size == 0 or gains.max() <= 0.0 or gains.max() < cost:
@@ -381,6 +487,7 @@ def next_clock_for(
     cost_j: float | None = None,
     min_gain_share: float = MIN_GAIN_SHARE,
     spread: float = SPREAD,
+    steps: bool = STEPS,
 ) -> ClockToMeasure | None:
     """Return the clock most worth measuring next for a profile's plan at ``target``, or None.
 
@@ -390,7 +497,7 @@ def next_clock_for(
     (``conservative=False``: where the plan goes if the models are right). None where the
     models filled nothing (every clock measured) or the profile gave no measurements.
     ``objective``: ``core-energy`` values the core rail, anything else the chip's;
-    ``cost_j``, ``min_gain_share`` and ``spread``: :func:`next_clock`'s.
+    ``cost_j``, ``min_gain_share``, ``spread`` and ``steps``: :func:`next_clock`'s.
     """
     inputs = fitted.inputs
     if fitted.models is None or inputs.measured is None:
@@ -416,4 +523,5 @@ def next_clock_for(
         cost_j=cost_j,
         min_gain_share=min_gain_share,
         spread=spread,
+        steps=steps,
     )
