@@ -290,3 +290,35 @@ def test_a_shared_clock_pattern_gives_the_per_row_values(monkeypatch, with_noise
     for a, b in zip(shared, per_row, strict=True):
         np.testing.assert_array_equal(a, b)
     assert (shared[0][:, [1, 2, 5]] > 0).all()  # the filled cells carry an uncertainty
+
+
+def test_plan_names_the_clock_most_worth_profiling_next(tmp_path):
+    """``--next-clock``: a clock the device has and the profile lacks, or none where all are."""
+    freqs, time_us, power_w = bent_kernels(np.random.default_rng(1), n_ops=12)
+    device = tmp_path / "d.json"
+    DeviceSpec(name="gpu", freqs_mhz=tuple(freqs), switch_latency_ms=0.0).write(device)
+    profiled = auto_clocks(freqs, max_gap=None)
+    few, every = tmp_path / "few.parquet", tmp_path / "every.parquet"
+    profile_of(freqs, time_us, power_w, profiled).write(few)
+    profile_of(freqs, time_us, power_w, tuple(freqs)).write(every)
+    args = ["--device", str(device), "--target", "0.05", "--interval-ms", "0", "--next-clock"]
+    res = runner.invoke(app, ["plan", str(few), *args, "--out", str(tmp_path / "s.json"), "--json"])
+    assert res.exit_code == 0, res.output
+    named = json.loads(res.stdout)["next_clock"]
+    assert named is not None
+    assert named["freq_mhz"] in freqs and named["freq_mhz"] not in profiled
+    low, high = named["gap_mhz"]
+    assert low < named["freq_mhz"] < high and low in profiled and high in profiled
+    assert named["gain_pct"] >= named["cost_pct"] > 0
+    res = runner.invoke(app, ["plan", str(few), *args, "--out", str(tmp_path / "s2.json")])
+    assert f"next clock: {named['freq_mhz']:g} MHz splits" in res.output
+    # every clock profiled: the models fill nothing, no clock is worth profiling
+    res = runner.invoke(app, ["plan", str(every), *args, "--out", str(tmp_path / "s3.json")])
+    assert res.exit_code == 0, res.output
+    assert "next clock: none worth profiling" in res.output
+    # not with a pipeline (its planner has no such criterion): exit 2, nothing written
+    res = runner.invoke(
+        app, ["plan", str(few), *args, "--pipeline", "1f1b", "--out", str(tmp_path / "p.json")]
+    )
+    assert res.exit_code == 2 and "--next-clock" in res.output
+    assert not (tmp_path / "p.json").exists()

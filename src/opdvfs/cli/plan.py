@@ -39,6 +39,8 @@ from opdvfs.schedule import Dispatch, Objective, PipelineSchedule, Schedule, Sol
 
 # The models and the planner (pandas, scipy) load inside `plan`, not with `opdvfs --help`.
 if TYPE_CHECKING:
+    from opdvfs.plan.active import ClockToMeasure
+    from opdvfs.plan.on_profile import ProfilePlan
     from opdvfs.plan.pipeline import PipelinePlan
 
 
@@ -412,6 +414,14 @@ def plan(
             "tighter certified gap (the Perseus pipelines certify within 0.1% in at most 14 s).",
         ),
     ] = None,
+    next_clock: Annotated[
+        bool,
+        typer.Option(
+            "--next-clock",
+            help="Also name the clock most worth profiling next for this plan (active "
+            "profiling: where the models fill clocks the profile lacks), or say none is.",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Plan per-stage clocks that save the most energy within a slowdown budget."""
@@ -424,6 +434,8 @@ def plan(
     for path in (out, frontier_csv):
         if path is not None:
             check_output_file(path)
+    if next_clock and pipeline is not None:
+        raise UsageError("--next-clock goes with a single PROFILE, not --pipeline")
     if pipeline == RANKS:
         _plan_ranks(
             sources,
@@ -497,7 +509,50 @@ def plan(
     schedule.write(out)
     if frontier_csv is not None:
         write_text_atomic(frontier_csv, planned.frontier().to_csv(index=False))
+    choice = _next_clock(planned, target * budget_scale) if next_clock else None
     if as_json:
-        print(json.dumps(_summary(schedule, objective)))
+        summary = _summary(schedule, objective)
+        if next_clock:
+            summary["next_clock"] = None if choice is None else _choice_summary(choice)
+        print(json.dumps(summary))
         return
     stdout.print(_summary_line(out, schedule, objective), highlight=False)
+    if next_clock:
+        stdout.print(_next_clock_line(choice), highlight=False)
+
+
+def _next_clock(planned: ProfilePlan, target: float) -> ClockToMeasure | None:
+    """Return the clock most worth profiling next for ``planned``'s plan, or None.
+
+    :func:`~opdvfs.plan.active.next_clock_for` on the fitted profile, at the plan's target,
+    objective and interval (the plan's own tables and budget).
+    """
+    from opdvfs.plan.active import next_clock_for
+
+    return next_clock_for(
+        planned.fitted,
+        target=target,
+        objective=planned.objective,
+        interval_ms=planned.interval_ms,
+    )
+
+
+def _choice_summary(choice: ClockToMeasure) -> dict[str, Any]:
+    """Return ``plan --json``'s ``next_clock``: the clock, its expected gain and cost, why."""
+    return {
+        "freq_mhz": choice.freq_mhz,
+        "gain_pct": 100.0 * choice.gain_j / choice.plan_energy_j,
+        "cost_pct": 100.0 * choice.cost_j / choice.plan_energy_j,
+        "gap_mhz": list(choice.gap_mhz),
+        "why": choice.why(),
+    }
+
+
+def _next_clock_line(choice: ClockToMeasure | None) -> str:
+    """Return ``plan --next-clock``'s line: the clock to profile too, or why there is none."""
+    if choice is None:
+        return (
+            "next clock: none worth profiling (the models fill no clock the plan could use, "
+            "or none is expected to save more than measuring it costs)"
+        )
+    return f"next clock: {choice.why()}; profile it too and plan again"
