@@ -69,6 +69,25 @@ def test_a_rank_that_left_ends_the_others_wait_at_once():
         waiting.iteration(1.0, 2.0, False)
 
 
+def test_a_long_wait_for_a_rank_logs_no_store_timeout(capfd):
+    """A rank waiting 0.8 s for another's figures: no c10d "waitForInput ... timed out" line.
+
+    torch's TCPStore client writes one pair of such lines to stderr (fd 2, from C++) at every
+    expiry of a store wait with a timeout; the exchange used to wait in 0.5 s slices.
+    """
+    import threading
+
+    store = dist.TCPStore("127.0.0.1", _free_port(), 2, True, wait_for_workers=False)
+    waiting, late = _job(store, 0, 2, timeout_s=600.0), _job(store, 1, 2, timeout_s=600.0)
+    timer = threading.Timer(0.8, late._post, args=(json.dumps([3.0, 4.0, True]),))
+    timer.start()
+    capfd.readouterr()
+    assert waiting.iteration(1.0, 2.0, False) == (3.0, 6.0, True)
+    timer.join()
+    err = capfd.readouterr().err
+    assert "waitForInput" not in err and "timed out" not in err, err
+
+
 def test_the_timeout_is_read_from_the_environment(monkeypatch):
     from opdvfs.exceptions import DistributedError
     from opdvfs.runtime.distributed import RANK_TIMEOUT_S, rank_timeout_s

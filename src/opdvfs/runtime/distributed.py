@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -222,6 +221,14 @@ RANK_TIMEOUT_S = 300.0
 #: Seconds between looks, while waiting, for a rank that said it left (:meth:`StoreJob.leave`).
 _POLL_S = 0.5
 
+#: The first and the longest pause (s) between a waiting rank's looks for the key it waits for
+#: (a ``check``: ~20 us on one node). The pause grows by half at each look, so a wait ends at
+#: most half its length, and never more than :data:`_LOOK_MAX_S`, after the key came: 100
+#: looks a second at most per waiting rank. A store ``wait`` with a timeout is no use here:
+#: torch's TCPStore client logs two c10d lines ("waitForInput ... timed out after ...") at
+#: every expiry, and a wait without one would hold off SIGINT/SIGTERM until it ends.
+_LOOK_MIN_S, _LOOK_MAX_S = 0.0002, 0.01
+
 
 def rank_timeout_s(env: dict[str, str] | os._Environ[str] = os.environ) -> float:
     """Return ``OPDVFS_RANK_TIMEOUT_S`` (s, > 0), default :data:`RANK_TIMEOUT_S`.
@@ -256,7 +263,10 @@ class StoreJob:
     No read waits for ever: a rank that ends by an error or a signal says so (:meth:`leave`),
     and a rank waiting for it gives up within :data:`_POLL_S` of that; one that died without a
     word (SIGKILL) is given up on after :func:`rank_timeout_s`. Either raises
-    :class:`~opdvfs.exceptions.DistributedError`, and tune goes on alone at the top clock.
+    :class:`~opdvfs.exceptions.DistributedError`, and tune goes on alone at the top clock. A
+    read looks for its key (``check``) and sleeps between looks instead of blocking in the
+    store: a signal is handled at once, and no wait times out in the store's client (whose
+    every expiry torch logs as a warning).
 
     Parameters
     ----------
@@ -372,32 +382,15 @@ class StoreJob:
     ) -> bool:
         """Wait until ``rank`` posted under ``name`` (True), or until ``stop()`` (False).
 
-        For another thread than the one that exchanges each iteration: it looks (a quick
-        ``check``) every ``poll_s`` seconds instead of waiting in the store, which would hold
-        the store's client for every other call of this process meanwhile.
+        For another thread than the one that exchanges each iteration: it looks every
+        ``poll_s`` seconds (and asks ``stop`` then) instead of ever more often.
 
         Raises
         ------
         DistributedError
             As :meth:`take_bytes`: a rank left, or nothing came within :attr:`timeout_s`.
         """
-        key = f"{name}/{rank}"
-        deadline = time.monotonic() + self.timeout_s
-        while not self.store.check([key]):
-            if stop is not None and stop():
-                return False
-            if int(self.store.add("left", 0)):
-                raise DistributedError(
-                    f"a rank left the job (an error or a signal) while rank {self.rank} waited "
-                    f"for rank {rank}'s {name}"
-                )
-            if time.monotonic() >= deadline:
-                raise DistributedError(
-                    f"rank {rank} posted no {name} within {self.timeout_s:g} s "
-                    "(OPDVFS_RANK_TIMEOUT_S): it died or stalled"
-                )
-            time.sleep(poll_s)
-        return True
+        return self._await(f"{name}/{rank}", f"posted no {name}", poll_s=poll_s, stop=stop)
 
     def _get(self, key: str) -> str:
         """Return what a rank posted at ``key`` (``EXCHANGE/RANK``) once it is there."""
@@ -411,27 +404,54 @@ class StoreJob:
         DistributedError
             When a rank said it left the job, or ``key`` is not there after :attr:`timeout_s`.
         """
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            wait_s = min(_POLL_S, deadline - time.monotonic())
-            try:
-                if wait_s > 0:
-                    self.store.wait([key], timedelta(seconds=wait_s))
-                    return bytes(self.store.get(key))
-            except dist.DistStoreError:  # not there yet (a dead store raises another error)
-                pass
-            gone = int(self.store.add("left", 0))
-            rank = key.rsplit("/", 1)[-1]
-            if gone:
+        self._await(key, "did not end its iteration")
+        return bytes(self.store.get(key))
+
+    def _await(
+        self,
+        key: str,
+        missing: str,
+        *,
+        poll_s: float | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> bool:
+        """Wait until ``key`` (``.../RANK``) is in the store (True), or until ``stop()`` (False).
+
+        It looks (``check``, which never waits in the store) after pauses from
+        :data:`_LOOK_MIN_S` up to :data:`_LOOK_MAX_S`, or every ``poll_s`` seconds; whether a
+        rank left (:meth:`leave`) at the first look and every :data:`_POLL_S` after.
+
+        Raises
+        ------
+        DistributedError
+            When a rank said it left the job, or ``key`` is not there after :attr:`timeout_s`
+            (the line says the rank ``missing`` its figures).
+        """
+        rank = key.rsplit("/", 1)[-1]
+        now = time.monotonic()
+        deadline, left_at = now + self.timeout_s, now
+        pause = _LOOK_MIN_S if poll_s is None else poll_s
+        while not self.store.check([key]):
+            if stop is not None and stop():
+                return False
+            now = time.monotonic()
+            if now >= left_at or now >= deadline:
+                left_at = now + _POLL_S
+                gone = int(self.store.add("left", 0))
+                if gone:
+                    raise DistributedError(
+                        f"{gone} rank(s) left the job (an error or a signal) while rank "
+                        f"{self.rank} waited for rank {rank}"
+                    )
+            if now >= deadline:
                 raise DistributedError(
-                    f"{gone} rank(s) left the job (an error or a signal) while rank {self.rank} "
-                    f"waited for rank {rank}"
-                )
-            if time.monotonic() >= deadline:
-                raise DistributedError(
-                    f"rank {rank} did not end its iteration within {self.timeout_s:g} s "
+                    f"rank {rank} {missing} within {self.timeout_s:g} s "
                     "(OPDVFS_RANK_TIMEOUT_S): it died or stalled"
                 )
+            time.sleep(min(pause, max(deadline - now, 0.0)))
+            if poll_s is None:
+                pause = min(pause * 1.5, _LOOK_MAX_S)
+        return True
 
     def leave(self) -> None:
         """Tell the other ranks this one is gone (it ended by an error or a signal); never raises.
