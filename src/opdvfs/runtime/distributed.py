@@ -479,7 +479,7 @@ class StoreJob:
         if not self._cloned:
             self._cloned = True
             with contextlib.suppress(Exception):  # (a store without clone: look instead)
-                self._waiter = self.store.clone()
+                self._waiter = self.store.clone()  # type: ignore[attr-defined]  # (no stub)
         if self._waiter is None:
             self._waiting.release()
         return self._waiter
