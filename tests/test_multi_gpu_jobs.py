@@ -39,13 +39,7 @@ def _free_port() -> int:
 # ------------------------------------------------------------- no store read waits for ever
 def _job(store, rank: int, world: int, timeout_s: float) -> StoreJob:
     """A StoreJob on ``store`` without a process group (the exchange alone)."""
-    job = StoreJob.__new__(StoreJob)
-    job.rank, job.world_size = rank, world
-    job.store = dist.PrefixStore("opdvfs-tune/", store)
-    job.follows_plan, job.sent, job.sent_mhz = True, None, None
-    job.timeout_s, job._n, job._posted = timeout_s, 0, []
-    job.ranks_time_s, job.ranks_energy_j = [], []
-    return job
+    return StoreJob(timeout_s, store=store, rank=rank, world_size=world)
 
 
 def test_a_rank_that_never_comes_is_given_up_on_after_the_timeout():
@@ -67,6 +61,60 @@ def test_a_rank_that_left_ends_the_others_wait_at_once():
     threading.Timer(0.2, _job(store, 2, 3, timeout_s=600.0).leave).start()
     with pytest.raises(DistributedError, match="1 rank.s. left the job .* waited for rank 1"):
         waiting.iteration(1.0, 2.0, False)
+
+
+def test_a_long_wait_for_a_rank_logs_no_store_timeout(capfd):
+    """A rank waiting 0.8 s for another's figures: no c10d "waitForInput ... timed out" line.
+
+    torch's TCPStore client writes one pair of such lines to stderr (fd 2, from C++) at every
+    expiry of a store wait with a timeout; the exchange used to wait in 0.5 s slices.
+    """
+    import threading
+
+    store = dist.TCPStore("127.0.0.1", _free_port(), 2, True, wait_for_workers=False)
+    waiting, late = _job(store, 0, 2, timeout_s=600.0), _job(store, 1, 2, timeout_s=600.0)
+    timer = threading.Timer(0.8, late._post, args=(json.dumps([3.0, 4.0, True]),))
+    timer.start()
+    capfd.readouterr()
+    assert waiting.iteration(1.0, 2.0, False) == (3.0, 6.0, True)
+    timer.join()
+    err = capfd.readouterr().err
+    assert "waitForInput" not in err and "timed out" not in err, err
+
+
+def test_a_signal_ends_a_wait_for_a_rank_at_once_and_its_helper_thread():
+    """The wait runs in a helper thread: a signal's exception reaches the waiting thread at
+    once (a wait in the store would hold it off until the wait ended), and the key the helper
+    waits for is written (the wake-up) so that the helper ends too."""
+    import threading
+
+    from opdvfs.runtime.distributed import _WAKE
+
+    class Stop(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stop
+
+    store = dist.TCPStore("127.0.0.1", _free_port(), 2, True, wait_for_workers=False)
+    waiting = _job(store, 0, 2, timeout_s=600.0)  # a wait this long would hang the test
+    before = signal.signal(signal.SIGUSR1, stop)
+    try:
+        threading.Timer(0.3, os.kill, args=(os.getpid(), signal.SIGUSR1)).start()
+        with pytest.raises(Stop):
+            waiting.iteration(1.0, 2.0, False)
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+    helpers = [t for t in threading.enumerate() if t.name == "opdvfs-store-wait"]
+    for t in helpers:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in helpers)
+    assert waiting.store.get("0/1") == _WAKE.encode()  # rank 1's key: the wake-up
+    # a rank that reads it gives up as after a departure
+    from opdvfs.exceptions import DistributedError
+
+    with pytest.raises(DistributedError, match="a rank left the job .* waited for rank 1"):
+        _job(store, 0, 2, timeout_s=600.0).iteration(1.0, 2.0, False)
 
 
 def test_the_timeout_is_read_from_the_environment(monkeypatch):

@@ -591,3 +591,50 @@ def test_plan_ranks_cli_plans_files_whose_messages_name_absent_ranks_with_one_wa
     ]
     pipe = PipelineSchedule.read(out)
     assert [s.n_ops for s in pipe.stages] == [len(stage0)] * 2
+
+
+def _lead_files(n_stages: int, replicas: int) -> list[RankOps]:
+    """Each stage's first rank of an n_stages x replicas job, rank = stage * replicas + replica
+    (examples/pipeline_toy.py's layout): its messages name ranks 0, R, 2R, ..."""
+    recorded = with_peers(toy_ranks(n_stages, 4, torch_names=False))
+    return [replace(r, peers=np.where(r.peers >= 0, replicas * r.peers, -1)) for r in recorded]
+
+
+def _local_to(ops: RankOps, rank: int) -> RankOps:
+    """``ops`` with its messages to job rank ``rank`` planned as its own operators."""
+    away = ops.peers == rank
+    return replace(
+        ops, types=np.where(away, "message", ops.types), peers=np.where(away, -1, ops.peers)
+    )
+
+
+@pytest.mark.parametrize(("stages", "absent"), [((0, 1), 4), ((1, 2), 0)])
+def test_files_of_consecutive_stages_of_a_3x2_job_are_placed_by_the_ranks_they_message(
+    stages, absent
+):
+    """Two consecutive stages' first ranks of a 3 x 2 job (ranks 0 and 2, or 2 and 4): each
+    names a rank whose file was not given. Placed as files 0 and 1 (ranks 0 and 2: rank 2's
+    receives from rank 0 were read as from file 1, "no matching send"; ranks 2 and 4: rank 2's
+    messages to rank 0 as to itself), their messages to each other were lost."""
+    from opdvfs.plan.ranks import files_as_ranks
+
+    leads = _lead_files(3, 2)
+    files = [leads[s] for s in stages]
+    ranks = ", ".join(str(2 * s) for s in stages)
+    with pytest.warns(
+        UserWarning, match=rf"rank\(s\) {absent} \(no file of the 2 given: ranks {ranks}\)"
+    ):
+        placed = files_as_ranks(files)
+    layout = rank_layout(placed)
+    assert layout.n_messages == 2 * 4  # 4 activations and 4 gradients between the two
+    # the same graph as the two files given their positions as peers, the third stage's
+    # messages their own operators
+    a, b = (2 * s for s in stages)
+    expected = [
+        replace(local, peers=np.where(local.peers == a, 0, np.where(local.peers == b, 1, -1)))
+        for local in (_local_to(f, absent) for f in files)
+    ]
+    assert np.array_equal(layout.edges, rank_layout(expected).edges)
+    assert [(p.types == "message").sum() for p in placed] == [
+        (f.peers == absent).sum() for f in files
+    ]

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -614,49 +614,115 @@ def _power_between(
     return np.where(inside & np.isfinite(between_j), between_j, energy_j)
 
 
+#: Most choices :func:`files_as_ranks` tries while placing files among a job's ranks (each a
+#: file's rank checked against the files before it); past it, the best placement found so far.
+PLACE_STEPS = 100_000
+
+
 def files_as_ranks(ranks: Sequence[RankOps], barrier: str | None = None) -> list[RankOps]:
     """Return the ranks' ops with their recorded peers as positions among the files given.
 
     A recorded peer is the job's rank of the other end. File ``i`` is rank ``i`` where every
-    peer is one of ``0 .. n-1``; else, where the ranks the files' messages name are ``n``
-    ranks none of which a file names for itself, file ``i`` is the ``i``-th of them (one file
-    per pipeline stage of a pipeline x data-parallel job: ranks 0 and 2 of a 2 x 2 one).
-    A message whose peer is still none of the files' is planned as an operator of its own
+    peer is one of ``0 .. n-1``. Else the files are some of a larger job's ranks (one file per
+    pipeline stage of a pipeline x data-parallel job: ranks 0, 2 and 4 of a 3 x 2 one; or a few
+    consecutive stages' files: ranks 0 and 2), each placed at the rank the other files'
+    messages name for it (:func:`_place_files`): file ``j`` is rank ``r`` only where every file
+    that names ``r`` is one that ``j``'s own messages name, the files in ascending rank order;
+    as many files placed as can be. A file no other file's messages name stays unplaced.
+    A message whose peer is none of the placed files' is planned as an operator of its own
     rank (its type ``message``: no edge, no wait), with one warning naming the ranks absent.
     Peers not recorded (-1) are left to the direction rules.
     """
     n = len(ranks)
     kinds = [op_kinds(ops, barrier) for ops in ranks]
-    p2p = [(k == SEND) | (k == RECV) for k in kinds]
-    peers = [
-        ops.peers if ops.peers is not None else np.full(len(ops.names), -1, dtype=np.int64)
-        for ops in ranks
+    recorded = [
+        ((k == SEND) | (k == RECV)) & (ops.peers >= 0)
+        if ops.peers is not None
+        else np.zeros(len(ops.names), dtype=bool)
+        for ops, k in zip(ranks, kinds, strict=True)
     ]
-    named = np.unique(np.concatenate([p[m & (p >= 0)] for p, m in zip(peers, p2p, strict=True)]))
+    peers = [
+        np.where(rec, ops.peers, -1) if ops.peers is not None else np.full(len(rec), -1)
+        for ops, rec in zip(ranks, recorded, strict=True)
+    ]
+    named = np.unique(np.concatenate([p[p >= 0] for p in peers]))
     if not named.size or named.max() < n:
         return list(ranks)
-    job_rank = np.arange(n)
-    if len(named) == n and not any(
-        (p[m] == named[i]).any() for i, (p, m) in enumerate(zip(peers, p2p, strict=True))
-    ):
-        job_rank = named
+    job_rank = _place_files([set(np.unique(p[p >= 0]).tolist()) for p in peers])
+    placed = [(r, i) for i, r in enumerate(job_rank) if r is not None]
+    known = np.array([r for r, _ in placed] + [-1], dtype=np.int64)  # ascending, then a stop
+    file_of = np.array([i for _, i in placed] + [-1], dtype=np.int64)
     out: list[RankOps] = []
     absent: set[int] = set()
-    for ops, p, m in zip(ranks, peers, p2p, strict=True):
-        recorded = m & (p >= 0)
-        pos = np.searchsorted(job_rank, p)  # each peer's file (job_rank ascends)
-        away = recorded & (job_rank[np.minimum(pos, n - 1)] != p)
+    for ops, p, rec in zip(ranks, peers, recorded, strict=True):
+        pos = np.minimum(np.searchsorted(known[:-1], p), len(known) - 1)
+        away = rec & (known[pos] != p)
         absent.update(int(r) for r in np.unique(p[away]))
         types = np.where(away, "message", ops.types)
-        out.append(replace(ops, types=types, peers=np.where(recorded & ~away, pos, -1)))
+        out.append(replace(ops, types=types, peers=np.where(rec & ~away, file_of[pos], -1)))
     if absent:
+        names = set(named.tolist())
+        label = [
+            str(r) if r is not None else str(i) if i not in names else "?"
+            for i, r in enumerate(job_rank)
+        ]
         warnings.warn(
             f"opdvfs: messages to rank(s) {', '.join(map(str, sorted(absent)))} (no file of "
-            f"the {n} given: ranks {', '.join(map(str, job_rank.tolist()))}) are planned as "
-            "operators of their own rank",
+            f"the {n} given: ranks {', '.join(label)}) are planned as operators of their own "
+            "rank",
             stacklevel=3,
         )
     return out
+
+
+def _place_files(names: Sequence[set[int]], limit: int = PLACE_STEPS) -> list[int | None]:
+    """Return each file's job rank (None: unplaced) from the ranks its messages name.
+
+    ``names[i]``: the ranks file ``i``'s sends and receives name. File ``i`` may be a rank
+    another file names and it does not. Two placed files name each other or neither (a
+    message has two ends); an unplaced file names no placed file's rank (its message would
+    have no other end); placed ranks ascend with the files. Of the placements that hold, the
+    first with the most files placed (a depth-first search, ranks ascending, unplaced last;
+    at most ``limit`` choices tried).
+    """
+    n = len(names)
+    domains = [sorted(set().union(*names[:i], *names[i + 1 :]) - names[i]) for i in range(n)]
+
+    def fits(i: int, p: int | None, j: int, q: int | None) -> bool:
+        """Whether file ``i`` at rank ``p`` and file ``j`` at ``q`` can both hold."""
+        if p is None or q is None:
+            return (p is None or p not in names[j]) and (q is None or q not in names[i])
+        return p != q and (q in names[i]) == (p in names[j])
+
+    best: list[int | None] = [None] * n
+    best_placed = 0
+    chosen: list[int | None] = []
+    # each level: the choices left for its file; a choice is a rank or None (unplaced), and
+    # -1 says the level's choices are all tried
+    stack: list[Iterator[int | None]] = [iter([*domains[0], None])]
+    steps = 0
+    while stack and steps < limit:
+        i = len(stack) - 1
+        placed = sum(r is not None for r in chosen)
+        p = next(stack[-1], -1)
+        if p == -1 or placed + n - i <= best_placed:
+            stack.pop()
+            if chosen:
+                chosen.pop()
+            continue
+        steps += 1
+        if not all(fits(j, chosen[j], i, p) for j in range(i)):
+            continue
+        chosen.append(p)
+        if i + 1 == n:
+            total = placed + (p is not None)
+            if total > best_placed:
+                best, best_placed = list(chosen), total
+            chosen.pop()
+            continue
+        last = max((r for r in chosen if r is not None), default=-1)
+        stack.append(iter([*(r for r in domains[i + 1] if r > last), None]))
+    return best
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import hashlib
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -222,6 +223,20 @@ RANK_TIMEOUT_S = 300.0
 #: Seconds between looks, while waiting, for a rank that said it left (:meth:`StoreJob.leave`).
 _POLL_S = 0.5
 
+#: Where a rank cannot wait in the store (no second client: :meth:`StoreJob._wait_for`), the
+#: first and the longest pause (s) between its looks for the key it waits for (a ``check``:
+#: ~20 us on one node). The pause grows by half at each look: a wait ends at most half its
+#: length, and never more than :data:`_LOOK_MAX_S`, after the key came.
+_LOOK_MIN_S, _LOOK_MAX_S = 0.0002, 0.01
+
+#: What a rank that gave up waiting for a key writes there, if it is still missing, to end its
+#: own store wait (:meth:`StoreJob._wait_for`); a rank that reads it gives up as well.
+_WAKE = "opdvfs: a rank gave up waiting for this key"
+
+#: Seconds a store wait lasts past :attr:`StoreJob.timeout_s`: the rank gives up first and ends
+#: the wait itself, so it never expires (torch logs every expiry as a c10d warning).
+_WAIT_MARGIN_S = 600.0
+
 
 def rank_timeout_s(env: dict[str, str] | os._Environ[str] = os.environ) -> float:
     """Return ``OPDVFS_RANK_TIMEOUT_S`` (s, > 0), default :data:`RANK_TIMEOUT_S`.
@@ -257,19 +272,39 @@ class StoreJob:
     and a rank waiting for it gives up within :data:`_POLL_S` of that; one that died without a
     word (SIGKILL) is given up on after :func:`rank_timeout_s`. Either raises
     :class:`~opdvfs.exceptions.DistributedError`, and tune goes on alone at the top clock.
+    A read waits in the store, on a second client, from a helper thread (:meth:`_wait_for`):
+    it wakes as the key comes, no store wait times out (torch logs each expiry as a c10d
+    warning: "waitForInput ... timed out after 500ms" with 0.5 s slices), and the calling
+    thread, free meanwhile, takes SIGINT/SIGTERM at once.
 
     Parameters
     ----------
     timeout_s
         How long a read waits for a rank that said nothing (s); default :func:`rank_timeout_s`.
+    store, rank, world_size
+        The store and this rank's place (default: the process group's store, rank and size).
     """
 
-    def __init__(self, timeout_s: float | None = None) -> None:
-        from torch.distributed.distributed_c10d import _get_default_store
+    def __init__(
+        self,
+        timeout_s: float | None = None,
+        *,
+        store: dist.Store | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        if store is None:
+            from torch.distributed.distributed_c10d import _get_default_store
 
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
-        self.store = dist.PrefixStore("opdvfs-tune/", _get_default_store())
+            store = _get_default_store()
+        self.rank = dist.get_rank() if rank is None else rank
+        self.world_size = dist.get_world_size() if world_size is None else world_size
+        self.store = dist.PrefixStore("opdvfs-tune/", store)
+        #: A second client of the store, for :meth:`_wait_for` (made at its first wait; None
+        #: where the store cannot make one), and whether a wait is using it.
+        self._waiter: dist.Store | None = None
+        self._cloned = False
+        self._waiting = threading.Lock()
         #: A follower whose operators are rank 0's applies rank 0's clocks and schedules.
         self.follows_plan = True
         self.sent: Schedule | None = None  # the leader's last schedule sent
@@ -372,32 +407,15 @@ class StoreJob:
     ) -> bool:
         """Wait until ``rank`` posted under ``name`` (True), or until ``stop()`` (False).
 
-        For another thread than the one that exchanges each iteration: it looks (a quick
-        ``check``) every ``poll_s`` seconds instead of waiting in the store, which would hold
-        the store's client for every other call of this process meanwhile.
+        For another thread than the one that exchanges each iteration: it looks every
+        ``poll_s`` seconds (and asks ``stop`` then) instead of ever more often.
 
         Raises
         ------
         DistributedError
             As :meth:`take_bytes`: a rank left, or nothing came within :attr:`timeout_s`.
         """
-        key = f"{name}/{rank}"
-        deadline = time.monotonic() + self.timeout_s
-        while not self.store.check([key]):
-            if stop is not None and stop():
-                return False
-            if int(self.store.add("left", 0)):
-                raise DistributedError(
-                    f"a rank left the job (an error or a signal) while rank {self.rank} waited "
-                    f"for rank {rank}'s {name}"
-                )
-            if time.monotonic() >= deadline:
-                raise DistributedError(
-                    f"rank {rank} posted no {name} within {self.timeout_s:g} s "
-                    "(OPDVFS_RANK_TIMEOUT_S): it died or stalled"
-                )
-            time.sleep(poll_s)
-        return True
+        return self._await(f"{name}/{rank}", f"posted no {name}", poll_s=poll_s, stop=stop)
 
     def _get(self, key: str) -> str:
         """Return what a rank posted at ``key`` (``EXCHANGE/RANK``) once it is there."""
@@ -411,27 +429,112 @@ class StoreJob:
         DistributedError
             When a rank said it left the job, or ``key`` is not there after :attr:`timeout_s`.
         """
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            wait_s = min(_POLL_S, deadline - time.monotonic())
+        if not self.store.check([key]):
+            self._wait_for(key)
+        data = bytes(self.store.get(key))
+        if data == _WAKE.encode():
+            raise DistributedError(
+                f"a rank left the job (an error or a signal) while rank {self.rank} waited for "
+                f"rank {key.rsplit('/', 1)[-1]}"
+            )
+        return data
+
+    def _wait_for(self, key: str) -> None:
+        """Return once ``key`` is in the store; raise as :meth:`_await` when a rank left.
+
+        A helper thread waits in the store for it, on a second client of the store (this
+        one's calls meanwhile go on); this thread looks whether a rank left every
+        :data:`_POLL_S` seconds until the helper's wait returns. When this thread gives up (a
+        rank left, the timeout, a signal's exception), it writes :data:`_WAKE` at ``key`` if it
+        is still missing, which ends the helper's wait. Without a second client (or with it in
+        use by another thread), it looks for ``key`` instead (:meth:`_await`).
+        """
+        waiter = self._waiter_store()
+        if waiter is None:
+            self._await(key, "did not end its iteration")
+            return
+        done = threading.Event()
+
+        def wait() -> None:
             try:
-                if wait_s > 0:
-                    self.store.wait([key], timedelta(seconds=wait_s))
-                    return bytes(self.store.get(key))
-            except dist.DistStoreError:  # not there yet (a dead store raises another error)
+                waiter.wait([key], timedelta(seconds=self.timeout_s + _WAIT_MARGIN_S))
+            except Exception:  # (the store closed: the caller looks instead)
                 pass
-            gone = int(self.store.add("left", 0))
-            rank = key.rsplit("/", 1)[-1]
-            if gone:
+            finally:
+                self._waiting.release()
+                done.set()
+
+        threading.Thread(target=wait, name="opdvfs-store-wait", daemon=True).start()
+        try:
+            self._await(key, "did not end its iteration", ready=done)
+        finally:
+            if not done.is_set():
+                with contextlib.suppress(Exception):
+                    self.store.compare_set(key, "", _WAKE)
+
+    def _waiter_store(self) -> dist.Store | None:
+        """Return the second client, held for one wait (None: none, or another wait has it)."""
+        if not self._waiting.acquire(blocking=False):
+            return None
+        if not self._cloned:
+            self._cloned = True
+            with contextlib.suppress(Exception):  # (a store without clone: look instead)
+                self._waiter = self.store.clone()  # type: ignore[attr-defined]  # (no stub)
+        if self._waiter is None:
+            self._waiting.release()
+        return self._waiter
+
+    def _await(
+        self,
+        key: str,
+        missing: str,
+        *,
+        poll_s: float | None = None,
+        stop: Callable[[], bool] | None = None,
+        ready: threading.Event | None = None,
+    ) -> bool:
+        """Wait until ``key`` (``.../RANK``) is in the store (True), or until ``stop()`` (False).
+
+        It looks (``check``, which never waits in the store) after pauses from
+        :data:`_LOOK_MIN_S` up to :data:`_LOOK_MAX_S`, or every ``poll_s`` seconds, or, with
+        ``ready`` (set when a helper's wait in the store returned), each time it is set and
+        every :data:`_POLL_S` seconds; whether a rank left (:meth:`leave`) at the first look
+        and every :data:`_POLL_S` after.
+
+        Raises
+        ------
+        DistributedError
+            When a rank said it left the job, or ``key`` is not there after :attr:`timeout_s`
+            (the line says the rank ``missing`` its figures).
+        """
+        rank = key.rsplit("/", 1)[-1]
+        now = time.monotonic()
+        deadline, left_at = now + self.timeout_s, now
+        pause = _LOOK_MIN_S if poll_s is None else poll_s
+        while not self.store.check([key]):
+            if stop is not None and stop():
+                return False
+            now = time.monotonic()
+            if now >= left_at or now >= deadline:
+                left_at = now + _POLL_S
+                gone = int(self.store.add("left", 0))
+                if gone:
+                    raise DistributedError(
+                        f"{gone} rank(s) left the job (an error or a signal) while rank "
+                        f"{self.rank} waited for rank {rank}"
+                    )
+            if now >= deadline:
                 raise DistributedError(
-                    f"{gone} rank(s) left the job (an error or a signal) while rank {self.rank} "
-                    f"waited for rank {rank}"
-                )
-            if time.monotonic() >= deadline:
-                raise DistributedError(
-                    f"rank {rank} did not end its iteration within {self.timeout_s:g} s "
+                    f"rank {rank} {missing} within {self.timeout_s:g} s "
                     "(OPDVFS_RANK_TIMEOUT_S): it died or stalled"
                 )
+            if ready is not None and not ready.is_set():
+                ready.wait(min(_POLL_S, max(deadline - now, 0.0)))
+                continue
+            time.sleep(min(pause, max(deadline - now, 0.0)))
+            if poll_s is None:
+                pause = min(pause * 1.5, _LOOK_MAX_S)
+        return True
 
     def leave(self) -> None:
         """Tell the other ranks this one is gone (it ended by an error or a signal); never raises.
