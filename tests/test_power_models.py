@@ -1,4 +1,5 @@
 import json
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -197,6 +198,28 @@ def test_attribution_recovers_class_power_from_windows():
     assert got["mm"] == pytest.approx(300, rel=0.03)
     assert got["gelu"] == pytest.approx(150, rel=0.05)
     assert got["add"] == pytest.approx(220, rel=0.05)
+
+
+def test_a_window_that_read_no_energy_is_left_out_of_the_residual():
+    """A sensor that reads 0 W in a window (an idle rank) gives no divide-by-zero warning."""
+    start = np.arange(0.0, 1.0, 0.01)
+    rows = pd.DataFrame(
+        {
+            "wall_s": start,
+            "time_us": 5e3,
+            "type": np.where(start < 0.5, "mm", "add"),
+            "freq_mhz": 1410.0,
+        }
+    )
+    t = np.arange(0.1, 1.01, 0.1)
+    power = np.where(t <= 0.5, 100.0, 60.0)
+    power[-1] = 0.0  # the last window read nothing
+    samples = pd.DataFrame({"t_s": t, "power_w": power})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = attribute_class_power(rows, samples, window_s=0.1)
+    resid = got["residual_pct"].iloc[0]
+    assert np.isfinite(resid) and resid >= 0.0
 
 
 def test_sample_only_gpu_profile_recovers_per_op_power():

@@ -226,8 +226,13 @@ def attribute_class_power(
             # power of the windows: the only thing the sensor says about it
             power[~seen] = energy.sum() / (len(energy) * window_s)
         fitted = design[:, seen] @ power[seen] if len(energy) else np.empty(0)
+        # relative to each window's energy: a window that read 0 J (a sensor that reads nothing
+        # on an idle rank) has no relative error and is left out
+        read = energy > 0
         resid = (
-            float(np.sqrt(np.mean((fitted / energy - 1.0) ** 2)) * 100) if len(energy) else np.nan
+            float(np.sqrt(np.mean((fitted[read] / energy[read] - 1.0) ** 2)) * 100)
+            if read.any()
+            else np.nan
         )
         names = [*classes.tolist(), "(idle)"]
         out.append(
