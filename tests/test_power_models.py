@@ -213,7 +213,7 @@ def test_a_window_that_read_no_energy_is_left_out_of_the_residual():
     )
     t = np.arange(0.1, 1.01, 0.1)
     power = np.where(t <= 0.5, 100.0, 60.0)
-    power[-1] = 0.0  # the last window read nothing
+    power[4] = 0.0  # a window that read nothing
     samples = pd.DataFrame({"t_s": t, "power_w": power})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
