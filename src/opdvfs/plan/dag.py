@@ -179,6 +179,10 @@ _LARGE_NODES = 2048
 _ROLL_FIRST = 3e-3
 #: ... and only with this many times the relaxation's seconds left (:func:`_large_rounding`).
 _ROLL_ROOM = 3.0
+#: Groups of the rolling roundings from the latest nodes back that a large graph's plan takes
+#: after the first roundings, in turn while it is not within the target gap
+#: (:func:`_latest_first`).
+_BACK_CHUNKS = (32, 8)
 #: Seconds of the budget a large graph's relaxation leaves for the plan made when it does not
 #: finish (:func:`_first_plan`: its bound from the duals so far and its last iterate); at
 #: most a tenth of the budget (a frontier's 0.25 s a deadline).
@@ -299,6 +303,9 @@ def _solve(
     fractional = ~np.isclose(options.time_s, duration[:, None], rtol=1e-7, atol=0.0).any(axis=1)
     if large:
         slot = _large_rounding(
+            problem, options, relaxation, slot, bound, deadline, rel_gap, until, relax_s
+        )
+        slot = _latest_first(
             problem, options, relaxation, slot, bound, deadline, rel_gap, until, relax_s
         )
     else:
@@ -468,6 +475,45 @@ def _large_rounding(
     slot = first()
     if float(problem.evaluate(options.clock[rows, slot])[1]) * (1 - rel_gap) > bound_j:
         slot = _cheaper(problem, options, second(), slot, deadline_s)
+    return slot
+
+
+def _latest_first(
+    problem: DagProblem,
+    options: _Options,
+    relaxation: _Programme,
+    slot: np.ndarray,
+    bound_j: float,
+    deadline_s: float,
+    rel_gap: float,
+    until: float,
+    relax_s: float,
+) -> np.ndarray:
+    """Return ``slot`` or a cheaper plan: the relaxation rounded in time order from the latest.
+
+    The rolling rounding again (:meth:`_Programme.roll`), its groups of :data:`_BACK_CHUNKS`
+    taken from the latest nodes back, each greedy-filled; the cheapest plan is kept. From the
+    latest, the earlier nodes take up each group's rounding where from the earliest the
+    later ones did; which of the two lands nearer the bound depends on the graph (measured at
+    8 stages x 128 microbatches, CPU to convergence, from the forward rolling rounding's
+    0.62% and 0.59% above the bound: GPT-3 A40 at d = 2% 0.50% with 8 groups, BLOOM A40 at
+    d = 2% 0.07% with 32; neither helped GPT-3 A40 at d = 0, 0.65%). Each runs only while the
+    plan is not within ``rel_gap`` of the bound and :data:`_ROLL_ROOM` times the
+    relaxation's ``relax_s`` is left before ``until``; it re-solves the relaxation first
+    (from its optimal basis, which the last rounding restored) for its solution.
+    """
+    rows = np.arange(problem.n_nodes)
+    for chunks in _BACK_CHUNKS:
+        energy = float(problem.evaluate(options.clock[rows, slot])[1])
+        if energy * (1 - rel_gap) <= bound_j:
+            break
+        if until - _time.perf_counter() < _ROLL_ROOM * relax_s or not _relaxed_by(
+            relaxation, until
+        ):
+            break
+        rolled = relaxation.roll(until, chunks, latest_first=True)
+        rolled = _greedy_fill(problem, options, rolled, deadline_s, until, batched=True)
+        slot = _cheaper(problem, options, rolled, slot, deadline_s)
     return slot
 
 
