@@ -66,7 +66,9 @@ starts from the all-slowest basis (:meth:`~opdvfs.plan._dag_lp._Programme.start_
 time order, re-solved after each of 8 groups of nodes
 (:meth:`~opdvfs.plan._dag_lp._Programme.roll`), and the cheaper plan kept: in a pipeline's
 steady state every stage runs at one duration between two hull options, and only a rounding
-that mixes the two in step across the stages keeps near the bound. A relaxation stopped at
+that mixes the two in step across the stages keeps near the bound. Where time is left and
+the plan is not within ``rel_gap``, the relaxation is rounded in time order again, from the
+latest nodes back (:func:`_latest_first`), and the cheaper plan kept. A relaxation stopped at
 the limit still certifies a bound, the Lagrangian of its duals so far
 (:meth:`~opdvfs.plan._dag_lp._Programme.dual_bound`), and its last iterate, scaled into the
 deadline, is a plan beside the stretched one (:func:`_first_plan`). Smaller graphs take the
@@ -182,7 +184,12 @@ _ROLL_ROOM = 3.0
 #: Groups of the rolling roundings from the latest nodes back that a large graph's plan takes
 #: after the first roundings, in turn while it is not within the target gap
 #: (:func:`_latest_first`).
-_BACK_CHUNKS = (32, 8)
+_BACK_CHUNKS = (8, 32)
+#: ... and each only with this many times the relaxation's seconds left: less than
+#: :data:`_ROLL_ROOM` (a rounding takes 2-3 times the relaxation's time with its greedy pass),
+#: as past its time only the neighbourhood search's is lost, which at 8 stages x 128
+#: microbatches gains little; a rounding stopped at ``until`` is kept only if cheaper.
+_BACK_ROOM = 1.0
 #: Seconds of the budget a large graph's relaxation leaves for the plan made when it does not
 #: finish (:func:`_first_plan`: its bound from the duals so far and its last iterate); at
 #: most a tenth of the budget (a frontier's 0.25 s a deadline).
@@ -498,16 +505,17 @@ def _latest_first(
     8 stages x 128 microbatches, CPU to convergence, from the forward rolling rounding's
     0.62% and 0.59% above the bound: GPT-3 A40 at d = 2% 0.50% with 8 groups, BLOOM A40 at
     d = 2% 0.07% with 32; neither helped GPT-3 A40 at d = 0, 0.65%). Each runs only while the
-    plan is not within ``rel_gap`` of the bound and :data:`_ROLL_ROOM` times the
-    relaxation's ``relax_s`` is left before ``until``; it re-solves the relaxation first
-    (from its optimal basis, which the last rounding restored) for its solution.
+    plan is not within ``rel_gap`` of the bound and :data:`_BACK_ROOM` times the
+    relaxation's ``relax_s`` is left before ``until`` (the fewer groups first: they take
+    less time); it re-solves the relaxation first (from its optimal basis, which the last
+    rounding restored) for its solution.
     """
     rows = np.arange(problem.n_nodes)
     for chunks in _BACK_CHUNKS:
         energy = float(problem.evaluate(options.clock[rows, slot])[1])
         if energy * (1 - rel_gap) <= bound_j:
             break
-        if until - _time.perf_counter() < _ROLL_ROOM * relax_s or not _relaxed_by(
+        if until - _time.perf_counter() < _BACK_ROOM * relax_s or not _relaxed_by(
             relaxation, until
         ):
             break
