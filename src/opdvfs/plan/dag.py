@@ -190,6 +190,11 @@ _BACK_CHUNKS = (8, 32)
 #: as past its time only the neighbourhood search's is lost, which at 8 stages x 128
 #: microbatches gains little; a rounding stopped at ``until`` is kept only if cheaper.
 _BACK_ROOM = 1.0
+#: ... and only where the plan is further than this fraction above the bound: closer, the
+#: neighbourhood search gained more with the same seconds (BLOOM A40 at 8 stages x 128
+#: microbatches, d = 0, T = 5 s at load 5-6: 0.28% to 0.15%, where the rounding found nothing
+#: cheaper and left the search 0.28%); further, it gained 0.004 points in 5 s (GPT-3 A40).
+_BACK_ABOVE = 5e-3
 #: Seconds of the budget a large graph's relaxation leaves for the plan made when it does not
 #: finish (:func:`_first_plan`: its bound from the duals so far and its last iterate); at
 #: most a tenth of the budget (a frontier's 0.25 s a deadline).
@@ -505,15 +510,15 @@ def _latest_first(
     8 stages x 128 microbatches, CPU to convergence, from the forward rolling rounding's
     0.62% and 0.59% above the bound: GPT-3 A40 at d = 2% 0.50% with 8 groups, BLOOM A40 at
     d = 2% 0.07% with 32; neither helped GPT-3 A40 at d = 0, 0.65%). Each runs only while the
-    plan is not within ``rel_gap`` of the bound and :data:`_BACK_ROOM` times the
-    relaxation's ``relax_s`` is left before ``until`` (the fewer groups first: they take
-    less time); it re-solves the relaxation first (from its optimal basis, which the last
-    rounding restored) for its solution.
+    plan is further than ``rel_gap`` and :data:`_BACK_ABOVE` above the bound and
+    :data:`_BACK_ROOM` times the relaxation's ``relax_s`` is left before ``until`` (the fewer
+    groups first: they take less time); it re-solves the relaxation first (from its optimal
+    basis, which the last rounding restored) for its solution.
     """
     rows = np.arange(problem.n_nodes)
     for chunks in _BACK_CHUNKS:
         energy = float(problem.evaluate(options.clock[rows, slot])[1])
-        if energy * (1 - rel_gap) <= bound_j:
+        if energy * (1 - max(rel_gap, _BACK_ABOVE)) <= bound_j:
             break
         if until - _time.perf_counter() < _BACK_ROOM * relax_s or not _relaxed_by(
             relaxation, until
