@@ -185,11 +185,6 @@ _ROLL_ROOM = 3.0
 #: after the first roundings, in turn while it is not within the target gap
 #: (:func:`_latest_first`).
 _BACK_CHUNKS = (8, 32)
-#: ... and each only with this many times the relaxation's seconds left: less than
-#: :data:`_ROLL_ROOM` (a rounding takes 2-3 times the relaxation's time with its greedy pass),
-#: as past its time only the neighbourhood search's is lost, which at 8 stages x 128
-#: microbatches gains little; a rounding stopped at ``until`` is kept only if cheaper.
-_BACK_ROOM = 1.0
 #: ... and only where the plan is further than this fraction above the bound: closer, the
 #: neighbourhood search gained more with the same seconds (BLOOM A40 at 8 stages x 128
 #: microbatches, d = 0, T = 5 s at load 5-6: 0.28% to 0.15%, where the rounding found nothing
@@ -511,16 +506,18 @@ def _latest_first(
     0.62% and 0.59% above the bound: GPT-3 A40 at d = 2% 0.50% with 8 groups, BLOOM A40 at
     d = 2% 0.07% with 32; neither helped GPT-3 A40 at d = 0, 0.65%). Each runs only while the
     plan is further than ``rel_gap`` and :data:`_BACK_ABOVE` above the bound and
-    :data:`_BACK_ROOM` times the relaxation's ``relax_s`` is left before ``until`` (the fewer
-    groups first: they take less time); it re-solves the relaxation first (from its optimal
-    basis, which the last rounding restored) for its solution.
+    :data:`_ROLL_ROOM` times the relaxation's ``relax_s`` is left before ``until`` (with its
+    greedy pass a rounding takes 2-3 times the relaxation's time: one stopped at ``until``
+    only takes the search's; the fewer groups first, as they take less); it re-solves the
+    relaxation first (from its optimal basis, which the last rounding restored) for its
+    solution.
     """
     rows = np.arange(problem.n_nodes)
     for chunks in _BACK_CHUNKS:
         energy = float(problem.evaluate(options.clock[rows, slot])[1])
         if energy * (1 - max(rel_gap, _BACK_ABOVE)) <= bound_j:
             break
-        if until - _time.perf_counter() < _BACK_ROOM * relax_s or not _relaxed_by(
+        if until - _time.perf_counter() < _ROLL_ROOM * relax_s or not _relaxed_by(
             relaxation, until
         ):
             break
