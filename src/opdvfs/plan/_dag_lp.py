@@ -372,7 +372,9 @@ class _Programme:
             h.changeColsBounds(nx, cols, np.zeros(nx), np.ones(nx))
         return self.round_down(y)
 
-    def roll(self, until: float, chunks: int = _ROLL_CHUNKS) -> np.ndarray:
+    def roll(
+        self, until: float, chunks: int = _ROLL_CHUNKS, *, latest_first: bool = False
+    ) -> np.ndarray:
         """Round the relaxation just solved in time order; return the plan as option slots.
 
         A rolling horizon: the nodes are cut into ``chunks`` groups by their start under the
@@ -385,7 +387,9 @@ class _Programme:
         plans that match the relaxation mix the two options in step across the stages,
         which no node rounded alone finds. Past ``until`` (``time.perf_counter``) the
         relaxation so far is rounded down. Every bound is restored after, and the
-        relaxation's optimal basis.
+        relaxation's optimal basis. ``latest_first`` takes the groups from the latest, so
+        the earlier nodes take up the rounding of the later ones
+        (:func:`opdvfs.plan.dag._latest_first`).
         """
         h, nx = self.h, self.nx
         cols = np.arange(nx, dtype=np.int32)
@@ -393,7 +397,7 @@ class _Programme:
         step = np.bincount(self.node_of, weights=y * self.step_ms, minlength=self.n)
         starts = self.problem._passes.heads((self.fastest_ms + step) / 1e3)
         place = np.empty(self.n, dtype=np.int64)
-        place[np.argsort(starts, kind="stable")] = np.arange(self.n)
+        place[np.argsort(-starts if latest_first else starts, kind="stable")] = np.arange(self.n)
         group = place[self.node_of] * chunks // max(self.n, 1)
         lower, upper = np.zeros(nx), np.ones(nx)
         optimal = self.highspy.HighsModelStatus.kOptimal
