@@ -185,6 +185,12 @@ _ROLL_ROOM = 3.0
 _FALLBACK_S = 0.08
 
 
+#: What the neighbourhood search's first HiGHS solve is expected to run past its limit (s of
+#: CPU; times the load, :func:`_load`), before one has been measured (:func:`_search`): at 16
+#: stages x 16-32 microbatches, 0.02-0.11 s of wall time at load 9-11 (a quarter of a core).
+_HOOD_OVERRUN_S = 0.01
+
+
 #: The default budget of one deadline (s): under a second with the wrap-up, on a loaded machine.
 TIME_LIMIT_S = 0.85
 
@@ -359,10 +365,14 @@ def _solve(
     )
     rows = np.arange(problem.n_nodes)
     found: list[np.ndarray] = []  # plans from branch and bound
+    # the most a HiGHS solve of the search has run past its limit (s), before any: its prior
+    overrun = [_HOOD_OVERRUN_S * load]
     try:
         # the search from the rounded relaxation (or the warm start) ...
         split = started + _FIRST_START_SHARE * search_s
-        slot = _search(problem, options, programme, slot, fractional, deadline, split, certified)
+        slot = _search(
+            problem, options, programme, slot, fractional, deadline, split, certified, overrun
+        )
         # ... then from a second start, the relaxation rounded by diving
         energy = float(problem.evaluate(options.clock[rows, slot])[1])
         dive_until = _time.perf_counter() + _DIVE_SHARE * search_s
@@ -388,6 +398,7 @@ def _solve(
                     deadline,
                     started + search_s,
                     certified,
+                    overrun,
                 )
                 makespan, dived_e, _ = problem.evaluate(options.clock[rows, dived])
                 if makespan <= deadline * (1 + 1e-6) and dived_e < energy:
@@ -408,12 +419,15 @@ def _solve(
         elif not certified(energy) and remaining > 0:
             # too large for branch and bound in the time left: the search goes on instead
             slot = _search(
-                problem, options, programme, slot, fractional, deadline, until, certified
+                problem, options, programme, slot, fractional, deadline, until, certified, overrun
             )
     except BaseException:  # stop the worker; the error in hand (Ctrl-C, say) is the one raised
         worker.finish(reraise=False)
         raise
-    worker_best, worker_bound = worker.finish()
+    # a worker still in HiGHS's root (out of the callbacks' reach) is not waited for past the
+    # budget: its bound so far is kept, and it stops at its next callback
+    wait_s = max(until - _time.perf_counter(), 0.0) if np.isfinite(until) else None
+    worker_best, worker_bound = worker.finish(wait_s=wait_s)
     bound = max(bound, worker_bound)
     if worker_best is not None:
         found.append(worker_best)
