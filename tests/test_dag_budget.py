@@ -104,7 +104,9 @@ def test_the_search_keeps_its_end_when_every_solve_overruns(monkeypatch, budget_
     # limit. Before: the first solve started with no room for that (0.1 s left -> 0.05 s late),
     # and the worst overrun was learned per search, not per plan
     clock = _FakeClock()
-    monkeypatch.setattr(_dag_search, "_time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    monkeypatch.setattr(
+        _dag_search, "_time", types.SimpleNamespace(perf_counter=clock.perf_counter)
+    )
     problem = random_dag(np.random.default_rng(0), 40, 4)
     options = _Options.build(problem)
     deadline_s, top = _deadline(problem, 0.1)

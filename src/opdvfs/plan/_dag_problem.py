@@ -201,9 +201,7 @@ class DagProblem:
         """
         return self._evaluate(clock)[:3]
 
-    def _evaluate(
-        self, clock: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _evaluate(self, clock: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """:meth:`evaluate`, and every node's earliest start (s) under each plan."""
         clock = np.asarray(clock, dtype=np.int64)
         rows = np.arange(self.n_nodes)
