@@ -76,14 +76,14 @@ def _greedy_fill(
                 return slot
             node = int(np.argmax(rate))
             slot[node] = best_k[node]
-    _, energy, _, head = problem._evaluate(options.clock[rows, slot])
-    energy, batch = float(energy), 1
+    _, start_j, _, head = problem._evaluate(options.clock[rows, slot])
+    energy_j, batch = float(start_j), 1
     while True:
         best_k, rate = _best_moves(problem, options, slot, limit, head)
         if not np.isfinite(rate).any() or _time.perf_counter() >= until:
             return slot
-        slot, energy, head, batch = _batch_round(
-            problem, options, slot, energy, best_k, rate, batch, limit
+        slot, energy_j, head, batch = _batch_round(
+            problem, options, slot, energy_j, best_k, rate, batch, limit
         )
 
 
