@@ -99,10 +99,11 @@ class _OverrunningProgramme:
 
 
 @pytest.mark.parametrize("budget_s", [0.12, 0.5])
-def test_the_search_keeps_its_end_when_every_solve_overruns(monkeypatch, budget_s):
+def test_the_last_search_keeps_the_plans_end_when_every_solve_overruns(monkeypatch, budget_s):
     # HiGHS's presolve runs out of the callbacks' reach: every solve here ends 0.05 s past its
-    # limit. Before: the first solve started with no room for that (0.1 s left -> 0.05 s late),
-    # and the worst overrun was learned per search, not per plan
+    # limit, as an earlier search of the same plan measured. Before: each search learned the
+    # overrun afresh, so the last one's first solve started with no room for it (0.1 s left:
+    # 0.05 s past the plan's end)
     clock = _FakeClock()
     monkeypatch.setattr(
         _dag_search, "_time", types.SimpleNamespace(perf_counter=clock.perf_counter)
@@ -111,24 +112,34 @@ def test_the_search_keeps_its_end_when_every_solve_overruns(monkeypatch, budget_
     options = _Options.build(problem)
     deadline_s, top = _deadline(problem, 0.1)
     slot = np.argmax(options.clock == top[:, None], axis=1)
-    programme = _OverrunningProgramme(clock, overrun_s=0.05)
-    overrun = [0.05]  # the planner's prior for the first solve
+
+    def search(until, hard_end):
+        programme = _OverrunningProgramme(clock, overrun_s=0.05)
+        overrun = [0.05]  # measured by the plan's earlier search
+        got = _dag_search._search(
+            problem,
+            options,
+            programme,
+            slot,
+            np.zeros(problem.n_nodes, dtype=bool),
+            deadline_s,
+            until,
+            lambda _energy_j: False,
+            overrun,
+            hard_end=hard_end,
+        )
+        assert programme.limits, "no solve ran"
+        assert overrun == [pytest.approx(0.05)]
+        assert np.array_equal(got, slot)  # nothing found: the plan as given
+        return programme.limits
+
     until = clock.t + budget_s
-    got = _dag_search._search(
-        problem,
-        options,
-        programme,
-        slot,
-        np.zeros(problem.n_nodes, dtype=bool),
-        deadline_s,
-        until,
-        lambda _energy_j: False,
-        overrun,
-    )
-    assert programme.limits, "no solve ran"
-    assert clock.t <= until + 1e-12  # no solve ended past the search's end
-    assert overrun == [pytest.approx(0.05)]
-    assert np.array_equal(got, slot)  # nothing found: the plan as given
+    search(until, hard_end=True)
+    assert clock.t <= until + 1e-12  # no solve ended past the plan's end
+    # a search whose end is a share of the budget (the next phase's start) keeps its old
+    # guard: its own overruns only, so its first solve gets the whole of its 0.1 s
+    clock.t = 1000.0
+    assert search(clock.t + budget_s, hard_end=False)[0] == pytest.approx(0.1)
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -36,10 +36,11 @@ _HOOD_GAP = 1e-4
 #: Seconds one neighbourhood's exact solve may take (a move found by then is kept; HiGHS's
 #: heuristics find most moves early, and proving them optimal is what a hard window spends).
 _HOOD_TIME_S = 0.1
-#: A neighbourhood's solve starts only with this many times the worst overrun seen so far
-#: left (:func:`_search`): HiGHS's presolve runs out of its callbacks' reach, and on a shared
-#: machine the wall time it takes varies from one solve to the next with the load (measured
-#: at 16 stages x 16-32 microbatches, load 9-11: 0.02-0.11 s past a limit of 0.1 s).
+#: Before the end of the plan's budget, a neighbourhood's solve starts only with this many
+#: times the worst overrun seen so far left (:func:`_search`): HiGHS's presolve runs out of its
+#: callbacks' reach, and on a shared machine the wall time it takes varies from one solve to
+#: the next with the load (measured at 16 stages x 16-32 microbatches, load 9-11: 0.02-0.11 s
+#: past a limit of 0.1 s).
 _OVERRUN_ROOM = 1.5
 
 
@@ -246,6 +247,8 @@ def _search(
     until: float,
     certified: Callable[[float], bool],
     overrun_s: list[float] | None = None,
+    *,
+    hard_end: bool = False,
 ) -> np.ndarray:
     """Return the plan improved by a variable-neighbourhood search.
 
@@ -256,10 +259,12 @@ def _search(
     :data:`_PASS_GAIN` widens the band and the windows (:data:`_LEVELS`: the plan is then
     about a local optimum of the narrower search). Every accepted plan meets the deadline.
 
-    ``overrun_s`` holds the most a solve has run past its limit so far (s), shared by the
-    searches of one plan and updated here; seed it with what the first solve may overrun. No
-    solve starts with less than :data:`_OVERRUN_ROOM` times that left, and none is given a
-    limit past ``until`` less that much.
+    No solve starts with less time left than the most a solve of this search has run past
+    its limit, nor is given a limit past ``until`` less that much. ``overrun_s`` holds the
+    most a solve of the plan's searches so far has (s), shared by them and updated here.
+    ``hard_end``: ``until`` is the plan's own end (a time limit), not a share of the budget
+    handed on to the next phase: there the reserve is :data:`_OVERRUN_ROOM` times the larger
+    of the two, so that its first solve is guarded too.
     """
     rows = np.arange(problem.n_nodes)
     best = slot
@@ -267,14 +272,15 @@ def _search(
     level = 0
     # the most a neighbourhood's solve has run past its limit (HiGHS's presolve is out of the
     # callbacks' reach: ~0.1 s on 16 stages x 128 microbatches): no solve starts with less left
-    overrun = [0.0] if overrun_s is None else overrun_s
+    learned_s = 0.0
+    shared = [0.0] if overrun_s is None else overrun_s
     while level < len(_LEVELS) and not certified(best_e):
         band, window = _LEVELS[level]
         pass_start_e = best_e
         starts = problem.start_times(options.clock[rows, best])
         for hood, hood_band in _neighbourhoods(problem, starts, fractional, window, band):
             left = until - _time.perf_counter()
-            reserve_s = _OVERRUN_ROOM * overrun[0]
+            reserve_s = _OVERRUN_ROOM * max(learned_s, shared[0]) if hard_end else learned_s
             if left <= reserve_s or certified(best_e):
                 return best
             limit_s, solve_started = min(left - reserve_s, _HOOD_TIME_S), _time.perf_counter()
@@ -285,7 +291,8 @@ def _search(
                 free=hood,
                 band=hood_band,
             )
-            overrun[0] = max(overrun[0], _time.perf_counter() - solve_started - limit_s)
+            learned_s = max(learned_s, _time.perf_counter() - solve_started - limit_s)
+            shared[0] = max(shared[0], learned_s)
             if got is None:
                 continue
             got = _greedy_fill(problem, options, got, deadline_s, until)

@@ -185,12 +185,6 @@ _ROLL_ROOM = 3.0
 _FALLBACK_S = 0.08
 
 
-#: What the neighbourhood search's first HiGHS solve is expected to run past its limit (s of
-#: CPU; times the load, :func:`_load`), before one has been measured (:func:`_search`): at 16
-#: stages x 16-32 microbatches, 0.02-0.11 s of wall time at load 9-11 (a quarter of a core).
-_HOOD_OVERRUN_S = 0.01
-
-
 #: The default budget of one deadline (s): under a second with the wrap-up, on a loaded machine.
 TIME_LIMIT_S = 0.85
 
@@ -365,8 +359,7 @@ def _solve(
     )
     rows = np.arange(problem.n_nodes)
     found: list[np.ndarray] = []  # plans from branch and bound
-    # the most a HiGHS solve of the search has run past its limit (s), before any: its prior
-    overrun = [_HOOD_OVERRUN_S * load]
+    overrun = [0.0]  # the most a HiGHS solve of the searches has run past its limit (s)
     try:
         # the search from the rounded relaxation (or the warm start) ...
         split = started + _FIRST_START_SHARE * search_s
@@ -399,6 +392,7 @@ def _solve(
                     started + search_s,
                     certified,
                     overrun,
+                    hard_end=started + search_s >= until,
                 )
                 makespan, dived_e, _ = problem.evaluate(options.clock[rows, dived])
                 if makespan <= deadline * (1 + 1e-6) and dived_e < energy:
@@ -419,7 +413,16 @@ def _solve(
         elif not certified(energy) and remaining > 0:
             # too large for branch and bound in the time left: the search goes on instead
             slot = _search(
-                problem, options, programme, slot, fractional, deadline, until, certified, overrun
+                problem,
+                options,
+                programme,
+                slot,
+                fractional,
+                deadline,
+                until,
+                certified,
+                overrun,
+                hard_end=True,
             )
     except BaseException:  # stop the worker; the error in hand (Ctrl-C, say) is the one raised
         worker.finish(reraise=False)
