@@ -206,3 +206,42 @@ def test_a_batched_greedy_round_keeps_the_cheapest_prefix_that_holds():
     makespan, energy_j, _ = problem.evaluate(options.clock[rows, got])
     assert makespan <= limit and energy_j == pytest.approx(got_j, rel=1e-12)
     np.testing.assert_allclose(head, problem.start_times(options.clock[rows, got]), rtol=1e-12)
+
+
+def test_a_plan_starved_of_cpu_keeps_back_more_of_its_budget_for_its_wrap_up(monkeypatch):
+    # the set-up took 0.3 s of wall time for 0.03 s of CPU (a tenth of a core): the work after
+    # the relaxation (the plan when it runs out, the wrap-up) will take ten times its CPU too.
+    # Before: 0.03 s kept back whatever the share of a core (limit 2 - 0.3 - 0.03 = 1.67 s)
+    from opdvfs.plan._dag_lp import _OutOfTime, _Programme
+
+    clock = types.SimpleNamespace(wall=500.0, cpu=10.0)
+    monkeypatch.setattr(
+        dag,
+        "_time",
+        types.SimpleNamespace(perf_counter=lambda: clock.wall, thread_time=lambda: clock.cpu),
+    )
+    prepare = dag._prepare
+
+    def slow_prepare(problem):
+        clock.wall, clock.cpu = clock.wall + 0.3, clock.cpu + 0.03
+        return prepare(problem)
+
+    limits = []
+
+    def out_of_time(self, time_limit_s=None):
+        limits.append(time_limit_s)
+        raise _OutOfTime
+
+    monkeypatch.setattr(dag, "_prepare", slow_prepare)
+    monkeypatch.setattr(_Programme, "relax", out_of_time)
+    problem = pipeline_dag(read_profile([dataset_path("perseus-gpt3-175b-a40")]), 4)
+    plan = dag.solve_dag(problem, 0.02, time_limit_s=2.0)
+    # 2 s - 0.3 s gone - the wrap-up 0.03 x 10 - the stretched plan's 0.01 s of CPU x 10
+    assert limits == [pytest.approx(2.0 - 0.3 - 0.3 - 0.1)]
+    assert plan.method == "stretched"
+    assert plan.makespan_s <= plan.deadline_s * (1 + 1e-6)
+    # a whole core: as before
+    limits.clear()
+    monkeypatch.setattr(dag, "_prepare", prepare)
+    dag.solve_dag(problem, 0.02, time_limit_s=2.0)
+    assert limits == [pytest.approx(2.0 - 0.03)]
