@@ -650,7 +650,7 @@ def test_a_small_pipeline_also_takes_the_rolling_rounding_where_it_is_cheaper(mo
     plain = _greedy_fill(problem, options, np.maximum(at_or_below.sum(axis=1) - 1, 0), deadline)
     plain_j = float(problem.evaluate(options.clock[np.arange(problem.n_nodes), plain])[1])
 
-    monkeypatch.setattr(dag, "_search", lambda problem, options, programme, slot, *_: slot)
+    monkeypatch.setattr(dag, "_search", lambda problem, options, programme, slot, *_, **__: slot)
     monkeypatch.setattr(_Programme, "exact", lambda *_a, **_k: (None, -np.inf, False))
     plan = dag._solve(
         problem, 0.0, rel_gap=1e-3, time_limit_s=5.0, deadline_s=None, bound_worker=False

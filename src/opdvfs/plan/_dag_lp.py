@@ -46,6 +46,10 @@ _BOUND_ONLY = {
 }
 
 
+#: Seconds :meth:`_BoundWorker.finish` waits for a halted worker past the time it was given.
+_FINISH_GRACE_S = 0.02
+
+
 #: Set by Ctrl-C while planning (:func:`_ctrl_c_stops_highs`): HiGHS holds the calling thread
 #: until it returns, and Python's own KeyboardInterrupt, raised in HiGHS's callback, is lost.
 _CTRL_C = threading.Event()
@@ -585,14 +589,21 @@ class _BoundWorker:
         except BaseException as error:  # re-raised in the caller's thread by finish()
             self._result = error
 
-    def finish(self, *, reraise: bool = True) -> tuple[np.ndarray | None, float]:
+    def finish(
+        self, *, reraise: bool = True, wait_s: float | None = None
+    ) -> tuple[np.ndarray | None, float]:
         """Stop the worker; return the best plan it found (None if none) and its bound (J).
 
         An error in the worker (Ctrl-C included) is raised here unless ``reraise`` is False
-        (the caller is already unwinding from its own).
+        (the caller is already unwinding from its own). With ``wait_s``, a worker that has
+        not stopped within that many seconds plus :data:`_FINISH_GRACE_S` is left to stop at
+        its next callback (it is halted; HiGHS's root LP and presolve run out of the
+        callbacks' reach, for seconds on a large root), and its live bound is returned alone.
         """
         self.programme.halt()
-        self._thread.join()
+        self._thread.join(None if wait_s is None else wait_s + _FINISH_GRACE_S)
+        if self._thread.is_alive():
+            return None, self.bound_j
         if isinstance(self._result, BaseException):
             if reraise:
                 raise self._result
@@ -608,7 +619,9 @@ class _NoWorker:
 
     bound_j = -np.inf
 
-    def finish(self, *, reraise: bool = True) -> tuple[np.ndarray | None, float]:
+    def finish(
+        self, *, reraise: bool = True, wait_s: float | None = None
+    ) -> tuple[np.ndarray | None, float]:
         return None, -np.inf
 
 

@@ -199,13 +199,18 @@ class DagProblem:
         energy follows :mod:`opdvfs.plan.dag`'s definition (computation plus blocking power
         while waiting).
         """
+        return self._evaluate(clock)[:3]
+
+    def _evaluate(self, clock: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`evaluate`, and every node's earliest start (s) under each plan."""
         clock = np.asarray(clock, dtype=np.int64)
         rows = np.arange(self.n_nodes)
         duration = self.time_s[rows, clock]
         compute = self.energy_j[rows, clock].sum(axis=-1)
-        makespan = (self._passes.heads(duration) + duration).max(axis=-1)
+        head = self._passes.heads(duration)
+        makespan = (head + duration).max(axis=-1)
         idle = self.n_ranks * makespan - duration.sum(axis=-1)
-        return makespan, compute + self.blocking_power_w * idle, compute
+        return makespan, compute + self.blocking_power_w * idle, compute, head
 
     def start_times(self, clock: np.ndarray) -> np.ndarray:
         """Earliest start of every node (s) under a plan, shape (n_nodes,)."""

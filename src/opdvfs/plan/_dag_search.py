@@ -36,6 +36,12 @@ _HOOD_GAP = 1e-4
 #: Seconds one neighbourhood's exact solve may take (a move found by then is kept; HiGHS's
 #: heuristics find most moves early, and proving them optimal is what a hard window spends).
 _HOOD_TIME_S = 0.1
+#: Before the end of the plan's budget, a neighbourhood's solve starts only with this many
+#: times the worst overrun seen so far left (:func:`_search`): HiGHS's presolve runs out of its
+#: callbacks' reach, and on a shared machine the wall time it takes varies from one solve to
+#: the next with the load (measured at 16 stages x 16-32 microbatches, load 9-11: 0.02-0.11 s
+#: past a limit of 0.1 s).
+_OVERRUN_ROOM = 1.5
 
 
 def _greedy_fill(
@@ -56,49 +62,89 @@ def _greedy_fill(
     lengthening any path past the deadline (its longest path through it is head + d + tail).
     Each round makes the one move with the best saving per second of float consumed, then
     recomputes the floats (two vectorised passes). ``batched`` makes each round the best
-    moves of as many nodes as still keep the deadline and lower the energy together: the
-    batch doubles after a round that holds and halves (down to the one best move, which
-    always holds) after one that does not. On 8 stages x 128 microbatches it reached the same
-    energies as one move a round in a third to a quarter of the time (54-68 rounds, where
-    one move a round took 260-530).
+    moves of as many nodes as still keep the deadline and lower the energy together
+    (:func:`_batch_round`): on 8 stages x 128 microbatches it reached the same energies as
+    one move a round in a third to a quarter of the time (54-68 rounds, where one move a
+    round took 260-530).
     """
     rows = np.arange(problem.n_nodes)
     limit = deadline_s * (1 + _TIME_RTOL)
     slot = slot.copy()
-    batch = 1
-    energy = float(problem.evaluate(options.clock[rows, slot])[1]) if batched else 0.0
-    while True:
-        best_k, rate = _best_moves(problem, options, slot, limit)
-        if not np.isfinite(rate).any() or _time.perf_counter() >= until:
-            return slot
-        if not batched:
+    if not batched:
+        while True:
+            best_k, rate = _best_moves(problem, options, slot, limit)
+            if not np.isfinite(rate).any() or _time.perf_counter() >= until:
+                return slot
             node = int(np.argmax(rate))
             slot[node] = best_k[node]
-            continue
-        order = np.argsort(-rate, kind="stable")[: int(np.isfinite(rate).sum())]
-        while True:
-            take = order[:batch]
-            trial = slot.copy()
-            trial[take] = best_k[take]
-            makespan, trial_e, _ = problem.evaluate(options.clock[rows, trial])
-            if len(take) == 1 or (makespan <= limit and trial_e < energy):
-                slot, energy, batch = trial, float(trial_e), 2 * len(take)
-                break
-            batch = max(len(take) // 2, 1)
+    _, start_j, _, head = problem._evaluate(options.clock[rows, slot])
+    energy_j, batch = float(start_j), 1
+    while True:
+        best_k, rate = _best_moves(problem, options, slot, limit, head)
+        if not np.isfinite(rate).any() or _time.perf_counter() >= until:
+            return slot
+        slot, energy_j, head, batch = _batch_round(
+            problem, options, slot, energy_j, best_k, rate, batch, limit
+        )
+
+
+#: The batch sizes one batched greedy round tries together, as powers of two times the last
+#: round's (:func:`_batch_round`).
+_BATCH_LADDER = np.arange(-3, 3)
+
+
+def _batch_round(
+    problem: DagProblem,
+    options: _Options,
+    slot: np.ndarray,
+    energy_j: float,
+    best_k: np.ndarray,
+    rate: np.ndarray,
+    batch: int,
+    limit_s: float,
+) -> tuple[np.ndarray, float, np.ndarray, int]:
+    """One round of the batched greedy pass: return the plan, its energy and heads, next batch.
+
+    The moves are taken best rate first; prefixes of 1 and of ``batch`` x 1/8 ... 4 moves
+    (:data:`_BATCH_LADDER`) are evaluated together, in one pass over the graph's levels for
+    all of them, and the cheapest that keeps the deadline is kept (the one best move always
+    does: it fits its float and saves energy). The next round's batch is twice the one kept.
+    The old pass halved its batch one evaluation at a time until one held: on 16 stages x
+    128 microbatches about two evaluations and a pass of their own for the heads a round,
+    where these are one pass over 4-7 plans, the kept plan's heads reused.
+    """
+    rows = np.arange(problem.n_nodes)
+    movable = int(np.isfinite(rate).sum())
+    order = np.argsort(-rate, kind="stable")[:movable]
+    sizes = np.unique(np.r_[1, np.clip(batch * 2.0**_BATCH_LADDER, 1, movable).astype(int)])
+    place = np.full(problem.n_nodes, movable)
+    place[order] = np.arange(movable)
+    trials = np.where(place[None, :] < sizes[:, None], best_k[None, :], slot[None, :])
+    makespan, trial_e, _, heads = problem._evaluate(options.clock[rows, trials])
+    holds = (makespan <= limit_s) & (trial_e < energy_j)
+    holds[0] = True
+    pick = int(np.argmin(np.where(holds, trial_e, np.inf)))
+    return trials[pick], float(trial_e[pick]), heads[pick], 2 * int(sizes[pick])
 
 
 def _best_moves(
-    problem: DagProblem, options: _Options, slot: np.ndarray, limit_s: float
+    problem: DagProblem,
+    options: _Options,
+    slot: np.ndarray,
+    limit_s: float,
+    head: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each node's best move within its float: its option, and its saving per second.
 
-    The rate is -inf where a node has no move that fits its float and saves energy.
+    The rate is -inf where a node has no move that fits its float and saves energy. ``head``
+    is the plan's earliest starts where known already.
     """
     rows = np.arange(problem.n_nodes)
     passes = problem._passes
     per_makespan = problem.n_ranks * problem.blocking_power_w
     dur = options.time_s[rows, slot]
-    head, tail = passes.heads(dur), passes.tails(dur)
+    head = passes.heads(dur) if head is None else head
+    tail = passes.tails(dur)
     through = head + dur + tail
     makespan = float(through.max())
     slack = limit_s - through
@@ -200,6 +246,9 @@ def _search(
     deadline_s: float,
     until: float,
     certified: Callable[[float], bool],
+    overrun_s: list[float] | None = None,
+    *,
+    hard_end: bool = False,
 ) -> np.ndarray:
     """Return the plan improved by a variable-neighbourhood search.
 
@@ -209,6 +258,13 @@ def _search(
     search runs). A pass over every set that improves the plan by less than
     :data:`_PASS_GAIN` widens the band and the windows (:data:`_LEVELS`: the plan is then
     about a local optimum of the narrower search). Every accepted plan meets the deadline.
+
+    No solve starts with less time left than the most a solve of this search has run past
+    its limit, nor is given a limit past ``until`` less that much. ``overrun_s`` holds the
+    most a solve of the plan's searches so far has (s), shared by them and updated here.
+    ``hard_end``: ``until`` is the plan's own end (a time limit), not a share of the budget
+    handed on to the next phase: there the reserve is :data:`_OVERRUN_ROOM` times the larger
+    of the two, so that its first solve is guarded too.
     """
     rows = np.arange(problem.n_nodes)
     best = slot
@@ -216,16 +272,18 @@ def _search(
     level = 0
     # the most a neighbourhood's solve has run past its limit (HiGHS's presolve is out of the
     # callbacks' reach: ~0.1 s on 16 stages x 128 microbatches): no solve starts with less left
-    overrun_s = 0.0
+    learned_s = 0.0
+    shared = [0.0] if overrun_s is None else overrun_s
     while level < len(_LEVELS) and not certified(best_e):
         band, window = _LEVELS[level]
         pass_start_e = best_e
         starts = problem.start_times(options.clock[rows, best])
         for hood, hood_band in _neighbourhoods(problem, starts, fractional, window, band):
             left = until - _time.perf_counter()
-            if left <= overrun_s or certified(best_e):
+            reserve_s = _OVERRUN_ROOM * max(learned_s, shared[0]) if hard_end else learned_s
+            if left <= reserve_s or certified(best_e):
                 return best
-            limit_s, solve_started = min(left - overrun_s, _HOOD_TIME_S), _time.perf_counter()
+            limit_s, solve_started = min(left - reserve_s, _HOOD_TIME_S), _time.perf_counter()
             got, _, _ = programme.exact(
                 best,
                 rel_gap=_HOOD_GAP,
@@ -233,7 +291,8 @@ def _search(
                 free=hood,
                 band=hood_band,
             )
-            overrun_s = max(overrun_s, _time.perf_counter() - solve_started - limit_s)
+            learned_s = max(learned_s, _time.perf_counter() - solve_started - limit_s)
+            shared[0] = max(shared[0], learned_s)
             if got is None:
                 continue
             got = _greedy_fill(problem, options, got, deadline_s, until)

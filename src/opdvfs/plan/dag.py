@@ -196,6 +196,33 @@ _BACK_ABOVE = 5e-3
 _FALLBACK_S = 0.08
 
 
+#: Wall seconds per CPU second above which a plan counts as starved of CPU (:func:`_starved`),
+#: and the most it is taken to be.
+_STARVED_FROM, _STARVED_MAX = 1.5, 30.0
+#: Seconds of CPU a small graph's plan takes when its relaxation runs out of time (the
+#: stretched plan), kept back from the relaxation on a starved process (:func:`_solve`).
+_FALLBACK_SMALL_S = 0.01
+#: The most of the budget kept back for the work after it on a starved process.
+_STARVED_SHARE = 0.5
+
+
+def _starved(wall_s: float, cpu_s: float, time_limit_s: float) -> float:
+    """Return the wall seconds per CPU second this plan has had so far; 1 where not starved.
+
+    Measured on the plan's set-up (building its programmes, before the relaxation): 1 below
+    :data:`_STARVED_FROM` or where the set-up took under 5 ms of CPU (a frontier's later
+    deadlines, small graphs), at most :data:`_STARVED_MAX`. On the shared 2-core machine at
+    load 12-16 (``nice -n 10``) the planning process got 0.19-0.3 s of CPU in 1.2-2.7 s, and
+    the plan of a relaxation that ran out (its bound from the duals, its last iterate
+    scaled) took wall time past 1.1 T + 0.2 s in 7 of 32 cases at 128 microbatches, where
+    the time kept back for it (0.08 s, and 0.03 s of wrap-up) assumed a whole core.
+    """
+    if time_limit_s <= 0 or cpu_s < 0.005:
+        return 1.0
+    ratio = wall_s / cpu_s
+    return min(ratio, _STARVED_MAX) if ratio > _STARVED_FROM else 1.0
+
+
 #: The default budget of one deadline (s): under a second with the wrap-up, on a loaded machine.
 TIME_LIMIT_S = 0.85
 
@@ -265,28 +292,40 @@ def _solve(
     a neighbouring deadline's plan as option slots (taken if better than the rounded
     relaxation), and ``bound_worker`` False plans without the bound worker.
     """
-    started = _time.perf_counter()
+    started, started_cpu = _time.perf_counter(), _time.thread_time()
     base_deadline, top = _deadline(problem, target)
     deadline = base_deadline if deadline_s is None else float(deadline_s)
     options, programme, relaxation = state or _prepare(problem)
     programme.set_deadline(deadline * (1 + _TIME_RTOL))
     relaxation.set_deadline(deadline * (1 + _TIME_RTOL))
+    # the work after the budget's phases (the wrap-up, the plan of a relaxation that ran out)
+    # takes wall time in proportion to how little of a core this process gets
+    starved = _starved(
+        _time.perf_counter() - started, _time.thread_time() - started_cpu, time_limit_s
+    )
+    wrap_up_s = (
+        _WRAP_UP_S
+        if starved == 1.0
+        else min(_WRAP_UP_S * starved, _STARVED_SHARE * time_limit_s / 2)
+    )
 
     def left_s() -> float:
         """Seconds of the budget left for branch and bound (the wrap-up kept back)."""
-        return time_limit_s - _WRAP_UP_S - (_time.perf_counter() - started)
+        return time_limit_s - wrap_up_s - (_time.perf_counter() - started)
 
     large = problem.n_nodes >= _LARGE_NODES and time_limit_s > 0
-    until = np.inf if time_limit_s <= 0 else started + time_limit_s - _WRAP_UP_S
+    until = np.inf if time_limit_s <= 0 else started + time_limit_s - wrap_up_s
+    # seconds kept back from the relaxation for the plan made if it runs out
+    if starved == 1.0:
+        fallback_s = min(_FALLBACK_S, 0.1 * time_limit_s) if large else 0.0
+    else:
+        fallback_cpu_s = _FALLBACK_S if large else _FALLBACK_SMALL_S
+        fallback_s = min(fallback_cpu_s * starved, _STARVED_SHARE * time_limit_s)
     relax_started, relax_cpu = _time.perf_counter(), _time.thread_time()
     if large:
         relaxation.start_slowest()
     try:
-        relaxed = relaxation.relax(
-            None
-            if time_limit_s <= 0
-            else max(left_s() - large * min(_FALLBACK_S, 0.1 * time_limit_s), 0.0)
-        )
+        relaxed = relaxation.relax(None if time_limit_s <= 0 else max(left_s() - fallback_s, 0.0))
     except _OutOfTime:
         return _first_plan(
             problem,
@@ -373,10 +412,13 @@ def _solve(
     )
     rows = np.arange(problem.n_nodes)
     found: list[np.ndarray] = []  # plans from branch and bound
+    overrun = [0.0]  # the most a HiGHS solve of the searches has run past its limit (s)
     try:
         # the search from the rounded relaxation (or the warm start) ...
         split = started + _FIRST_START_SHARE * search_s
-        slot = _search(problem, options, programme, slot, fractional, deadline, split, certified)
+        slot = _search(
+            problem, options, programme, slot, fractional, deadline, split, certified, overrun
+        )
         # ... then from a second start, the relaxation rounded by diving
         energy = float(problem.evaluate(options.clock[rows, slot])[1])
         dive_until = _time.perf_counter() + _DIVE_SHARE * search_s
@@ -402,6 +444,8 @@ def _solve(
                     deadline,
                     started + search_s,
                     certified,
+                    overrun,
+                    hard_end=started + search_s >= until,
                 )
                 makespan, dived_e, _ = problem.evaluate(options.clock[rows, dived])
                 if makespan <= deadline * (1 + 1e-6) and dived_e < energy:
@@ -422,12 +466,24 @@ def _solve(
         elif not certified(energy) and remaining > 0:
             # too large for branch and bound in the time left: the search goes on instead
             slot = _search(
-                problem, options, programme, slot, fractional, deadline, until, certified
+                problem,
+                options,
+                programme,
+                slot,
+                fractional,
+                deadline,
+                until,
+                certified,
+                overrun,
+                hard_end=True,
             )
     except BaseException:  # stop the worker; the error in hand (Ctrl-C, say) is the one raised
         worker.finish(reraise=False)
         raise
-    worker_best, worker_bound = worker.finish()
+    # a worker still in HiGHS's root (out of the callbacks' reach) is not waited for past the
+    # budget: its bound so far is kept, and it stops at its next callback
+    wait_s = max(until - _time.perf_counter(), 0.0) if np.isfinite(until) else None
+    worker_best, worker_bound = worker.finish(wait_s=wait_s)
     bound = max(bound, worker_bound)
     if worker_best is not None:
         found.append(worker_best)
