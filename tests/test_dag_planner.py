@@ -685,7 +685,7 @@ def test_a_large_graph_also_takes_the_rolling_rounding_from_the_latest(monkeypat
     assert first_j * (1 - 5e-3) > bound  # the new rounding runs only past 0.5% (_BACK_ABOVE)
 
     monkeypatch.setattr(dag, "_LARGE_NODES", 0)
-    monkeypatch.setattr(dag, "_search", lambda problem, options, programme, slot, *_: slot)
+    monkeypatch.setattr(dag, "_search", lambda problem, options, programme, slot, *_, **__: slot)
     monkeypatch.setattr(_Programme, "exact", lambda *_a, **_k: (None, -np.inf, False))
     # the dive: the plain rounding again (its greedy pass reaches what the first one did)
     monkeypatch.setattr(
