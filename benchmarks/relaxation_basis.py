@@ -76,16 +76,16 @@ cut the median by 1.4x (0.62 -> 0.45 s) with the smaller relaxation counted, cas
 worst case grows (1.02 s from ``slowest``, 1.35 and 1.09 s from them; cases past 0.75 s: 3 from
 ``slowest``, 2 and 4 from them). At 8 stages (already well inside the budget) they cut the
 median by 1.3x (0.8-4.3x case by case); at d = 0 the 32-microbatch basis is near the large
-optimum (53-731 iterations, against 2285-3098). Why the vertex starts change nothing: in such a
-tree basis the makespan column and every start are basic at cost 0, so every row's dual is 0;
-each threshold's reduced cost is then its step's cost (negative: a slower option is cheaper),
-and HiGHS's dual simplex moves every boxed threshold to the bound its reduced cost asks for,
-the slowest option, before its first iteration. Whatever plan the thresholds were set from, the
-dual simplex starts from the all-slowest point; only the tree differs, and a uniform stretch
-keeps it nearly the same. A start that carries a plan's prices needs basic thresholds and more
-tight rows than a tree (the ``basis<M>`` rows), and at 16 stages the pipeline's optimal basis
-does not repeat across the steady-state microbatches closely enough for the mapped one to sit
-near the large optimum.
+optimum (53-731 iterations, against 2285-3098). Why the vertex starts change nothing (our
+reading of the basis; the equal counts agree): in such a tree basis the makespan column and
+every start are basic at cost 0, so every row's dual is 0; each threshold's reduced cost is
+then its step's cost (negative: a slower option is cheaper), and HiGHS's dual simplex moves
+every boxed threshold to the bound its reduced cost asks for, the slowest option, before its
+first iteration. Whatever plan the thresholds were set from, the dual simplex starts from the
+all-slowest point; only the tree differs, and a uniform stretch keeps it nearly the same. A
+start that carries a plan's prices needs basic thresholds and more tight rows than a tree (the
+``basis<M>`` rows), and at 16 stages the pipeline's optimal basis does not repeat across the
+steady-state microbatches closely enough for the mapped one to sit near the large optimum.
 
 Also measured, on gpt3-175b-a40 at d = 2% only, with an earlier revision of this script:
 HiGHS's primal simplex (``--primal``: ``simplex_strategy`` 4) took 20300-25300 iterations and
