@@ -734,3 +734,40 @@ def test_a_large_graph_also_takes_the_rolling_rounding_from_the_latest(monkeypat
     assert plan.makespan_s <= deadline * (1 + 1e-6)
     assert plan.lower_bound_j == pytest.approx(bound, rel=1e-9)
     assert bound <= plan.energy_j < first_j * (1 - 5e-4)
+
+
+def test_a_first_basis_from_any_plan_reaches_the_relaxations_optimum():
+    # _Programme.start_from: the thresholds at the plan's bounds, a start basic per node with
+    # a predecessor, the makespan basic (a square basis), and the same optimum as from the
+    # all-slowest start (start_slowest, the planner's)
+    from opdvfs.plan._dag_lp import _Programme
+    from opdvfs.plan._dag_problem import _deadline, _Options
+
+    problem = pipeline_dag(read_profile([dataset_path("perseus-gpt3-175b-a40")]), 8)
+    hull = _Options.build(problem).hull()
+    deadline, _ = _deadline(problem, 0.02)
+    rng = np.random.default_rng(0)
+    plan = rng.integers(0, hull.valid.sum(axis=1))
+    optima = []
+    for slot in (None, plan):
+        programme = _Programme(problem, hull, nested=False)
+        programme.set_deadline(deadline)
+        if slot is None:
+            programme.start_slowest()
+        else:
+            programme.start_from(slot)
+            basis = programme.h.getBasis()
+            upper = np.array(
+                [
+                    s == programme.highspy.HighsBasisStatus.kUpper
+                    for s in basis.col_status[: programme.nx]
+                ]
+            )
+            assert (upper == (programme.slot <= slot[programme.node_of])).all()
+            basic = [
+                s == programme.highspy.HighsBasisStatus.kBasic
+                for s in (*basis.col_status, *basis.row_status)
+            ]
+            assert sum(basic) == programme.h.getNumRow()
+        optima.append(programme.relax()[0])
+    assert optima[1] == pytest.approx(optima[0], rel=1e-9)

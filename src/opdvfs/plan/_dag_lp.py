@@ -316,13 +316,30 @@ class _Programme:
         simplex iterations in 0.38-0.83 s from this basis where its own took 8700-11200 in
         0.75-1.09 s, to the same optimum.
         """
+        self.start_from(None)
+
+    def start_from(self, slot: np.ndarray | None) -> None:
+        """Give HiGHS :meth:`start_slowest`'s first basis built on another plan's schedule.
+
+        ``slot`` is each node's option on this programme's options (None: its slowest): the
+        thresholds sit at that option's bounds (1 up to its slot, 0 beyond), each start is
+        basic and each node's latest-finishing predecessor's row, and the latest sink's, is
+        tight (the tree of that plan's schedule). Measured (``benchmarks/relaxation_basis.py``):
+        from the all-max plan stretched to the deadline, HiGHS's dual simplex takes as many
+        iterations as from the slowest options (every row's dual is 0 in such a basis, so it
+        moves each threshold to its slowest bound first).
+        """
         problem, status = self.problem, self.highspy.HighsBasisStatus
         src, dst = problem.edges[:, 0], problem.edges[:, 1]
         sinks = np.flatnonzero(np.bincount(src, minlength=self.n) == 0)
         if self.h.getBasis().valid or self.h.getNumRow() != len(src) + len(sinks):
             return  # a basis to start from already, or nesting rows
-        slowest = np.where(self.options.valid, self.options.time_s, -np.inf).max(axis=1)
-        finish = problem._passes.heads(slowest) + slowest
+        if slot is None:
+            slot = np.where(self.options.valid, np.arange(self.options.valid.shape[1]), -1).max(
+                axis=1
+            )
+        duration = self.options.time_s[np.arange(self.n), slot]
+        finish = problem._passes.heads(duration) + duration
         by_node = np.lexsort((-finish[src], dst))
         tight = by_node[np.r_[True, dst[by_node][1:] != dst[by_node][:-1]]]
         has_in = np.bincount(dst, minlength=self.n) > 0
@@ -330,7 +347,7 @@ class _Programme:
         row = np.ones(len(src) + len(sinks), dtype=np.int64)
         row[tight] = 0
         row[len(src) + int(np.argmax(finish[sinks]))] = 0
-        col = np.r_[np.full(self.nx, 2), has_in.astype(np.int64), 1]
+        col = np.r_[np.where(self.slot <= slot[self.node_of], 2, 0), has_in.astype(np.int64), 1]
         named = np.array([status.kLower, status.kBasic, status.kUpper], dtype=object)
         basis = self.highspy.HighsBasis()
         basis.col_status, basis.row_status = list(named[col]), list(named[row])
