@@ -147,6 +147,31 @@ def test_options_past_a_nodes_float_leave_the_relaxation(blocking_power_w):
     assert list(table["lower_bound_j"]) == pytest.approx([3.5, 3.0])
 
 
+def test_a_large_graphs_options_leave_only_where_the_hull_gains_a_corner():
+    # two nodes side by side, 2.5 s: node a (1 s, 10 J), (2 s, 4 J), (3 s, 3 J) keeps its hull
+    # corners within the float, so for a large graph (corners only) its 3 s option stays;
+    # node b (1 s, 10 J), (2 s, 7 J), (3 s, 1 J): its 2 s option, above the whole hull, is a
+    # corner of the hull within the float, so its 3 s option goes either way
+    from opdvfs.plan._dag_problem import _deadline, _Options
+
+    problem = DagProblem(
+        np.array([[3.0, 2.0, 1.0], [3.0, 2.0, 1.0]]),
+        np.array([[3.0, 4.0, 10.0], [1.0, 7.0, 10.0]]),
+        [1000.0, 1400.0, 1800.0],
+        np.empty((0, 2)),
+        [0, 1],
+        ["a", "b"],
+    )
+    deadline, _ = _deadline(problem, 1.5)
+    options = _Options.build(problem)
+    assert options.valid.all()
+    every = options.within(problem, deadline)
+    corners = options.within(problem, deadline, corners_only=True)
+    assert every.valid.tolist() == [[True, True, False], [True, True, False]]
+    assert corners.valid.tolist() == [[True, True, True], [True, True, False]]
+    assert np.isinf(corners.time_s[1, 2]) and corners.clock[1, 2] == -1
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_thirty_node_dags_match_the_milp(seed):
     rng = np.random.default_rng(100 + seed)
