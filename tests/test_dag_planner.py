@@ -732,8 +732,8 @@ def test_a_large_graph_also_takes_the_rolling_rounding_from_the_latest(monkeypat
     at_or_below = options.time_s <= duration[:, None] * (1 + _TIME_RTOL) + 1e-15
     plain = np.maximum(at_or_below.sum(axis=1) - 1, 0)
     rows = np.arange(problem.n_nodes)
-    first = dag._large_rounding(
-        problem, options, relaxation, plain, bound, deadline, 1e-3, np.inf, 0.0
+    first = dag._Rounding(problem, options, relaxation, bound, deadline, 1e-3, np.inf, 0.0).first(
+        plain
     )
     first_j = float(problem.evaluate(options.clock[rows, first])[1])
     assert first_j * (1 - 5e-3) > bound  # the new rounding runs only past 0.5% (_BACK_ABOVE)
