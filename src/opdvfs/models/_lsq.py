@@ -125,12 +125,15 @@ def constrained_wls(
         reduced = _wls(design @ m, wy, w, points)
         coef = reduced @ m.T
         feasible = np.isfinite(coef).all(axis=1)
-        feasible &= (coef[:, list(nonneg)] >= -1e-12 * np.abs(coef).max(axis=1, keepdims=True)).all(
-            axis=1
-        )
+        # each row's largest |coefficient|, column by column (a reduction along rows of 2-3
+        # values costs a call per row); the same values, NaN where the row has one
+        largest = functools.reduce(np.maximum, np.abs(coef).T)
+        floor = -1e-12 * largest
+        for j in nonneg:
+            feasible &= coef[:, j] >= floor
         for g, _ in extra:
             value = coef @ g
-            feasible &= value >= -1e-9 * np.abs(coef).max(axis=1) * np.abs(g).max()
+            feasible &= value >= -1e-9 * largest * np.abs(g).max()
         resid = np.nan_to_num(coef @ design.T - y)
         sse = np.where(feasible, (w * resid**2).sum(axis=1), np.inf)
         better = sse < best_sse
