@@ -733,9 +733,9 @@ class PowerModel(JsonFile):
 
         held = None if die_at_mhz is None else rise(*terms(self._die_column(freqs, die_at_mhz)))
         for j in range(len(freqs)):
-            x, volt, base = terms(j)
-            dtemp, steps[j] = rise(x, volt, base) if held is None else held
-            core[:, j] = core_at(base, volt, dtemp if use_t else None)
+            x, volt_j, base = terms(j)
+            dtemp, steps[j] = rise(x, volt_j, base) if held is None else held
+            core[:, j] = core_at(base, volt_j, dtemp if use_t else None)
             temps[:, j] = self.ambient_c_ + dtemp
         volt = self.voltage_.voltage_v(freqs)
         fv2 = freqs / 1e3 * volt**2
