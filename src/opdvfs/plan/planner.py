@@ -522,10 +522,18 @@ def plan_schedule(
         gap_pct = result.gap_pct
     # the solvers met the budget on the conservative times: the prediction is the point one
     margin_s = _margin_s(problem, clock)
+    model_share = _model_share(problem, clock)
+    conservative_time_s = (
+        None if problem.time_margin is None and slack_s == 0 else plan_time_s + slack_s + idle_s
+    )
+    names, op_tables, starts = problem.names, problem.op_tables, problem.starts
+    # the cells' margins and which the models filled (~150 MB at 1M ops x 9 clocks) are not
+    # needed past here: freed before the schedule is built, the planner's peak
+    del problem
     return _schedule(
-        problem.names,
-        problem.op_tables,
-        problem.starts,
+        names,
+        op_tables,
+        starts,
         clock,
         inputs,
         predictive=dispatch == "predictive",
@@ -539,10 +547,8 @@ def plan_schedule(
         dispatch=dispatch,
         interval_ms=interval_ms,
         values=values,
-        conservative_time_s=(
-            None if problem.time_margin is None and slack_s == 0 else plan_time_s + slack_s + idle_s
-        ),
-        model_share=_model_share(problem, clock),
+        conservative_time_s=conservative_time_s,
+        model_share=model_share,
         lower_bound_energy_j=lower_bound_j,
         lower_bound_power_w=lower_bound_w,
         gap_pct=gap_pct,
@@ -844,7 +850,8 @@ def _op_tables(
     for energy in (chip_j, core_j):
         energy *= time_us
         energy *= 1e-6
-    die_c = power["temp_c"]
+    # the die's temperature, where it moves the measured cells (72 MB not held otherwise)
+    die_c = power["temp_c"] if measured is not None and die_mhz is not None else None
     del power
     if measured is not None:
         # the core energies are picked when they correct the model's (72 MB less held until
