@@ -39,3 +39,31 @@ def test_python_m_opdvfs_runs_as_deepspeed_starts_it(tmp_path):
     )
     assert run.returncode == 0, run.stderr
     assert "No such option" not in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("mode", "argv", "user", "expected"),
+    [
+        ("always defer defer+madvise [madvise] never", ["opdvfs", "plan", "p.parquet"], None, "0"),
+        ("[always] defer defer+madvise madvise never", ["opdvfs", "fit", "p.parquet"], None, "0"),
+        ("always defer [defer+madvise] madvise never", ["opdvfs", "plan", "p.parquet"], None, None),
+        ("always defer defer+madvise [madvise] never", ["opdvfs", "run", "train.py"], None, None),
+        ("always defer defer+madvise [madvise] never", ["opdvfs", "--help"], None, None),
+        ("always defer defer+madvise [madvise] never", ["opdvfs", "plan", "p.parquet"], "1", "1"),
+    ],
+)
+def test_table_commands_ask_numpy_for_small_pages(
+    tmp_path, monkeypatch, mode, argv, user, expected
+):
+    """Where each hugepage fault compacts memory, only table commands turn numpy's advice off."""
+    import opdvfs.cli as cli
+
+    defrag = tmp_path / "defrag"
+    defrag.write_text(mode + "\n")
+    monkeypatch.setattr(cli, "_THP_DEFRAG", str(defrag))
+    if user is None:
+        monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE", raising=False)
+    else:
+        monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", user)
+    cli._small_pages_for_numpy(argv)
+    assert os.environ.get("NUMPY_MADVISE_HUGEPAGE") == expected  # monkeypatch restores it

@@ -10,6 +10,7 @@ from opdvfs import Profile, ValidationError
 from opdvfs.calibration import PowerCalibration
 from opdvfs.cli import app
 from opdvfs.devices.spec import VoltageCurve
+from opdvfs.models import _lsq
 from opdvfs.models._lsq import fit_fixed_effects
 from opdvfs.models.attribution import (
     MIN_WINDOWS,
@@ -93,6 +94,70 @@ def test_three_clock_fit_predicts_the_measured_direction():
     t = perf.predict([1000.0, 1800.0])
     e = (model.predict([1000.0, 1800.0])["core_w"] * t).sum(axis=0)
     assert e[0] / e[1] == pytest.approx(measured, abs=0.05)
+
+
+def test_nnls_is_scipys_to_the_bit(monkeypatch):
+    """The kernel loaded without scipy.optimize's package gives scipy.optimize.nnls's numbers."""
+    import scipy
+    import scipy.optimize
+
+    rng = np.random.default_rng(7)
+    problems = [
+        (rng.normal(size=(m, n)), rng.normal(size=m)) for m, n in ((40, 3), (9, 5), (500, 2))
+    ]
+    problems.append((np.c_[np.zeros(30), rng.normal(size=30)], rng.normal(size=30)))
+    expected = [scipy.optimize.nnls(a, b)[0] for a, b in problems]
+    if scipy.__version__.startswith("1.17."):
+        assert _lsq._nnls_kernel() is not None
+    for (a, b), want in zip(problems, expected, strict=True):
+        np.testing.assert_array_equal(_lsq.nnls(a, b), want)
+    monkeypatch.setattr(_lsq, "_nnls_kernel", lambda: None)  # elsewhere: scipy.optimize's own
+    for (a, b), want in zip(problems, expected, strict=True):
+        np.testing.assert_array_equal(_lsq.nnls(a, b), want)
+
+
+@pytest.mark.parametrize("thermal", ["workload", "op"])
+@pytest.mark.parametrize("dynamic", ["clock", "throughput"])
+def test_predict_is_the_core_terms_at_the_solved_temperature(
+    bert_profile, monkeypatch, thermal, dynamic
+):
+    """Each clock's terms computed once, outside the fixed point: ``_core``'s numbers, to the bit.
+
+    With a temperature term (``gamma``) and an uncore one, on the die of each clock and held at
+    the top clock's.
+    """
+    from opdvfs.models import power
+
+    _, profile = bert_profile
+    spec = get_preset("ascend-910b-like").spec
+    model = PowerModel(thermal=thermal, dynamic=dynamic).fit(profile, device=spec)
+    model.use_temperature_, model.gamma_, model.uncore_gamma_ = True, 0.013, 0.007
+    freqs = np.asarray(profile.freqs_mhz)
+    time_us = PerfModel().fit(profile).predict(freqs)
+    n = len(model.op_ids_)
+    rises = []
+
+    def solve(chip_w_at, k_c_per_w, n_rises):
+        rises.append(solve_temperature(chip_w_at, k_c_per_w, n_rises))
+        return rises[-1]
+
+    monkeypatch.setattr(power, "solve_temperature", solve)
+    for die in (None, float(freqs[-1])):
+        rises.clear()
+        out = model.predict(freqs, time_us=time_us, die_at_mhz=die)
+        assert len(rises) == (len(freqs) if die is None else 1)
+        assert all(steps > 1 for _, steps in rises)
+        for j, f in enumerate(freqs):
+            volt = float(model.voltage_.voltage_v(f))
+            inv_t = model._inverse_times(time_us, n, len(freqs))
+            core = model._core(
+                np.arange(n),
+                np.full(n, f / 1e3 * volt**2),
+                np.full(n, volt),
+                rises[j if die is None else 0][0],
+                None if inv_t is None else inv_t[:, j],
+            )
+            np.testing.assert_array_equal(out["core_w"][:, j], core)
 
 
 def test_fixed_point_converges_in_few_iterations():

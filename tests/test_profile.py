@@ -57,6 +57,40 @@ def test_bad_values_name_row_and_column(column, value, needle):
     assert err.value.field == column
 
 
+@pytest.mark.parametrize(
+    ("column", "dtype", "value", "needle"),
+    [
+        ("op", np.int32, -1, "column 'op': expected an integer >= 0, got -1"),
+        ("iteration", np.int16, -2, "column 'iteration': expected an integer >= 0, got -2"),
+        ("time_us", np.float64, -np.inf, "column 'time_us': expected a finite number >= 0"),
+        ("freq_mhz", np.float64, np.nan, "column 'freq_mhz': expected a finite number > 0"),
+        ("chip_power_w", np.float64, np.inf, "column 'chip_power_w'"),
+    ],
+)
+def test_typed_columns_are_checked_as_text_ones_are(column, dtype, value, needle):
+    """Numeric columns (checked in a few passes, 32-bit integers as integers) refuse the same."""
+    ops = make_ops().assign(chip_power_w=100.0)
+    values = ops[column].to_numpy(dtype=dtype, copy=True)
+    values[5] = value
+    ops[column] = values
+    with pytest.raises(ValidationError) as err:
+        Profile(ops)
+    assert needle in str(err.value)
+    assert (err.value.row, err.value.field) == (5, column)
+
+
+def test_typed_columns_keep_their_values_and_missing_power():
+    """A NaN where NaN marks a missing value passes; 16- and 32-bit positions become int32."""
+    ops = make_ops().assign(chip_power_w=100.0)
+    ops.loc[3, "chip_power_w"] = np.nan
+    ops["op"] = ops["op"].astype(np.int16)
+    ops["iteration"] = ops["iteration"].astype(np.uint8)
+    table = Profile(ops).ops
+    assert table["op"].dtype == np.int32 and table["iteration"].dtype == np.int32
+    assert table["chip_power_w"].isna().sum() == 1
+    assert sorted(table["op"].unique()) == list(range(4))
+
+
 def test_unknown_stream_and_column_rejected():
     ops = make_ops().assign(stream="gpu")
     with pytest.raises(ValidationError, match="'compute', 'comm', 'host'"):

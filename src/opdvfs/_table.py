@@ -281,17 +281,11 @@ def _coerce_number(series: pd.Series, col: Column, what: str) -> pd.Series:
         )
     elif series.dtype == np.float64:
         values = series.to_numpy()  # a view: a float column is checked in place, not copied
+    elif _exact_in_float(series.dtype):
+        return _coerce_small_int(series, col, what)
     else:
         values = series.to_numpy(dtype=float, na_value=np.nan)
-    nan = np.isnan(values)
-    bad = np.isinf(values) | (nan if not col.allow_nan else np.zeros_like(nan))
-    if col.min_value is not None:
-        with np.errstate(invalid="ignore"):
-            low = values <= col.min_value if col.exclusive_min else values < col.min_value
-        bad |= low & ~nan
-    if col.kind == "int":
-        bad |= (values != np.round(values)) & ~nan
-    pos = first_bad_row(bad)
+    pos = first_bad_row(_bad_numbers(values, col))
     if pos is not None:
         raise _fail(what, col, series, pos, series.iloc[pos])
     if col.kind == "int":
@@ -299,6 +293,52 @@ def _coerce_number(series: pd.Series, col: Column, what: str) -> pd.Series:
     if series.dtype == np.float64:
         return series.rename(None)  # a lazy copy: copy-on-write still separates the two
     return pd.Series(values, index=series.index, copy=False)
+
+
+def _bad_numbers(values: np.ndarray, col: Column) -> np.ndarray:
+    """Return which ``values`` break ``col``'s constraints (a few passes over the column).
+
+    Infinite, NaN unless ``col.allow_nan``, below ``col.min_value`` (a NaN is not below it), and
+    for an integer column not whole (NaN aside).
+    """
+    with np.errstate(invalid="ignore"):
+        if col.min_value is None:
+            bad = np.isinf(values) if col.allow_nan else ~np.isfinite(values)
+        elif col.allow_nan:  # low or infinite; NaN compares False
+            bad = values <= col.min_value if col.exclusive_min else values < col.min_value
+            bad |= np.isinf(values)
+        else:  # not at or above the bound (NaN fails it), or +inf
+            bad = ~(values > col.min_value if col.exclusive_min else values >= col.min_value)
+            bad |= values == np.inf
+        if col.kind == "int":
+            whole = values == np.round(values)
+            if col.allow_nan:
+                whole |= np.isnan(values)
+            bad |= ~whole
+    return bad
+
+
+def _exact_in_float(dtype: Any) -> bool:
+    """Whether ``dtype`` is an integer type every value of which a float64 holds exactly."""
+    return isinstance(dtype, np.dtype) and dtype.kind in "iu" and dtype.itemsize <= 4
+
+
+def _coerce_small_int(series: pd.Series, col: Column, what: str) -> pd.Series:
+    """:func:`_coerce_number` of integers of up to 32 bits: the checks on the integers.
+
+    Never NaN, infinite or fractional: only the bound is checked, and the values come back as
+    int64 (an integer column) or float64, as through a float column (exact at 32 bits).
+    """
+    import pandas as pd
+
+    values = series.to_numpy()
+    if col.min_value is not None:
+        low = values <= col.min_value if col.exclusive_min else values < col.min_value
+        pos = first_bad_row(low)
+        if pos is not None:
+            raise _fail(what, col, series, pos, series.iloc[pos])
+    kind = np.int64 if col.kind == "int" else np.float64
+    return pd.Series(values.astype(kind), index=series.index, copy=False)
 
 
 def require_unique(frame: pd.DataFrame, keys: Sequence[str], what: str) -> None:

@@ -532,10 +532,22 @@ _POWER_COLUMNS = frozenset(("core_power_w", "chip_power_w"))
 
 
 def _row_order(table: pd.DataFrame) -> np.ndarray:
-    """Return the stable order of ``table``'s rows by iteration, clock and op position."""
-    return np.lexsort(
-        (table["op"].to_numpy(), table["freq_mhz"].to_numpy(), table["iteration"].to_numpy())
-    )
+    """Return the stable order of ``table``'s rows by iteration, clock and op position.
+
+    Rows already in that order (a file this class wrote, the simulator's) keep it: checked
+    pair by pair, not sorted (a stable sort of sorted keys is the identity).
+    """
+    iteration, freq, op = (table[k].to_numpy() for k in ("iteration", "freq_mhz", "op"))
+    if len(table) > 1:
+        # each row's key at or after the one before it: (iteration, freq, op) lexicographically
+        later = iteration[1:] > iteration[:-1]
+        same = iteration[1:] == iteration[:-1]
+        later |= same & (freq[1:] > freq[:-1])
+        same &= freq[1:] == freq[:-1]
+        later |= same & (op[1:] >= op[:-1])
+        if later.all():
+            return np.arange(len(table))
+    return np.lexsort((op, freq, iteration))
 
 
 def _require_unique_keys(table: pd.DataFrame, order: np.ndarray) -> None:

@@ -14,7 +14,10 @@ coefficients are eliminated with ``bincount``-built normal equations, one batch 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import os
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -22,6 +25,7 @@ __all__ = [
     "constrained_wls",
     "fit_fixed_effects",
     "mean_by",
+    "nnls",
     "nonneg_wls2",
     "per_op_static",
     "stack_columns",
@@ -61,6 +65,8 @@ def _wls(design: np.ndarray, wy: np.ndarray, w: np.ndarray, points: np.ndarray) 
     scale = np.trace(a, axis1=1, axis2=2)[:, None, None] / max(design.shape[1], 1)
     a = a + _RIDGE * np.maximum(scale, 1e-300) * np.eye(design.shape[1])
     enough = points >= design.shape[1]
+    if len(wy) and enough.all():  # every row solved: no copy of the systems picked out
+        return np.linalg.solve(a, b[..., None])[..., 0]
     coef = np.full((len(wy), design.shape[1]), np.nan)
     if enough.any():
         coef[enough] = np.linalg.solve(a[enough], b[enough][..., None])[..., 0]
@@ -119,12 +125,15 @@ def constrained_wls(
         reduced = _wls(design @ m, wy, w, points)
         coef = reduced @ m.T
         feasible = np.isfinite(coef).all(axis=1)
-        feasible &= (coef[:, list(nonneg)] >= -1e-12 * np.abs(coef).max(axis=1, keepdims=True)).all(
-            axis=1
-        )
+        # each row's largest |coefficient|, column by column (a reduction along rows of 2-3
+        # values costs a call per row); the same values, NaN where the row has one
+        largest = functools.reduce(np.maximum, np.abs(coef).T)
+        floor = -1e-12 * largest
+        for j in nonneg:
+            feasible &= coef[:, j] >= floor
         for g, _ in extra:
             value = coef @ g
-            feasible &= value >= -1e-9 * np.abs(coef).max(axis=1) * np.abs(g).max()
+            feasible &= value >= -1e-9 * largest * np.abs(g).max()
         resid = np.nan_to_num(coef @ design.T - y)
         sse = np.where(feasible, (w * resid**2).sum(axis=1), np.inf)
         better = sse < best_sse
@@ -251,12 +260,61 @@ def fit_fixed_effects(
         within(cols[:, c], design[:, c])
     norm = np.linalg.norm(cols, axis=0)
     design[:, np.linalg.norm(design, axis=0) <= 1e-9 * np.maximum(norm, 1e-300)] = 0.0
-    # scipy.optimize takes ~0.5 s to import: only where nnls runs, not with every command
-    import scipy.optimize
-
-    shared_coef = scipy.optimize.nnls(design, within(y, np.empty(len(y))))[0]
+    shared_coef = nnls(design, within(y, np.empty(len(y))))
     del design
     return per_op_fit(y - cols @ shared_coef), shared_coef
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Return ``scipy.optimize.nnls(a, b)[0]`` (``argmin |a x - b|``, ``x >= 0``): the same numbers.
+
+    scipy's own Lawson-Hanson kernel (``scipy.optimize._slsqplib.nnls``), called as
+    ``scipy.optimize.nnls`` calls it, but loaded without importing ``scipy.optimize``, whose
+    package imports scipy.special, fft, spatial and HiGHS first (~0.3 s of every ``opdvfs plan``
+    and ``fit`` that fits a power model). Where the kernel is not where scipy 1.17 keeps it,
+    ``scipy.optimize.nnls`` itself.
+    """
+    kernel = _nnls_kernel()
+    if kernel is None:
+        import scipy.optimize
+
+        return scipy.optimize.nnls(a, b)[0]
+    # the checks and arguments of scipy.optimize.nnls (maxiter: 3 n)
+    a = np.asarray_chkfinite(a, dtype=np.float64, order="C")
+    b = np.asarray_chkfinite(b, dtype=np.float64)
+    if a.ndim != 2 or b.shape != (a.shape[0],):
+        raise ValueError(f"nnls: a of shape {a.shape} and b of shape {b.shape} do not match")
+    x, _, info = kernel(a, b, 3 * a.shape[1])
+    if info == 3:
+        raise RuntimeError("Maximum number of iterations reached.")
+    return np.asarray(x)
+
+
+@functools.cache
+def _nnls_kernel() -> Callable[..., tuple[np.ndarray, float, int]] | None:
+    """Load ``scipy.optimize._slsqplib.nnls`` from its file, or None where it is not there."""
+    import importlib.machinery
+    import importlib.util
+
+    import scipy
+
+    if tuple(scipy.__version__.split(".")[:2]) != ("1", "17"):
+        return None  # the kernel and its arguments as checked against scipy 1.17's nnls
+    for folder in scipy.__path__:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(folder, "optimize", f"_slsqplib{suffix}")
+            if not os.path.exists(path):
+                continue
+            try:
+                spec = importlib.util.spec_from_file_location("scipy.optimize._slsqplib", path)
+                if spec is None or spec.loader is None:
+                    return None
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                return cast("Callable[..., tuple[np.ndarray, float, int]]", module.nnls)
+            except (ImportError, AttributeError, OSError):
+                return None
+    return None
 
 
 def _pinv(a: np.ndarray, *, rcond: float) -> np.ndarray:

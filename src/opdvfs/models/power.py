@@ -697,33 +697,45 @@ class PowerModel(JsonFile):
         temps = np.empty_like(core)
         steps = np.zeros(len(freqs), dtype=int)
         weight = self.time_weight_ / max(self.time_weight_.sum(), 1e-300)
-        ops = np.arange(n)
         inv_t = self._inverse_times(time_us, n, len(freqs))
         use_t = self.use_temperature_
 
-        def terms(j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-            volt = float(self.voltage_.voltage_v(freqs[j]))
-            x = np.full(n, freqs[j] / 1e3 * volt**2)
-            return x, np.full(n, volt), None if inv_t is None else inv_t[:, j]
+        def terms(j: int) -> tuple[Any, float, np.ndarray]:
+            """Return ``freqs[j]``'s ``f V^2`` and ``V``, and ``_core``'s terms there but ``dT``'s.
 
-        def rise(j: int) -> tuple[np.ndarray, int]:
-            """Return the rise at ``freqs[j]``'s own steady state (eq. 15's fixed point)."""
+            The same operations as :meth:`_core` on columns of one value (each op's own
+            coefficients times the clock's scalars): computed once per clock, not at every
+            step of the temperature's fixed point (at 1M ops, ~10 full-length temporaries a
+            step).
+            """
+            volt = float(self.voltage_.voltage_v(freqs[j]))
+            x = freqs[j] / 1e3 * volt**2
+            base = self.alpha_ * x + (self.theta_ + self.theta_op_) * volt
+            if inv_t is not None:
+                base = base + (self.core_uj_per_v2_ * (volt * volt) + self.uncore_uj_) * inv_t[:, j]
+            return x, volt, base
+
+        def core_at(base: np.ndarray, volt: float, dt: np.ndarray | None) -> np.ndarray:
+            """:meth:`_core` at one clock from its ``terms``."""
+            return base + (self.gamma_ * volt * dt if dt is not None else 0.0)
+
+        def rise(x: Any, volt: float, base: np.ndarray) -> tuple[np.ndarray, int]:
+            """Return the rise at a clock's own steady state (eq. 15's fixed point)."""
             if not use_t or self.k_c_per_w_ <= 0:
                 return np.zeros(n), 0
-            x, vv, it = terms(j)
 
             def chip_at(dt: np.ndarray) -> np.ndarray:
-                p = self._core(ops, x, vv, dt, it) + self.uncore_w_ + self.uncore_beta_ * x
-                p = p + self.uncore_gamma_ * vv * dt
+                p = core_at(base, volt, dt) + self.uncore_w_ + self.uncore_beta_ * x
+                p = p + self.uncore_gamma_ * volt * dt
                 return np.asarray(weight @ p) if self.thermal == "workload" else p
 
             return solve_temperature(chip_at, self.k_c_per_w_, n)
 
-        held = None if die_at_mhz is None else rise(self._die_column(freqs, die_at_mhz))
+        held = None if die_at_mhz is None else rise(*terms(self._die_column(freqs, die_at_mhz)))
         for j in range(len(freqs)):
-            dtemp, steps[j] = rise(j) if held is None else held
-            x, vv, it = terms(j)
-            core[:, j] = self._core(ops, x, vv, dtemp if use_t else None, it)
+            x, volt_j, base = terms(j)
+            dtemp, steps[j] = rise(x, volt_j, base) if held is None else held
+            core[:, j] = core_at(base, volt_j, dtemp if use_t else None)
             temps[:, j] = self.ambient_c_ + dtemp
         volt = self.voltage_.voltage_v(freqs)
         fv2 = freqs / 1e3 * volt**2

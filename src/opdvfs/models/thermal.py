@@ -86,13 +86,14 @@ def fit_thermal(
     """
     if "temp_c" not in rows or "chip_power_w" not in rows:
         return _DEFAULT_AMBIENT_C, 0.0
-    weighted = pd.DataFrame(  # only the columns used: not a copy of every row's columns
+    weighted = pd.DataFrame(  # only the columns used, not copied (3 x 24 MB at 1M ops x 3)
         {
             "freq_mhz": rows["freq_mhz"],
             "temp_c": rows["temp_c"],
             "_pt": rows["chip_power_w"] * rows["time_us"],
             "time_us": rows["time_us"],
-        }
+        },
+        copy=False,
     )
     sums = weighted.groupby("freq_mhz").agg(
         t=("temp_c", "mean"), pt=("_pt", "sum"), time=("time_us", "sum")

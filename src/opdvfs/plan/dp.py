@@ -165,27 +165,36 @@ def _viterbi_free(tables: StageTables, lams: np.ndarray) -> np.ndarray:
     ndarray, shape (K, S)
         Clock index per stage for each multiplier.
     """
-    n_stages = tables.shape[0]
+    n_stages, n_clocks = tables.shape
     k = len(lams)
     origin = np.empty((k, n_stages), dtype=np.int64)  # the loop's argmin of best[s]
     tied: dict[int, np.ndarray] = {}  # stage -> (K, C) clocks at the minimum, where > 1 are
     carry = np.zeros(k)  # m[s-1] entering a block (0 before stage 0: cost[0] + 0 is cost[0])
+    # (K, C, stages) blocks: the minima over the clocks are then C - 1 elementwise minima of
+    # rows of stages, not a reduction along every stage's few clocks (the same values)
+    energy_t = np.ascontiguousarray(tables.energy_j.T)
+    time_t = np.ascontiguousarray(tables.time_s.T)
     for lo in range(0, n_stages, _BLOCK_STAGES):
         hi = min(lo + _BLOCK_STAGES, n_stages)
-        cost = tables.energy_j[None, lo:hi] + lams[:, None, None] * tables.time_s[None, lo:hi]
-        step = cost.min(axis=2)
+        cost = energy_t[None, :, lo:hi] + lams[:, None, None] * time_t[None, :, lo:hi]
+        step = cost.min(axis=1)
         if lo == 0:
             # best[0] is cost[0] itself, not 0 + cost[0] (-0.0 + 0.0 would differ in sign)
             reach = np.add.accumulate(step, axis=1)
-            best = np.concatenate([cost[:, :1], reach[:, :-1, None] + cost[:, 1:]], axis=1)
+            best = np.empty_like(cost)
+            best[:, :, :1] = cost[:, :, :1]
+            np.add(reach[:, None, :-1], cost[:, :, 1:], out=best[:, :, 1:])
         else:
             reach = np.add.accumulate(np.c_[carry, step], axis=1)[:, 1:]
-            best = np.concatenate([carry[:, None], reach[:, :-1]], axis=1)[:, :, None] + cost
+            best = np.concatenate([carry[:, None], reach[:, :-1]], axis=1)[:, None, :] + cost
         carry = reach[:, -1]
-        at_min = best == reach[:, :, None]
-        origin[:, lo:hi] = np.argmax(at_min, axis=2)
-        for j in np.flatnonzero((at_min.sum(axis=2) > 1).any(axis=0)):
-            tied[lo + int(j)] = at_min[:, j]
+        at_min = best == reach[:, None, :]
+        first = np.zeros((k, hi - lo), dtype=np.int64)  # the first clock at the minimum
+        for c in range(n_clocks - 1, -1, -1):
+            first[at_min[:, c]] = c
+        origin[:, lo:hi] = first
+        for j in np.flatnonzero((at_min.sum(axis=1) > 1).any(axis=0)):
+            tied[lo + int(j)] = at_min[:, :, j]
     clock = origin.copy()
     rows = np.arange(k)
     # from the last stage back, a stage with a tied minimum keeps its successor's clock when
