@@ -10,7 +10,6 @@ from opdvfs import Profile, ValidationError
 from opdvfs.calibration import PowerCalibration
 from opdvfs.cli import app
 from opdvfs.devices.spec import VoltageCurve
-from opdvfs.models import _lsq
 from opdvfs.models._lsq import fit_fixed_effects
 from opdvfs.models.attribution import (
     MIN_WINDOWS,
@@ -94,26 +93,6 @@ def test_three_clock_fit_predicts_the_measured_direction():
     t = perf.predict([1000.0, 1800.0])
     e = (model.predict([1000.0, 1800.0])["core_w"] * t).sum(axis=0)
     assert e[0] / e[1] == pytest.approx(measured, abs=0.05)
-
-
-def test_nnls_is_scipys_to_the_bit(monkeypatch):
-    """The kernel loaded without scipy.optimize's package gives scipy.optimize.nnls's numbers."""
-    import scipy
-    import scipy.optimize
-
-    rng = np.random.default_rng(7)
-    problems = [
-        (rng.normal(size=(m, n)), rng.normal(size=m)) for m, n in ((40, 3), (9, 5), (500, 2))
-    ]
-    problems.append((np.c_[np.zeros(30), rng.normal(size=30)], rng.normal(size=30)))
-    expected = [scipy.optimize.nnls(a, b)[0] for a, b in problems]
-    if scipy.__version__.startswith("1.17."):
-        assert _lsq._nnls_kernel() is not None
-    for (a, b), want in zip(problems, expected, strict=True):
-        np.testing.assert_array_equal(_lsq.nnls(a, b), want)
-    monkeypatch.setattr(_lsq, "_nnls_kernel", lambda: None)  # elsewhere: scipy.optimize's own
-    for (a, b), want in zip(problems, expected, strict=True):
-        np.testing.assert_array_equal(_lsq.nnls(a, b), want)
 
 
 @pytest.mark.parametrize("thermal", ["workload", "op"])

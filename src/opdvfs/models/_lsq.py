@@ -15,9 +15,7 @@ coefficients are eliminated with ``bincount``-built normal equations, one batch 
 from __future__ import annotations
 
 import functools
-import os
-from collections.abc import Callable, Sequence
-from typing import cast
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -266,55 +264,13 @@ def fit_fixed_effects(
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Return ``scipy.optimize.nnls(a, b)[0]`` (``argmin |a x - b|``, ``x >= 0``): the same numbers.
+    """Return ``scipy.optimize.nnls(a, b)[0]``: ``argmin |a x - b|`` with ``x >= 0``.
 
-    scipy's own Lawson-Hanson kernel (``scipy.optimize._slsqplib.nnls``), called as
-    ``scipy.optimize.nnls`` calls it, but loaded without importing ``scipy.optimize``, whose
-    package imports scipy.special, fft, spatial and HiGHS first (~0.3 s of every ``opdvfs plan``
-    and ``fit`` that fits a power model). Where the kernel is not where scipy 1.17 keeps it,
-    ``scipy.optimize.nnls`` itself.
+    scipy.optimize is imported here, where nnls runs, not with every command (~0.3-0.5 s).
     """
-    kernel = _nnls_kernel()
-    if kernel is None:
-        import scipy.optimize
+    import scipy.optimize
 
-        return scipy.optimize.nnls(a, b)[0]
-    # the checks and arguments of scipy.optimize.nnls (maxiter: 3 n)
-    a = np.asarray_chkfinite(a, dtype=np.float64, order="C")
-    b = np.asarray_chkfinite(b, dtype=np.float64)
-    if a.ndim != 2 or b.shape != (a.shape[0],):
-        raise ValueError(f"nnls: a of shape {a.shape} and b of shape {b.shape} do not match")
-    x, _, info = kernel(a, b, 3 * a.shape[1])
-    if info == 3:
-        raise RuntimeError("Maximum number of iterations reached.")
-    return np.asarray(x)
-
-
-@functools.cache
-def _nnls_kernel() -> Callable[..., tuple[np.ndarray, float, int]] | None:
-    """Load ``scipy.optimize._slsqplib.nnls`` from its file, or None where it is not there."""
-    import importlib.machinery
-    import importlib.util
-
-    import scipy
-
-    if tuple(scipy.__version__.split(".")[:2]) != ("1", "17"):
-        return None  # the kernel and its arguments as checked against scipy 1.17's nnls
-    for folder in scipy.__path__:
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            path = os.path.join(folder, "optimize", f"_slsqplib{suffix}")
-            if not os.path.exists(path):
-                continue
-            try:
-                spec = importlib.util.spec_from_file_location("scipy.optimize._slsqplib", path)
-                if spec is None or spec.loader is None:
-                    return None
-                module = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
-                return cast("Callable[..., tuple[np.ndarray, float, int]]", module.nnls)
-            except (ImportError, AttributeError, OSError):
-                return None
-    return None
+    return np.asarray(scipy.optimize.nnls(a, b)[0])
 
 
 def _pinv(a: np.ndarray, *, rcond: float) -> np.ndarray:
