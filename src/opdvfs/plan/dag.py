@@ -102,6 +102,7 @@ from opdvfs.plan._dag_problem import (
     topological_levels,
 )
 from opdvfs.plan._dag_search import _greedy_fill, _infeasible, _search, _slot_plan
+from opdvfs.plan._dag_steady import _steady_plan
 
 __all__ = [
     "TIME_LIMIT_S",
@@ -194,6 +195,11 @@ _BACK_ABOVE = 5e-3
 #: finish (:func:`_first_plan`: its bound from the duals so far and its last iterate); at
 #: most a tenth of the budget (a frontier's 0.25 s a deadline).
 _FALLBACK_S = 0.08
+#: Seconds past the budget a large pipeline's plan of its steady state may take where its
+#: relaxation did not finish (:func:`_first_plan`; 0.04-0.16 s of CPU at 16 stages x 128
+#: microbatches), times the CPU starvation (:func:`_starved`); at most this share of the
+#: budget plus :data:`_STEADY_OVER_S` (within ``--time-limit-s``'s 1.1 T + 0.2 s).
+_STEADY_S, _STEADY_SHARE, _STEADY_OVER_S = 0.12, 0.1, 0.1
 
 
 #: Wall seconds per CPU second above which a plan counts as starved of CPU (:func:`_starved`),
@@ -336,6 +342,7 @@ def _solve(
             relaxation if large else None,
             until,
             warm_start,
+            min(_STEADY_S * starved, _STEADY_SHARE * time_limit_s + _STEADY_OVER_S),
         )
     relax_s = _time.perf_counter() - relax_started
     relax_cpu = _time.thread_time() - relax_cpu
@@ -620,6 +627,7 @@ def _first_plan(
     interrupted: _Programme | None = None,
     until: float = np.inf,
     warm_start: np.ndarray | None = None,
+    steady_s: float = 0.0,
 ) -> DagPlan:
     """Return the plan when the budget ends before the relaxation: all-max, stretched.
 
@@ -633,8 +641,11 @@ def _first_plan(
     With ``interrupted`` (the relaxation stopped at its limit; large graphs), the bound is
     the one its duals so far certify (:meth:`_Programme.dual_bound`) where that is higher,
     and its last iterate is a second plan: each node's extra time over its fastest option
-    scaled by the largest factor (of 32 steps) that keeps the deadline, rounded down. The
-    cheaper of the two then takes the greedy pass in batches until ``until``.
+    scaled by the largest factor (of 32 steps) that keeps the deadline, rounded down. On a
+    pipeline, the plan of its steady state (:func:`~opdvfs.plan._dag_steady._steady_plan`,
+    within ``steady_s`` past ``until``) is a third, and the cheapest takes the greedy pass in
+    batches until then (measured at 16 stages x 128 microbatches: see
+    ``benchmarks/fallback_small_pipeline.py``).
 
     With ``warm_start`` (a frontier's tighter deadline's plan, as option slots: it meets this
     looser deadline too), the cheapest of the plans that fit is kept and takes the greedy pass
@@ -655,6 +666,14 @@ def _first_plan(
     if interrupted is not None:
         bound = max(bound, interrupted.dual_bound())
         slots.insert(0, _scaled_iterate(problem, options, interrupted.durations_now(), deadline_s))
+        until += steady_s
+        steady = (
+            _steady_plan(problem, options, deadline_s, max(until - _time.perf_counter(), 0.0))
+            if steady_s > 0
+            else None
+        )
+        if steady is not None:
+            slots.insert(0, steady)
     plans = np.stack(slots)
     makespan, energy, _ = problem.evaluate(options.clock[rows, plans])
     fits = makespan <= deadline_s * (1 + 1e-6)
