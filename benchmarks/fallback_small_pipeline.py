@@ -115,6 +115,7 @@ from opdvfs.plan import dag
 from opdvfs.plan._dag_lp import _OutOfTime
 from opdvfs.plan._dag_problem import _TIME_RTOL, DagProblem, _deadline, _Options
 from opdvfs.plan._dag_search import _greedy_fill
+from opdvfs.plan._dag_steady import _steady_plan
 from pipeline_planning import TARGETS, planner_on_cpu_clock, scale_problem, show
 from relaxation_basis import keys, programme
 
@@ -169,12 +170,17 @@ def small_plan(
     name: str,
     m_small: int,
     deadline_s: float,
-    *,
-    periodic: bool,
+    variant: str,
 ) -> tuple[np.ndarray, float]:
     """Return the large plan (option slots) from the small pipeline, and its CPU seconds."""
+    started = time.process_time()
+    if variant == "steady":  # the planner's (opdvfs.plan._dag_steady), 2 x stages microbatches
+        slot = _steady_plan(problem, options, deadline_s, None)
+        assert slot is not None, "no steady-state plan"
+        return slot, time.process_time() - started
     small = scale_problem(name, problem.n_ranks, m_small)
     started = time.process_time()
+    periodic = variant == "per"
     to = counterparts(problem, small, m_small, periodic=periodic)
     base = float(problem.evaluate(problem.top_clock())[0])
     small_s = deadline_s / base * float(small.evaluate(small.top_clock())[0])
@@ -213,7 +219,14 @@ def small_plan(
     return slot, time.process_time() - started
 
 
-def case(name: str, stages: int, microbatches: int, target: float, smalls: list[int]) -> dict:
+def case(
+    name: str,
+    stages: int,
+    microbatches: int,
+    target: float,
+    smalls: list[int],
+    variants: list[str],
+) -> dict:
     """One instance: the planner's fallback now and every small-pipeline plan."""
     problem = scale_problem(name, stages, microbatches)
     deadline, top = _deadline(problem, target)
@@ -243,9 +256,11 @@ def case(name: str, stages: int, microbatches: int, target: float, smalls: list[
         row["now %"] = 100 * (now.energy_j / optimum - 1)
         row["dual %"] = 100 * (1 - now.lower_bound_j / optimum)
     for m_small in smalls:
-        for periodic in (False, True):
-            label = f"{'per' if periodic else 'mid'}{m_small}"
-            slot, pre_s = small_plan(problem, options, name, m_small, deadline, periodic=periodic)
+        for variant in variants:
+            if variant == "steady" and m_small != 2 * stages:
+                continue
+            label = f"{variant}{m_small}"
+            slot, pre_s = small_plan(problem, options, name, m_small, deadline, variant)
             short, full, seconds = greedy(problem, options, slot, deadline)
             row[f"{label} pre s"] = pre_s
             row[f"{label} +.15 %"] = 100 * (short / optimum - 1)
@@ -254,18 +269,22 @@ def case(name: str, stages: int, microbatches: int, target: float, smalls: list[
     return row
 
 
-def compact(table: pd.DataFrame, m_small: int) -> str:
-    """Return one small pipeline's rows as the docstring's table (``M``: mid, ``P``: per)."""
+def compact(table: pd.DataFrame, m_small: int, pair: tuple[str, ...]) -> str:
+    """Return one or two variants' rows as the docstring's table (each named by its initial)."""
     cols = ["pre s", "+.15 %", "conv %", "greedy s"]
     head = ["data", "d %", "lp s", "now %", "dual %"]
-    picked = table[head + [f"{v}{m_small} {c}" for v in ("mid", "per") for c in cols]].copy()
-    picked.columns = head + [f"{v} {c}" for v in "MP" for c in ("pre", "+.15", "conv", "gr s")]
+    picked = table[head + [f"{v}{m_small} {c}" for v in pair for c in cols]].copy()
+    picked.columns = head + [
+        f"{v[0].upper()} {c}" for v in pair for c in ("pre", "+.15", "conv", "gr s")
+    ]
     picked["data"] = picked["data"].str.replace("175b-", "")
     median = picked.drop(columns=["data", "d %"]).median()
+    median = median.astype(object)
     median["data"], median["d %"] = "median", np.nan
     picked = pd.concat([picked, median.to_frame().T], ignore_index=True)
     picked["d %"] = picked["d %"].map(lambda v: "" if pd.isna(v) else f"{v:g}")
-    return f"M = {m_small}\n" + picked.to_string(index=False, float_format=lambda v: f"{v:.2f}")
+    text = picked.to_string(index=False, float_format=lambda v: f"{v:.2f}")
+    return f"M = {m_small}, {' and '.join(pair)}\n{text}"
 
 
 def main() -> None:
@@ -275,10 +294,12 @@ def main() -> None:
     parser.add_argument("--targets", default=",".join(f"{d:g}" for d in TARGETS))
     parser.add_argument("--data", default=",".join(n for n in DATASETS if n.startswith("perseus-")))
     parser.add_argument("--smalls", default="32,48")
+    parser.add_argument("--variants", default="mid,per,steady")
     args = parser.parse_args()
     planner_on_cpu_clock()
     pd.set_option("display.width", 250)
     smalls = [int(v) for v in args.smalls.split(",") if v]
+    variants = [v for v in args.variants.split(",") if v]
     print(
         f"{args.stages} stages x {args.microbatches} microbatches; CPU s; "
         f"load average {os.getloadavg()[0]:.2f}",
@@ -287,11 +308,14 @@ def main() -> None:
     rows = []
     for name in args.data.split(","):
         for target in (float(v) for v in args.targets.split(",")):
-            rows.append(case(name, args.stages, args.microbatches, target, smalls))
+            rows.append(case(name, args.stages, args.microbatches, target, smalls, variants))
             print(show(pd.DataFrame(rows[-1:])), flush=True)
     table = pd.DataFrame(rows)
     for m_small in smalls:
-        print(compact(table, m_small))
+        if {"mid", "per"} <= set(variants):
+            print(compact(table, m_small, ("mid", "per")))
+    if "steady" in variants:
+        print(compact(table, 2 * args.stages, ("steady",)))
     print(f"load average now {os.getloadavg()[0]:.2f}")
 
 

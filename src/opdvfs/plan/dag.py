@@ -71,7 +71,9 @@ the plan is not within ``rel_gap``, the relaxation is rounded in time order agai
 latest nodes back (:func:`_latest_first`), and the cheaper plan kept. A relaxation stopped at
 the limit still certifies a bound, the Lagrangian of its duals so far
 (:meth:`~opdvfs.plan._dag_lp._Programme.dual_bound`), and its last iterate, scaled into the
-deadline, is a plan beside the stretched one (:func:`_first_plan`). Smaller graphs take the
+deadline, is a plan beside the stretched one (:func:`_first_plan`); on a long pipeline so is
+the plan of its steady state, relaxed on the pipeline with twice as many microbatches as stages
+(:mod:`opdvfs.plan._dag_steady`). Smaller graphs take the
 rolling rounding too, after the plain one's greedy pass where that is not within ``rel_gap``
 of the bound, and keep the cheaper (with a time limit only).
 """
