@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Iterator
 
 import highspy
 import numpy as np
@@ -158,24 +159,36 @@ def case(name: str, stages: int, microbatches: int, target: float) -> dict:
     return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def case_parser(doc: str) -> argparse.ArgumentParser:
+    """Return the arguments of the relaxation_*.py benchmarks: the graphs and deadlines."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--stages", type=int, default=16, choices=(8, 16))
     parser.add_argument("--microbatches", type=int, default=128)
     parser.add_argument("--targets", default=",".join(f"{d:g}" for d in TARGETS))
     parser.add_argument("--data", default=",".join(n for n in DATASETS if n.startswith("perseus-")))
-    args = parser.parse_args()
+    return parser
+
+
+def each_case(args: argparse.Namespace, what: str) -> Iterator[tuple[str, float]]:
+    """Print the run's header (``what`` its clock); yield each (Perseus file, target)."""
     pd.set_option("display.width", 250)
     pd.set_option("display.max_columns", 40)
     print(
-        f"{args.stages} stages x {args.microbatches} microbatches; CPU s of one thread, each "
-        f"step to the end; load average {os.getloadavg()[0]:.2f}"
+        f"{args.stages} stages x {args.microbatches} microbatches; {what}; load average "
+        f"{os.getloadavg()[0]:.2f}",
+        flush=True,
     )
-    rows = []
     for name in args.data.split(","):
         for target in (float(v) for v in args.targets.split(",")):
-            rows.append(case(name, args.stages, args.microbatches, target))
-            print(show(pd.DataFrame(rows[-1:])), flush=True)
+            yield name, target
+
+
+def main() -> None:
+    args = case_parser(__doc__).parse_args()
+    rows = []
+    for name, target in each_case(args, "CPU s of one thread, each step to the end"):
+        rows.append(case(name, args.stages, args.microbatches, target))
+        print(show(pd.DataFrame(rows[-1:])), flush=True)
     table = pd.DataFrame(rows)
     print(show(table))
     print(

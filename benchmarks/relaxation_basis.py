@@ -106,7 +106,6 @@ segmentation fault in highspy 1.16; it was run after a zero-iteration solve.)
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import time
@@ -114,10 +113,10 @@ import time
 import numpy as np
 import pandas as pd
 
-from opdvfs.datasets import DATASETS
 from opdvfs.plan._dag_lp import _Programme
 from opdvfs.plan._dag_problem import _TIME_RTOL, DagProblem, _deadline, _Options
-from pipeline_planning import TARGETS, scale_problem, show
+from pipeline_planning import scale_problem, show
+from relaxation_at_scale import case_parser, each_case
 
 _NAME = re.compile(r"(forward|backward)(\d+)")
 
@@ -272,27 +271,16 @@ def case(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stages", type=int, default=16, choices=(8, 16))
-    parser.add_argument("--microbatches", type=int, default=128)
-    parser.add_argument("--targets", default=",".join(f"{d:g}" for d in TARGETS))
-    parser.add_argument("--data", default=",".join(n for n in DATASETS if n.startswith("perseus-")))
+    parser = case_parser(__doc__)
     parser.add_argument("--smalls", default="32,48,64")
     parser.add_argument("--primal", action="store_true", help="HiGHS's primal simplex")
     args = parser.parse_args()
-    pd.set_option("display.width", 250)
     smalls = [int(v) for v in args.smalls.split(",") if v]
-    print(
-        f"{args.stages} stages x {args.microbatches} microbatches; CPU s of one thread; "
-        f"load average {os.getloadavg()[0]:.2f}",
-        flush=True,
-    )
     rows: list[dict] = []
-    for name in args.data.split(","):
-        for target in (float(v) for v in args.targets.split(",")):
-            got = case(name, args.stages, args.microbatches, target, smalls, args.primal)
-            print(show(pd.DataFrame(got)), flush=True)
-            rows += got
+    for name, target in each_case(args, "CPU s of one thread"):
+        got = case(name, args.stages, args.microbatches, target, smalls, args.primal)
+        print(show(pd.DataFrame(got)), flush=True)
+        rows += got
     table = pd.DataFrame(rows)
     by = table.groupby("start", sort=False)
     summary = by[["it", "lp s", "pre s", "total s"]].median()

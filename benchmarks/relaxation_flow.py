@@ -68,7 +68,6 @@ does not use it.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -79,10 +78,10 @@ import pandas as pd
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import bellman_ford
 
-from opdvfs.datasets import DATASETS
 from opdvfs.plan._dag_lp import _Programme
 from opdvfs.plan._dag_problem import _TIME_RTOL, DagProblem, _deadline, _Options
-from pipeline_planning import TARGETS, scale_problem, show
+from pipeline_planning import scale_problem, show
+from relaxation_at_scale import case_parser, each_case
 
 #: Integer units of the flow problem: seconds per cost unit, and share of the largest slope
 #: (W) per flow unit.
@@ -248,27 +247,17 @@ def case(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stages", type=int, default=16, choices=(8, 16))
-    parser.add_argument("--microbatches", type=int, default=128)
-    parser.add_argument("--targets", default=",".join(f"{d:g}" for d in TARGETS))
-    parser.add_argument("--data", default=",".join(n for n in DATASETS if n.startswith("perseus-")))
+    parser = case_parser(__doc__)
     parser.add_argument("--blocking-power-w", type=float, default=0.0)
     args = parser.parse_args()
     try:
         import ortools  # noqa: F401
     except ImportError:
         sys.exit("relaxation_flow.py: needs OR-Tools (pip install ortools)")
-    pd.set_option("display.width", 250)
-    print(
-        f"{args.stages} stages x {args.microbatches} microbatches; CPU s of one thread; load "
-        f"average {os.getloadavg()[0]:.2f}"
-    )
     rows = []
-    for name in args.data.split(","):
-        for target in (float(v) for v in args.targets.split(",")):
-            rows.append(case(name, args.stages, args.microbatches, target, args.blocking_power_w))
-            print(show(pd.DataFrame(rows[-1:])), flush=True)
+    for name, target in each_case(args, "CPU s of one thread"):
+        rows.append(case(name, args.stages, args.microbatches, target, args.blocking_power_w))
+        print(show(pd.DataFrame(rows[-1:])), flush=True)
     table = pd.DataFrame(rows)
     print(show(table))
     print(

@@ -222,9 +222,9 @@ def test_a_plan_starved_of_cpu_keeps_back_more_of_its_budget_for_its_wrap_up(mon
     )
     prepare = dag._prepare
 
-    def slow_prepare(problem):
+    def slow_prepare(problem, deadline_s=None):
         clock.wall, clock.cpu = clock.wall + 0.3, clock.cpu + 0.03
-        return prepare(problem)
+        return prepare(problem, deadline_s)
 
     limits = []
 

@@ -100,8 +100,33 @@ def test_the_certificate_brackets_the_brute_force_optimum(seed):
 
 @pytest.mark.parametrize("blocking_power_w", [0.0, 2.0])
 def test_the_relaxation_is_each_nodes_convex_hull(blocking_power_w):
-    # one node, options (1 s, 10 J), (2 s, 4 J), (3 s, 3 J): within 2.5 s the relaxation mixes
-    # the 2 s and 3 s options half and half (3.5 J); the best plan is the 2 s option (4 J)
+    # a chain of two nodes, each with options (1 s, 10 J), (2 s, 4 J), (3 s, 3 J): within 4.5 s
+    # the relaxation runs both at 2 s and spends the last 0.5 s on the 2 s -> 3 s edge of one
+    # hull (7.5 J); the best plan is both at 2 s (8 J). Each node may take up to 3.5 s (the
+    # deadline less the other's fastest 1 s), so no option is out of reach
+    problem = DagProblem(
+        np.array([[3.0, 2.0, 1.0]] * 2),
+        np.array([[3.0, 4.0, 10.0]] * 2),
+        [1000.0, 1400.0, 1800.0],
+        np.array([[0, 1]]),
+        [0, 0],
+        ["a", "b"],
+        blocking_power_w=blocking_power_w,
+    )
+    plan = solve_dag(problem, 1.25, rel_gap=1e-9, time_limit_s=0.0)
+    # effective energy: waiting power is charged until the makespan, the chain's time
+    assert plan.energy_j == pytest.approx(8.0)
+    assert plan.lower_bound_j == pytest.approx(7.5)
+    assert plan.status == "feasible" and plan.gap_pct == pytest.approx(6.25)
+    exact = solve_dag(problem, 1.25, rel_gap=1e-9, time_limit_s=5.0)
+    assert exact.status == "optimal" and exact.lower_bound_j == pytest.approx(8.0)
+
+
+@pytest.mark.parametrize("blocking_power_w", [0.0, 2.0])
+def test_options_past_a_nodes_float_leave_the_relaxation(blocking_power_w):
+    # one node, options (1 s, 10 J), (2 s, 4 J), (3 s, 3 J), within 2.5 s: the 3 s option is
+    # out of reach, so the relaxation is the hull of the other two, at 2 s: 4 J, the optimum
+    # (on the hull of all three it mixed 2 s and 3 s half and half: 3.5 J, 12.5% below)
     problem = DagProblem(
         np.array([[3.0, 2.0, 1.0]]),
         np.array([[3.0, 4.0, 10.0]]),
@@ -112,12 +137,39 @@ def test_the_relaxation_is_each_nodes_convex_hull(blocking_power_w):
         blocking_power_w=blocking_power_w,
     )
     plan = solve_dag(problem, 1.5, rel_gap=1e-9, time_limit_s=0.0)
-    # effective energy: waiting power is charged until the makespan, which is the node's time
     assert plan.energy_j == pytest.approx(4.0)
-    assert plan.lower_bound_j == pytest.approx(3.5)
-    assert plan.status == "feasible" and plan.gap_pct == pytest.approx(12.5)
-    exact = solve_dag(problem, 1.5, rel_gap=1e-9, time_limit_s=5.0)
-    assert exact.status == "optimal" and exact.lower_bound_j == pytest.approx(4.0)
+    assert plan.lower_bound_j == pytest.approx(4.0)
+    assert plan.status == "optimal"
+    table = dag_frontier(problem, [1.5], time_limit_s=0.0)
+    assert table["lower_bound_j"].iloc[0] == pytest.approx(4.0)
+    # a frontier's options serve its loosest deadline: there the 3 s option is in reach
+    table = dag_frontier(problem, [1.5, 2.0], time_limit_s=0.0)
+    assert list(table["lower_bound_j"]) == pytest.approx([3.5, 3.0])
+
+
+def test_a_large_graphs_options_leave_only_where_the_hull_gains_a_corner():
+    # two nodes side by side, 2.5 s: node a (1 s, 10 J), (2 s, 4 J), (3 s, 3 J) keeps its hull
+    # corners within the float, so for a large graph (corners only) its 3 s option stays;
+    # node b (1 s, 10 J), (2 s, 7 J), (3 s, 1 J): its 2 s option, above the whole hull, is a
+    # corner of the hull within the float, so its 3 s option goes either way
+    from opdvfs.plan._dag_problem import _deadline, _Options
+
+    problem = DagProblem(
+        np.array([[3.0, 2.0, 1.0], [3.0, 2.0, 1.0]]),
+        np.array([[3.0, 4.0, 10.0], [1.0, 7.0, 10.0]]),
+        [1000.0, 1400.0, 1800.0],
+        np.empty((0, 2)),
+        [0, 1],
+        ["a", "b"],
+    )
+    deadline, _ = _deadline(problem, 1.5)
+    options = _Options.build(problem)
+    assert options.valid.all()
+    every = options.within(problem, deadline)
+    corners = options.within(problem, deadline, corners_only=True)
+    assert every.valid.tolist() == [[True, True, False], [True, True, False]]
+    assert corners.valid.tolist() == [[True, True, True], [True, True, False]]
+    assert np.isinf(corners.time_s[1, 2]) and corners.clock[1, 2] == -1
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -642,8 +694,8 @@ def test_a_small_pipeline_also_takes_the_rolling_rounding_where_it_is_cheaper(mo
     from opdvfs.plan._dag_search import _greedy_fill
 
     problem = pipeline_dag(read_profile([dataset_path("perseus-gpt3-175b-a40")]), 16)
-    options, _, relaxation = dag._prepare(problem)
     deadline, _ = _deadline(problem, 0.0)
+    options, _, relaxation = dag._prepare(problem, deadline)
     relaxation.set_deadline(deadline * (1 + _TIME_RTOL))
     bound, duration = relaxation.relax()
     at_or_below = options.time_s <= duration[:, None] * (1 + _TIME_RTOL) + 1e-15
@@ -670,16 +722,18 @@ def test_a_large_graph_also_takes_the_rolling_rounding_from_the_latest(monkeypat
     from opdvfs.plan._dag_problem import _TIME_RTOL, _deadline
 
     problem = pipeline_dag(read_profile([dataset_path("perseus-gpt3-175b-a40")]), 16)
-    options, _, relaxation = dag._prepare(problem)
     deadline, _ = _deadline(problem, 0.0)
+    # every option kept (those past a node's float left out, the first rounding is 0.47%)
+    state = dag._prepare(problem)
+    options, _, relaxation = state
     relaxation.set_deadline(deadline * (1 + _TIME_RTOL))
     relaxation.start_slowest()
     bound, duration = relaxation.relax()
     at_or_below = options.time_s <= duration[:, None] * (1 + _TIME_RTOL) + 1e-15
     plain = np.maximum(at_or_below.sum(axis=1) - 1, 0)
     rows = np.arange(problem.n_nodes)
-    first = dag._large_rounding(
-        problem, options, relaxation, plain, bound, deadline, 1e-3, np.inf, 0.0
+    first = dag._Rounding(problem, options, relaxation, bound, deadline, 1e-3, np.inf, 0.0).first(
+        plain
     )
     first_j = float(problem.evaluate(options.clock[rows, first])[1])
     assert first_j * (1 - 5e-3) > bound  # the new rounding runs only past 0.5% (_BACK_ABOVE)
@@ -694,7 +748,13 @@ def test_a_large_graph_also_takes_the_rolling_rounding_from_the_latest(monkeypat
         lambda self, _until: self.round_down(np.asarray(self.h.getSolution().col_value[: self.nx])),
     )
     plan = dag._solve(
-        problem, 0.0, rel_gap=1e-3, time_limit_s=5.0, deadline_s=None, bound_worker=False
+        problem,
+        0.0,
+        rel_gap=1e-3,
+        time_limit_s=5.0,
+        deadline_s=None,
+        state=state,
+        bound_worker=False,
     )
     assert plan.makespan_s <= deadline * (1 + 1e-6)
     assert plan.lower_bound_j == pytest.approx(bound, rel=1e-9)

@@ -316,6 +316,18 @@ def test_plan_names_the_clock_most_worth_profiling_next(tmp_path):
     res = runner.invoke(app, ["plan", str(every), *args, "--out", str(tmp_path / "s3.json")])
     assert res.exit_code == 0, res.output
     assert "next clock: none worth profiling" in res.output
+    # a MODELS file has no measurements to extend: it says so (the plan is still written)
+    models = tmp_path / "m.json"
+    res = runner.invoke(app, ["fit", str(few), "--out", str(models)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["plan", str(models), *args, "--out", str(tmp_path / "s4.json")])
+    assert res.exit_code == 0, res.output
+    assert "next clock: none named (a MODELS file" in res.output
+    assert (tmp_path / "s4.json").exists()
+    res = runner.invoke(
+        app, ["plan", str(models), *args, "--out", str(tmp_path / "s5.json"), "--json"]
+    )
+    assert res.exit_code == 0 and json.loads(res.stdout)["next_clock"] is None
     # not with a pipeline (its planner has no such criterion): exit 2, nothing written
     res = runner.invoke(
         app, ["plan", str(few), *args, "--pipeline", "1f1b", "--out", str(tmp_path / "p.json")]

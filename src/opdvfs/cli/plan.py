@@ -479,7 +479,8 @@ def plan(
     spec = device_spec(device)
     given: Profile | ModelBundle
     train = None
-    if source.suffix.lower() in (".json", ".npz"):  # a MODELS file (JSON or columnar)
+    from_models = source.suffix.lower() in (".json", ".npz")  # a MODELS file (JSON or columnar)
+    if from_models:
         given = ModelBundle.read(source)
     else:
         # the samples are not fitted on where the rows carry power (plan_profile drops them)
@@ -509,7 +510,7 @@ def plan(
     schedule.write(out)
     if frontier_csv is not None:
         write_text_atomic(frontier_csv, planned.frontier().to_csv(index=False))
-    choice = _next_clock(planned, target * budget_scale) if next_clock else None
+    choice = _next_clock(planned, target * budget_scale) if next_clock and not from_models else None
     if as_json:
         summary = _summary(schedule, objective)
         if next_clock:
@@ -518,7 +519,7 @@ def plan(
         return
     stdout.print(_summary_line(out, schedule, objective), highlight=False)
     if next_clock:
-        stdout.print(_next_clock_line(choice), highlight=False)
+        stdout.print(_next_clock_line(choice, from_models=from_models), highlight=False)
 
 
 def _next_clock(planned: ProfilePlan, target: float) -> ClockToMeasure | None:
@@ -548,8 +549,13 @@ def _choice_summary(choice: ClockToMeasure) -> dict[str, Any]:
     }
 
 
-def _next_clock_line(choice: ClockToMeasure | None) -> str:
+def _next_clock_line(choice: ClockToMeasure | None, *, from_models: bool = False) -> str:
     """Return ``plan --next-clock``'s line: the clock to profile too, or why there is none."""
+    if from_models:
+        return (
+            "next clock: none named (a MODELS file holds no measured clocks to weigh: give "
+            "the PROFILE it was fitted on)"
+        )
     if choice is None:
         return (
             "next clock: none worth profiling (the models fill no clock the plan could use, "

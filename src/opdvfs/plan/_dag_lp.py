@@ -410,7 +410,7 @@ class _Programme:
         relaxation so far is rounded down. Every bound is restored after, and the
         relaxation's optimal basis. ``latest_first`` takes the groups from the latest, so
         the earlier nodes take up the rounding of the later ones
-        (:func:`opdvfs.plan.dag._latest_first`).
+        (:meth:`opdvfs.plan.dag._Rounding.latest_first`).
         """
         h, nx = self.h, self.nx
         cols = np.arange(nx, dtype=np.int32)

@@ -68,8 +68,8 @@ time order, re-solved after each of 8 groups of nodes
 steady state every stage runs at one duration between two hull options, and only a rounding
 that mixes the two in step across the stages keeps near the bound. Where time is left and
 the plan is not within ``rel_gap``, the relaxation is rounded in time order again, from the
-latest nodes back (:func:`_latest_first`), and the cheaper plan kept. A relaxation stopped at
-the limit still certifies a bound, the Lagrangian of its duals so far
+latest nodes back (:meth:`_Rounding.latest_first`), and the cheaper plan kept. A relaxation
+stopped at the limit still certifies a bound, the Lagrangian of its duals so far
 (:meth:`~opdvfs.plan._dag_lp._Programme.dual_bound`), and its last iterate, scaled into the
 deadline, is a plan beside the stretched one (:func:`_first_plan`); on a long pipeline so is
 the plan of its steady state, relaxed on the pipeline with twice as many microbatches as stages
@@ -82,7 +82,7 @@ from __future__ import annotations
 
 import os
 import time as _time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -180,13 +180,17 @@ def _root_seconds(columns: int, load: float) -> float:
 #: within 0.1-0.2% of the bound).
 _LARGE_NODES = 2048
 #: A large graph's relaxation is rounded in time order first where the plain rounding is
-#: further than this fraction above the bound (:func:`_large_rounding`).
+#: further than this fraction above the bound (:meth:`_Rounding.first`).
 _ROLL_FIRST = 3e-3
-#: ... and only with this many times the relaxation's seconds left (:func:`_large_rounding`).
-_ROLL_ROOM = 3.0
+#: ... and only with this many times the relaxation's seconds left (:meth:`_Rounding.first`):
+#: its re-solves take about the relaxation's time and its greedy pass as much again. Measured
+#: at 8 stages x 128 microbatches at the default budget (CPU clock, 16 cases): from 3.0 to 2.0
+#: GPT-3 A40 went 0.84% -> 0.50% (d = 0) and 0.98% -> 0.62% (d = 2%), BLOOM A40 0.59% ->
+#: 0.39% (d = 2%), no case worse; at 16 stages no case changed beyond run-to-run noise.
+_ROLL_ROOM = 2.0
 #: Groups of the rolling roundings from the latest nodes back that a large graph's plan takes
 #: after the first roundings, in turn while it is not within the target gap
-#: (:func:`_latest_first`).
+#: (:meth:`_Rounding.latest_first`).
 _BACK_CHUNKS = (8, 32)
 #: ... and only where the plan is further than this fraction above the bound: closer, the
 #: neighbourhood search gained more with the same seconds (BLOOM A40 at 8 stages x 128
@@ -303,7 +307,7 @@ def _solve(
     started, started_cpu = _time.perf_counter(), _time.thread_time()
     base_deadline, top = _deadline(problem, target)
     deadline = base_deadline if deadline_s is None else float(deadline_s)
-    options, programme, relaxation = state or _prepare(problem)
+    options, programme, relaxation = state or _prepare(problem, deadline)
     programme.set_deadline(deadline * (1 + _TIME_RTOL))
     relaxation.set_deadline(deadline * (1 + _TIME_RTOL))
     # the work after the budget's phases (the wrap-up, the plan of a relaxation that ran out)
@@ -357,12 +361,8 @@ def _solve(
     slot = np.maximum(at_or_below.sum(axis=1) - 1, 0)
     fractional = ~np.isclose(options.time_s, duration[:, None], rtol=1e-7, atol=0.0).any(axis=1)
     if large:
-        slot = _large_rounding(
-            problem, options, relaxation, slot, bound, deadline, rel_gap, until, relax_s
-        )
-        slot = _latest_first(
-            problem, options, relaxation, slot, bound, deadline, rel_gap, until, relax_s
-        )
+        rounding = _Rounding(problem, options, relaxation, bound, deadline, rel_gap, until, relax_s)
+        slot = rounding.latest_first(rounding.first(slot))
     else:
         slot = _greedy_fill(problem, options, slot, deadline, until)
         rows = np.arange(problem.n_nodes)
@@ -505,91 +505,102 @@ def _solve(
     return plan
 
 
-def _large_rounding(
-    problem: DagProblem,
-    options: _Options,
-    relaxation: _Programme,
-    rounded: np.ndarray,
-    bound_j: float,
-    deadline_s: float,
-    rel_gap: float,
-    until: float,
-    relax_s: float,
-) -> np.ndarray:
-    """Return the better of two roundings of a large graph's relaxation, each greedy-filled.
+@dataclass(frozen=True)
+class _Rounding:
+    """A large graph's solved relaxation, and what a plan rounded from it is held to.
 
-    ``rounded`` is each node rounded down alone; the other is the relaxation rounded in time
-    order (:meth:`_Programme.roll`). The one more likely to win goes first, as the budget may
-    end before the second: the rolling one where the plain rounding is more than
-    :data:`_ROLL_FIRST` above the bound (measured at 8 stages x 128 microbatches, CPU to
-    convergence: it won there in 7 of 9 cases, by up to 1.4 points, and lost by up to
-    0.35; where the plain rounding was closer, the plain one won in 5 of 6, by up to 0.17).
-    The second runs only while the first is not within ``rel_gap`` of the bound. The rolling
-    one goes first only with at least :data:`_ROLL_ROOM` times the relaxation's
-    ``relax_s`` left: its re-solves take about as long as the relaxation, and the greedy
-    pass after them as long again (a frontier's 0.25 s a deadline leaves too little at 8
-    stages x 128 microbatches, where the plain rounding's greedy pass gains something).
+    ``bound_j`` is the relaxation's optimum, ``until`` the ``time.perf_counter`` the roundings
+    stop by, ``relax_s`` the relaxation's seconds (a rounding's re-solves take about as long).
     """
-    rows = np.arange(problem.n_nodes)
-    plain_j = float(problem.evaluate(options.clock[rows, rounded])[1])
 
-    def plain() -> np.ndarray:
-        return _greedy_fill(problem, options, rounded, deadline_s, until, batched=True)
+    problem: DagProblem
+    options: _Options
+    relaxation: _Programme
+    bound_j: float
+    deadline_s: float
+    rel_gap: float
+    until: float
+    relax_s: float
 
-    def rolled() -> np.ndarray:
-        return _greedy_fill(
-            problem, options, relaxation.roll(until), deadline_s, until, batched=True
+    def first(self, rounded: np.ndarray) -> np.ndarray:
+        """Return the better of two roundings of a large graph's relaxation, each greedy-filled.
+
+        ``rounded`` is each node rounded down alone; the other is the relaxation rounded in time
+        order (:meth:`_Programme.roll`). The one more likely to win goes first, as the budget may
+        end before the second: the rolling one where the plain rounding is more than
+        :data:`_ROLL_FIRST` above the bound (measured at 8 stages x 128 microbatches, CPU to
+        convergence: it won there in 7 of 9 cases, by up to 1.4 points, and lost by up to
+        0.35; where the plain rounding was closer, the plain one won in 5 of 6, by up to 0.17).
+        The second runs only while the first is not within ``rel_gap`` of the bound. The rolling
+        one goes first only with at least :data:`_ROLL_ROOM` times the relaxation's
+        ``relax_s`` left: its re-solves take about as long as the relaxation, and the greedy
+        pass after them as long again (a frontier's 0.25 s a deadline leaves too little at 8
+        stages x 128 microbatches, where the plain rounding's greedy pass gains something).
+        """
+        problem, options, deadline_s, until = (
+            self.problem,
+            self.options,
+            self.deadline_s,
+            self.until,
         )
+        rows = np.arange(problem.n_nodes)
+        plain_j = float(problem.evaluate(options.clock[rows, rounded])[1])
 
-    roll_first = plain_j * (1 - _ROLL_FIRST) > bound_j
-    roll_first &= until - _time.perf_counter() >= _ROLL_ROOM * relax_s
-    first, second = (rolled, plain) if roll_first else (plain, rolled)
-    slot = first()
-    if float(problem.evaluate(options.clock[rows, slot])[1]) * (1 - rel_gap) > bound_j:
-        slot = _cheaper(problem, options, second(), slot, deadline_s)
-    return slot
+        def plain() -> np.ndarray:
+            return _greedy_fill(problem, options, rounded, deadline_s, until, batched=True)
 
+        def rolled() -> np.ndarray:
+            return _greedy_fill(
+                problem, options, self.relaxation.roll(until), deadline_s, until, batched=True
+            )
 
-def _latest_first(
-    problem: DagProblem,
-    options: _Options,
-    relaxation: _Programme,
-    slot: np.ndarray,
-    bound_j: float,
-    deadline_s: float,
-    rel_gap: float,
-    until: float,
-    relax_s: float,
-) -> np.ndarray:
-    """Return ``slot`` or a cheaper plan: the relaxation rounded in time order from the latest.
-
-    The rolling rounding again (:meth:`_Programme.roll`), its groups of :data:`_BACK_CHUNKS`
-    taken from the latest nodes back, each greedy-filled; the cheapest plan is kept. From the
-    latest, the earlier nodes take up each group's rounding where from the earliest the
-    later ones did; which of the two lands nearer the bound depends on the graph (measured at
-    8 stages x 128 microbatches, CPU to convergence, from the forward rolling rounding's
-    0.62% and 0.59% above the bound: GPT-3 A40 at d = 2% 0.50% with 8 groups, BLOOM A40 at
-    d = 2% 0.07% with 32; neither helped GPT-3 A40 at d = 0, 0.65%). Each runs only while the
-    plan is further than ``rel_gap`` and :data:`_BACK_ABOVE` above the bound and
-    :data:`_ROLL_ROOM` times the relaxation's ``relax_s`` is left before ``until`` (with its
-    greedy pass a rounding takes 2-3 times the relaxation's time: one stopped at ``until``
-    only takes the search's; the fewer groups first, as they take less); it re-solves the
-    relaxation first (from its optimal basis, which the last rounding restored) for its
-    solution.
-    """
-    rows = np.arange(problem.n_nodes)
-    for chunks in _BACK_CHUNKS:
-        energy = float(problem.evaluate(options.clock[rows, slot])[1])
-        if energy * (1 - max(rel_gap, _BACK_ABOVE)) <= bound_j:
-            break
-        if until - _time.perf_counter() < _ROLL_ROOM * relax_s or not _relaxed_by(
-            relaxation, until
+        roll_first = plain_j * (1 - _ROLL_FIRST) > self.bound_j
+        roll_first &= until - _time.perf_counter() >= _ROLL_ROOM * self.relax_s
+        first, second = (rolled, plain) if roll_first else (plain, rolled)
+        slot = first()
+        if float(problem.evaluate(options.clock[rows, slot])[1]) * (1 - self.rel_gap) > (
+            self.bound_j
         ):
-            break
-        rolled = relaxation.roll(until, chunks, latest_first=True)
-        rolled = _greedy_fill(problem, options, rolled, deadline_s, until, batched=True)
-        slot = _cheaper(problem, options, rolled, slot, deadline_s)
-    return slot
+            slot = _cheaper(problem, options, second(), slot, deadline_s)
+        return slot
+
+    def latest_first(self, slot: np.ndarray) -> np.ndarray:
+        """Return ``slot`` or a cheaper plan: the relaxation rounded in time order from the latest.
+
+        The rolling rounding again (:meth:`_Programme.roll`), its groups of :data:`_BACK_CHUNKS`
+        taken from the latest nodes back, each greedy-filled; the cheapest plan is kept. From the
+        latest, the earlier nodes take up each group's rounding where from the earliest the
+        later ones did; which of the two lands nearer the bound depends on the graph (measured at
+        8 stages x 128 microbatches, CPU to convergence, from the forward rolling rounding's
+        0.62% and 0.59% above the bound: GPT-3 A40 at d = 2% 0.50% with 8 groups, BLOOM A40 at
+        d = 2% 0.07% with 32; neither helped GPT-3 A40 at d = 0, 0.65%). Each runs only while the
+        plan is further than ``rel_gap`` and :data:`_BACK_ABOVE` above the bound and
+        :data:`_ROLL_ROOM` times the relaxation's ``relax_s`` is left before ``until`` (with its
+        greedy pass a rounding takes 2-3 times the relaxation's time: one stopped at ``until``
+        only takes the search's; the fewer groups first, as they take less); it re-solves the
+        relaxation first (from its optimal basis, which the last rounding restored) for its
+        solution.
+        """
+        problem, options, deadline_s, until = (
+            self.problem,
+            self.options,
+            self.deadline_s,
+            self.until,
+        )
+        relaxation = self.relaxation
+        rows = np.arange(problem.n_nodes)
+        for chunks in _BACK_CHUNKS:
+            energy = float(problem.evaluate(options.clock[rows, slot])[1])
+            if energy * (1 - max(self.rel_gap, _BACK_ABOVE)) <= self.bound_j:
+                break
+            if until - _time.perf_counter() < _ROLL_ROOM * self.relax_s or not _relaxed_by(
+                relaxation, until
+            ):
+                break
+            rolled = relaxation.roll(until, chunks, latest_first=True)
+            rolled = _greedy_fill(problem, options, rolled, deadline_s, until, batched=True)
+            slot = _cheaper(problem, options, rolled, slot, deadline_s)
+        return slot
 
 
 def _cheaper(
@@ -710,9 +721,18 @@ def _scaled_iterate(
     return np.maximum(at_or_below.sum(axis=1) - 1, 0)
 
 
-def _prepare(problem: DagProblem) -> tuple[_Options, _Programme, _Programme]:
-    """Return the options, the 0/1 programme on them, and the relaxation on their hulls."""
+def _prepare(
+    problem: DagProblem, deadline_s: float | None = None
+) -> tuple[_Options, _Programme, _Programme]:
+    """Return the options, the 0/1 programme on them, and the relaxation on their hulls.
+
+    With ``deadline_s`` (the loosest deadline they will serve), the options no plan within
+    it can take are left out (:meth:`_Options.within`).
+    """
     options = _Options.build(problem)
+    if deadline_s is not None:
+        large = problem.n_nodes >= _LARGE_NODES
+        options = options.within(problem, deadline_s, corners_only=large)
     relaxation = _Programme(problem, options.hull(), nested=False, round_to=options)
     # its LP is solved as stated (measured: presolve took 0.86 s to 0.52 s at 128 x 16 off)
     relaxation.h.setOptionValue("presolve", "off")
@@ -736,7 +756,7 @@ def solve_dag_milp(
     """
     started = _time.perf_counter()
     deadline, _ = _deadline(problem, target)
-    options, programme, _ = _prepare(problem)
+    options, programme, _ = _prepare(problem, deadline)
     programme.set_deadline(deadline * (1 + _TIME_RTOL))
     best, bound, optimal = programme.exact(None, rel_gap=rel_gap, time_limit_s=time_limit_s)
     if best is None:
@@ -779,9 +799,9 @@ def dag_frontier(
     ``makespan_s``, ``energy_j``, ``lower_bound_j``, ``gap_pct``, ``method``, ``status``,
     ``plan_seconds``.
     """
-    state = _prepare(problem)
-    options = state[0]
     targets = np.asarray(targets, dtype=float)
+    state = _prepare(problem, _deadline(problem, float(targets.max(initial=0.0)))[0])
+    options = state[0]
     rows: list[dict[str, Any]] = [{} for _ in targets]
     previous: np.ndarray | None = None
     for at in np.argsort(targets, kind="stable"):
