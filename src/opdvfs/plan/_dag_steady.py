@@ -9,7 +9,7 @@ costs times the steady-state microbatches it stands for), and its makespan plus 
 steady-state microbatches' cycles (the slowest stage's forward plus backward, each) must
 keep the long pipeline's deadline. This reduced relaxation (:func:`_reduced`) has a sixth of
 the columns; measured at 16 x 128 (``benchmarks/fallback_small_pipeline.py``) its optimum is
-within 0.03% of the long relaxation's, and it takes 0.04-0.16 s of CPU where that took
+within 0.03% of the long relaxation's, and it takes 0.04-0.19 s of CPU where that took
 0.06-1.0 s. Its durations, each long node given its counterpart's (:func:`_counterparts`), keep
 the long deadline within 0.3%; they are rounded onto the options in step across the
 microbatches (:func:`_rounded`), which a rounding of each node alone loses.

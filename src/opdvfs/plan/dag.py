@@ -202,7 +202,7 @@ _BACK_ABOVE = 5e-3
 #: most a tenth of the budget (a frontier's 0.25 s a deadline).
 _FALLBACK_S = 0.08
 #: Seconds past the budget a large pipeline's plan of its steady state may take where its
-#: relaxation did not finish (:func:`_first_plan`; 0.04-0.16 s of CPU at 16 stages x 128
+#: relaxation did not finish (:func:`_first_plan`; 0.07-0.19 s of CPU at 16 stages x 128
 #: microbatches), times the CPU starvation (:func:`_starved`); at most this share of the
 #: budget plus :data:`_STEADY_OVER_S` (within ``--time-limit-s``'s 1.1 T + 0.2 s).
 _STEADY_S, _STEADY_SHARE, _STEADY_OVER_S = 0.12, 0.1, 0.1
