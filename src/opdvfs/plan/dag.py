@@ -203,9 +203,13 @@ _BACK_ABOVE = 5e-3
 _FALLBACK_S = 0.08
 #: Seconds past the budget a large pipeline's plan of its steady state may take where its
 #: relaxation did not finish (:func:`_first_plan`; 0.07-0.19 s of CPU at 16 stages x 128
-#: microbatches), times the CPU starvation (:func:`_starved`); at most this share of the
-#: budget plus :data:`_STEADY_OVER_S` (within ``--time-limit-s``'s 1.1 T + 0.2 s).
+#: microbatches), times the CPU starvation (:func:`_starved`); it ends by (1 +
+#: :data:`_STEADY_SHARE`) x the budget + :data:`_STEADY_OVER_S` (``--time-limit-s`` allows
+#: 1.1 T + 0.2 s).
 _STEADY_S, _STEADY_SHARE, _STEADY_OVER_S = 0.12, 0.1, 0.1
+#: Seconds of CPU of the steady-state plan outside its relaxation (the short pipeline's
+#: build, the rounding: 0.045-0.055 s at 16 x 128), and the least it is started with.
+_STEADY_OUTSIDE_S, _STEADY_MIN_S = 0.05, 0.08
 
 
 #: Wall seconds per CPU second above which a plan counts as starved of CPU (:func:`_starved`),
@@ -348,7 +352,11 @@ def _solve(
             relaxation if large else None,
             until,
             warm_start,
-            min(_STEADY_S * starved, _STEADY_SHARE * time_limit_s + _STEADY_OVER_S),
+            min(
+                until + _STEADY_S * starved,
+                started + (1 + _STEADY_SHARE) * time_limit_s + _STEADY_OVER_S,
+            ),
+            starved,
         )
     relax_s = _time.perf_counter() - relax_started
     relax_cpu = _time.thread_time() - relax_cpu
@@ -640,7 +648,8 @@ def _first_plan(
     interrupted: _Programme | None = None,
     until: float = np.inf,
     warm_start: np.ndarray | None = None,
-    steady_s: float = 0.0,
+    steady_until: float = -np.inf,
+    starved: float = 1.0,
 ) -> DagPlan:
     """Return the plan when the budget ends before the relaxation: all-max, stretched.
 
@@ -656,8 +665,9 @@ def _first_plan(
     and its last iterate is a second plan: each node's extra time over its fastest option
     scaled by the largest factor (of 32 steps) that keeps the deadline, rounded down. On a
     pipeline, the plan of its steady state (:func:`~opdvfs.plan._dag_steady._steady_plan`,
-    within ``steady_s`` past ``until``) is a third, and the cheapest takes the greedy pass in
-    batches until then (measured at 16 stages x 128 microbatches: see
+    by ``steady_until``, ``time.perf_counter``; its work outside HiGHS takes
+    :data:`_STEADY_OUTSIDE_S` times ``starved``) is a third, and the cheapest takes the
+    greedy pass in batches until then (measured at 16 stages x 128 microbatches: see
     ``benchmarks/fallback_small_pipeline.py``).
 
     With ``warm_start`` (a frontier's tighter deadline's plan, as option slots: it meets this
@@ -679,14 +689,12 @@ def _first_plan(
     if interrupted is not None:
         bound = max(bound, interrupted.dual_bound())
         slots.insert(0, _scaled_iterate(problem, options, interrupted.durations_now(), deadline_s))
-        until += steady_s
-        steady = (
-            _steady_plan(problem, options, deadline_s, max(until - _time.perf_counter(), 0.0))
-            if steady_s > 0
-            else None
-        )
-        if steady is not None:
-            slots.insert(0, steady)
+        left_s = steady_until - _time.perf_counter() - _STEADY_OUTSIDE_S * starved
+        if left_s >= _STEADY_MIN_S - _STEADY_OUTSIDE_S:
+            until = max(until, steady_until)
+            steady = _steady_plan(problem, options, deadline_s, left_s)
+            if steady is not None:
+                slots.insert(0, steady)
     plans = np.stack(slots)
     makespan, energy, _ = problem.evaluate(options.clock[rows, plans])
     fits = makespan <= deadline_s * (1 + 1e-6)
