@@ -208,8 +208,9 @@ _FALLBACK_S = 0.08
 #: 1.1 T + 0.2 s).
 _STEADY_S, _STEADY_SHARE, _STEADY_OVER_S = 0.12, 0.1, 0.1
 #: Seconds of CPU of the steady-state plan outside its relaxation (the short pipeline's
-#: build, the rounding: 0.045-0.055 s at 16 x 128), and the least it is started with.
-_STEADY_OUTSIDE_S, _STEADY_MIN_S = 0.05, 0.08
+#: build, the rounding: 0.04-0.055 s at 16 x 128, less some slack), and the least it is
+#: started with.
+_STEADY_OUTSIDE_S, _STEADY_MIN_S = 0.035, 0.07
 
 
 #: Wall seconds per CPU second above which a plan counts as starved of CPU (:func:`_starved`),
