@@ -796,3 +796,53 @@ def test_a_first_basis_from_any_plan_reaches_the_relaxations_optimum():
             assert sum(basic) == programme.h.getNumRow()
         optima.append(programme.relax()[0])
     assert optima[1] == pytest.approx(optima[0], rel=1e-9)
+
+
+def test_a_pipelines_first_microbatches_are_the_pipeline_of_that_many():
+    # the short pipeline the steady-state plan relaxes is pipeline_dag's for that many
+    # microbatches: the same nodes, and each rank's own order with the later ones left out
+    from opdvfs.plan._dag_steady import _pipeline_keys, _shrunk
+
+    profile = read_profile([dataset_path("perseus-bloom-a40")])
+    long, short = pipeline_dag(profile, 40), pipeline_dag(profile, 16)
+    keys = _pipeline_keys(long)
+    got, kept = _shrunk(long, keys, 16)
+    assert list(got.names) == list(short.names) and (got.rank == short.rank).all()
+    assert np.array_equal(got.time_s, short.time_s, equal_nan=True)
+    assert {tuple(e) for e in got.edges} == {tuple(e) for e in short.edges}
+    assert (keys[2][kept] < 16).all() and len(kept) == short.n_nodes
+    assert _pipeline_keys(random_dag(np.random.default_rng(0), 30, 3)) is None
+
+
+def test_a_long_pipeline_whose_relaxation_runs_out_plans_from_its_steady_state(monkeypatch):
+    # 8 stages x 128 microbatches (a large graph), d = 2%, its relaxation out of time at once
+    # and the greedy pass off, so the plans are the candidates themselves: the interrupted
+    # iterate and the all-max plan stretched cost 14% more than the relaxation's optimum; the
+    # plan of the steady state (the 16-microbatch pipeline's middle microbatch standing for
+    # the steady state, relaxed in 0.02 s) 0.9%
+    from opdvfs.plan import dag
+    from opdvfs.plan._dag_lp import _OutOfTime, _Programme
+    from opdvfs.plan._dag_problem import _TIME_RTOL, _deadline
+
+    problem = pipeline_dag(read_profile([dataset_path("perseus-gpt3-175b-a100")]), 128)
+    assert problem.n_nodes >= dag._LARGE_NODES
+    _, _, relaxation = dag._prepare(problem)
+    deadline, _ = _deadline(problem, 0.02)
+    relaxation.set_deadline(deadline * (1 + _TIME_RTOL))
+    optimum, _ = relaxation.relax()
+    relax = _Programme.relax
+
+    def out_of_time(self, time_limit_s=None):
+        if self.problem.n_nodes >= dag._LARGE_NODES:
+            raise _OutOfTime
+        return relax(self, time_limit_s)
+
+    monkeypatch.setattr(_Programme, "relax", out_of_time)
+    monkeypatch.setattr(dag, "_greedy_fill", lambda problem, options, slot, *_a, **_k: slot)
+    plan = solve_dag(problem, 0.02)
+    monkeypatch.setattr(dag, "_steady_plan", lambda *_a, **_k: None)
+    before = solve_dag(problem, 0.02)
+    assert plan.method == before.method == "stretched"
+    assert plan.makespan_s <= deadline * (1 + 1e-6)
+    assert optimum <= plan.energy_j < optimum * 1.015
+    assert before.energy_j > optimum * 1.05

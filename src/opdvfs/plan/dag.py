@@ -71,7 +71,9 @@ the plan is not within ``rel_gap``, the relaxation is rounded in time order agai
 latest nodes back (:meth:`_Rounding.latest_first`), and the cheaper plan kept. A relaxation
 stopped at the limit still certifies a bound, the Lagrangian of its duals so far
 (:meth:`~opdvfs.plan._dag_lp._Programme.dual_bound`), and its last iterate, scaled into the
-deadline, is a plan beside the stretched one (:func:`_first_plan`). Smaller graphs take the
+deadline, is a plan beside the stretched one (:func:`_first_plan`); on a long pipeline so is
+the plan of its steady state, relaxed on the pipeline with twice as many microbatches as stages
+(:mod:`opdvfs.plan._dag_steady`). Smaller graphs take the
 rolling rounding too, after the plain one's greedy pass where that is not within ``rel_gap``
 of the bound, and keep the cheaper (with a time limit only).
 """
@@ -102,6 +104,7 @@ from opdvfs.plan._dag_problem import (
     topological_levels,
 )
 from opdvfs.plan._dag_search import _greedy_fill, _infeasible, _search, _slot_plan
+from opdvfs.plan._dag_steady import _steady_plan
 
 __all__ = [
     "TIME_LIMIT_S",
@@ -198,6 +201,16 @@ _BACK_ABOVE = 5e-3
 #: finish (:func:`_first_plan`: its bound from the duals so far and its last iterate); at
 #: most a tenth of the budget (a frontier's 0.25 s a deadline).
 _FALLBACK_S = 0.08
+#: Seconds past the budget a large pipeline's plan of its steady state may take where its
+#: relaxation did not finish (:func:`_first_plan`; 0.07-0.19 s of CPU at 16 stages x 128
+#: microbatches), times the CPU starvation (:func:`_starved`); it ends by (1 +
+#: :data:`_STEADY_SHARE`) x the budget + :data:`_STEADY_OVER_S` (``--time-limit-s`` allows
+#: 1.1 T + 0.2 s).
+_STEADY_S, _STEADY_SHARE, _STEADY_OVER_S = 0.12, 0.1, 0.1
+#: Seconds of CPU of the steady-state plan outside its relaxation (the short pipeline's
+#: build, the rounding: 0.04-0.055 s at 16 x 128, less some slack), and the least it is
+#: started with.
+_STEADY_OUTSIDE_S, _STEADY_MIN_S = 0.035, 0.07
 
 
 #: Wall seconds per CPU second above which a plan counts as starved of CPU (:func:`_starved`),
@@ -340,6 +353,11 @@ def _solve(
             relaxation if large else None,
             until,
             warm_start,
+            min(
+                until + _STEADY_S * starved,
+                started + (1 + _STEADY_SHARE) * time_limit_s + _STEADY_OVER_S,
+            ),
+            starved,
         )
     relax_s = _time.perf_counter() - relax_started
     relax_cpu = _time.thread_time() - relax_cpu
@@ -631,6 +649,8 @@ def _first_plan(
     interrupted: _Programme | None = None,
     until: float = np.inf,
     warm_start: np.ndarray | None = None,
+    steady_until: float = -np.inf,
+    starved: float = 1.0,
 ) -> DagPlan:
     """Return the plan when the budget ends before the relaxation: all-max, stretched.
 
@@ -644,8 +664,12 @@ def _first_plan(
     With ``interrupted`` (the relaxation stopped at its limit; large graphs), the bound is
     the one its duals so far certify (:meth:`_Programme.dual_bound`) where that is higher,
     and its last iterate is a second plan: each node's extra time over its fastest option
-    scaled by the largest factor (of 32 steps) that keeps the deadline, rounded down. The
-    cheaper of the two then takes the greedy pass in batches until ``until``.
+    scaled by the largest factor (of 32 steps) that keeps the deadline, rounded down. On a
+    pipeline, the plan of its steady state (:func:`~opdvfs.plan._dag_steady._steady_plan`,
+    by ``steady_until``, ``time.perf_counter``; its work outside HiGHS takes
+    :data:`_STEADY_OUTSIDE_S` times ``starved``) is a third, and the cheapest takes the
+    greedy pass in batches until then (measured at 16 stages x 128 microbatches: see
+    ``benchmarks/fallback_small_pipeline.py``).
 
     With ``warm_start`` (a frontier's tighter deadline's plan, as option slots: it meets this
     looser deadline too), the cheapest of the plans that fit is kept and takes the greedy pass
@@ -666,6 +690,12 @@ def _first_plan(
     if interrupted is not None:
         bound = max(bound, interrupted.dual_bound())
         slots.insert(0, _scaled_iterate(problem, options, interrupted.durations_now(), deadline_s))
+        left_s = steady_until - _time.perf_counter() - _STEADY_OUTSIDE_S * starved
+        if left_s >= _STEADY_MIN_S - _STEADY_OUTSIDE_S:
+            until = max(until, steady_until)
+            steady = _steady_plan(problem, options, deadline_s, left_s)
+            if steady is not None:
+                slots.insert(0, steady)
     plans = np.stack(slots)
     makespan, energy, _ = problem.evaluate(options.clock[rows, plans])
     fits = makespan <= deadline_s * (1 + 1e-6)
