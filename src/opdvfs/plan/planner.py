@@ -851,7 +851,7 @@ def _op_tables(
         energy *= time_us
         energy *= 1e-6
     # the die's temperature, where it moves the measured cells (72 MB not held otherwise)
-    die_c = power["temp_c"] if measured is not None and die_mhz is not None else None
+    grid_die_c = power["temp_c"] if measured is not None and die_mhz is not None else None
     del power
     if measured is not None:
         # the core energies are picked when they correct the model's (72 MB less held until
@@ -861,11 +861,11 @@ def _op_tables(
         if die_mhz is not None:
             # measured at each clock's own die: moved to the plan's before they correct the models
             temp_g = measured.temp_at(grid)
-            assert core_g is not None
-            chip_g = at_die(models.power, grid, time_g, chip_g, temp_g, die_c, rail="chip")
-            core_g = at_die(models.power, grid, time_g, core_g, temp_g, die_c, rail="core")
+            assert core_g is not None and grid_die_c is not None
+            chip_g = at_die(models.power, grid, time_g, chip_g, temp_g, grid_die_c, rail="chip")
+            core_g = at_die(models.power, grid, time_g, core_g, temp_g, grid_die_c, rail="core")
             del temp_g
-        del die_c
+        del grid_die_c
         filled_g = ~np.isfinite(time_g)
         # no noise measured: None, not a table of zeros (72 MB at 1M ops x 9 clocks)
         time_noise = None if measured.time_noise_us is None else measured.time_noise_at(grid)
