@@ -861,7 +861,8 @@ def _op_tables(
         if die_mhz is not None:
             # measured at each clock's own die: moved to the plan's before they correct the models
             temp_g = measured.temp_at(grid)
-            assert core_g is not None and grid_die_c is not None
+            assert core_g is not None
+            assert grid_die_c is not None
             chip_g = at_die(models.power, grid, time_g, chip_g, temp_g, grid_die_c, rail="chip")
             core_g = at_die(models.power, grid, time_g, core_g, temp_g, grid_die_c, rail="core")
             del temp_g
