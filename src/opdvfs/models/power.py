@@ -638,9 +638,9 @@ class PowerModel(JsonFile):
 
     def _core(
         self,
-        op: np.ndarray,
-        x: np.ndarray,
-        volt: np.ndarray,
+        op: np.ndarray | slice,
+        x: np.ndarray | float,
+        volt: np.ndarray | float,
         dtemp: np.ndarray | None,
         inv_t: np.ndarray | None = None,
     ) -> np.ndarray:
@@ -701,19 +701,19 @@ class PowerModel(JsonFile):
         use_t = self.use_temperature_
 
         def terms(j: int) -> tuple[Any, float, np.ndarray]:
-            """Return ``freqs[j]``'s ``f V^2`` and ``V``, and ``_core``'s terms there but ``dT``'s.
+            """Return ``freqs[j]``'s ``f V^2`` and ``V``, and :meth:`_core` there without ``dT``.
 
-            The same operations as :meth:`_core` on columns of one value (each op's own
-            coefficients times the clock's scalars): computed once per clock, not at every
-            step of the temperature's fixed point (at 1M ops, ~10 full-length temporaries a
-            step).
+            Every op at the clock's scalars (views of the coefficients, no columns of one
+            value), once per clock, not at every step of the temperature's fixed point (at 1M
+            ops, ~10 full-length temporaries a step).
             """
             volt = float(self.voltage_.voltage_v(freqs[j]))
             x = freqs[j] / 1e3 * volt**2
-            base = self.alpha_ * x + (self.theta_ + self.theta_op_) * volt
-            if inv_t is not None:
-                base = base + (self.core_uj_per_v2_ * (volt * volt) + self.uncore_uj_) * inv_t[:, j]
-            return x, volt, base
+            return (
+                x,
+                volt,
+                self._core(np.s_[:], x, volt, None, None if inv_t is None else inv_t[:, j]),
+            )
 
         def core_at(base: np.ndarray, volt: float, dt: np.ndarray | None) -> np.ndarray:
             """:meth:`_core` at one clock from its ``terms``."""
