@@ -343,10 +343,10 @@ class _Options:
         at d >= 2% no option of the Perseus graphs is past its float.
 
         ``corners_only`` drops them only from the nodes whose hull within the float has a
-        corner the whole hull lacks (for large graphs, where the relaxation's time counts);
-        the options returned then carry their hull, each node's row from one of the two
-        hulls compared (:meth:`hull` does not compute it again: 15 ms at 16 stages x 128
-        microbatches).
+        corner the whole hull lacks (for large graphs, where the relaxation's time counts).
+        Only the nodes that lost an option have a hull within the float computed, and the
+        options returned carry their hull, made of the rows of the two (:meth:`hull` does not
+        compute it again).
         """
         fastest = self.time_s[:, 0]
         passes = problem._passes
@@ -361,14 +361,20 @@ class _Options:
         # relaxation may still run a node up to its float (a looser bound, valid; on the
         # Perseus graphs at 128 microbatches, d = 0, the same bound as every node pruned to
         # 1e-9), and the programme kept whole solves faster: with every node's far options
-        # gone the relaxation took 10-50% longer (fewer iterations, each dearer)
-        within_hull, whole_hull = pruned.hull(), self.hull()
-        corner = (within_hull.clock[:, :, None] == whole_hull.clock[:, None, :]).any(axis=2)
+        # gone the relaxation took 10-50% longer (fewer iterations, each dearer). A node's hull
+        # is of its own options alone: only those that lost one have a hull within the float
+        # apart from their whole hull
+        whole_hull = self.hull()
+        cut = np.flatnonzero((keep != self.valid).any(axis=1))
+        within_hull = pruned._take(cut).hull()
+        corner = (within_hull.clock[:, :, None] == whole_hull.clock[cut][:, None, :]).any(axis=2)
         tighter = (within_hull.valid & ~corner).any(axis=1)
-        chosen = self._masked(np.where(tighter[:, None], keep, self.valid))
-        # a node's hull is its own options' alone: the chosen rows' hulls are computed already
-        object.__setattr__(chosen, "_hull", within_hull._rows(tighter, whole_hull))
-        return chosen
+        chosen = np.zeros(len(keep), dtype=bool)
+        chosen[cut[tighter]] = True
+        options = self._masked(np.where(chosen[:, None], keep, self.valid))
+        hull = whole_hull._with_rows(cut[tighter], within_hull._take(tighter))
+        object.__setattr__(options, "_hull", hull)
+        return options
 
     def _masked(self, keep: np.ndarray) -> _Options:
         """Return these options with those outside ``keep`` made padding (slots unchanged)."""
@@ -379,26 +385,34 @@ class _Options:
             keep,
         )
 
-    def _rows(self, pick: np.ndarray, other: _Options) -> _Options:
-        """Return these options' rows where ``pick`` (per node), ``other``'s elsewhere.
+    def _take(self, nodes: np.ndarray) -> _Options:
+        """Return the options of ``nodes`` (indices or a mask) alone, as wide as these."""
+        return _Options(
+            self.clock[nodes], self.time_s[nodes], self.cost_j[nodes], self.valid[nodes]
+        )
 
-        Packed as :meth:`build` and :meth:`hull` pack (as wide as the most options a row
-        keeps), so the same arrays as those rows' options packed anew.
+    def _with_rows(self, nodes: np.ndarray, rows: _Options) -> _Options:
+        """Return these options with node ``nodes[j]``'s replaced by ``rows``' row ``j``.
+
+        Packed as :meth:`build` and :meth:`hull` pack (as wide as the most options a node
+        keeps): the same arrays as every node's options packed anew.
         """
-        width = int(np.where(pick, self.valid.sum(axis=1), other.valid.sum(axis=1)).max())
+        counts = self.valid.sum(axis=1)
+        counts[nodes] = rows.valid.sum(axis=1)
+        width = int(counts.max(initial=0))
 
         def merged(mine: np.ndarray, theirs: np.ndarray, fill: float) -> np.ndarray:
-            out = np.full((len(pick), width), fill, dtype=mine.dtype)
-            for rows, values in ((pick, mine), (~pick, theirs)):
-                cols = min(width, values.shape[1])
-                out[rows, :cols] = values[rows, :cols]
+            out = np.full((len(mine), width), fill, dtype=mine.dtype)
+            out[:, : min(width, mine.shape[1])] = mine[:, :width]
+            out[nodes] = fill
+            out[nodes, : min(width, theirs.shape[1])] = theirs[:, :width]
             return out
 
         return _Options(
-            merged(self.clock, other.clock, -1),
-            merged(self.time_s, other.time_s, np.inf),
-            merged(self.cost_j, other.cost_j, np.inf),
-            merged(self.valid, other.valid, False),
+            merged(self.clock, rows.clock, -1),
+            merged(self.time_s, rows.time_s, np.inf),
+            merged(self.cost_j, rows.cost_j, np.inf),
+            merged(self.valid, rows.valid, False),
         )
 
     def hull(self) -> _Options:
@@ -444,7 +458,7 @@ class _Options:
             if not off.any():
                 break
             keep &= ~off
-        width = int(keep.sum(axis=1).max())
+        width = int(keep.sum(axis=1).max(initial=0))
         pos = np.argsort(~keep, axis=1, kind="stable")[:, :width]
         valid = np.take_along_axis(keep, pos, axis=1)
 
