@@ -176,6 +176,28 @@ def test_a_large_graphs_options_leave_only_where_the_hull_gains_a_corner():
     assert corners.hull().valid.sum(axis=1).tolist() == [3, 2]
 
 
+def test_the_hull_of_a_large_graphs_options_takes_each_nodes_row_whole():
+    # two nodes side by side, 2.5 s: a (1 s, 10 J), (2 s, 4 J), (3 s, 3 J), (4 s, 2.5 J) is
+    # convex, so its row stays whole (4 hull options); b (1 s, 10 J), (2 s, 8 J), (3 s, 4 J),
+    # (4 s, 3 J) has 2 s off its whole hull (3 options) and a corner within the float, so its
+    # row is the hull within the float: 2 options, then padding where the whole row had more
+    from opdvfs.plan._dag_problem import _deadline, _Options
+
+    problem = DagProblem(
+        np.array([[4.0, 3.0, 2.0, 1.0]] * 2),
+        np.array([[2.5, 3.0, 4.0, 10.0], [3.0, 4.0, 8.0, 10.0]]),
+        [1000.0, 1200.0, 1400.0, 1800.0],
+        np.empty((0, 2)),
+        [0, 1],
+        ["a", "b"],
+    )
+    options = _Options.build(problem)
+    corners = options.within(problem, _deadline(problem, 1.5)[0], corners_only=True)
+    assert options.hull().valid.sum(axis=1).tolist() == [4, 3]
+    assert corners.hull().valid.sum(axis=1).tolist() == [4, 2]
+    _assert_same_options(corners.hull(), _fresh(corners).hull())
+
+
 def _fresh(options):
     """The same options without the hull they may carry."""
     from opdvfs.plan._dag_problem import _Options

@@ -206,9 +206,7 @@ def _steady_plan(
     if total < 2 * short:
         return None
     small, kept = _shrunk(problem, keys, short)
-    small_options = _Options(
-        options.clock[kept], options.time_s[kept], options.cost_j[kept], options.valid[kept]
-    )
+    small_options = options._take(kept)
     middle = micro[kept] == short // 2
     lp = _reduced(small, small_options, middle, total - short + 1, deadline_s)
     try:
