@@ -285,8 +285,10 @@ def _search(
             reserve_s = _OVERRUN_ROOM * max(learned_s, shared[0]) if hard_end else learned_s
             if left <= reserve_s or certified(best_e):
                 return best
-            limit_s, solve_started = min(left - reserve_s, _HOOD_TIME_S), _time.perf_counter()
-            got, _, _ = programme().exact(
+            whole = programme()  # built at the plan's first solve: its limit starts after
+            limit_s = min(until - _time.perf_counter() - reserve_s, _HOOD_TIME_S)
+            solve_started = _time.perf_counter()
+            got, _, _ = whole.exact(
                 best,
                 rel_gap=_HOOD_GAP,
                 time_limit_s=limit_s,
