@@ -227,7 +227,7 @@ _STARVED_SHARE = 0.5
 def _starved(wall_s: float, cpu_s: float, time_limit_s: float) -> float:
     """Return the wall seconds per CPU second this plan has had so far; 1 where not starved.
 
-    Measured on the plan's set-up (building its programmes, before the relaxation): 1 below
+    Measured on the plan's set-up (its options and relaxation built, before it runs): 1 below
     :data:`_STARVED_FROM` or where the set-up took under 5 ms of CPU (a frontier's later
     deadlines, small graphs), at most :data:`_STARVED_MAX`. On the shared 2-core machine at
     load 12-16 (``nice -n 10``) the planning process got 0.19-0.3 s of CPU in 1.2-2.7 s, and
