@@ -268,14 +268,16 @@ def case(
     """One instance: the planner's fallback now and every small-pipeline plan."""
     problem = scale_problem(name, stages, microbatches)
     deadline, top = _deadline(problem, target)
-    options, _, relaxation = dag._prepare(problem)
+    prepared = dag._prepare(problem)
+    options, relaxation = prepared.options, prepared.relaxation
     relaxation.set_deadline(deadline * (1 + _TIME_RTOL))
     relaxation.start_slowest()
     started = time.process_time()
     optimum = relaxation.relax()[0]
     lp_s = time.process_time() - started
     row: dict = {"data": name.removeprefix("perseus-"), "d %": target * 100, "lp s": lp_s}
-    options, _, stopped = dag._prepare(problem)
+    prepared = dag._prepare(problem)
+    options, stopped = prepared.options, prepared.relaxation
     stopped.set_deadline(deadline * (1 + _TIME_RTOL))
     stopped.start_slowest()
     try:

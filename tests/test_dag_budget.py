@@ -119,7 +119,7 @@ def test_the_last_search_keeps_the_plans_end_when_every_solve_overruns(monkeypat
         got = _dag_search._search(
             problem,
             options,
-            programme,
+            lambda: programme,
             slot,
             np.zeros(problem.n_nodes, dtype=bool),
             deadline_s,

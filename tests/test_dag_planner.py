@@ -170,6 +170,62 @@ def test_a_large_graphs_options_leave_only_where_the_hull_gains_a_corner():
     assert every.valid.tolist() == [[True, True, False], [True, True, False]]
     assert corners.valid.tolist() == [[True, True, True], [True, True, False]]
     assert np.isinf(corners.time_s[1, 2]) and corners.clock[1, 2] == -1
+    # the hull they come with (node a's row from the whole hull, b's from the one within the
+    # float: 3 and 2 options) is the hull computed anew
+    _assert_same_options(corners.hull(), _fresh(corners).hull())
+    assert corners.hull().valid.sum(axis=1).tolist() == [3, 2]
+
+
+def test_the_hull_of_a_large_graphs_options_takes_each_nodes_row_whole():
+    # two nodes side by side, 2.5 s: a (1 s, 10 J), (2 s, 4 J), (3 s, 3 J), (4 s, 2.5 J) is
+    # convex, so its row stays whole (4 hull options); b (1 s, 10 J), (2 s, 8 J), (3 s, 4 J),
+    # (4 s, 3 J) has 2 s off its whole hull (3 options) and a corner within the float, so its
+    # row is the hull within the float: 2 options, then padding where the whole row had more
+    from opdvfs.plan._dag_problem import _deadline, _Options
+
+    problem = DagProblem(
+        np.array([[4.0, 3.0, 2.0, 1.0]] * 2),
+        np.array([[2.5, 3.0, 4.0, 10.0], [3.0, 4.0, 8.0, 10.0]]),
+        [1000.0, 1200.0, 1400.0, 1800.0],
+        np.empty((0, 2)),
+        [0, 1],
+        ["a", "b"],
+    )
+    options = _Options.build(problem)
+    corners = options.within(problem, _deadline(problem, 1.5)[0], corners_only=True)
+    assert options.hull().valid.sum(axis=1).tolist() == [4, 3]
+    assert corners.hull().valid.sum(axis=1).tolist() == [4, 2]
+    _assert_same_options(corners.hull(), _fresh(corners).hull())
+
+
+def _fresh(options):
+    """The same options without the hull they may carry."""
+    from opdvfs.plan._dag_problem import _Options
+
+    return _Options(options.clock, options.time_s, options.cost_j, options.valid)
+
+
+def _assert_same_options(got, want):
+    for name in ("clock", "time_s", "cost_j", "valid"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+
+
+@pytest.mark.parametrize("microbatches", [4, 8])
+def test_the_hull_a_large_graphs_options_come_with_is_their_own(microbatches):
+    # GPT-3 on A40 at d = 0: some nodes lose their far options (5 of 64, 17 of 128), the
+    # others keep them; at d = 2% none does. The hull within() kept from its two hulls is
+    # the one computed anew
+    from opdvfs.plan._dag_problem import _deadline, _Options
+
+    problem = pipeline_dag(read_profile([dataset_path("perseus-gpt3-175b-a40")]), microbatches)
+    options = _Options.build(problem)
+    for target, some in ((0.0, True), (0.02, False)):
+        corners = options.within(problem, _deadline(problem, target)[0], corners_only=True)
+        pruned = (corners.valid != options.valid).any(axis=1)
+        assert pruned.any() == some and not pruned.all()
+        _assert_same_options(corners.hull(), _fresh(corners).hull())
+        assert corners.hull() is corners.hull()  # computed once
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -310,9 +366,9 @@ def _bound_worker(enough_j=np.inf):
     from opdvfs.plan.dag import _prepare
 
     problem = pipeline_dag(read_profile([dataset_path("perseus-gpt3-175b-a40")]), 8)
-    options, programme, _ = _prepare(problem)
+    prepared = _prepare(problem)
     deadline_s, top = _deadline(problem, 0.0)
-    programme.set_deadline(deadline_s)
+    options, programme = prepared.options, prepared.programme(deadline_s)
     lower_j, _ = programme.relax()
     slot = np.argmax(options.clock == top[:, None], axis=1)  # all-max: a feasible start
     worker = _BoundWorker(
@@ -478,11 +534,12 @@ def test_the_dive_rounds_the_relaxation_to_a_plan_within_the_deadline(seed):
 
     rng = np.random.default_rng(seed)
     problem = random_dag(rng, 30, 5, n_ranks=4)
-    options, programme, _ = _prepare(problem)
+    prepared = _prepare(problem)
+    options = prepared.options
     rows = np.arange(problem.n_nodes)
     for target in (0.0, 0.05, 0.2):
         deadline, _ = _deadline(problem, target)
-        programme.set_deadline(deadline * (1 + 1e-9))
+        programme = prepared.programme(deadline * (1 + 1e-9))
         relaxed = programme.relax()
         assert relaxed is not None
         bound, duration = relaxed
@@ -571,8 +628,7 @@ def test_a_halted_relaxation_stops_within_its_lp():
     from opdvfs.plan.dag import _prepare
 
     problem = _large_pipeline()
-    _, programme, _ = _prepare(problem)
-    programme.set_deadline(_deadline(problem, 0.0)[0])
+    programme = _prepare(problem).programme(_deadline(problem, 0.0)[0])
     timer = threading.Timer(0.1, programme.halt)
     timer.start()
     started = time.process_time()
@@ -581,8 +637,7 @@ def test_a_halted_relaxation_stops_within_its_lp():
     timer.join()
     assert time.process_time() - started < 1.0
     # and a time limit stops it the same way, run after run (HiGHS keeps the interrupt flag)
-    _, programme, _ = _prepare(problem)
-    programme.set_deadline(_deadline(problem, 0.0)[0])
+    programme = _prepare(problem).programme(_deadline(problem, 0.0)[0])
     for _ in range(2):
         started = time.process_time()
         with pytest.raises(_OutOfTime):
@@ -695,7 +750,8 @@ def test_a_small_pipeline_also_takes_the_rolling_rounding_where_it_is_cheaper(mo
 
     problem = pipeline_dag(read_profile([dataset_path("perseus-gpt3-175b-a40")]), 16)
     deadline, _ = _deadline(problem, 0.0)
-    options, _, relaxation = dag._prepare(problem, deadline)
+    prepared = dag._prepare(problem, deadline)
+    options, relaxation = prepared.options, prepared.relaxation
     relaxation.set_deadline(deadline * (1 + _TIME_RTOL))
     bound, duration = relaxation.relax()
     at_or_below = options.time_s <= duration[:, None] * (1 + _TIME_RTOL) + 1e-15
@@ -724,8 +780,8 @@ def test_a_large_graph_also_takes_the_rolling_rounding_from_the_latest(monkeypat
     problem = pipeline_dag(read_profile([dataset_path("perseus-gpt3-175b-a40")]), 16)
     deadline, _ = _deadline(problem, 0.0)
     # every option kept (those past a node's float left out, the first rounding is 0.47%)
-    state = dag._prepare(problem)
-    options, _, relaxation = state
+    prepared = dag._prepare(problem)
+    options, relaxation = prepared.options, prepared.relaxation
     relaxation.set_deadline(deadline * (1 + _TIME_RTOL))
     relaxation.start_slowest()
     bound, duration = relaxation.relax()
@@ -753,7 +809,7 @@ def test_a_large_graph_also_takes_the_rolling_rounding_from_the_latest(monkeypat
         rel_gap=1e-3,
         time_limit_s=5.0,
         deadline_s=None,
-        state=state,
+        prepared=prepared,
         bound_worker=False,
     )
     assert plan.makespan_s <= deadline * (1 + 1e-6)
@@ -826,7 +882,7 @@ def test_a_long_pipeline_whose_relaxation_runs_out_plans_from_its_steady_state(m
 
     problem = pipeline_dag(read_profile([dataset_path("perseus-gpt3-175b-a100")]), 128)
     assert problem.n_nodes >= dag._LARGE_NODES
-    _, _, relaxation = dag._prepare(problem)
+    relaxation = dag._prepare(problem).relaxation
     deadline, _ = _deadline(problem, 0.02)
     relaxation.set_deadline(deadline * (1 + _TIME_RTOL))
     optimum, _ = relaxation.relax()

@@ -131,8 +131,7 @@ class _Programme:
         #: The options :meth:`round_down` (and so :meth:`dive`) returns slots of.
         self.round_to = options if round_to is None else round_to
         n = problem.n_nodes
-        above = options.valid & (np.arange(options.valid.shape[1]) >= 1)
-        node_of, slot = np.nonzero(above)
+        node_of, slot = np.nonzero(self._above_fastest(options))
         self.node_of, self.slot = node_of, slot
         ny = len(node_of)
         self.nx, self.n = ny, n
@@ -220,6 +219,16 @@ class _Programme:
         h.setCallback(lambda k, _m, out, into, _u: _on_interrupt(programme, k, out, into), None)
         for kind in (kinds.kCallbackMipInterrupt, kinds.kCallbackSimplexInterrupt):
             h.startCallback(kind)
+
+    @staticmethod
+    def _above_fastest(options: _Options) -> np.ndarray:
+        """Return which options have a threshold column ``y[i, k]``: every one but the fastest."""
+        return options.valid & (np.arange(options.valid.shape[1]) >= 1)
+
+    @classmethod
+    def columns(cls, options: _Options) -> int:
+        """Return the threshold columns (:attr:`nx`) of the programme on ``options``, unbuilt."""
+        return int(np.count_nonzero(cls._above_fastest(options)))
 
     def watch(self, stop_when: Callable[[float, float], bool] | None) -> None:
         """Stop branch and bound once ``stop_when(incumbent_j, bound_j)`` holds (None: never).

@@ -14,11 +14,37 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from opdvfs.exceptions import ValidationError
 
 #: Relative slack on time comparisons (s): a path equal to the deadline up to rounding fits.
 _TIME_RTOL = 1e-9
+
+#: A pipeline graph's passes, by index (0 forward, 1 backward). Its node ``forward{m}`` /
+#: ``backward{m}`` runs that pass of microbatch ``m``: :func:`_pass_names` writes the names
+#: (:func:`opdvfs.plan.pipeline.pipeline_graph`), :func:`_parse_pass_names` reads them
+#: (:mod:`opdvfs.plan._dag_steady`).
+_PASSES = ("forward", "backward")
+_PASS_NAME = rf"^({'|'.join(_PASSES)})(\d+)$"
+
+
+def _pass_names(backward: np.ndarray, microbatch: np.ndarray) -> np.ndarray:
+    """Return pipeline nodes' names from their pass (1: backward) and microbatch (objects)."""
+    passes = np.array(_PASSES, dtype=object)[np.asarray(backward, dtype=np.int64)]
+    return passes + np.asarray(microbatch, dtype=np.int64).astype(str).astype(object)
+
+
+def _parse_pass_names(names: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Return each node's pass (1: backward) and microbatch from its name (:func:`_pass_names`).
+
+    None where a name is not a pipeline node's.
+    """
+    parsed = pd.Series(names, dtype=object).astype(str).str.extract(_PASS_NAME)
+    if parsed[0].isna().any():
+        return None
+    backward = (parsed[0] == _PASSES[1]).to_numpy().astype(np.int64)
+    return backward, parsed[1].astype(np.int64).to_numpy()
 
 
 def topological_levels(n_nodes: int, edges: np.ndarray) -> np.ndarray:
@@ -267,12 +293,17 @@ class DagPlan:
 
 @dataclass(frozen=True)
 class _Options:
-    """Each node's Pareto-optimal options, padded to (n_nodes, k); time ascending."""
+    """Each node's Pareto-optimal options, padded to (n_nodes, k); time ascending.
+
+    Their hull (:meth:`hull`) is computed once, on first use; the options :meth:`within`
+    returns for a large graph come with theirs, taken from the two hulls it chose them by.
+    """
 
     clock: np.ndarray  # column of freqs_mhz, -1 in padding
     time_s: np.ndarray  # inf in padding
     cost_j: np.ndarray  # effective energy E - P_block t; inf in padding
     valid: np.ndarray
+    _hull: _Options | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def build(cls, problem: DagProblem) -> _Options:
@@ -313,6 +344,9 @@ class _Options:
 
         ``corners_only`` drops them only from the nodes whose hull within the float has a
         corner the whole hull lacks (for large graphs, where the relaxation's time counts).
+        Only the nodes that lost an option have a hull within the float computed, and the
+        options returned carry their hull, made of the rows of the two (:meth:`hull` does not
+        compute it again).
         """
         fastest = self.time_s[:, 0]
         passes = problem._passes
@@ -327,11 +361,20 @@ class _Options:
         # relaxation may still run a node up to its float (a looser bound, valid; on the
         # Perseus graphs at 128 microbatches, d = 0, the same bound as every node pruned to
         # 1e-9), and the programme kept whole solves faster: with every node's far options
-        # gone the relaxation took 10-50% longer (fewer iterations, each dearer)
-        within_hull, whole_hull = pruned.hull(), self.hull()
-        corner = (within_hull.clock[:, :, None] == whole_hull.clock[:, None, :]).any(axis=2)
+        # gone the relaxation took 10-50% longer (fewer iterations, each dearer). A node's hull
+        # is of its own options alone: only those that lost one have a hull within the float
+        # apart from their whole hull
+        whole_hull = self.hull()
+        cut = np.flatnonzero((keep != self.valid).any(axis=1))
+        within_hull = pruned._take(cut).hull()
+        corner = (within_hull.clock[:, :, None] == whole_hull.clock[cut][:, None, :]).any(axis=2)
         tighter = (within_hull.valid & ~corner).any(axis=1)
-        return self._masked(np.where(tighter[:, None], keep, self.valid))
+        chosen = np.zeros(len(keep), dtype=bool)
+        chosen[cut[tighter]] = True
+        options = self._masked(np.where(chosen[:, None], keep, self.valid))
+        hull = whole_hull._with_rows(cut[tighter], within_hull._take(tighter))
+        object.__setattr__(options, "_hull", hull)
+        return options
 
     def _masked(self, keep: np.ndarray) -> _Options:
         """Return these options with those outside ``keep`` made padding (slots unchanged)."""
@@ -342,16 +385,58 @@ class _Options:
             keep,
         )
 
+    def _take(self, nodes: np.ndarray) -> _Options:
+        """Return the options of ``nodes`` (indices or a mask) alone, as wide as these."""
+        return _Options(
+            self.clock[nodes], self.time_s[nodes], self.cost_j[nodes], self.valid[nodes]
+        )
+
+    def _with_rows(self, nodes: np.ndarray, rows: _Options) -> _Options:
+        """Return these options with node ``nodes[j]``'s replaced by ``rows``' row ``j``.
+
+        Packed as :meth:`build` and :meth:`hull` pack (as wide as the most options a node
+        keeps): the same arrays as every node's options packed anew.
+        """
+        counts = self.valid.sum(axis=1)
+        counts[nodes] = rows.valid.sum(axis=1)
+        width = int(counts.max(initial=0))
+
+        def merged(mine: np.ndarray, theirs: np.ndarray, fill: float) -> np.ndarray:
+            out = np.full((len(mine), width), fill, dtype=mine.dtype)
+            out[:, : min(width, mine.shape[1])] = mine[:, :width]
+            out[nodes] = fill
+            out[nodes, : min(width, theirs.shape[1])] = theirs[:, :width]
+            return out
+
+        return _Options(
+            merged(self.clock, rows.clock, -1),
+            merged(self.time_s, rows.time_s, np.inf),
+            merged(self.cost_j, rows.cost_j, np.inf),
+            merged(self.valid, rows.valid, False),
+        )
+
     def hull(self) -> _Options:
         """Return the options on each node's lower convex hull in (time, cost), packed.
 
         The programme's linear relaxation relaxes every node to this hull, so a relaxation
         stated on these options alone has the same optimum with fewer columns (on the
         Perseus tables about a third: 8 of 23 options), and needs no nesting rows (along a
-        convex hull a cheaper step never waits for a dearer one). Points on a hull edge are
-        dropped with the points above it: an option is removed while it lies on or above
-        the segment joining its kept neighbours (all such at once: a point above the chord of
-        two options is off the hull of any set holding them), until none does.
+        convex hull a cheaper step never waits for a dearer one). Computed on the first call
+        (:meth:`_lower_hull`) and kept.
+        """
+        hull = self._hull
+        if hull is None:
+            hull = self._lower_hull()
+            object.__setattr__(self, "_hull", hull)
+        return hull
+
+    def _lower_hull(self) -> _Options:
+        """Compute :meth:`hull`: every node's options on its lower convex hull, packed.
+
+        Points on a hull edge are dropped with the points above it: an option is removed
+        while it lies on or above the segment joining its kept neighbours (all such at once:
+        a point above the chord of two options is off the hull of any set holding them),
+        until none does.
         """
         keep = self.valid.copy()
         t, c = self.time_s, self.cost_j
@@ -373,7 +458,7 @@ class _Options:
             if not off.any():
                 break
             keep &= ~off
-        width = int(keep.sum(axis=1).max())
+        width = int(keep.sum(axis=1).max(initial=0))
         pos = np.argsort(~keep, axis=1, kind="stable")[:, :width]
         valid = np.take_along_axis(keep, pos, axis=1)
 

@@ -240,7 +240,7 @@ def _neighbourhoods(
 def _search(
     problem: DagProblem,
     options: _Options,
-    programme: _Programme,
+    programme: Callable[[], _Programme],
     slot: np.ndarray,
     fractional: np.ndarray,
     deadline_s: float,
@@ -258,6 +258,8 @@ def _search(
     search runs). A pass over every set that improves the plan by less than
     :data:`_PASS_GAIN` widens the band and the windows (:data:`_LEVELS`: the plan is then
     about a local optimum of the narrower search). Every accepted plan meets the deadline.
+    ``programme`` returns the whole 0/1 programme at the deadline; it is asked for only as a
+    solve starts (it may build the programme then: a search out of time builds nothing).
 
     No solve starts with less time left than the most a solve of this search has run past
     its limit, nor is given a limit past ``until`` less that much. ``overrun_s`` holds the
@@ -283,8 +285,10 @@ def _search(
             reserve_s = _OVERRUN_ROOM * max(learned_s, shared[0]) if hard_end else learned_s
             if left <= reserve_s or certified(best_e):
                 return best
-            limit_s, solve_started = min(left - reserve_s, _HOOD_TIME_S), _time.perf_counter()
-            got, _, _ = programme.exact(
+            whole = programme()  # built at the plan's first solve: its limit starts after
+            limit_s = min(until - _time.perf_counter() - reserve_s, _HOOD_TIME_S)
+            solve_started = _time.perf_counter()
+            got, _, _ = whole.exact(
                 best,
                 rel_gap=_HOOD_GAP,
                 time_limit_s=limit_s,

@@ -15,7 +15,8 @@ the long deadline within 0.3%; they are rounded onto the options in step across 
 microbatches (:func:`_rounded`), which a rounding of each node alone loses.
 
 A graph is taken for a pipeline where every node is named ``forward{m}`` or ``backward{m}``
-(:func:`opdvfs.plan.pipeline.pipeline_graph`'s names), runs on a rank, and each (rank, pass,
+(:func:`opdvfs.plan.pipeline.pipeline_graph`'s names, read by
+:func:`~opdvfs.plan._dag_problem._parse_pass_names`), runs on a rank, and each (rank, pass,
 microbatch) is one node; the short pipeline is its subgraph of the first microbatches, each
 rank's nodes chained in their order (:func:`_shrunk`): the graph ``pipeline_graph`` builds for
 that many microbatches.
@@ -24,13 +25,16 @@ that many microbatches.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from opdvfs.plan._dag_lp import _OutOfTime, _Programme
-from opdvfs.plan._dag_problem import _TIME_RTOL, DagProblem, _Options, topological_levels
+from opdvfs.plan._dag_problem import (
+    _TIME_RTOL,
+    DagProblem,
+    _Options,
+    _parse_pass_names,
+    topological_levels,
+)
 
-#: A node's name in a pipeline graph: its pass and its microbatch.
-_PASS_NAME = r"^(forward|backward)(\d+)$"
 #: The scale factors of each node's time over its fastest option that :func:`_rounded` tries
 #: (the plan of the largest that keeps the deadline costs least, about): 0 to 0.8 coarsely,
 #: finely above, where the rounded plans land.
@@ -45,11 +49,10 @@ def _pipeline_keys(problem: DagProblem) -> _Keys | None:
     A pipeline: every node named ``forward{m}`` / ``backward{m}`` on a rank, each (rank,
     pass, microbatch) of ``ranks x 2 x microbatches`` exactly once.
     """
-    parsed = pd.Series(problem.names, dtype=object).astype(str).str.extract(_PASS_NAME)
-    if parsed[0].isna().any() or (problem.rank < 0).any():
+    parsed = _parse_pass_names(problem.names)
+    if parsed is None or (problem.rank < 0).any():
         return None
-    kind = (parsed[0] == "backward").to_numpy().astype(np.int64)
-    micro = parsed[1].astype(np.int64).to_numpy()
+    kind, micro = parsed
     key = (problem.rank * 2 + kind) * (int(micro.max()) + 1) + micro
     if len(np.unique(key)) != problem.n_nodes or problem.n_nodes != 2 * problem.n_ranks * (
         int(micro.max()) + 1
@@ -203,9 +206,7 @@ def _steady_plan(
     if total < 2 * short:
         return None
     small, kept = _shrunk(problem, keys, short)
-    small_options = _Options(
-        options.clock[kept], options.time_s[kept], options.cost_j[kept], options.valid[kept]
-    )
+    small_options = options._take(kept)
     middle = micro[kept] == short // 2
     lp = _reduced(small, small_options, middle, total - short + 1, deadline_s)
     try:

@@ -82,7 +82,8 @@ from __future__ import annotations
 
 import os
 import time as _time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
@@ -226,7 +227,7 @@ _STARVED_SHARE = 0.5
 def _starved(wall_s: float, cpu_s: float, time_limit_s: float) -> float:
     """Return the wall seconds per CPU second this plan has had so far; 1 where not starved.
 
-    Measured on the plan's set-up (building its programmes, before the relaxation): 1 below
+    Measured on the plan's set-up (its options and relaxation built, before it runs): 1 below
     :data:`_STARVED_FROM` or where the set-up took under 5 ms of CPU (a frontier's later
     deadlines, small graphs), at most :data:`_STARVED_MAX`. On the shared 2-core machine at
     load 12-16 (``nice -n 10``) the planning process got 0.19-0.3 s of CPU in 1.2-2.7 s, and
@@ -299,22 +300,25 @@ def _solve(
     rel_gap: float,
     time_limit_s: float,
     deadline_s: float | None,
-    state: tuple[_Options, _Programme, _Programme] | None = None,
+    prepared: _Prepared | None = None,
     warm_start: np.ndarray | None = None,
     bound_worker: bool = True,
 ) -> DagPlan:
     """:func:`solve_dag`, with what a frontier (:func:`dag_frontier`) sets besides.
 
-    ``state`` is the prepared options and programmes (:func:`_prepare`) to reuse, ``warm_start``
+    ``prepared`` is the options and programmes (:func:`_prepare`) to reuse, ``warm_start``
     a neighbouring deadline's plan as option slots (taken if better than the rounded
     relaxation), and ``bound_worker`` False plans without the bound worker.
     """
     started, started_cpu = _time.perf_counter(), _time.thread_time()
     base_deadline, top = _deadline(problem, target)
     deadline = base_deadline if deadline_s is None else float(deadline_s)
-    options, programme, relaxation = state or _prepare(problem, deadline)
-    programme.set_deadline(deadline * (1 + _TIME_RTOL))
+    prepared = prepared or _prepare(problem, deadline)
+    options, relaxation = prepared.options, prepared.relaxation
     relaxation.set_deadline(deadline * (1 + _TIME_RTOL))
+    # the whole programme at this deadline, built and set on first use
+    programme = cache(partial(prepared.programme, deadline * (1 + _TIME_RTOL)))
+    columns = _Programme.columns(options)
     # the work after the budget's phases (the wrap-up, the plan of a relaxation that ran out)
     # takes wall time in proportion to how little of a core this process gets
     starved = _starved(
@@ -404,10 +408,10 @@ def _solve(
     if budget_s <= 0:
         return replace(plan, method="search")
     search_s = _search_seconds(time_limit_s)
-    root_s = _root_seconds(programme.nx, load)
+    root_s = _root_seconds(columns, load)
     # the whole programme's relaxation: about the square of the ratio of the columns (0.41 s
     # and 3.9 s, 1.3 s and 9.9 s at 128 microbatches, 8 and 16 stages)
-    lp_s = relax_cpu * (programme.nx / max(relaxation.nx, 1)) ** 2  # CPU: not the load
+    lp_s = relax_cpu * (columns / max(relaxation.nx, 1)) ** 2  # CPU: not the load
     best_energy = [plan.energy_j]  # the best plan's energy so far (J), read by the worker
 
     def certified(energy_j: float) -> bool:
@@ -442,12 +446,9 @@ def _solve(
         dive_until = _time.perf_counter() + _DIVE_SHARE * search_s
         # on the whole programme where its relaxation is expected within the search's time
         # (as measured, its dive finds better plans), else on the hull's (solved already)
-        diver = programme if lp_s < search_s else relaxation
-        if (
-            not certified(energy)
-            and dive_until < started + search_s
-            and _relaxed_by(diver, dive_until)
-        ):
+        to_dive = not certified(energy) and dive_until < started + search_s
+        diver = programme() if to_dive and lp_s < search_s else relaxation
+        if to_dive and _relaxed_by(diver, dive_until):
             dived = _greedy_fill(
                 problem, options, diver.dive(dive_until), deadline, until, batched=large
             )
@@ -471,13 +472,14 @@ def _solve(
         remaining = left_s()
         if not certified(energy) and remaining > 0 and root_s < _ROOT_ROOM * remaining:
             # the rest: HiGHS with its heuristics for plans, beside the worker for the bound
-            programme.watch(lambda incumbent_j, _bound_j: certified(incumbent_j))
+            whole = programme()
+            whole.watch(lambda incumbent_j, _bound_j: certified(incumbent_j))
             try:
-                best, mip_bound, _ = programme.exact(
+                best, mip_bound, _ = whole.exact(
                     slot, rel_gap=rel_gap, time_limit_s=_MIP_SHARE * remaining / load
                 )
             finally:
-                programme.watch(None)
+                whole.watch(None)
             bound = max(bound, mip_bound)
             if best is not None:
                 found.append(best)
@@ -730,10 +732,32 @@ def _scaled_iterate(
     return np.maximum(at_or_below.sum(axis=1) - 1, 0)
 
 
-def _prepare(
-    problem: DagProblem, deadline_s: float | None = None
-) -> tuple[_Options, _Programme, _Programme]:
-    """Return the options, the 0/1 programme on them, and the relaxation on their hulls.
+@dataclass
+class _Prepared:
+    """A graph's options and programmes, prepared once for every deadline planned on them.
+
+    ``relaxation`` is the relaxation on the options' hulls (every plan solves it); the whole
+    0/1 programme on them (:meth:`programme`) is built on first use: only the neighbourhood
+    search, the dive and branch and bound solve it, which on large graphs often do not run
+    within the default budget (its build took 20-27 ms of CPU at 16 stages x 128
+    microbatches).
+    """
+
+    problem: DagProblem
+    options: _Options
+    relaxation: _Programme
+    _whole: _Programme | None = field(default=None, repr=False)
+
+    def programme(self, deadline_s: float) -> _Programme:
+        """Return the whole 0/1 programme, its makespan held to ``deadline_s``; built once."""
+        if self._whole is None:
+            self._whole = _Programme(self.problem, self.options)
+        self._whole.set_deadline(deadline_s)
+        return self._whole
+
+
+def _prepare(problem: DagProblem, deadline_s: float | None = None) -> _Prepared:
+    """Return the options and the relaxation on their hulls (the whole programme is lazy).
 
     With ``deadline_s`` (the loosest deadline they will serve), the options no plan within
     it can take are left out (:meth:`_Options.within`).
@@ -745,7 +769,7 @@ def _prepare(
     relaxation = _Programme(problem, options.hull(), nested=False, round_to=options)
     # its LP is solved as stated (measured: presolve took 0.86 s to 0.52 s at 128 x 16 off)
     relaxation.h.setOptionValue("presolve", "off")
-    return options, _Programme(problem, options), relaxation
+    return _Prepared(problem, options, relaxation)
 
 
 @_ctrl_c_stops_highs()
@@ -765,8 +789,8 @@ def solve_dag_milp(
     """
     started = _time.perf_counter()
     deadline, _ = _deadline(problem, target)
-    options, programme, _ = _prepare(problem, deadline)
-    programme.set_deadline(deadline * (1 + _TIME_RTOL))
+    prepared = _prepare(problem, deadline)
+    options, programme = prepared.options, prepared.programme(deadline * (1 + _TIME_RTOL))
     best, bound, optimal = programme.exact(None, rel_gap=rel_gap, time_limit_s=time_limit_s)
     if best is None:
         return _infeasible(problem, deadline, started)
@@ -809,8 +833,8 @@ def dag_frontier(
     ``plan_seconds``.
     """
     targets = np.asarray(targets, dtype=float)
-    state = _prepare(problem, _deadline(problem, float(targets.max(initial=0.0)))[0])
-    options = state[0]
+    prepared = _prepare(problem, _deadline(problem, float(targets.max(initial=0.0)))[0])
+    options = prepared.options
     rows: list[dict[str, Any]] = [{} for _ in targets]
     previous: np.ndarray | None = None
     for at in np.argsort(targets, kind="stable"):
@@ -820,7 +844,7 @@ def dag_frontier(
             rel_gap=rel_gap,
             time_limit_s=time_limit_s,
             deadline_s=None,
-            state=state,
+            prepared=prepared,
             warm_start=previous,
             bound_worker=False,
         )

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from opdvfs.exceptions import InfeasibleError, ValidationError
+from opdvfs.plan._dag_problem import _pass_names
 from opdvfs.plan.dag import TIME_LIMIT_S, DagPlan, DagProblem, dag_frontier, solve_dag
 from opdvfs.plan.dp import gap_pct
 from opdvfs.profile import Profile
@@ -150,7 +151,7 @@ def pipeline_graph(
         freqs_mhz=np.asarray(freqs_mhz, dtype=float),
         edges=edges,
         rank=stage_ix,
-        names=np.array([f"{k}{m}" for k, m in zip(kinds.ravel(), micro.ravel(), strict=True)]),
+        names=_pass_names(~is_fwd.ravel(), micro.ravel()),
         blocking_power_w=blocking_power_w,
     )
 
@@ -251,7 +252,7 @@ def stage_chain(profile: Profile, stage: int, n_microbatches: int = 8) -> Profil
     chain = pd.DataFrame(
         {
             "op": np.arange(len(kinds)),
-            "name": [f"{k}{m}" for k, m in zip(kinds, micro, strict=True)],
+            "name": _pass_names(kinds == "backward", micro),
             "instruction": kinds,
         }
     )
