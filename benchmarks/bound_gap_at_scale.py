@@ -153,7 +153,8 @@ def case(
     deadline, _ = _deadline(problem, target)
     plan = solve_dag(problem, target)
     long = solve_dag(problem, target, time_limit_s=long_s)
-    options, _, relaxation = _prepare(problem, deadline)
+    prepared = _prepare(problem, deadline)
+    options, relaxation = prepared.options, prepared.relaxation
     relaxation.set_deadline(deadline * (1 + _TIME_RTOL))
     relaxed = relaxation.relax()
     assert relaxed is not None  # the deadline is the planner's own: it fits

@@ -208,6 +208,21 @@ def test_a_batched_greedy_round_keeps_the_cheapest_prefix_that_holds():
     np.testing.assert_allclose(head, problem.start_times(options.clock[rows, got]), rtol=1e-12)
 
 
+@pytest.mark.parametrize(
+    ("wall_s", "cpu_s", "starved"),
+    [
+        (0.048, 0.0048, 10.0),  # 8 x 32's set-up (4.8 ms of CPU) at a tenth of a core
+        (0.026, 0.0026, 1.0),  # 8 x 16's: too short to tell
+        (0.006, 0.0048, 1.0),  # a whole core, give or take
+    ],
+)
+def test_a_set_up_of_a_few_ms_tells_whether_the_plan_is_starved(wall_s, cpu_s, starved):
+    # the set-up no longer builds the whole programme (8 x 32: 6.2-6.6 ms -> 4.8 ms of CPU);
+    # a threshold of 5 ms would have stopped telling a starved 8 x 32 plan from a fed one
+    assert dag._starved(wall_s, cpu_s, 0.85) == pytest.approx(starved)
+    assert dag._starved(wall_s, cpu_s, 0.0) == 1.0  # no time limit: nothing to keep back
+
+
 def test_a_plan_starved_of_cpu_keeps_back_more_of_its_budget_for_its_wrap_up(monkeypatch):
     # the set-up took 0.3 s of wall time for 0.03 s of CPU (a tenth of a core): the work after
     # the relaxation (the plan when it runs out, the wrap-up) will take ten times its CPU too.

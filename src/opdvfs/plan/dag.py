@@ -222,20 +222,25 @@ _STARVED_FROM, _STARVED_MAX = 1.5, 30.0
 _FALLBACK_SMALL_S = 0.01
 #: The most of the budget kept back for the work after it on a starved process.
 _STARVED_SHARE = 0.5
+#: The least CPU (s) of a plan's set-up that tells whether it is starved (:func:`_starved`):
+#: 8 stages x 32 microbatches and up (4.8-4.9 ms there, 2.6-2.7 ms at 8 x 16, since the
+#: whole programme is built on first use; 5 ms before, with it built in the set-up).
+_STARVED_SETUP_S = 0.003
 
 
 def _starved(wall_s: float, cpu_s: float, time_limit_s: float) -> float:
     """Return the wall seconds per CPU second this plan has had so far; 1 where not starved.
 
     Measured on the plan's set-up (its options and relaxation built, before it runs): 1 below
-    :data:`_STARVED_FROM` or where the set-up took under 5 ms of CPU (a frontier's later
-    deadlines, small graphs), at most :data:`_STARVED_MAX`. On the shared 2-core machine at
-    load 12-16 (``nice -n 10``) the planning process got 0.19-0.3 s of CPU in 1.2-2.7 s, and
-    the plan of a relaxation that ran out (its bound from the duals, its last iterate
-    scaled) took wall time past 1.1 T + 0.2 s in 7 of 32 cases at 128 microbatches, where
-    the time kept back for it (0.08 s, and 0.03 s of wrap-up) assumed a whole core.
+    :data:`_STARVED_FROM` or where the set-up took under :data:`_STARVED_SETUP_S` of CPU (a
+    frontier's later deadlines, small graphs), at most :data:`_STARVED_MAX`. On the shared
+    2-core machine at load 12-16 (``nice -n 10``) the planning process got 0.19-0.3 s of CPU
+    in 1.2-2.7 s, and the plan of a relaxation that ran out (its bound from the duals, its
+    last iterate scaled) took wall time past 1.1 T + 0.2 s in 7 of 32 cases at 128
+    microbatches, where the time kept back for it (0.08 s, and 0.03 s of wrap-up) assumed a
+    whole core.
     """
-    if time_limit_s <= 0 or cpu_s < 0.005:
+    if time_limit_s <= 0 or cpu_s < _STARVED_SETUP_S:
         return 1.0
     ratio = wall_s / cpu_s
     return min(ratio, _STARVED_MAX) if ratio > _STARVED_FROM else 1.0
