@@ -606,7 +606,8 @@ def correct_to_measurements(
             filled = predicted[cells] * np.exp(_correction(f, group, ratio))
             if group.known is not None:  # measured, though anchoring nothing: as measured
                 filled = np.where(group.known, measured[cells], filled)
-            out[group.rows] = measured[group.rows]
+            if group.targets is not _EVERY:
+                out[group.rows] = measured[group.rows]
             out[cells] = filled
     return out
 
@@ -626,9 +627,12 @@ class _Group:
     anchors
         The clocks whose log-ratio ``ln(measured / predicted)`` is finite: shape (1, n_clocks)
         where every row has that pattern, (n_rows, n_clocks) where each row has its own.
+    columns
+        The columns of the group's tables of log-ratios and noise: the shared pattern's
+        anchors, or :data:`_EVERY` column (each row its own pattern).
     targets
-        The columns to fill: those not in the shared pattern, or every column (each row its
-        own pattern).
+        The columns to fill: those not in the shared pattern, or :data:`_EVERY` column (each
+        row its own pattern).
     known
         Whether each target cell was measured (its log-ratio not finite: kept as measured,
         anchoring nothing), shape (n_rows, len(targets)); None where none was.
@@ -636,8 +640,13 @@ class _Group:
 
     rows: slice | np.ndarray
     anchors: np.ndarray
-    targets: np.ndarray
+    columns: np.ndarray | slice
+    targets: np.ndarray | slice
     known: np.ndarray | None
+
+
+#: Every column of a table (a view, not a copy), for the rows that each have their own pattern.
+_EVERY = slice(None)
 
 
 #: Fewest rows sharing one pattern that :func:`_groups` fills as a group of their own; the rows
@@ -651,8 +660,8 @@ def _groups(
 ) -> list[tuple[_Group, np.ndarray]]:
     """Return the groups of the block of rows from ``start``, each with its log-ratios.
 
-    The log-ratios ``ln(measured / predicted)`` of the group's rows at their anchors, 0 at
-    every other cell, shape (n_rows, n_clocks). Every profile swept over one clock list
+    The log-ratios ``ln(measured / predicted)`` of the group's rows at its columns, 0 where
+    not an anchor, shape (n_rows, len(columns)). Every profile swept over one clock list
     measures each op at the same clocks: then the block is one group, its log-ratios taken on
     those columns alone (a third of a device's clocks at 1M ops x 9, 3 profiled). Otherwise
     each pattern that :data:`_GROUP_ROWS` rows or more share is a group (most rows, where a
@@ -661,62 +670,72 @@ def _groups(
     rows = slice(start, start + _ROW_BLOCK)
     m, p = measured[rows], predicted[rows]
     known = np.isfinite(m)
-    n_rows, n_clocks = m.shape
     if (known == known[:1]).all():
         cols = np.flatnonzero(known[0])
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.log(m[:, cols] / p[:, cols])
         if np.isfinite(ratio).all():
-            r = np.zeros((n_rows, n_clocks))
-            r[:, cols] = ratio
-            return [(_Group(rows, known[:1], np.flatnonzero(~known[0]), None), r)]
+            return [(_Group(rows, known[:1], cols, np.flatnonzero(~known[0]), None), ratio)]
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.log(m / p)
     anchors = known & np.isfinite(ratio)
     r = np.where(anchors, ratio, 0.0)
-    first, inverse, counts = _patterns(anchors)
-    order = np.argsort(inverse, kind="stable")  # each pattern's rows together, ascending
-    ends = np.cumsum(counts)
+    pattern_of, counts = _patterns(anchors)
     groups = []
     for g in np.flatnonzero(counts >= _GROUP_ROWS):
-        at = order[ends[g] - counts[g] : ends[g]]
-        pattern = anchors[first[g]][None, :]
-        targets = np.flatnonzero(~pattern[0])
+        at = np.flatnonzero(pattern_of == g)
+        pattern = anchors[at[0]][None, :]
+        cols, targets = np.flatnonzero(pattern[0]), np.flatnonzero(~pattern[0])
         known_t = known[np.ix_(at, targets)]
-        group = _Group(start + at, pattern, targets, known_t if known_t.any() else None)
-        groups.append((group, r[at]))
-    rest = np.flatnonzero(counts[inverse] < _GROUP_ROWS)
+        group = _Group(start + at, pattern, cols, targets, known_t if known_t.any() else None)
+        groups.append((group, r[np.ix_(at, cols)]))
+    rest = np.flatnonzero(counts[pattern_of] < _GROUP_ROWS)
+    if len(rest) == len(m):  # no pattern common enough: the block's rows as they are
+        return [(_Group(rows, anchors, _EVERY, _EVERY, known), r)]
     if len(rest):
-        group = _Group(start + rest, anchors[rest], np.arange(n_clocks), known[rest])
+        group = _Group(start + rest, anchors[rest], _EVERY, _EVERY, known[rest])
         groups.append((group, r[rest]))
     return groups
 
 
-def _patterns(flags: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Return the distinct rows of ``flags`` (bool): each one's first row, each row's, counts.
+def _patterns(flags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return each row's pattern of ``flags`` (bool) as a number, and each number's count of rows.
 
-    Each row packed to bits (a 64-bit key for up to 64 clocks), then :func:`numpy.unique`.
+    Each row packed to bits: up to 16 clocks, the bits are the number (counted in one pass);
+    more, the distinct rows numbered by :func:`numpy.unique` (a 64-bit key up to 64 clocks).
     """
     packed = np.packbits(flags, axis=1)
-    width = -(-packed.shape[1] // 8) * 8
+    width = 2 if packed.shape[1] <= 2 else -(-packed.shape[1] // 8) * 8
     padded = np.zeros((len(packed), width), dtype=np.uint8)
     padded[:, : packed.shape[1]] = packed
-    words = padded.view(np.uint64)
-    keys = words[:, 0] if width == 8 else padded.view(np.dtype((np.void, width))).ravel()
-    _, first, inverse, counts = np.unique(
-        keys, return_index=True, return_inverse=True, return_counts=True
-    )
-    return first, inverse.ravel(), counts
+    if width == 2:
+        number = padded.view(np.uint16)[:, 0]
+        return number, np.bincount(number, minlength=1 << 16)
+    keys = padded.view(np.uint64)[:, 0] if width == 8 else padded.view(np.dtype((np.void, width)))
+    _, number, counts = np.unique(keys.ravel(), return_inverse=True, return_counts=True)
+    return number.ravel(), counts
 
 
-def _cells(rows: slice | np.ndarray, cols: np.ndarray) -> tuple[slice | np.ndarray, ...]:
-    """Index of the cells of ``rows`` (a slice or positions) at ``cols`` (positions)."""
-    return np.ix_(rows, cols) if isinstance(rows, np.ndarray) else (rows, cols)
+def _cells(rows: slice | np.ndarray, cols: np.ndarray | slice) -> tuple[slice | np.ndarray, ...]:
+    """Index of the cells of ``rows`` at ``cols`` (each a slice or positions)."""
+    if isinstance(rows, np.ndarray) and isinstance(cols, np.ndarray):
+        return np.ix_(rows, cols)
+    return rows, cols
 
 
 def _take(table: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """Each row's values of ``table`` at ``cols``, shape (1, k) (every row's) or (n_rows, k)."""
     return table[:, cols[0]] if len(cols) == 1 else np.take_along_axis(table, cols, axis=1)
+
+
+def _at(group: _Group, cols: np.ndarray | slice) -> np.ndarray | slice:
+    """Positions of the columns ``cols`` (the group's columns) in its tables."""
+    n_clocks = group.anchors.shape[1]
+    if isinstance(group.columns, slice) or len(group.columns) == n_clocks:
+        return cols
+    at = np.zeros(n_clocks, dtype=int)
+    at[group.columns] = np.arange(len(group.columns))
+    return at[cols]
 
 
 def _correction(f: np.ndarray, group: _Group, ratio: np.ndarray) -> np.ndarray:
@@ -726,6 +745,11 @@ def _correction(f: np.ndarray, group: _Group, ratio: np.ndarray) -> np.ndarray:
     between the nearest anchors on each side, held beyond them; 0 in a row without one.
     """
     n_clocks = len(f)
+    if not isinstance(group.columns, slice) and len(group.columns) < n_clocks:
+        # every column, 0 where not an anchor
+        wide = np.zeros((len(ratio), n_clocks))
+        wide[:, group.columns] = ratio
+        ratio = wide
     left, right = _usable_neighbours(group.anchors)
     left, right = left[:, group.targets], right[:, group.targets]
     has_left, has_right = left >= 0, right < n_clocks
@@ -797,8 +821,8 @@ def _interior_curvature(
     clocks: each clock weighted by its span, so the noise of closely spaced clocks (whose
     span is small) is not blown up into a steep bend. The three cells' own noise
     (``rel_noise``, log units; None: unknown, 0) explains part of ``e``: only what exceeds two
-    of its standard deviations counts. ``ratio`` and ``rel_noise``: the group's rows, every
-    column (0 where not an anchor).
+    of its standard deviations counts. ``ratio`` and ``rel_noise``: the group's rows at its
+    columns (:func:`_groups`).
     """
     n_clocks = len(f)
     anchors = group.anchors
@@ -810,23 +834,30 @@ def _interior_curvature(
     lc, rc = np.clip(left_s, 0, n_clocks - 1), np.clip(right_s, 0, n_clocks - 1)
     f_l, f_r = f[lc], f[rc]
     # the clocks whose error counts: the shared pattern's interior ones, or every column
-    mid = np.flatnonzero(inner[0]) if len(anchors) == 1 else np.arange(n_clocks)
+    mid = np.flatnonzero(inner[0]) if len(anchors) == 1 else _EVERY
     # (a cell measured at 0 has an infinite relative noise: it anchors nothing)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         share = (f[None, :] - f_l) / (f_r - f_l)
         span = (f[None, :] - f_l) * (f_r - f[None, :])
-        s, lc, rc = share[:, mid], lc[:, mid], rc[:, mid]
-        line = (1 - s) * _take(ratio, lc) + s * _take(ratio, rc)
-        excess = np.abs(ratio[:, mid] - line)
+        # each clock's and its neighbours' positions in the tables
+        s, j, jl, jr = (
+            share[:, mid],
+            _at(group, mid),
+            _at(group, lc[:, mid]),
+            _at(group, rc[:, mid]),
+        )
+        line = (1 - s) * _take(ratio, jl) + s * _take(ratio, jr)
+        excess = np.abs(ratio[:, j] - line)
         if rel_noise is not None:  # None: no noise known (0), nothing to take off
-            n2 = rel_noise**2
-            noise_sd = np.sqrt(n2[:, mid] + (1 - s) ** 2 * _take(n2, lc) + s**2 * _take(n2, rc))
+            n2 = rel_noise[:, j] ** 2, _take(rel_noise, jl) ** 2, _take(rel_noise, jr) ** 2
+            noise_sd = np.sqrt(n2[0] + (1 - s) ** 2 * n2[1] + s**2 * n2[2])
             excess -= 2.0 * noise_sd
-        excess = np.maximum(excess, 0.0)
-        # summed over every column, 0 at the others
-        full = np.zeros(np.shape(ratio))
-        full[:, mid] = np.where(inner[:, mid], excess, 0.0)
-        curv = 2.0 * full.sum(axis=1) / np.where(inner, span, 0.0).sum(axis=1)
+        kept = np.where(inner[:, mid], np.maximum(excess, 0.0), 0.0)
+        if mid is not _EVERY:  # summed in place among every column, 0 at the others (its order)
+            full = np.zeros((len(ratio), n_clocks))
+            full[:, mid] = kept
+            kept = full
+        curv = 2.0 * kept.sum(axis=1) / np.where(inner, span, 0.0).sum(axis=1)
     return np.where(inner.any(axis=1), curv, np.nan)
 
 
@@ -884,19 +915,17 @@ def log_uncertainty(
     for start in range(0, shape[0], _ROW_BLOCK):
         for group, ratio in _groups(predicted, measured, start):
             # the measured cells' noise: at the anchors, or at every cell where some target
-            # was measured too (the other cells' 0 is overwritten below)
-            cols = (
-                np.arange(shape[1]) if group.known is not None else np.flatnonzero(group.anchors[0])
-            )
-            rel = np.zeros(np.shape(ratio))
-            if noise is not None:
-                cells = _cells(group.rows, cols)
+            # was measured too (the second pass fills the others)
+            every = group.known is not None
+            cells = _cells(group.rows, _EVERY if every else group.columns)
+            own = None
+            if noise is None:
+                out[cells] = 0.0
+            else:
                 with np.errstate(divide="ignore", invalid="ignore"):
-                    rel[:, cols] = np.nan_to_num(
-                        np.asarray(noise[cells], dtype=float) / measured[cells], nan=0.0
-                    )
-            out[group.rows] = rel
-            own = None if noise is None else rel
+                    rel = np.nan_to_num(np.asarray(noise[cells], dtype=float) / measured[cells])
+                out[cells] = rel
+                own = rel[:, group.columns] if every else rel
             curv[group.rows] = _interior_curvature(f, group, ratio, own)
             groups.append(group)
     has = np.isfinite(curv)
