@@ -606,7 +606,7 @@ def correct_to_measurements(
             filled = predicted[cells] * np.exp(_correction(f, group, ratio))
             if group.known is not None:  # measured, though anchoring nothing: as measured
                 filled = np.where(group.known, measured[cells], filled)
-            if group.targets is not _EVERY:
+            if group.targets is not _EVERY:  # the measured cells
                 out[group.rows] = measured[group.rows]
             out[cells] = filled
     return out
@@ -709,8 +709,8 @@ def _patterns(flags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     padded = np.zeros((len(packed), width), dtype=np.uint8)
     padded[:, : packed.shape[1]] = packed
     if width == 2:
-        number = padded.view(np.uint16)[:, 0]
-        return number, np.bincount(number, minlength=1 << 16)
+        bits = padded.view(np.uint16)[:, 0]
+        return bits, np.bincount(bits, minlength=1 << 16)
     keys = padded.view(np.uint64)[:, 0] if width == 8 else padded.view(np.dtype((np.void, width)))
     _, number, counts = np.unique(keys.ravel(), return_inverse=True, return_counts=True)
     return number.ravel(), counts
@@ -728,7 +728,7 @@ def _take(table: np.ndarray, cols: np.ndarray) -> np.ndarray:
     return table[:, cols[0]] if len(cols) == 1 else np.take_along_axis(table, cols, axis=1)
 
 
-def _at(group: _Group, cols: np.ndarray | slice) -> np.ndarray | slice:
+def _at(group: _Group, cols: np.ndarray) -> np.ndarray:
     """Positions of the columns ``cols`` (the group's columns) in its tables."""
     n_clocks = group.anchors.shape[1]
     if isinstance(group.columns, slice) or len(group.columns) == n_clocks:
@@ -840,12 +840,8 @@ def _interior_curvature(
         share = (f[None, :] - f_l) / (f_r - f_l)
         span = (f[None, :] - f_l) * (f_r - f[None, :])
         # each clock's and its neighbours' positions in the tables
-        s, j, jl, jr = (
-            share[:, mid],
-            _at(group, mid),
-            _at(group, lc[:, mid]),
-            _at(group, rc[:, mid]),
-        )
+        s, jl, jr = share[:, mid], _at(group, lc[:, mid]), _at(group, rc[:, mid])
+        j = _at(group, mid) if isinstance(mid, np.ndarray) else mid
         line = (1 - s) * _take(ratio, jl) + s * _take(ratio, jr)
         excess = np.abs(ratio[:, j] - line)
         if rel_noise is not None:  # None: no noise known (0), nothing to take off
@@ -853,7 +849,7 @@ def _interior_curvature(
             noise_sd = np.sqrt(n2[0] + (1 - s) ** 2 * n2[1] + s**2 * n2[2])
             excess -= 2.0 * noise_sd
         kept = np.where(inner[:, mid], np.maximum(excess, 0.0), 0.0)
-        if mid is not _EVERY:  # summed in place among every column, 0 at the others (its order)
+        if isinstance(mid, np.ndarray):  # summed over every column, 0 at the others, in order
             full = np.zeros((len(ratio), n_clocks))
             full[:, mid] = kept
             kept = full
