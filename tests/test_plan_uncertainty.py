@@ -267,29 +267,55 @@ def test_a_plan_on_cells_measured_once_leaves_its_sums_noise_as_slack(monkeypatc
         assert schedule.conservative_time_s <= schedule.baseline_time_s * (1 + d) * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("mixed", [False, True])
 @pytest.mark.parametrize("with_noise", [False, True])
-def test_a_shared_clock_pattern_gives_the_per_row_values(monkeypatch, with_noise):
-    """Ops measured at the same clocks share neighbours computed once: the same values."""
+def test_rows_grouped_by_their_measured_clocks_give_the_per_row_values(
+    monkeypatch, with_noise, mixed
+):
+    """Ops measured at the same clocks are filled together, on the unmeasured columns alone.
+
+    Each row's values are those of its own pattern filled cell by cell, however the rows are
+    grouped: one pattern for all (every op at the same five clocks), or most rows at one and
+    the rest missing one clock more or measured at 0 (kept, but no anchor: no finite log-ratio).
+    """
     from opdvfs.plan import measured
 
     rng = np.random.default_rng(11)
     freqs = np.array([900.0, 1000, 1100, 1250, 1400, 1500, 1650, 1800])
-    predicted = rng.uniform(1.0, 50.0, (500, len(freqs)))
+    predicted = rng.uniform(1.0, 50.0, (3000, len(freqs)))
     observed = predicted * rng.normal(1.0, 0.05, predicted.shape)
     observed[:, [1, 2, 5]] = np.nan  # every op at the same five clocks
+    zero = np.zeros(observed.shape, dtype=bool)
+    if mixed:
+        missing = rng.random(len(observed)) < 0.05
+        observed[missing, rng.choice([0, 3, 4, 6, 7], missing.sum())] = np.nan
+        zero[rng.integers(0, len(observed), 12), rng.choice([3, 4, 6], 12)] = True
+        observed[zero] = 0.0
     noise = np.abs(rng.normal(0.0, 0.3, predicted.shape)) if with_noise else None
-    shared = (
-        measured.log_uncertainty(freqs, predicted, observed, noise),
-        measured.correct_to_measurements(freqs, predicted, observed),
+
+    def values(predicted, observed, noise):
+        return (
+            measured.log_uncertainty(freqs, predicted, observed, noise),
+            measured.correct_to_measurements(freqs, predicted, observed),
+        )
+
+    grouped = values(predicted, observed, noise)
+    monkeypatch.setattr(measured, "_GROUP_ROWS", 1)  # every pattern a group of its own
+    each_pattern = values(predicted, observed, noise)
+    # every row filled by its own pattern: one more row, measured nowhere (no curvature, so
+    # the pooled one is unchanged), takes the rows off the one-pattern path
+    monkeypatch.setattr(measured, "_GROUP_ROWS", len(observed) + 1)
+    nowhere = np.full((1, len(freqs)), np.nan)
+    per_row = values(
+        np.vstack([predicted, predicted[:1]]),
+        np.vstack([observed, nowhere]),
+        None if noise is None else np.vstack([noise, noise[:1]]),
     )
-    monkeypatch.setattr(measured, "_shared_pattern", lambda usable: usable)  # per row
-    per_row = (
-        measured.log_uncertainty(freqs, predicted, observed, noise),
-        measured.correct_to_measurements(freqs, predicted, observed),
-    )
-    for a, b in zip(shared, per_row, strict=True):
+    for a, b, c in zip(grouped, each_pattern, per_row, strict=True):
         np.testing.assert_array_equal(a, b)
-    assert (shared[0][:, [1, 2, 5]] > 0).all()  # the filled cells carry an uncertainty
+        np.testing.assert_array_equal(a, c[:-1])
+    assert (grouped[0][:, [1, 2, 5]] > 0).all()  # the filled cells carry an uncertainty
+    np.testing.assert_array_equal(grouped[1][zero], 0.0)  # measured at 0: as measured
 
 
 def test_plan_names_the_clock_most_worth_profiling_next(tmp_path):

@@ -576,8 +576,9 @@ def correct_to_measurements(
     Per op, the log-ratio ``r = ln(measured / predicted)`` at its measured clocks is
     interpolated linearly in the clock between them and held constant beyond them; an
     unmeasured cell becomes ``predicted * exp(r)``. An op with no usable measurement keeps the
-    prediction. Vectorised over ops and clocks (forward/backward fill of the nearest measured
-    column on each side).
+    prediction (a measured cell whose log-ratio is not finite is kept as measured but anchors
+    nothing). Vectorised over ops and clocks: the rows that share their measured clocks
+    (:func:`_groups`) are corrected together, on the unmeasured columns alone.
 
     Parameters
     ----------
@@ -595,89 +596,170 @@ def correct_to_measurements(
     -------
     ndarray, shape (n_ops, n_clocks)
     """
-    # rows are independent: in blocks, the dozen temporaries are a block's, not the table's
+    f = np.asarray(freqs_mhz, dtype=float)
     out = np.empty(np.shape(predicted)) if out is None else out
+    # rows are independent: in blocks, the temporaries are a block's, not the table's
     for start in range(0, len(out), _ROW_BLOCK):
-        rows = slice(start, start + _ROW_BLOCK)
-        out[rows] = _correct_rows(freqs_mhz, predicted[rows], measured[rows])
+        # each group reads its own rows of `predicted` before it writes them (`out` may be it)
+        for group, ratio in _groups(predicted, measured, start):
+            cells = _cells(group.rows, group.targets)
+            filled = predicted[cells] * np.exp(_correction(f, group, ratio))
+            if group.known is not None:  # measured, though anchoring nothing: as measured
+                filled = np.where(group.known, measured[cells], filled)
+            if group.targets is not _EVERY:  # the measured cells
+                out[group.rows] = measured[group.rows]
+            out[cells] = filled
     return out
 
 
-def _correct_rows(freqs_mhz: np.ndarray, predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
-    """:func:`correct_to_measurements` of a block of rows."""
-    f = np.asarray(freqs_mhz, dtype=float)
-    known = np.isfinite(measured)
-    shared = _shared_columns(known, predicted, measured)
-    if shared is not None:
-        return _correct_shared(f, predicted, measured, *shared)
+@dataclass(frozen=True)
+class _Group:
+    """Rows that :func:`correct_to_measurements` and :func:`log_uncertainty` fill alike.
+
+    A row's corrected values and uncertainties depend on its own cells and on which of its
+    clocks anchor the interpolation (its pattern) alone: rows that share the pattern share
+    its neighbours, spans and shares, computed once and broadcast over the rows.
+
+    Attributes
+    ----------
+    rows
+        The rows: a block's slice, or positions, ascending.
+    anchors
+        The clocks whose log-ratio ``ln(measured / predicted)`` is finite: shape (1, n_clocks)
+        where every row has that pattern, (n_rows, n_clocks) where each row has its own.
+    columns
+        The columns of the group's tables of log-ratios and noise: the shared pattern's
+        anchors, or :data:`_EVERY` column (each row its own pattern).
+    targets
+        The columns to fill: those not in the shared pattern, or :data:`_EVERY` column (each
+        row its own pattern).
+    known
+        Whether each target cell was measured (its log-ratio not finite: kept as measured,
+        anchoring nothing), shape (n_rows, len(targets)); None where none was.
+    """
+
+    rows: slice | np.ndarray
+    anchors: np.ndarray
+    columns: np.ndarray | slice
+    targets: np.ndarray | slice
+    known: np.ndarray | None
+
+
+#: Every column of a table (a view, not a copy), for the rows that each have their own pattern.
+_EVERY = slice(None)
+
+
+#: Fewest rows sharing one pattern that :func:`_groups` fills as a group of their own; the rows
+#: of rarer patterns are filled together, each by its own pattern. So a block is at most
+#: ``_ROW_BLOCK / _GROUP_ROWS + 1`` groups, however many patterns its rows have.
+_GROUP_ROWS = 1024
+
+
+def _groups(
+    predicted: np.ndarray, measured: np.ndarray, start: int
+) -> list[tuple[_Group, np.ndarray]]:
+    """Return the groups of the block of rows from ``start``, each with its log-ratios.
+
+    The log-ratios ``ln(measured / predicted)`` of the group's rows at its columns, 0 where
+    not an anchor, shape (n_rows, len(columns)). Every profile swept over one clock list
+    measures each op at the same clocks: then the block is one group, its log-ratios taken on
+    those columns alone (a third of a device's clocks at 1M ops x 9, 3 profiled). Otherwise
+    each pattern that :data:`_GROUP_ROWS` rows or more share is a group (most rows, where a
+    few ops missed a clock), and the rows of the rarer ones one more.
+    """
+    rows = slice(start, start + _ROW_BLOCK)
+    m, p = measured[rows], predicted[rows]
+    known = np.isfinite(m)
+    if (known == known[:1]).all():
+        cols = np.flatnonzero(known[0])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.log(m[:, cols] / p[:, cols])
+        if np.isfinite(ratio).all():
+            return [(_Group(rows, known[:1], cols, np.flatnonzero(~known[0]), None), ratio)]
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.log(measured / predicted)
-    usable = known & np.isfinite(ratio)
+        ratio = np.log(m / p)
+    anchors = known & np.isfinite(ratio)
+    r = np.where(anchors, ratio, 0.0)
+    pattern_of, counts = _patterns(anchors)
+    groups = []
+    for g in np.flatnonzero(counts >= _GROUP_ROWS):
+        at = np.flatnonzero(pattern_of == g)
+        pattern = anchors[at[0]][None, :]
+        cols, targets = np.flatnonzero(pattern[0]), np.flatnonzero(~pattern[0])
+        known_t = known[np.ix_(at, targets)]
+        group = _Group(start + at, pattern, cols, targets, known_t if known_t.any() else None)
+        groups.append((group, r[np.ix_(at, cols)]))
+    rest = np.flatnonzero(counts[pattern_of] < _GROUP_ROWS)
+    if len(rest) == len(m):  # no pattern common enough: the block's rows as they are
+        return [(_Group(rows, anchors, _EVERY, _EVERY, known), r)]
+    if len(rest):
+        group = _Group(start + rest, anchors[rest], _EVERY, _EVERY, known[rest])
+        groups.append((group, r[rest]))
+    return groups
+
+
+def _patterns(flags: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return each row's pattern of ``flags`` (bool) as a number, and each number's count of rows.
+
+    Each row packed to bits: up to 16 clocks, the bits are the number (counted in one pass);
+    more, the distinct rows numbered by :func:`numpy.unique` (a 64-bit key up to 64 clocks).
+    """
+    packed = np.packbits(flags, axis=1)
+    width = 2 if packed.shape[1] <= 2 else -(-packed.shape[1] // 8) * 8
+    padded = np.zeros((len(packed), width), dtype=np.uint8)
+    padded[:, : packed.shape[1]] = packed
+    if width == 2:
+        bits = padded.view(np.uint16)[:, 0]
+        return bits, np.bincount(bits, minlength=1 << 16)
+    keys = padded.view(np.uint64)[:, 0] if width == 8 else padded.view(np.dtype((np.void, width)))
+    _, number, counts = np.unique(keys.ravel(), return_inverse=True, return_counts=True)
+    return number.ravel(), counts
+
+
+def _cells(rows: slice | np.ndarray, cols: np.ndarray | slice) -> tuple[slice | np.ndarray, ...]:
+    """Index of the cells of ``rows`` at ``cols`` (each a slice or positions)."""
+    if isinstance(rows, np.ndarray) and isinstance(cols, np.ndarray):
+        return np.ix_(rows, cols)
+    return rows, cols
+
+
+def _take(table: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """Each row's values of ``table`` at ``cols``, shape (1, k) (every row's) or (n_rows, k)."""
+    return table[:, cols[0]] if len(cols) == 1 else np.take_along_axis(table, cols, axis=1)
+
+
+def _at(group: _Group, cols: np.ndarray) -> np.ndarray:
+    """Positions of the columns ``cols`` (the group's columns) in its tables."""
+    n_clocks = group.anchors.shape[1]
+    if isinstance(group.columns, slice) or len(group.columns) == n_clocks:
+        return cols
+    at = np.zeros(n_clocks, dtype=int)
+    at[group.columns] = np.arange(len(group.columns))
+    return at[cols]
+
+
+def _correction(f: np.ndarray, group: _Group, ratio: np.ndarray) -> np.ndarray:
+    """Return the log-correction of each of ``group``'s target cells, shape (n_rows, n_targets).
+
+    The anchors' log-ratios (``ratio``, :func:`_groups`) interpolated linearly in the clock
+    between the nearest anchors on each side, held beyond them; 0 in a row without one.
+    """
     n_clocks = len(f)
-    left, right = _usable_neighbours(_shared_pattern(usable))
+    if not isinstance(group.columns, slice) and len(group.columns) < n_clocks:
+        # every column, 0 where not an anchor
+        wide = np.zeros((len(ratio), n_clocks))
+        wide[:, group.columns] = ratio
+        ratio = wide
+    left, right = _usable_neighbours(group.anchors)
+    left, right = left[:, group.targets], right[:, group.targets]
     has_left, has_right = left >= 0, right < n_clocks
     left_c, right_c = np.clip(left, 0, n_clocks - 1), np.clip(right, 0, n_clocks - 1)
-    r = np.where(usable, ratio, 0.0)
-    r_left = np.take_along_axis(r, left_c, axis=1)
-    r_right = np.take_along_axis(r, right_c, axis=1)
     f_left, f_right = f[left_c], f[right_c]
     with np.errstate(divide="ignore", invalid="ignore"):
-        share = np.where(f_right > f_left, (f[None, :] - f_left) / (f_right - f_left), 0.0)
+        share = np.where(f_right > f_left, (f[group.targets] - f_left) / (f_right - f_left), 0.0)
     share = np.where(has_left & has_right, share, np.where(has_left, 0.0, 1.0))
-    correction = np.where(has_left | has_right, (1.0 - share) * r_left + share * r_right, 0.0)
-    return np.where(known, measured, predicted * np.exp(correction))
-
-
-def _shared_columns(
-    known: np.ndarray, predicted: np.ndarray, measured: np.ndarray
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """Return the measured columns and their log-ratios where every row has the same ones.
-
-    Every profile swept over one clock list measures each op at the same clocks: there
-    :func:`_correct_rows` and :func:`log_uncertainty` work on those columns alone (a third of a
-    device's clocks at 1M ops x 9, 3 profiled) instead of on every cell. Returns the columns'
-    positions and ``ln(measured / predicted)`` there, shape (rows, k), the same values as
-    over the whole block; None where the rows' patterns differ or a measured cell has no
-    finite log-ratio (then the cell-by-cell path).
-    """
-    pattern = _shared_pattern(known)
-    if len(pattern) != 1:
-        return None
-    cols = np.flatnonzero(pattern[0])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.log(measured[:, cols] / predicted[:, cols])
-    return (cols, ratio) if np.isfinite(ratio).all() else None
-
-
-def _correct_shared(
-    f: np.ndarray, predicted: np.ndarray, measured: np.ndarray, cols: np.ndarray, ratio: np.ndarray
-) -> np.ndarray:
-    """:func:`_correct_rows` where every row was measured at ``cols`` (:func:`_shared_columns`).
-
-    The same operations on the filled columns only: each measured cell as measured.
-    """
-    n_clocks = len(f)
-    usable = np.zeros((1, n_clocks), dtype=bool)
-    usable[0, cols] = True
-    left, right = _usable_neighbours(usable)
-    has_left, has_right = left[0] >= 0, right[0] < n_clocks
-    left_c, right_c = np.clip(left[0], 0, n_clocks - 1), np.clip(right[0], 0, n_clocks - 1)
-    f_left, f_right = f[left_c], f[right_c]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        share = np.where(f_right > f_left, (f - f_left) / (f_right - f_left), 0.0)
-    share = np.where(has_left & has_right, share, np.where(has_left, 0.0, 1.0))
-    filled = np.flatnonzero(~usable[0])
-    out = np.empty(np.shape(predicted))
-    out[:, cols] = measured[:, cols]
-    if not len(filled):
-        return out
-    r = np.zeros((len(predicted), n_clocks))
-    r[:, cols] = ratio
-    a, b = share[filled], 1.0 - share[filled]
-    correction = b * r[:, left_c[filled]] + a * r[:, right_c[filled]]
-    correction = np.where((has_left | has_right)[filled], correction, 0.0)
-    out[:, filled] = predicted[:, filled] * np.exp(correction)
-    return out
+    line = (1.0 - share) * _take(ratio, left_c) + share * _take(ratio, right_c)
+    return np.where(has_left | has_right, line, 0.0)
 
 
 def at_die(
@@ -718,15 +800,6 @@ def at_die(
     return energy_j + shift_w * np.nan_to_num(time_us, nan=0.0) * 1e-6
 
 
-def _shared_pattern(usable: np.ndarray) -> np.ndarray:
-    """``usable``'s first row, shape (1, n_clocks), if every row has its pattern; else ``usable``.
-
-    Ops measured at the same clocks (every profile swept over one clock list) share their
-    neighbours, spans and shares: computed once and broadcast over the rows, the same values.
-    """
-    return usable[:1] if (usable == usable[:1]).all() else usable
-
-
 def _usable_neighbours(usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Nearest usable column at or left of each cell (-1: none), and at or right (n: none)."""
     n_clocks = usable.shape[1]
@@ -737,9 +810,9 @@ def _usable_neighbours(usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _interior_curvature(
-    f: np.ndarray, ratio: np.ndarray, usable: np.ndarray, rel_noise: np.ndarray | None
+    f: np.ndarray, group: _Group, ratio: np.ndarray, rel_noise: np.ndarray | None
 ) -> np.ndarray:
-    """Each op's leave-one-clock-out curvature of ``ratio`` (per MHz^2); NaN if none.
+    """Each of ``group``'s ops' leave-one-clock-out curvature of ``ratio`` (per MHz^2); NaN if none.
 
     At every measured clock with a measured clock on both sides, the error of predicting its
     log-ratio from its two neighbours by the straight line (what :func:`correct_to_measurements`
@@ -748,37 +821,39 @@ def _interior_curvature(
     clocks: each clock weighted by its span, so the noise of closely spaced clocks (whose
     span is small) is not blown up into a steep bend. The three cells' own noise
     (``rel_noise``, log units; None: unknown, 0) explains part of ``e``: only what exceeds two
-    of its standard deviations counts.
+    of its standard deviations counts. ``ratio`` and ``rel_noise``: the group's rows at its
+    columns (:func:`_groups`).
     """
     n_clocks = len(f)
-    pattern = _shared_pattern(usable)
-    left, right = _usable_neighbours(pattern)
+    anchors = group.anchors
+    left, right = _usable_neighbours(anchors)
     # strictly left / right of each column
-    left_s = np.concatenate([np.full((len(pattern), 1), -1), left[:, :-1]], axis=1)
-    right_s = np.concatenate([right[:, 1:], np.full((len(pattern), 1), n_clocks)], axis=1)
-    inner = pattern & (left_s >= 0) & (right_s < n_clocks)
+    left_s = np.concatenate([np.full((len(anchors), 1), -1), left[:, :-1]], axis=1)
+    right_s = np.concatenate([right[:, 1:], np.full((len(anchors), 1), n_clocks)], axis=1)
+    inner = anchors & (left_s >= 0) & (right_s < n_clocks)
     lc, rc = np.clip(left_s, 0, n_clocks - 1), np.clip(right_s, 0, n_clocks - 1)
-    r = np.where(usable, ratio, 0.0)
     f_l, f_r = f[lc], f[rc]
-    with np.errstate(divide="ignore", invalid="ignore"):
+    # the clocks whose error counts: the shared pattern's interior ones, or every column
+    mid = np.flatnonzero(inner[0]) if len(anchors) == 1 else _EVERY
+    # (a cell measured at 0 has an infinite relative noise: it anchors nothing)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         share = (f[None, :] - f_l) / (f_r - f_l)
-        line = (1 - share) * np.take_along_axis(r, lc, axis=1) + share * np.take_along_axis(
-            r, rc, axis=1
-        )
-        excess = np.abs(r - line)
-        if rel_noise is not None:  # None: no noise known (0), nothing to take off
-            n2 = rel_noise**2
-            noise_sd = np.sqrt(
-                n2
-                + (1 - share) ** 2 * np.take_along_axis(n2, lc, axis=1)
-                + share**2 * np.take_along_axis(n2, rc, axis=1)
-            )
-            excess -= 2.0 * noise_sd
-        excess = np.maximum(excess, 0.0)
         span = (f[None, :] - f_l) * (f_r - f[None, :])
-        curv = (
-            2.0 * np.where(inner, excess, 0.0).sum(axis=1) / np.where(inner, span, 0.0).sum(axis=1)
-        )
+        # each clock's and its neighbours' positions in the tables
+        s, jl, jr = share[:, mid], _at(group, lc[:, mid]), _at(group, rc[:, mid])
+        j = _at(group, mid) if isinstance(mid, np.ndarray) else mid
+        line = (1 - s) * _take(ratio, jl) + s * _take(ratio, jr)
+        excess = np.abs(ratio[:, j] - line)
+        if rel_noise is not None:  # None: no noise known (0), nothing to take off
+            n2 = rel_noise[:, j] ** 2, _take(rel_noise, jl) ** 2, _take(rel_noise, jr) ** 2
+            noise_sd = np.sqrt(n2[0] + (1 - s) ** 2 * n2[1] + s**2 * n2[2])
+            excess -= 2.0 * noise_sd
+        kept = np.where(inner[:, mid], np.maximum(excess, 0.0), 0.0)
+        if isinstance(mid, np.ndarray):  # summed over every column, 0 at the others, in order
+            full = np.zeros((len(ratio), n_clocks))
+            full[:, mid] = kept
+            kept = full
+        curv = 2.0 * kept.sum(axis=1) / np.where(inner, span, 0.0).sum(axis=1)
     return np.where(inner.any(axis=1), curv, np.nan)
 
 
@@ -831,98 +906,32 @@ def log_uncertainty(
     # temporaries are a block's, not the table's. The first writes each measured cell's noise
     # and each op's curvature, the second each filled cell's sigma.
     out = np.empty(shape)
-    known = np.empty(shape, dtype=bool)
-    usable = np.empty(shape, dtype=bool)
     curv = np.empty(shape[0])
-    blocks = [slice(start, start + _ROW_BLOCK) for start in range(0, shape[0], _ROW_BLOCK)]
-    columns: dict[int, np.ndarray] = {}  # a block's shared measured columns
-    for i, rows in enumerate(blocks):
-        m = measured[rows]
-        known[rows] = np.isfinite(m)
-        shared = _shared_columns(known[rows], predicted[rows], m)
-        if shared is not None:
-            columns[i] = shared[0]
-            curv[rows] = _shared_curvature(f, m, shared[0], shared[1], out[rows], noise, rows)
-            continue
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.log(m / predicted[rows])
-        usable[rows] = known[rows] & np.isfinite(ratio)
-        if noise is None:
-            out[rows] = 0.0
-        else:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                out[rows] = np.nan_to_num(np.asarray(noise[rows], dtype=float) / m, nan=0.0)
-        own = None if noise is None else out[rows]
-        curv[rows] = _interior_curvature(f, ratio, usable[rows], own)
+    groups: list[_Group] = []
+    for start in range(0, shape[0], _ROW_BLOCK):
+        for group, ratio in _groups(predicted, measured, start):
+            # the measured cells' noise: at the anchors, or at every cell where some target
+            # was measured too (the second pass fills the others)
+            every = group.known is not None
+            cells = _cells(group.rows, _EVERY if every else group.columns)
+            own = None
+            if noise is None:
+                out[cells] = 0.0
+            else:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    rel = np.nan_to_num(np.asarray(noise[cells], dtype=float) / measured[cells])
+                out[cells] = rel
+                own = rel[:, group.columns] if every else rel
+            curv[group.rows] = _interior_curvature(f, group, ratio, own)
+            groups.append(group)
     has = np.isfinite(curv)
     pooled = float(np.median(curv[has])) if has.any() else 0.0
     curv = np.maximum(np.where(has, curv, pooled), pooled)
-    for i, rows in enumerate(blocks):
-        if i in columns:  # the filled columns only
-            pattern = np.zeros((1, shape[1]), dtype=bool)
-            pattern[0, columns[i]] = True
-            filled = np.flatnonzero(~pattern[0])
-            out[rows, filled] = 0.5 * curv[rows, None] * gap_reach(f, pattern)[:, filled]
-            continue
-        sigma = 0.5 * curv[rows, None] * gap_reach(f, _shared_pattern(usable[rows]))
-        out[rows] = np.where(known[rows], out[rows], sigma)
+    for group in groups:  # the filled cells
+        cells = _cells(group.rows, group.targets)
+        sigma = 0.5 * curv[group.rows, None] * gap_reach(f, group.anchors)[:, group.targets]
+        out[cells] = sigma if group.known is None else np.where(group.known, out[cells], sigma)
     return out
-
-
-def _shared_curvature(
-    f: np.ndarray,
-    measured: np.ndarray,
-    cols: np.ndarray,
-    ratio: np.ndarray,
-    out: np.ndarray,
-    noise: np.ndarray | None,
-    rows: slice,
-) -> np.ndarray:
-    """:func:`log_uncertainty`'s first pass over a block measured at ``cols`` alone.
-
-    Writes each measured cell's relative noise into ``out`` (the block's rows) and returns each
-    op's curvature (:func:`_interior_curvature`): the same operations on the measured
-    columns only (:func:`_shared_columns`), where the cell-by-cell path takes every cell.
-    """
-    n_rows, n_clocks = measured.shape
-    if noise is None:
-        rel = np.zeros((n_rows, len(cols)))
-    else:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rel = np.nan_to_num(np.asarray(noise[rows][:, cols], dtype=float) / measured[:, cols])
-    out[:, cols] = rel
-    usable = np.zeros((1, n_clocks), dtype=bool)
-    usable[0, cols] = True
-    left, right = _usable_neighbours(usable)
-    left_s = np.concatenate([[-1], left[0, :-1]])
-    right_s = np.concatenate([right[0, 1:], [n_clocks]])
-    inner = usable[0] & (left_s >= 0) & (right_s < n_clocks)
-    lc, rc = np.clip(left_s, 0, n_clocks - 1), np.clip(right_s, 0, n_clocks - 1)
-    f_l, f_r = f[lc], f[rc]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        share = (f - f_l) / (f_r - f_l)
-        span = (f - f_l) * (f_r - f)
-        # the curvature's denominator as the cell-by-cell path sums it
-        denominator = np.where(inner[None, :], span[None, :], 0.0).sum(axis=1)
-    if not inner.any():
-        return np.full(n_rows, np.nan)
-    at = np.full(n_clocks, -1)
-    at[cols] = np.arange(len(cols))  # each measured clock's column in ratio and rel
-    mid = np.flatnonzero(inner)
-    j, jl, jr = at[mid], at[lc[mid]], at[rc[mid]]
-    s = share[mid]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        line = (1 - s) * ratio[:, jl] + s * ratio[:, jr]
-        excess = np.abs(ratio[:, j] - line)
-        if noise is not None:
-            n2 = rel**2
-            noise_sd = np.sqrt(n2[:, j] + (1 - s) ** 2 * n2[:, jl] + s**2 * n2[:, jr])
-            excess -= 2.0 * noise_sd
-        excess = np.maximum(excess, 0.0)
-        # summed over every clock, as the cell-by-cell path does (0 at the others)
-        full = np.zeros((n_rows, n_clocks))
-        full[:, mid] = excess
-        return 2.0 * full.sum(axis=1) / denominator
 
 
 def gap_reach(freqs_mhz: np.ndarray, measured: np.ndarray) -> np.ndarray:
