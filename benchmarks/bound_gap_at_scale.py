@@ -42,7 +42,7 @@ import pandas as pd
 
 from opdvfs.plan._dag_lp import _BOUND_ONLY, _Programme
 from opdvfs.plan._dag_problem import _TIME_RTOL, DagProblem, _deadline, _Options
-from opdvfs.plan._dag_steady import _pipeline_keys
+from opdvfs.plan._dag_steady import _diffused, _pipeline_keys
 from opdvfs.plan.dag import _prepare, solve_dag
 from pipeline_planning import planner_on_cpu_clock, scale_problem, show
 from relaxation_at_scale import case_parser, each_case
@@ -64,17 +64,13 @@ def mixed_in_step(
     """Return the makespan (s) and energy (J) of the relaxation's durations mixed in step.
 
     Each node takes the hull option at or below its relaxed duration, or the next one up, by
-    error diffusion along its ``series`` (a stage's pass in microbatch order), so each series
-    averages its relaxed durations.
+    error diffusion along its ``series`` (a stage's pass in microbatch order:
+    :func:`~opdvfs.plan._dag_steady._diffused`), so each series averages its relaxed durations.
     """
     t_lo, t_hi = _hull_neighbours(options.hull(), duration_s)
     with np.errstate(invalid="ignore", divide="ignore"):
-        share = np.clip(np.where(t_hi > t_lo, (duration_s - t_lo) / (t_hi - t_lo), 0.0), 0, 1)
-    total = np.cumsum(share[series], axis=1) + 0.5
-    before = np.c_[np.full(len(series), 0.5), total[:, :-1]]
-    slower = np.zeros(problem.n_nodes, dtype=bool)
-    slower[series] = np.floor(total) > np.floor(before)
-    chosen = np.where(slower, t_hi, t_lo)
+        share = np.where(t_hi > t_lo, (duration_s - t_lo) / (t_hi - t_lo), 0.0)
+    chosen = np.where(_diffused(share, series), t_hi, t_lo)
     slot = np.argmin(np.abs(np.where(options.valid, options.time_s, np.inf) - chosen[:, None]), 1)
     makespan, energy, _ = problem.evaluate(options.clock[np.arange(problem.n_nodes), slot])
     return float(makespan), float(energy)

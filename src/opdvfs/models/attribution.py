@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from opdvfs.exceptions import ValidationError
+from opdvfs.models._lsq import nnls
 from opdvfs.profile import Profile
 
 if TYPE_CHECKING:  # pandas loads with the first profile, not with `opdvfs --help`
@@ -155,14 +156,10 @@ RIDGE_GRID = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 
 
 def _ridge_solve(design: np.ndarray, energy: np.ndarray, lam: float) -> np.ndarray:
-    # scipy.optimize takes ~0.5 s to import: only where nnls runs, not with every command
-    from scipy.optimize import nnls
-
     scale = np.sqrt((design**2).sum(axis=0).mean())
     prior = energy.sum() / max(design.sum(), 1e-300)  # the mean power of all windows
     eye = lam * scale * np.eye(design.shape[1])
-    solution, _ = nnls(np.r_[design, eye], np.r_[energy, eye @ np.full(design.shape[1], prior)])
-    return solution
+    return nnls(np.r_[design, eye], np.r_[energy, eye @ np.full(design.shape[1], prior)])
 
 
 def ridge_nnls(design: np.ndarray, energy: np.ndarray, folds: int = CV_FOLDS) -> np.ndarray:

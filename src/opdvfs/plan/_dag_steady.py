@@ -178,14 +178,25 @@ def _rounded(
     t_lo, t_hi = options.time_s[nodes, lo], options.time_s[nodes, hi]
     with np.errstate(invalid="ignore", divide="ignore"):
         share = np.where(t_hi > t_lo, (tried - t_lo) / (t_hi - t_lo), 0.0)
-    total = np.cumsum(np.clip(share, 0.0, 1.0)[:, series], axis=-1) + 0.5
-    before = np.concatenate([np.full((*total.shape[:-1], 1), 0.5), total[..., :-1]], axis=-1)
-    slower = np.zeros(lo.shape, dtype=bool)
-    slower[:, series] = np.floor(total) > np.floor(before)
-    plans = np.r_[lo, np.where(slower, hi, lo)]
+    plans = np.r_[lo, np.where(_diffused(share, series), hi, lo)]
     makespan, energy_j, _ = problem.evaluate(options.clock[nodes, plans])
     fits = makespan <= deadline_s * (1 + _TIME_RTOL)
     return plans[int(np.argmin(np.where(fits, energy_j, np.inf)))] if fits.any() else None
+
+
+def _diffused(share: np.ndarray, series: np.ndarray) -> np.ndarray:
+    """Return where each node takes the slower of its two options, by error diffusion.
+
+    ``share`` (..., n_nodes) is each node's fraction of the way to its slower option;
+    ``series`` (rows, length) holds node indices, each row a stage's pass in microbatch order.
+    Along each row the slower option goes where the running sum of the fractions, from 0.5,
+    crosses an integer: every row then averages its fractions, the rows in step.
+    """
+    total = np.cumsum(np.clip(share, 0.0, 1.0)[..., series], axis=-1) + 0.5
+    before = np.concatenate([np.full((*total.shape[:-1], 1), 0.5), total[..., :-1]], axis=-1)
+    slower = np.zeros(share.shape, dtype=bool)
+    slower[..., series] = np.floor(total) > np.floor(before)
+    return slower
 
 
 def _steady_plan(
